@@ -1,0 +1,47 @@
+# The two commands: `make demo` runs the main job, `make test` runs every test.
+# Both install missing Debian packages first (scripts/install-deps.sh).
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc)
+CMAKE_Q    := cmake --log-level=WARNING
+
+.PHONY: all deps build build-asan test test-fast demo bench format clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+# Optimised build (gcc).
+build: deps
+	@$(CMAKE_Q) -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	@cmake --build $(BUILD) -j$(JOBS)
+
+# AddressSanitizer + UndefinedBehaviorSanitizer build (clang), with the fuzz targets.
+build-asan: deps
+	@CC=clang $(CMAKE_Q) -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug \
+	  -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DKVC_SANITIZE=ON -DKVC_FUZZ=ON -DKVC_BENCH=OFF
+	@cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+# Every test, twice: the optimised build, then the sanitizer build (with the fuzz runs).
+test: build build-asan
+	@echo "== tests: optimised build =="
+	@ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+	@echo "== tests: ASan + UBSan build, fuzz targets included =="
+	@ctest --test-dir $(ASAN_BUILD) --output-on-failure -j$(JOBS)
+
+# The optimised build's tests only (quick loop while developing).
+test-fast: build
+	@ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+
+demo: build
+	@./$(BUILD)/kvcache explain --pool-blocks 12 --block-size 4 examples/prompts.txt
+
+bench: build
+	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b; done
+
+format:
+	@clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

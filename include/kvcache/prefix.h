@@ -1,0 +1,224 @@
+/* kvcache/prefix.h - block identity and the prefix cache.
+ *
+ * A full block's identity is a chained 128-bit hash (XXH3-128, seeded per
+ * process unless a deployment seed is given) of
+ *
+ *     parent block's hash | namespace digest | the block's tokens | extra keys
+ *
+ * where the namespace carries the weight epoch, the LoRA adapter, the
+ * tenant's cache salt and the KV group, and the extra keys are the
+ * multimodal inputs that overlap the block, with their offsets.  Only full
+ * blocks are cached.
+ *
+ * The hash only finds candidates.  A hit also requires exact identity: the
+ * cached block's parent is the very block the lookup matched one step
+ * before (or it is a root in the same namespace), its tokens are equal and
+ * its extra keys are equal.  By induction a hit covers exactly the
+ * request's token prefix, whatever the hash does: a forced collision can
+ * cost a hit, never hand out another prompt's KV.
+ *
+ * Cached blocks form a tree (a block's parent is the cached block before it).
+ * Eviction is the pool's: it reuses the free queue's head, and asks this
+ * layer first; a block with cached children is refused, so no cached block
+ * is ever stranded behind an evicted parent.
+ *
+ * Thread-safety: not thread-safe; the owner of the pool calls it.  Hashing
+ * (kvc_prefix_hash) only reads the cache and may run on other threads while
+ * nobody destroys it.
+ */
+#ifndef KVCACHE_PREFIX_H
+#define KVCACHE_PREFIX_H
+
+#include "kvcache/pool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int32_t kvc_token_t;
+
+/* Everything outside the tokens that changes the KV of a block. */
+typedef struct {
+    uint64_t weight_epoch; /* bump when weights change: older KV is never hit again */
+    uint64_t lora_id;      /* adapter id; 0 = base model */
+    uint8_t salt[16];      /* tenant cache salt; all zero = shared across tenants */
+    uint32_t group;        /* KV cache group (hybrid models); 0 otherwise */
+} kvc_namespace_t;
+
+/* Set ns->salt from a string (XXH3-128 of its bytes); NULL or "" clears it. */
+void kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt);
+
+/* A multimodal input (image, audio clip) whose placeholder tokens occupy
+ * positions [start, start + length) of the request.  Its hash is computed
+ * by the caller from the input's content.  Every block that overlaps it
+ * carries (hash, start - block start, length) as an extra key. */
+typedef struct {
+    kvc_hash128_t hash;
+    uint64_t start;
+    uint32_t length;
+} kvc_mm_input_t;
+
+/* A request's key: what lookup, match and insert read.  Borrowed. */
+typedef struct {
+    const kvc_namespace_t *ns;   /* NULL: the default namespace (all zero) */
+    const kvc_token_t *tokens;   /* (n_tokens) */
+    size_t n_tokens;
+    const kvc_mm_input_t *mm;    /* (n_mm), any order; NULL when n_mm = 0 */
+    size_t n_mm;
+    const kvc_hash128_t *hashes; /* optional: the full blocks' hashes from
+                                    kvc_prefix_hash; NULL: computed on demand */
+} kvc_prefix_query_t;
+
+typedef enum { KVC_EVENT_STORED = 1, KVC_EVENT_REMOVED = 2 } kvc_event_type_t;
+
+/* A stored or removed block, for tiers and routers.  Pointers are borrowed
+ * for the duration of the callback. */
+typedef struct {
+    kvc_event_type_t type;
+    kvc_hash128_t hash;
+    kvc_hash128_t parent_hash; /* zero for a root block */
+    uint32_t block;
+    uint32_t parent_block; /* KVC_NONE for a root block */
+    uint32_t group;
+    uint32_t n_tokens;
+    const kvc_token_t *tokens; /* (n_tokens) */
+} kvc_prefix_event_t;
+
+typedef void (*kvc_prefix_event_fn)(void *ctx, const kvc_prefix_event_t *ev);
+
+/* Hash function signature, for the test hook below. */
+typedef kvc_hash128_t (*kvc_hash_fn)(const void *data, size_t len, uint64_t seed);
+
+typedef struct {
+    uint64_t hash_seed;          /* 0: random per process (kvc_random_seed); set it
+                                    to share block hashes across processes */
+    uint32_t max_extra_keys;     /* extra keys one block may carry (0..16); default 4 */
+    kvc_prefix_event_fn on_event; /* NULL: no events */
+    void *event_ctx;
+    kvc_hash_fn hash_fn;         /* TEST HOOK: replaces XXH3-128 (e.g. a deliberately
+                                    weak hash to force collisions); NULL in production */
+    kvc_allocator_t allocator;   /* zeroed: the C library */
+} kvc_prefix_params_t;
+
+/* Random seed, 4 extra keys per block, no events, XXH3-128, libc. */
+kvc_prefix_params_t kvc_prefix_params_default(void);
+
+typedef struct kvc_prefix kvc_prefix_t;
+
+/* Why a block of a query did or did not hit (kvc_prefix_match). */
+typedef enum {
+    KVC_BLOCK_HIT = 0,       /* cached with exactly this identity */
+    KVC_BLOCK_MISS,          /* no cached block has this hash */
+    KVC_BLOCK_COLLISION,     /* cached blocks have this hash, none this identity */
+    KVC_BLOCK_AFTER_MISS,    /* an earlier block missed, so this one cannot hit */
+    KVC_BLOCK_LAST_TOKEN,    /* cached, but a hit here would cover the last prompt
+                                token, which must be computed to get logits */
+    KVC_BLOCK_PARTIAL,       /* the last, partially filled block: never cached */
+} kvc_block_status_t;
+
+/* "hit", "miss", "collision", "after-miss", "last-token", "partial". */
+const char *kvc_block_status_name(kvc_block_status_t s);
+
+typedef struct {
+    size_t n_full_blocks;    /* full blocks in the query */
+    size_t n_matched_blocks; /* leading full blocks cached with the exact identity */
+    size_t n_hit_blocks;     /* after the last-token rule (<= n_matched_blocks) */
+    size_t n_hit_tokens;     /* n_hit_blocks * block_size */
+    bool cut_by_last_token;  /* the last-token rule removed a matched block */
+} kvc_prefix_hit_t;
+
+typedef struct {
+    uint64_t n_lookups;           /* kvc_prefix_lookup calls */
+    uint64_t n_lookups_hit;       /* ... that hit at least one block */
+    uint64_t n_query_tokens;      /* tokens in the queries */
+    uint64_t n_query_blocks;      /* full blocks in the queries */
+    uint64_t n_hit_blocks;        /* blocks returned as hits */
+    uint64_t n_hit_tokens;
+    uint64_t n_miss_blocks;       /* full blocks not hit (n_query_blocks - n_hit_blocks) */
+    uint64_t n_collisions;        /* candidates whose hash matched but identity did not */
+    uint64_t n_inserts;           /* blocks inserted */
+    uint64_t n_duplicates;        /* inserts that found the identity already cached */
+    uint64_t n_evictions;         /* cached blocks dropped */
+    uint32_t n_cached_blocks;     /* current: blocks with an identity */
+    uint32_t n_cached_free;       /* current: cached blocks in the free queue (hittable,
+                                     reclaimable) */
+} kvc_prefix_stats_t;
+
+/* Create a prefix cache over `pool` (borrowed: it must outlive the cache)
+ * and install it as the pool's evictor.  One cache per pool.  Fails with
+ * KVC_EINVAL or KVC_ENOMEM.  The caller frees it with kvc_prefix_destroy. */
+int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_prefix_t **out);
+/* Forget every identity (the blocks stay where they are, uncached), remove
+ * the evictor, free the cache.  No events are sent.  NULL is a no-op. */
+void kvc_prefix_destroy(kvc_prefix_t *pc);
+
+/* The seed the cache hashes with (the random one if none was given). */
+uint64_t kvc_prefix_seed(const kvc_prefix_t *pc);
+
+/* Hash the query's full blocks: out[i] for block i, i < n_tokens / block_size,
+ * into out[0..cap).  *n_out receives the number of full blocks (even when it
+ * exceeds cap, in which case nothing is written and KVC_ERANGE is returned).
+ * KVC_ERANGE also when more multimodal inputs than max_extra_keys overlap one
+ * block; KVC_EINVAL for a malformed query. */
+int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
+                    size_t cap, size_t *n_out);
+
+/* The longest cached prefix of the query, without pinning anything.
+ * blocks[i] (if blocks != NULL, for i < min(cap, n_hit_blocks)) receives the
+ * physical block of hit i; status[i] (if status != NULL) receives the status of
+ * block i for every block of the query, partial one included (status needs
+ * ceil(n_tokens / block_size) entries).  Never fails on a well-formed query. */
+int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
+                     kvc_block_status_t *status, kvc_prefix_hit_t *hit);
+
+/* Look up the query's longest cached prefix and pin it: the hit blocks get
+ * one reference each (they leave the free queue if they were in it) and are
+ * written to blocks[0..n_hit_blocks).  The hit never covers the last token
+ * and never exceeds cap blocks.  The caller owns the references (release
+ * them with kvc_pool_release).  Counts in the stats. */
+int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
+                      kvc_prefix_hit_t *hit);
+
+/* Give physical `block` the identity of full block `index` of the query.
+ * `parent` is the cached block holding block index - 1 (KVC_NONE iff index is
+ * 0); the caller must hold references to both.  If a block with this exact
+ * identity is already cached, nothing changes and *canonical (if not NULL)
+ * receives that block; otherwise *canonical = block.  A caller that wants to
+ * continue the chain uses *canonical as the next parent (and may swap it into
+ * its table to share the memory).  Errors: KVC_EINVAL (bad ids, a partial
+ * block, a parent that is not cached or does not hold block index - 1's
+ * tokens, a block that is free or already cached with another identity),
+ * KVC_ERANGE (too many extra keys). */
+int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index, uint32_t parent,
+                      uint32_t block, uint32_t *canonical);
+
+/* Evict up to n free cached blocks, in the pool's order (leaves only), and
+ * report how many went.  For tiers and for tests; allocation evicts on its
+ * own. */
+int kvc_prefix_evict(kvc_prefix_t *pc, uint32_t n, uint32_t *n_evicted);
+
+/* Identity of a cached block (KVC_ENOENT if it is not cached). */
+int kvc_prefix_block_hash(const kvc_prefix_t *pc, uint32_t block, kvc_hash128_t *hash);
+/* Parent of a cached block (KVC_NONE for roots and uncached blocks). */
+uint32_t kvc_prefix_block_parent(const kvc_prefix_t *pc, uint32_t block);
+/* Tokens of a cached block (block_size of them), NULL if it is not cached. */
+const kvc_token_t *kvc_prefix_block_tokens(const kvc_prefix_t *pc, uint32_t block);
+
+void kvc_prefix_stats(const kvc_prefix_t *pc, kvc_prefix_stats_t *out);
+
+/* Cached blocks that no lookup can reach: a parent that is not cached, or not
+ * the parent its hash was chained from.  Must be zero; O(n_blocks). */
+uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc);
+
+/* Check invariants 2 to 4 of DESIGN.md and the index's own consistency:
+ * each cached block is in its hash chain exactly once and nothing else is;
+ * its stored hash recomputes from its stored identity; its parent is cached
+ * and counts it as a child; child counts are exact; the pool's cached marks
+ * match.  Also runs kvc_pool_check.  Returns 0 or KVC_ECORRUPT with a
+ * description in msg.  O(n_blocks * block_size). */
+int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t msg_cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVCACHE_PREFIX_H */

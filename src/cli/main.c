@@ -1,0 +1,69 @@
+/* main.c - the kvcache command: dispatches to its subcommands. */
+#include "cli.h"
+#include "kvcache/kvcache.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"explain", kvc_cmd_explain,
+     "walk prompts through the prefix cache: per block hash, hit or miss and why, evictions"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvcache <command> [options]\n\n"
+               "kvcache %s - a KV-cache runtime for LLM serving.\n\ncommands:\n",
+            KVC_VERSION);
+    for (size_t i = 0; i < KVC_ARRAY_LEN(commands); i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'kvcache <command> --help' describes a command's options.\n");
+}
+
+int kvc_cli_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvcache %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+bool kvc_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+    if (!s || !*s || *s == '-' || *s == '+') return false;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v < min || v > max) return false;
+    *out = v;
+    return true;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kvcache %s\n", KVC_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < KVC_ARRAY_LEN(commands); i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvcache: unknown command '%s' (try 'kvcache --help')\n", argv[1]);
+    return 2;
+}
