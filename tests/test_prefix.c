@@ -1,0 +1,835 @@
+/* test_prefix.c - block identity and the prefix cache: hashing and what it
+ * covers, lookup and the last-token rule, insertion and its errors,
+ * leaf-first eviction, events, stats, and the collision proof: with a
+ * deliberately weak hash, no request ever receives a block whose tokens (or
+ * prefix) differ from its own. */
+#include "test_helpers.h"
+
+#include <string.h>
+
+#define BS 4
+
+typedef struct {
+    kvc_pool_t *pool;
+    kvc_prefix_t *pc;
+} cache_t;
+
+static cache_t make_cache_with(uint32_t n_blocks, uint32_t block_size, kvc_prefix_params_t cp)
+{
+    cache_t c = {0};
+    kvc_pool_params_t pp = kvc_pool_params_default();
+    pp.n_blocks = n_blocks;
+    pp.block_size = block_size;
+    assert_ok(kvc_pool_create(&pp, &c.pool));
+    assert_ok(kvc_prefix_create(c.pool, &cp, &c.pc));
+    assert_prefix_ok(c.pc);
+    return c;
+}
+
+static cache_t make_cache(uint32_t n_blocks)
+{
+    kvc_prefix_params_t cp = kvc_prefix_params_default();
+    cp.hash_seed = 1234;
+    return make_cache_with(n_blocks, BS, cp);
+}
+
+static void free_cache(cache_t *c)
+{
+    kvc_prefix_destroy(c->pc);
+    kvc_pool_destroy(c->pool);
+}
+
+/* Run a request as a server would: look up (pin), allocate the rest, insert the full blocks
+ * (sharing an already-cached copy when insert reports one), return the table in `table` and
+ * its length.  The caller releases it. */
+static size_t run_request(cache_t *c, const kvc_prefix_query_t *q, uint32_t *table, kvc_prefix_hit_t *hit)
+{
+    uint32_t bs = kvc_pool_block_size(c->pool);
+    size_t n_all = (q->n_tokens + bs - 1) / bs, n_full = q->n_tokens / bs;
+    kvc_prefix_hit_t h;
+    assert_ok(kvc_prefix_lookup(c->pc, q, table, n_all, &h));
+    assert_ok(kvc_pool_alloc(c->pool, (uint32_t)(n_all - h.n_hit_blocks), table + h.n_hit_blocks));
+    uint32_t parent = h.n_hit_blocks ? table[h.n_hit_blocks - 1] : KVC_NONE;
+    for (size_t i = h.n_hit_blocks; i < n_full; i++) {
+        uint32_t canon;
+        assert_ok(kvc_prefix_insert(c->pc, q, i, parent, table[i], &canon));
+        if (canon != table[i]) {
+            assert_ok(kvc_pool_ref(c->pool, canon));
+            assert_ok(kvc_pool_unref(c->pool, table[i]));
+            table[i] = canon;
+        }
+        parent = table[i];
+    }
+    if (hit) *hit = h;
+    assert_prefix_ok(c->pc);
+    return n_all;
+}
+
+static kvc_prefix_query_t query(const kvc_token_t *t, size_t n)
+{
+    return (kvc_prefix_query_t){.tokens = t, .n_tokens = n};
+}
+
+/* ---- hashing ---------------------------------------------------------- */
+static void hash_covers_every_part_of_identity(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(16);
+    kvc_token_t t[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    kvc_hash128_t base[2], h[2];
+    size_t n;
+    kvc_prefix_query_t q = query(t, 8);
+    assert_ok(kvc_prefix_hash(c.pc, &q, base, 2, &n));
+    assert_int_equal(n, 2);
+    /* same input, same hashes */
+    assert_ok(kvc_prefix_hash(c.pc, &q, h, 2, &n));
+    assert_true(kvc_hash128_eq(base[0], h[0]) && kvc_hash128_eq(base[1], h[1]));
+    /* a token in block 0 changes both (chaining), a token in block 1 only block 1 */
+    t[0] = 9;
+    assert_ok(kvc_prefix_hash(c.pc, &q, h, 2, &n));
+    assert_false(kvc_hash128_eq(base[0], h[0]));
+    assert_false(kvc_hash128_eq(base[1], h[1]));
+    t[0] = 1;
+    t[7] = 9;
+    assert_ok(kvc_prefix_hash(c.pc, &q, h, 2, &n));
+    assert_true(kvc_hash128_eq(base[0], h[0]));
+    assert_false(kvc_hash128_eq(base[1], h[1]));
+    t[7] = 8;
+    /* every namespace field changes every block */
+    kvc_namespace_t variants[4] = {{.weight_epoch = 1}, {.lora_id = 3}, {.group = 1}, {0}};
+    kvc_namespace_set_salt(&variants[3], "tenant-a");
+    for (int v = 0; v < 4; v++) {
+        q.ns = &variants[v];
+        assert_ok(kvc_prefix_hash(c.pc, &q, h, 2, &n));
+        assert_false(kvc_hash128_eq(base[0], h[0]));
+        assert_false(kvc_hash128_eq(base[1], h[1]));
+    }
+    /* the zero namespace is the default one; "" clears a salt */
+    kvc_namespace_t zero = {0};
+    kvc_namespace_set_salt(&zero, "x");
+    kvc_namespace_set_salt(&zero, "");
+    q.ns = &zero;
+    assert_ok(kvc_prefix_hash(c.pc, &q, h, 2, &n));
+    assert_true(kvc_hash128_eq(base[0], h[0]));
+    /* another seed, other hashes: the seed is per process unless a deployment sets it */
+    cache_t d = make_cache(16);
+    free_cache(&d);
+    kvc_prefix_params_t cp = kvc_prefix_params_default();
+    cp.hash_seed = 99;
+    d = make_cache_with(16, BS, cp);
+    q.ns = NULL;
+    assert_ok(kvc_prefix_hash(d.pc, &q, h, 2, &n));
+    assert_false(kvc_hash128_eq(base[0], h[0]));
+    free_cache(&d);
+    free_cache(&c);
+}
+
+static void random_seed_differs_between_caches(void **state)
+{
+    (void)state;
+    kvc_prefix_params_t cp = kvc_prefix_params_default(); /* hash_seed 0: random */
+    cache_t a = make_cache_with(4, BS, cp), b = make_cache_with(4, BS, cp);
+    assert_int_not_equal(kvc_prefix_seed(a.pc), 0);
+    assert_int_not_equal(kvc_prefix_seed(a.pc), kvc_prefix_seed(b.pc));
+    free_cache(&a);
+    free_cache(&b);
+}
+
+static void hash_handles_partial_blocks_and_capacity(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(4);
+    kvc_token_t t[7] = {1, 2, 3, 4, 5, 6, 7};
+    kvc_hash128_t h[2];
+    size_t n = 99;
+    kvc_prefix_query_t q = query(t, 7); /* 1 full block + 3 tokens */
+    assert_ok(kvc_prefix_hash(c.pc, &q, h, 2, &n));
+    assert_int_equal(n, 1);
+    q.n_tokens = 3;
+    assert_ok(kvc_prefix_hash(c.pc, &q, NULL, 0, &n));
+    assert_int_equal(n, 0);
+    q.n_tokens = 8;
+    kvc_token_t t8[8] = {0};
+    q.tokens = t8;
+    assert_int_equal(kvc_prefix_hash(c.pc, &q, h, 1, &n), KVC_ERANGE); /* 2 blocks, room for 1 */
+    assert_int_equal(n, 2);
+    kvc_prefix_query_t bad = {.tokens = NULL, .n_tokens = 4};
+    assert_int_equal(kvc_prefix_hash(c.pc, &bad, h, 2, &n), KVC_EINVAL);
+    assert_int_equal(kvc_prefix_hash(c.pc, NULL, h, 2, &n), KVC_EINVAL);
+    bad = (kvc_prefix_query_t){.tokens = t, .n_tokens = 4, .mm = NULL, .n_mm = 1};
+    assert_int_equal(kvc_prefix_hash(c.pc, &bad, h, 2, &n), KVC_EINVAL);
+    free_cache(&c);
+}
+
+static void multimodal_inputs_key_the_blocks_they_overlap(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(16);
+    kvc_token_t t[12] = {0}; /* placeholder tokens look alike: only the extra keys differ */
+    kvc_hash128_t none[3], img_a[3], img_b[3], h[3];
+    size_t n;
+    kvc_prefix_query_t q = query(t, 12);
+    assert_ok(kvc_prefix_hash(c.pc, &q, none, 3, &n));
+    /* image A covers positions 5..6: only block 1 and (chained) block 2 change */
+    kvc_mm_input_t a = {.hash = {11, 12}, .start = 5, .length = 2};
+    q.mm = &a;
+    q.n_mm = 1;
+    assert_ok(kvc_prefix_hash(c.pc, &q, img_a, 3, &n));
+    assert_true(kvc_hash128_eq(none[0], img_a[0]));
+    assert_false(kvc_hash128_eq(none[1], img_a[1]));
+    assert_false(kvc_hash128_eq(none[2], img_a[2]));
+    /* a different image at the same place: different identity */
+    kvc_mm_input_t b = a;
+    b.hash.lo = 13;
+    q.mm = &b;
+    assert_ok(kvc_prefix_hash(c.pc, &q, img_b, 3, &n));
+    assert_false(kvc_hash128_eq(img_a[1], img_b[1]));
+    /* the same image at another offset: different identity */
+    b = a;
+    b.start = 4;
+    assert_ok(kvc_prefix_hash(c.pc, &q, h, 3, &n));
+    assert_false(kvc_hash128_eq(img_a[1], h[1]));
+    /* the order the inputs are given in does not matter */
+    kvc_mm_input_t two[2] = {a, {.hash = {21, 22}, .start = 6, .length = 4}};
+    kvc_mm_input_t rev[2] = {two[1], two[0]};
+    q.mm = two;
+    q.n_mm = 2;
+    assert_ok(kvc_prefix_hash(c.pc, &q, img_a, 3, &n));
+    q.mm = rev;
+    assert_ok(kvc_prefix_hash(c.pc, &q, img_b, 3, &n));
+    for (int i = 0; i < 3; i++) assert_true(kvc_hash128_eq(img_a[i], img_b[i]));
+    /* too many inputs in one block: ERANGE (max_extra_keys = 4) */
+    kvc_mm_input_t many[5];
+    for (int i = 0; i < 5; i++) many[i] = (kvc_mm_input_t){.hash = {(uint64_t)i, 0}, .start = 0, .length = 1};
+    q.mm = many;
+    q.n_mm = 5;
+    assert_int_equal(kvc_prefix_hash(c.pc, &q, h, 3, &n), KVC_ERANGE);
+    /* zero-length inputs are ignored */
+    kvc_mm_input_t empty = {.hash = {5, 5}, .start = 0, .length = 0};
+    q.mm = &empty;
+    q.n_mm = 1;
+    assert_ok(kvc_prefix_hash(c.pc, &q, h, 3, &n));
+    assert_true(kvc_hash128_eq(none[0], h[0]));
+    free_cache(&c);
+}
+
+static void multimodal_hits_need_the_same_inputs(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(16);
+    kvc_token_t t[10] = {0};
+    kvc_mm_input_t img = {.hash = {7, 7}, .start = 1, .length = 6};
+    kvc_prefix_query_t q = {.tokens = t, .n_tokens = 10, .mm = &img, .n_mm = 1};
+    uint32_t table[3], t2[3];
+    size_t n = run_request(&c, &q, table, NULL);
+    assert_ok(kvc_pool_release(c.pool, table, (uint32_t)n));
+    kvc_prefix_hit_t hit;
+    assert_ok(kvc_prefix_lookup(c.pc, &q, t2, 3, &hit)); /* same image: hits */
+    assert_int_equal(hit.n_hit_blocks, 2);
+    assert_ok(kvc_pool_release(c.pool, t2, 2));
+    kvc_mm_input_t other = img;
+    other.hash.hi = 8;
+    q.mm = &other;
+    assert_ok(kvc_prefix_lookup(c.pc, &q, t2, 3, &hit)); /* another image, same tokens: misses */
+    assert_int_equal(hit.n_hit_blocks, 0);
+    q.n_mm = 0;
+    q.mm = NULL;
+    assert_ok(kvc_prefix_lookup(c.pc, &q, t2, 3, &hit)); /* no image: misses */
+    assert_int_equal(hit.n_hit_blocks, 0);
+    free_cache(&c);
+}
+
+/* ---- lookup -------------------------------------------------------------- */
+static void lookup_never_covers_the_last_token(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(32);
+    kvc_token_t t[16];
+    for (int i = 0; i < 16; i++) t[i] = i + 1;
+    kvc_prefix_query_t q = query(t, 16);
+    uint32_t table[4], hits[4];
+    size_t n = run_request(&c, &q, table, NULL);
+    assert_ok(kvc_pool_release(c.pool, table, (uint32_t)n));
+    /* n_tokens -> expected hit blocks: at most (n - 1) / BS, never the block holding the last */
+    struct {
+        size_t n_tokens, hit;
+        bool cut;
+    } cases[] = {{16, 3, true}, {15, 3, false}, {13, 3, false}, {12, 2, true},
+                 {5, 1, false}, {4, 0, true},   {1, 0, false},  {0, 0, false}};
+    for (size_t k = 0; k < KVC_ARRAY_LEN(cases); k++) {
+        q.n_tokens = cases[k].n_tokens;
+        kvc_prefix_hit_t hit;
+        kvc_block_status_t st[4];
+        assert_ok(kvc_prefix_match(c.pc, &q, NULL, 0, st, &hit));
+        assert_int_equal(hit.n_hit_blocks, cases[k].hit);
+        assert_int_equal(hit.cut_by_last_token, cases[k].cut);
+        assert_true(hit.n_hit_tokens < q.n_tokens || q.n_tokens == 0);
+        if (cases[k].cut) assert_int_equal(st[cases[k].hit], KVC_BLOCK_LAST_TOKEN);
+        assert_ok(kvc_prefix_lookup(c.pc, &q, hits, 4, &hit));
+        assert_int_equal(hit.n_hit_blocks, cases[k].hit);
+        assert_int_equal(hit.n_hit_tokens, cases[k].hit * BS);
+        for (size_t i = 0; i < hit.n_hit_blocks; i++) assert_int_equal(hits[i], table[i]);
+        assert_ok(kvc_pool_release(c.pool, hits, (uint32_t)hit.n_hit_blocks));
+    }
+    free_cache(&c);
+}
+
+static void lookup_pins_hits_and_respects_cap(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(8);
+    kvc_token_t t[13];
+    for (int i = 0; i < 13; i++) t[i] = 100 + i;
+    kvc_prefix_query_t q = query(t, 13);
+    uint32_t table[4], hits[4];
+    size_t n = run_request(&c, &q, table, NULL);
+    assert_ok(kvc_pool_release(c.pool, table, (uint32_t)n));
+    assert_int_equal(kvc_pool_n_free(c.pool), 8);
+    kvc_prefix_hit_t hit;
+    assert_ok(kvc_prefix_lookup(c.pc, &q, hits, 2, &hit)); /* 3 would hit, room for 2 */
+    assert_int_equal(hit.n_hit_blocks, 2);
+    assert_int_equal(kvc_pool_refcount(c.pool, hits[0]), 1);
+    assert_int_equal(kvc_pool_refcount(c.pool, hits[1]), 1);
+    assert_int_equal(kvc_pool_refcount(c.pool, table[2]), 0);
+    assert_int_equal(kvc_pool_n_free(c.pool), 6); /* pinned blocks left the free queue */
+    /* pinned blocks are never evicted: fill the rest of the pool */
+    uint32_t more[6];
+    assert_ok(kvc_pool_alloc(c.pool, 6, more));
+    assert_int_equal(kvc_pool_alloc(c.pool, 1, more), KVC_ENOSPC);
+    assert_non_null(kvc_prefix_block_tokens(c.pc, hits[0]));
+    assert_ok(kvc_pool_release(c.pool, more, 6));
+    assert_ok(kvc_pool_release(c.pool, hits, 2));
+    assert_prefix_ok(c.pc);
+    /* bad arguments */
+    assert_int_equal(kvc_prefix_lookup(c.pc, &q, NULL, 2, &hit), KVC_EINVAL);
+    assert_int_equal(kvc_prefix_lookup(c.pc, NULL, hits, 2, &hit), KVC_EINVAL);
+    assert_int_equal(kvc_prefix_match(c.pc, &q, hits, 2, NULL, NULL), KVC_EINVAL);
+    free_cache(&c);
+}
+
+static void match_explains_every_block(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(16);
+    kvc_token_t a[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    kvc_prefix_query_t q = query(a, 10);
+    uint32_t table[3];
+    size_t n = run_request(&c, &q, table, NULL);
+    assert_ok(kvc_pool_release(c.pool, table, (uint32_t)n));
+    kvc_token_t b[14] = {1, 2, 3, 4, 5, 6, 0, 8, 9, 10, 11, 12, 13, 14};
+    q = query(b, 14);
+    kvc_block_status_t st[4];
+    uint32_t blocks[4];
+    kvc_prefix_hit_t hit;
+    assert_ok(kvc_prefix_match(c.pc, &q, blocks, 4, st, &hit));
+    assert_int_equal(st[0], KVC_BLOCK_HIT);
+    assert_int_equal(st[1], KVC_BLOCK_MISS);
+    assert_int_equal(st[2], KVC_BLOCK_AFTER_MISS);
+    assert_int_equal(st[3], KVC_BLOCK_PARTIAL);
+    assert_int_equal(hit.n_full_blocks, 3);
+    assert_int_equal(hit.n_matched_blocks, 1);
+    assert_int_equal(blocks[0], table[0]);
+    assert_int_equal(kvc_pool_refcount(c.pool, table[0]), 0); /* match does not pin */
+    assert_string_equal(kvc_block_status_name(KVC_BLOCK_COLLISION), "collision");
+    assert_string_equal(kvc_block_status_name(KVC_BLOCK_LAST_TOKEN), "last-token");
+    assert_string_equal(kvc_block_status_name((kvc_block_status_t)42), "?");
+    /* precomputed hashes give the same answer */
+    kvc_hash128_t h[3];
+    size_t nh;
+    assert_ok(kvc_prefix_hash(c.pc, &q, h, 3, &nh));
+    q.hashes = h;
+    kvc_prefix_hit_t hit2;
+    assert_ok(kvc_prefix_match(c.pc, &q, NULL, 0, NULL, &hit2));
+    assert_int_equal(hit2.n_matched_blocks, 1);
+    free_cache(&c);
+}
+
+static void namespaces_isolate_tenants_adapters_and_epochs(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(32);
+    kvc_token_t t[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    kvc_namespace_t tenant_a = {0}, tenant_b = {0}, lora = {.lora_id = 5}, epoch = {.weight_epoch = 2};
+    kvc_namespace_set_salt(&tenant_a, "a");
+    kvc_namespace_set_salt(&tenant_b, "b");
+    kvc_prefix_query_t q = {.ns = &tenant_a, .tokens = t, .n_tokens = 9};
+    uint32_t table[3], hits[3];
+    size_t n = run_request(&c, &q, table, NULL);
+    assert_ok(kvc_pool_release(c.pool, table, (uint32_t)n));
+    kvc_prefix_hit_t hit;
+    const kvc_namespace_t *others[] = {NULL, &tenant_b, &lora, &epoch};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(others); i++) {
+        q.ns = others[i];
+        assert_ok(kvc_prefix_lookup(c.pc, &q, hits, 3, &hit));
+        assert_int_equal(hit.n_hit_blocks, 0);
+    }
+    q.ns = &tenant_a;
+    assert_ok(kvc_prefix_lookup(c.pc, &q, hits, 3, &hit));
+    assert_int_equal(hit.n_hit_blocks, 2);
+    assert_ok(kvc_pool_release(c.pool, hits, 2));
+    free_cache(&c);
+}
+
+/* ---- insertion ------------------------------------------------------------ */
+static void insert_checks_its_arguments(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(8);
+    kvc_token_t t[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    kvc_prefix_query_t q = query(t, 10);
+    uint32_t b[3], canon;
+    assert_ok(kvc_pool_alloc(c.pool, 3, b));
+    assert_int_equal(kvc_prefix_insert(c.pc, &q, 2, b[1], b[2], &canon), KVC_EINVAL); /* partial */
+    assert_int_equal(kvc_prefix_insert(c.pc, &q, 0, b[1], b[0], &canon), KVC_EINVAL); /* root w/ parent */
+    assert_int_equal(kvc_prefix_insert(c.pc, &q, 1, KVC_NONE, b[1], &canon), KVC_EINVAL); /* no parent */
+    assert_int_equal(kvc_prefix_insert(c.pc, &q, 1, b[0], b[1], &canon), KVC_EINVAL); /* parent uncached */
+    assert_int_equal(kvc_prefix_insert(c.pc, &q, 0, KVC_NONE, 99, &canon), KVC_EINVAL); /* bad id */
+    assert_int_equal(kvc_prefix_insert(c.pc, &q, 0, KVC_NONE, 5, &canon), KVC_EINVAL);  /* free block */
+    assert_int_equal(kvc_prefix_insert(c.pc, NULL, 0, KVC_NONE, b[0], &canon), KVC_EINVAL);
+    assert_ok(kvc_prefix_insert(c.pc, &q, 0, KVC_NONE, b[0], &canon));
+    assert_int_equal(canon, b[0]);
+    /* the parent must hold the previous block's tokens */
+    kvc_token_t other[8] = {9, 9, 9, 9, 5, 6, 7, 8};
+    kvc_prefix_query_t q2 = query(other, 8);
+    assert_int_equal(kvc_prefix_insert(c.pc, &q2, 1, b[0], b[1], &canon), KVC_EINVAL);
+    /* ... and be in the same namespace */
+    kvc_namespace_t ns = {.lora_id = 1};
+    q2 = (kvc_prefix_query_t){.ns = &ns, .tokens = t, .n_tokens = 8};
+    assert_int_equal(kvc_prefix_insert(c.pc, &q2, 1, b[0], b[1], &canon), KVC_EINVAL);
+    /* ... and match the precomputed hash when one is given */
+    kvc_hash128_t wrong[2] = {{1, 1}, {2, 2}};
+    q2 = (kvc_prefix_query_t){.tokens = t, .n_tokens = 8, .hashes = wrong};
+    assert_int_equal(kvc_prefix_insert(c.pc, &q2, 1, b[0], b[1], &canon), KVC_EINVAL);
+    assert_ok(kvc_prefix_insert(c.pc, &q, 1, b[0], b[1], NULL));
+    /* a block cached with one identity cannot take another */
+    kvc_token_t t3[4] = {7, 7, 7, 7};
+    kvc_prefix_query_t q3 = query(t3, 4);
+    assert_int_equal(kvc_prefix_insert(c.pc, &q3, 0, KVC_NONE, b[1], &canon), KVC_EINVAL);
+    /* re-inserting the same identity into the same block is a no-op */
+    assert_ok(kvc_prefix_insert(c.pc, &q, 1, b[0], b[1], &canon));
+    assert_int_equal(canon, b[1]);
+    kvc_prefix_stats_t s;
+    kvc_prefix_stats(c.pc, &s);
+    assert_int_equal(s.n_inserts, 2);
+    assert_int_equal(s.n_duplicates, 0);
+    assert_int_equal(kvc_prefix_block_parent(c.pc, b[1]), b[0]);
+    assert_int_equal(kvc_prefix_block_parent(c.pc, b[0]), KVC_NONE);
+    assert_int_equal(kvc_prefix_block_parent(c.pc, 99), KVC_NONE);
+    kvc_hash128_t h;
+    assert_ok(kvc_prefix_block_hash(c.pc, b[0], &h));
+    assert_int_equal(kvc_prefix_block_hash(c.pc, b[2], &h), KVC_ENOENT);
+    assert_int_equal(kvc_prefix_block_hash(c.pc, 99, &h), KVC_ENOENT);
+    assert_null(kvc_prefix_block_tokens(c.pc, b[2]));
+    assert_ok(kvc_pool_release(c.pool, b, 3));
+    assert_prefix_ok(c.pc);
+    free_cache(&c);
+}
+
+static void duplicate_inserts_name_the_cached_copy(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(8);
+    kvc_token_t t[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    kvc_prefix_query_t q = query(t, 8);
+    uint32_t a[2], b[2], canon;
+    /* two requests compute the same prompt at once */
+    assert_ok(kvc_pool_alloc(c.pool, 2, a));
+    assert_ok(kvc_pool_alloc(c.pool, 2, b));
+    assert_ok(kvc_prefix_insert(c.pc, &q, 0, KVC_NONE, a[0], &canon));
+    assert_ok(kvc_prefix_insert(c.pc, &q, 0, KVC_NONE, b[0], &canon));
+    assert_int_equal(canon, a[0]); /* b[0] stays uncached */
+    assert_false(kvc_pool_is_cached(c.pool, b[0]));
+    /* the second request continues the chain from the canonical block */
+    assert_ok(kvc_prefix_insert(c.pc, &q, 1, a[0], a[1], &canon));
+    assert_ok(kvc_prefix_insert(c.pc, &q, 1, a[0], b[1], &canon));
+    assert_int_equal(canon, a[1]);
+    kvc_prefix_stats_t s;
+    kvc_prefix_stats(c.pc, &s);
+    assert_int_equal(s.n_duplicates, 2);
+    assert_int_equal(s.n_cached_blocks, 2);
+    assert_ok(kvc_pool_release(c.pool, b, 2));
+    assert_ok(kvc_pool_release(c.pool, a, 2));
+    /* the uncached copies are reused before the cached ones */
+    uint32_t x[2];
+    assert_ok(kvc_pool_alloc(c.pool, 2, x));
+    assert_true(x[0] != a[0] && x[0] != a[1] && x[1] != a[0] && x[1] != a[1]);
+    assert_ok(kvc_pool_release(c.pool, x, 2));
+    assert_prefix_ok(c.pc);
+    free_cache(&c);
+}
+
+/* ---- eviction -------------------------------------------------------------- */
+static void eviction_takes_leaves_oldest_first(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(6);
+    kvc_token_t a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    kvc_token_t b[12] = {20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
+    kvc_prefix_query_t qa = query(a, 12), qb = query(b, 12);
+    uint32_t ta[3], tb[3];
+    run_request(&c, &qa, ta, NULL);
+    assert_ok(kvc_pool_release(c.pool, ta, 3)); /* queue: a2 a1 a0 */
+    run_request(&c, &qb, tb, NULL);
+    assert_ok(kvc_pool_release(c.pool, tb, 3)); /* queue: a2 a1 a0 b2 b1 b0 */
+    /* allocating 2 evicts a's tail first: a2, then a1 */
+    uint32_t x[2];
+    assert_ok(kvc_pool_alloc(c.pool, 2, x));
+    assert_int_equal(x[0], ta[2]);
+    assert_int_equal(x[1], ta[1]);
+    assert_prefix_ok(c.pc);
+    assert_int_equal(kvc_prefix_count_stranded(c.pc), 0);
+    /* a's head is still there and hits */
+    kvc_prefix_hit_t hit;
+    uint32_t h[3];
+    assert_ok(kvc_prefix_lookup(c.pc, &qa, h, 3, &hit));
+    assert_int_equal(hit.n_hit_blocks, 1);
+    assert_int_equal(h[0], ta[0]);
+    assert_ok(kvc_pool_release(c.pool, h, 1));
+    assert_ok(kvc_pool_release(c.pool, x, 2));
+    kvc_prefix_stats_t s;
+    kvc_prefix_stats(c.pc, &s);
+    assert_int_equal(s.n_evictions, 2);
+    free_cache(&c);
+}
+
+static void a_parent_is_never_evicted_before_its_children(void **state)
+{
+    (void)state;
+    /* Release a table head-first (a misbehaving caller): the parent reaches the queue's head
+     * before its child.  Eviction must still take the child first. */
+    cache_t c = make_cache(3);
+    kvc_token_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    kvc_prefix_query_t q = query(a, 8);
+    uint32_t t[2];
+    run_request(&c, &q, t, NULL);
+    assert_ok(kvc_pool_unref(c.pool, t[0]));
+    assert_ok(kvc_pool_unref(c.pool, t[1]));
+    assert_int_equal(kvc_pool_free_cached_first(c.pool), t[0]);
+    uint32_t x[3];
+    assert_ok(kvc_pool_alloc(c.pool, 1, x)); /* the uncached block */
+    assert_ok(kvc_pool_alloc(c.pool, 1, x + 1));
+    assert_int_equal(x[1], t[1]); /* the child, though the parent is older */
+    assert_prefix_ok(c.pc);
+    assert_int_equal(kvc_prefix_count_stranded(c.pc), 0);
+    assert_ok(kvc_pool_alloc(c.pool, 1, x + 2));
+    assert_int_equal(x[2], t[0]);
+    assert_ok(kvc_pool_release(c.pool, x, 3));
+    assert_prefix_ok(c.pc);
+    free_cache(&c);
+}
+
+static void explicit_evict_takes_at_most_n_leaves(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(8);
+    kvc_token_t a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    kvc_prefix_query_t q = query(a, 12);
+    uint32_t t[3];
+    run_request(&c, &q, t, NULL);
+    uint32_t n = 99;
+    assert_ok(kvc_prefix_evict(c.pc, 5, &n));
+    assert_int_equal(n, 0); /* all pinned */
+    assert_ok(kvc_pool_release(c.pool, t, 3));
+    assert_ok(kvc_prefix_evict(c.pc, 2, &n));
+    assert_int_equal(n, 2); /* at least and at most n */
+    kvc_prefix_stats_t s;
+    kvc_prefix_stats(c.pc, &s);
+    assert_int_equal(s.n_cached_blocks, 1);
+    assert_true(kvc_pool_is_cached(c.pool, t[0]));
+    assert_prefix_ok(c.pc);
+    assert_ok(kvc_prefix_evict(c.pc, 5, NULL));
+    kvc_prefix_stats(c.pc, &s);
+    assert_int_equal(s.n_cached_blocks, 0);
+    assert_int_equal(kvc_prefix_evict(NULL, 1, &n), KVC_EINVAL);
+    assert_prefix_ok(c.pc);
+    free_cache(&c);
+}
+
+/* ---- events and stats --------------------------------------------------------- */
+typedef struct {
+    kvc_prefix_event_t ev[32];
+    int n;
+} event_log_t;
+
+static void log_event(void *ctx, const kvc_prefix_event_t *ev)
+{
+    event_log_t *log = ctx;
+    assert_true(log->n < 32);
+    log->ev[log->n++] = *ev;
+}
+
+static void events_report_stored_and_removed_with_parents(void **state)
+{
+    (void)state;
+    event_log_t log = {0};
+    kvc_prefix_params_t cp = kvc_prefix_params_default();
+    cp.hash_seed = 5;
+    cp.on_event = log_event;
+    cp.event_ctx = &log;
+    cache_t c = make_cache_with(2, BS, cp);
+    kvc_token_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    kvc_prefix_query_t q = query(a, 8);
+    kvc_hash128_t h[2];
+    size_t n;
+    assert_ok(kvc_prefix_hash(c.pc, &q, h, 2, &n));
+    uint32_t t[2];
+    run_request(&c, &q, t, NULL);
+    assert_int_equal(log.n, 2);
+    assert_int_equal(log.ev[0].type, KVC_EVENT_STORED);
+    assert_true(kvc_hash128_eq(log.ev[0].hash, h[0]));
+    assert_int_equal(log.ev[0].parent_block, KVC_NONE);
+    assert_true(log.ev[0].parent_hash.lo == 0 && log.ev[0].parent_hash.hi == 0);
+    assert_true(kvc_hash128_eq(log.ev[1].hash, h[1]));
+    assert_true(kvc_hash128_eq(log.ev[1].parent_hash, h[0]));
+    assert_int_equal(log.ev[1].parent_block, t[0]);
+    assert_int_equal(log.ev[1].n_tokens, BS);
+    assert_int_equal(log.ev[1].tokens[0], 5);
+    assert_ok(kvc_pool_release(c.pool, t, 2));
+    uint32_t x[2];
+    assert_ok(kvc_pool_alloc(c.pool, 2, x)); /* evicts the tail, then the head */
+    assert_int_equal(log.n, 4);
+    assert_int_equal(log.ev[2].type, KVC_EVENT_REMOVED);
+    assert_true(kvc_hash128_eq(log.ev[2].hash, h[1]));
+    assert_true(kvc_hash128_eq(log.ev[2].parent_hash, h[0]));
+    assert_true(kvc_hash128_eq(log.ev[3].hash, h[0]));
+    assert_ok(kvc_pool_release(c.pool, x, 2));
+    free_cache(&c);
+}
+
+static void stats_count_lookups_hits_and_misses(void **state)
+{
+    (void)state;
+    cache_t c = make_cache(16);
+    kvc_token_t a[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    kvc_prefix_query_t q = query(a, 10);
+    uint32_t t[3];
+    size_t n = run_request(&c, &q, t, NULL); /* lookup 1: 2 full blocks, no hit */
+    assert_ok(kvc_pool_release(c.pool, t, (uint32_t)n));
+    n = run_request(&c, &q, t, NULL); /* lookup 2: 2 hit */
+    assert_ok(kvc_pool_release(c.pool, t, (uint32_t)n));
+    kvc_prefix_stats_t s;
+    kvc_prefix_stats(c.pc, &s);
+    assert_int_equal(s.n_lookups, 2);
+    assert_int_equal(s.n_lookups_hit, 1);
+    assert_int_equal(s.n_query_tokens, 20);
+    assert_int_equal(s.n_query_blocks, 4);
+    assert_int_equal(s.n_hit_blocks, 2);
+    assert_int_equal(s.n_hit_tokens, 8);
+    assert_int_equal(s.n_miss_blocks, 2);
+    assert_int_equal(s.n_inserts, 2);
+    assert_int_equal(s.n_cached_blocks, 2);
+    assert_int_equal(s.n_cached_free, 2);
+    free_cache(&c);
+}
+
+static void create_fails_cleanly_under_allocation_faults(void **state)
+{
+    (void)state;
+    kvc_pool_params_t pp = kvc_pool_params_default();
+    pp.n_blocks = 16;
+    kvc_pool_t *pool;
+    assert_ok(kvc_pool_create(&pp, &pool));
+    kvc_prefix_t *pc = (kvc_prefix_t *)0x1;
+    kvc_prefix_params_t cp = kvc_prefix_params_default();
+    assert_int_equal(kvc_prefix_create(NULL, &cp, &pc), KVC_EINVAL);
+    assert_int_equal(kvc_prefix_create(pool, NULL, &pc), KVC_EINVAL);
+    cp.max_extra_keys = 17;
+    assert_int_equal(kvc_prefix_create(pool, &cp, &pc), KVC_EINVAL);
+    assert_null(pc);
+    for (uint64_t n = 1; n <= 7; n++) {
+        kvc_failing_alloc_t st = {.fail_at = n};
+        cp = kvc_prefix_params_default();
+        cp.allocator = kvc_failing_allocator(&st);
+        int rc = kvc_prefix_create(pool, &cp, &pc);
+        if (st.n_failed) {
+            assert_int_equal(rc, KVC_ENOMEM);
+            assert_null(pc);
+        } else {
+            assert_ok(rc);
+            kvc_prefix_destroy(pc);
+        }
+        assert_int_equal(st.n_live, 0);
+        assert_pool_ok(pool);
+    }
+    /* destroy forgets identities: the pool keeps working without a cache */
+    cp = kvc_prefix_params_default();
+    assert_ok(kvc_prefix_create(pool, &cp, &pc));
+    kvc_token_t t[16] = {1, 2, 3, 4};
+    kvc_prefix_query_t q = query(t, 16);
+    uint32_t b;
+    assert_ok(kvc_pool_alloc(pool, 1, &b));
+    assert_ok(kvc_prefix_insert(pc, &q, 0, KVC_NONE, b, NULL));
+    assert_ok(kvc_pool_unref(pool, b));
+    kvc_prefix_destroy(pc);
+    assert_false(kvc_pool_is_cached(pool, b));
+    assert_pool_ok(pool);
+    uint32_t all[16];
+    assert_ok(kvc_pool_alloc(pool, 16, all));
+    kvc_prefix_destroy(NULL);
+    kvc_pool_destroy(pool);
+}
+
+/* ---- the collision proof -------------------------------------------------------------- */
+/* A deliberately terrible hash: 2 bits, taken from the input's length and one byte. */
+static kvc_hash128_t weak_hash(const void *data, size_t len, uint64_t seed)
+{
+    (void)seed;
+    const uint8_t *p = data;
+    return (kvc_hash128_t){.lo = (p[len / 2] ^ len) & 3, .hi = 0};
+}
+
+/* Token generator that makes near-misses likely: small vocabulary, shared stems. */
+static void gen_prompt(kvc_rng_t *r, kvc_token_t *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) t[i] = (kvc_token_t)kvc_rng_below(r, 3);
+}
+
+/* Every hit block must hold exactly the request's tokens, and its ancestry must spell the
+ * request's whole prefix. */
+static void assert_hit_is_exact(const cache_t *c, const kvc_token_t *t, const uint32_t *blocks,
+                                size_t n_hit, uint32_t bs)
+{
+    for (size_t i = 0; i < n_hit; i++) {
+        const kvc_token_t *bt = kvc_prefix_block_tokens(c->pc, blocks[i]);
+        assert_non_null(bt);
+        assert_memory_equal(bt, t + i * bs, bs * sizeof(kvc_token_t));
+        assert_int_equal(kvc_prefix_block_parent(c->pc, blocks[i]), i ? blocks[i - 1] : KVC_NONE);
+    }
+}
+
+static void forced_collisions_never_hand_out_foreign_kv(void **state)
+{
+    (void)state;
+    const uint32_t bs = 2, n_blocks = 48;
+    kvc_prefix_params_t weak = kvc_prefix_params_default(), strong = kvc_prefix_params_default();
+    weak.hash_fn = weak_hash;
+    strong.hash_seed = 77;
+    cache_t w = make_cache_with(n_blocks, bs, weak), s = make_cache_with(n_blocks, bs, strong);
+    kvc_rng_t r;
+    kvc_rng_seed(&r, 2024);
+    kvc_namespace_t ns[2] = {{0}, {0}};
+    kvc_namespace_set_salt(&ns[1], "other");
+    uint64_t total_hits = 0;
+    const int rounds = 6000 / KVC_TEST_SANITIZER_DIVISOR;
+    for (int round = 0; round < rounds; round++) {
+        kvc_token_t t[16];
+        size_t n = 1 + kvc_rng_below(&r, 16);
+        gen_prompt(&r, t, n);
+        kvc_prefix_query_t q = {.ns = &ns[kvc_rng_below(&r, 2)], .tokens = t, .n_tokens = n};
+        uint32_t tw[8], ts[8];
+        kvc_prefix_hit_t hw, hs;
+        /* The weak-hash cache and the strong-hash cache must give the same answers: identity,
+         * not the hash, decides. */
+        size_t nw = run_request(&w, &q, tw, &hw);
+        size_t ns_ = run_request(&s, &q, ts, &hs);
+        assert_int_equal(nw, ns_);
+        assert_int_equal(hw.n_hit_blocks, hs.n_hit_blocks);
+        assert_memory_equal(tw, ts, nw * sizeof(uint32_t));
+        assert_hit_is_exact(&w, t, tw, hw.n_hit_blocks, bs);
+        total_hits += hw.n_hit_blocks;
+        assert_ok(kvc_pool_release(w.pool, tw, (uint32_t)nw));
+        assert_ok(kvc_pool_release(s.pool, ts, (uint32_t)ns_));
+        if (round % 64 == 0) {
+            assert_prefix_ok(w.pc);
+            assert_int_equal(kvc_prefix_count_stranded(w.pc), 0);
+        }
+    }
+    kvc_prefix_stats_t sw, ss;
+    kvc_prefix_stats(w.pc, &sw);
+    kvc_prefix_stats(s.pc, &ss);
+    print_message("weak hash: %llu collisions, %llu hit blocks\n", (unsigned long long)sw.n_collisions,
+                  (unsigned long long)total_hits);
+    /* The test is not vacuous: the weak hash collided all the time, and hits happened. */
+    assert_true(sw.n_collisions > 4000 / KVC_TEST_SANITIZER_DIVISOR);
+    assert_true(total_hits > 1000 / KVC_TEST_SANITIZER_DIVISOR);
+    assert_int_equal(sw.n_hit_blocks, ss.n_hit_blocks);
+    assert_int_equal(sw.n_evictions, ss.n_evictions);
+    free_cache(&w);
+    free_cache(&s);
+}
+
+static void same_block_tokens_under_another_parent_do_not_hit(void **state)
+{
+    (void)state;
+    /* [A B] cached; [C B] must not hit B, even when every hash collides. */
+    kvc_prefix_params_t weak = kvc_prefix_params_default();
+    weak.hash_fn = weak_hash;
+    cache_t c = make_cache_with(8, BS, weak);
+    kvc_token_t ab[9] = {1, 1, 1, 1, 2, 2, 2, 2, 0}, cb[9] = {3, 3, 3, 3, 2, 2, 2, 2, 0};
+    kvc_prefix_query_t q = query(ab, 9);
+    uint32_t t[3];
+    run_request(&c, &q, t, NULL);
+    assert_ok(kvc_pool_release(c.pool, t, 3));
+    q = query(cb, 9);
+    kvc_block_status_t st[3];
+    kvc_prefix_hit_t hit;
+    assert_ok(kvc_prefix_match(c.pc, &q, NULL, 0, st, &hit));
+    assert_int_equal(hit.n_hit_blocks, 0);
+    /* With the weak hash, C's root hash may equal A's: then it is reported as a collision. */
+    assert_true(st[0] == KVC_BLOCK_MISS || st[0] == KVC_BLOCK_COLLISION);
+    free_cache(&c);
+}
+
+static kvc_hash128_t zero_hash(const void *data, size_t len, uint64_t seed)
+{
+    (void)data;
+    (void)len;
+    (void)seed;
+    return (kvc_hash128_t){0, 0};
+}
+
+static void a_constant_hash_still_gives_exact_hits(void **state)
+{
+    (void)state;
+    kvc_prefix_params_t cp = kvc_prefix_params_default();
+    cp.hash_fn = zero_hash;
+    cache_t c = make_cache_with(16, BS, cp);
+    kvc_token_t ab[9] = {1, 1, 1, 1, 2, 2, 2, 2, 0}, cb[9] = {3, 3, 3, 3, 2, 2, 2, 2, 0};
+    uint32_t t[3], u[3];
+    kvc_prefix_query_t qa = query(ab, 9), qc = query(cb, 9);
+    run_request(&c, &qa, t, NULL);
+    assert_ok(kvc_pool_release(c.pool, t, 3));
+    kvc_block_status_t st[3];
+    kvc_prefix_hit_t hit;
+    assert_ok(kvc_prefix_match(c.pc, &qc, NULL, 0, st, &hit));
+    assert_int_equal(hit.n_hit_blocks, 0);
+    assert_int_equal(st[0], KVC_BLOCK_COLLISION);
+    run_request(&c, &qc, u, &hit);
+    assert_int_equal(hit.n_hit_blocks, 0);
+    assert_int_not_equal(u[1], t[1]); /* C's B is its own block, not A's */
+    assert_ok(kvc_pool_release(c.pool, u, 3));
+    run_request(&c, &qa, u, &hit);
+    assert_int_equal(hit.n_hit_blocks, 2);
+    assert_int_equal(u[0], t[0]);
+    assert_int_equal(u[1], t[1]);
+    assert_ok(kvc_pool_release(c.pool, u, 3));
+    assert_prefix_ok(c.pc);
+    free_cache(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(hash_covers_every_part_of_identity),
+        cmocka_unit_test(random_seed_differs_between_caches),
+        cmocka_unit_test(hash_handles_partial_blocks_and_capacity),
+        cmocka_unit_test(multimodal_inputs_key_the_blocks_they_overlap),
+        cmocka_unit_test(multimodal_hits_need_the_same_inputs),
+        cmocka_unit_test(lookup_never_covers_the_last_token),
+        cmocka_unit_test(lookup_pins_hits_and_respects_cap),
+        cmocka_unit_test(match_explains_every_block),
+        cmocka_unit_test(namespaces_isolate_tenants_adapters_and_epochs),
+        cmocka_unit_test(insert_checks_its_arguments),
+        cmocka_unit_test(duplicate_inserts_name_the_cached_copy),
+        cmocka_unit_test(eviction_takes_leaves_oldest_first),
+        cmocka_unit_test(a_parent_is_never_evicted_before_its_children),
+        cmocka_unit_test(explicit_evict_takes_at_most_n_leaves),
+        cmocka_unit_test(events_report_stored_and_removed_with_parents),
+        cmocka_unit_test(stats_count_lookups_hits_and_misses),
+        cmocka_unit_test(create_fails_cleanly_under_allocation_faults),
+        cmocka_unit_test(forced_collisions_never_hand_out_foreign_kv),
+        cmocka_unit_test(same_block_tokens_under_another_parent_do_not_hit),
+        cmocka_unit_test(a_constant_hash_still_gives_exact_hits),
+    };
+    return cmocka_run_group_tests_name("prefix", tests, NULL, NULL);
+}
