@@ -807,6 +807,178 @@ static void a_constant_hash_still_gives_exact_hits(void **state)
     free_cache(&c);
 }
 
+
+/* ---- sliding-window groups ------------------------------------------------------- */
+static kvc_prefix_params_t sliding_params(uint32_t window, kvc_hash_fn fn)
+{
+    kvc_prefix_params_t cp = kvc_prefix_params_default();
+    cp.hash_seed = 31;
+    cp.group_window[1] = window; /* group 0 full attention, group 1 sliding */
+    cp.hash_fn = fn;
+    return cp;
+}
+
+/* Insert every full block of a sliding-group request, in order, and release it. */
+static void run_sliding(cache_t *c, const kvc_prefix_query_t *q, uint32_t *table)
+{
+    uint32_t bs = kvc_pool_block_size(c->pool);
+    size_t n_all = (q->n_tokens + bs - 1) / bs;
+    assert_ok(kvc_pool_alloc(c->pool, (uint32_t)n_all, table));
+    for (size_t i = 0; i < q->n_tokens / bs; i++) {
+        uint32_t canon;
+        assert_ok(kvc_prefix_insert(c->pc, q, i, KVC_NONE, table[i], &canon));
+        assert_int_equal(canon, table[i]);
+    }
+    assert_prefix_ok(c->pc);
+}
+
+static void sliding_hits_need_only_the_last_window(void **state)
+{
+    (void)state;
+    cache_t c = make_cache_with(32, BS, sliding_params(6, NULL));
+    kvc_namespace_t ns = {.group = 1};
+    kvc_token_t t[21];
+    for (int i = 0; i < 21; i++) t[i] = 50 + i;
+    kvc_prefix_query_t q = {.ns = &ns, .tokens = t, .n_tokens = 21}; /* 5 full blocks + 1 */
+    uint32_t table[6];
+    run_sliding(&c, &q, table);
+    /* The request slid: blocks 0 and 1 fell out of its window and were released while it held
+     * 2..5.  Block 1 is a sliding block with a cached successor: it can still be evicted. */
+    assert_ok(kvc_pool_unref(c.pool, table[0]));
+    assert_ok(kvc_pool_unref(c.pool, table[1]));
+    uint32_t n;
+    assert_ok(kvc_prefix_evict(c.pc, 2, &n));
+    assert_int_equal(n, 2);
+    assert_prefix_ok(c.pc);
+    assert_ok(kvc_pool_release(c.pool, table + 2, 4));
+    /* A hit of 5 blocks (20 tokens) needs keys 15..19 for position 20: blocks 3 and 4. */
+    uint32_t hits[6];
+    kvc_block_status_t st[6];
+    kvc_prefix_hit_t hit;
+    assert_ok(kvc_prefix_match(c.pc, &q, hits, 6, st, &hit));
+    assert_int_equal(hit.n_hit_blocks, 5);
+    assert_int_equal(hit.first_hit_block, 3);
+    assert_int_equal(st[0], KVC_BLOCK_OUT_OF_WINDOW);
+    assert_int_equal(st[2], KVC_BLOCK_OUT_OF_WINDOW);
+    assert_int_equal(st[3], KVC_BLOCK_HIT);
+    assert_int_equal(st[4], KVC_BLOCK_HIT);
+    assert_int_equal(st[5], KVC_BLOCK_PARTIAL);
+    assert_string_equal(kvc_block_status_name(st[0]), "out-of-window");
+    assert_ok(kvc_prefix_lookup(c.pc, &q, hits, 6, &hit));
+    assert_int_equal(hits[0], KVC_NONE);
+    assert_int_equal(hits[2], KVC_NONE);
+    assert_int_equal(hits[3], table[3]);
+    assert_int_equal(kvc_pool_refcount(c.pool, table[3]), 1);
+    assert_int_equal(kvc_pool_refcount(c.pool, table[2]), 0); /* outside the window: not pinned */
+    assert_ok(kvc_pool_release(c.pool, hits, 5));
+    /* The same prompt cut to 17 tokens: hit 4 blocks, which needs block 2 and 3 (keys 11..15). */
+    q.n_tokens = 17;
+    assert_ok(kvc_prefix_match(c.pc, &q, hits, 6, st, &hit));
+    assert_int_equal(hit.n_hit_blocks, 4);
+    assert_int_equal(hit.first_hit_block, 2);
+    /* The cached run of the free queue is now 2, 4, 3 (block 5, the partial one, was never
+     * cached).  Evicting one takes block 2.  The 21-token prompt still hits 5 blocks (it needs
+     * 3 and 4); the 17-token one needed block 2 for a hit of 4, blocks 1..2 for 3, 0..1 for 2
+     * and block 0 for 1: nothing is left for it. */
+    assert_ok(kvc_prefix_evict(c.pc, 1, &n));
+    assert_int_equal(n, 1);
+    assert_false(kvc_pool_is_cached(c.pool, table[2]));
+    assert_true(kvc_pool_is_cached(c.pool, table[4]));
+    assert_ok(kvc_prefix_match(c.pc, &q, NULL, 0, st, &hit));
+    assert_int_equal(hit.n_hit_blocks, 0);
+    assert_int_equal(st[2], KVC_BLOCK_MISS);
+    assert_int_equal(st[3], KVC_BLOCK_AFTER_MISS); /* cached, but its window is incomplete */
+    q.n_tokens = 21;
+    assert_ok(kvc_prefix_match(c.pc, &q, NULL, 0, NULL, &hit));
+    assert_int_equal(hit.n_hit_blocks, 5);
+    /* A 20-token prompt: a hit of 5 blocks would cover the last token; 4 needs block 2. */
+    q.n_tokens = 20;
+    assert_ok(kvc_prefix_match(c.pc, &q, NULL, 0, NULL, &hit));
+    assert_int_equal(hit.n_hit_blocks, 0);
+    assert_true(hit.cut_by_last_token);
+    assert_prefix_ok(c.pc);
+    free_cache(&c);
+}
+
+static void sliding_window_blocks_of_another_prefix_never_hit(void **state)
+{
+    (void)state;
+    /* Two prompts that differ only in their first block: their later blocks have the same
+     * tokens, and with a constant hash the same index hash.  Only the fingerprint of the whole
+     * prefix tells them apart, and it must. */
+    cache_t c = make_cache_with(32, BS, sliding_params(4, zero_hash));
+    kvc_namespace_t ns = {.group = 1};
+    kvc_token_t a[13] = {1, 1, 1, 1, 7, 7, 7, 7, 8, 8, 8, 8, 9};
+    kvc_token_t b[13] = {2, 2, 2, 2, 7, 7, 7, 7, 8, 8, 8, 8, 9};
+    kvc_prefix_query_t qa = {.ns = &ns, .tokens = a, .n_tokens = 13}, qb = qa;
+    qb.tokens = b;
+    uint32_t table[4];
+    run_sliding(&c, &qa, table);
+    assert_ok(kvc_pool_release(c.pool, table, 4));
+    kvc_prefix_hit_t hit;
+    kvc_block_status_t st[4];
+    assert_ok(kvc_prefix_match(c.pc, &qb, NULL, 0, st, &hit));
+    assert_int_equal(hit.n_hit_blocks, 0);
+    assert_int_equal(st[1], KVC_BLOCK_COLLISION);
+    assert_int_equal(st[2], KVC_BLOCK_COLLISION);
+    assert_ok(kvc_prefix_match(c.pc, &qa, NULL, 0, st, &hit));
+    assert_int_equal(hit.n_hit_blocks, 3);
+    /* a full-attention query in the same cache (group 0) never sees group 1's blocks */
+    kvc_prefix_query_t q0 = qa;
+    q0.ns = NULL;
+    assert_ok(kvc_prefix_match(c.pc, &q0, NULL, 0, NULL, &hit));
+    assert_int_equal(hit.n_hit_blocks, 0);
+    free_cache(&c);
+}
+
+static void probe_reports_each_block(void **state)
+{
+    (void)state;
+    cache_t c = make_cache_with(32, BS, sliding_params(4, NULL));
+    kvc_namespace_t ns = {.group = 1};
+    kvc_token_t t[16];
+    for (int i = 0; i < 16; i++) t[i] = i;
+    kvc_prefix_query_t q = {.ns = &ns, .tokens = t, .n_tokens = 16};
+    uint32_t table[4];
+    run_sliding(&c, &q, table);
+    assert_ok(kvc_pool_unref(c.pool, table[1]));
+    uint32_t n;
+    assert_ok(kvc_prefix_evict(c.pc, 1, &n));
+    assert_int_equal(n, 1);
+    uint32_t present[4];
+    size_t found;
+    assert_ok(kvc_prefix_probe(c.pc, &q, 4, present, &found));
+    assert_int_equal(found, 3);
+    assert_int_equal(present[0], table[0]);
+    assert_int_equal(present[1], KVC_NONE);
+    assert_int_equal(present[3], table[3]);
+    /* a full-attention probe stops at the first miss */
+    kvc_prefix_query_t q0 = {.tokens = t, .n_tokens = 16};
+    uint32_t t0[4];
+    size_t n0 = run_request(&c, &q0, t0, NULL);
+    assert_ok(kvc_pool_release(c.pool, t0, (uint32_t)n0));
+    assert_ok(kvc_prefix_probe(c.pc, &q0, 2, present, &found));
+    assert_int_equal(found, 2);
+    assert_int_equal(present[1], t0[1]);
+    assert_int_equal(kvc_prefix_probe(c.pc, &q0, 2, NULL, &found), KVC_EINVAL);
+    /* fingerprints: deterministic, independent of the index hash */
+    kvc_hash128_t f1[4], f2[4], h[4];
+    size_t nf;
+    assert_ok(kvc_prefix_fingerprint(c.pc, &q, f1, 4, &nf));
+    assert_ok(kvc_prefix_fingerprint(c.pc, &q, f2, 4, &nf));
+    assert_ok(kvc_prefix_hash(c.pc, &q, h, 4, &nf));
+    assert_true(kvc_hash128_eq(f1[3], f2[3]));
+    assert_false(kvc_hash128_eq(f1[3], h[3]));
+    table[1] = KVC_NONE; /* already released */
+    assert_ok(kvc_pool_release(c.pool, table, 4));
+    /* a group beyond KVC_MAX_GROUPS is a malformed query */
+    kvc_namespace_t bad = {.group = KVC_MAX_GROUPS};
+    q.ns = &bad;
+    kvc_prefix_hit_t hit;
+    assert_int_equal(kvc_prefix_match(c.pc, &q, NULL, 0, NULL, &hit), KVC_EINVAL);
+    free_cache(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -830,6 +1002,9 @@ int main(void)
         cmocka_unit_test(forced_collisions_never_hand_out_foreign_kv),
         cmocka_unit_test(same_block_tokens_under_another_parent_do_not_hit),
         cmocka_unit_test(a_constant_hash_still_gives_exact_hits),
+        cmocka_unit_test(sliding_hits_need_only_the_last_window),
+        cmocka_unit_test(sliding_window_blocks_of_another_prefix_never_hit),
+        cmocka_unit_test(probe_reports_each_block),
     };
     return cmocka_run_group_tests_name("prefix", tests, NULL, NULL);
 }

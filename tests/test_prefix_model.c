@@ -30,6 +30,7 @@ typedef struct {
 
 typedef struct {
     uint32_t n, bs;
+    uint32_t window; /* namespace 3 is a sliding-window group with this window */
     mblock_t b[MAXB];
     uint32_t q[MAXB]; /* the free queue, head first */
     uint32_t nq;
@@ -78,11 +79,15 @@ static void m_qpush(model_t *m, uint32_t b)
     m_qinsert(m, pos, b);
 }
 
-/* A cached block's children: cached blocks whose identity extends it by one block. */
+#define SLIDING_NS 3
+
+/* A cached block's children: cached blocks whose identity extends it by one block.  Sliding-
+ * window blocks have none: they may be evicted in any order. */
 static int m_children(const model_t *m, uint32_t b)
 {
     int n = 0;
     const mblock_t *p = &m->b[b];
+    if (p->ns == SLIDING_NS) return 0;
     for (uint32_t i = 0; i < m->n; i++) {
         const mblock_t *c = &m->b[i];
         if (c->cached && c->ns == p->ns && c->plen == p->plen + (int)m->bs &&
@@ -140,24 +145,51 @@ static void m_unref(model_t *m, uint32_t b)
 
 static void m_release(model_t *m, const uint32_t *t, uint32_t n)
 {
-    for (uint32_t i = n; i-- > 0;) m_unref(m, t[i]);
+    for (uint32_t i = n; i-- > 0;)
+        if (t[i] != KVC_NONE) m_unref(m, t[i]);
+}
+
+/* The first block a hit of h blocks needs under the sliding window: keys from h*bs - w + 1. */
+static size_t m_first_needed(const model_t *m, size_t h)
+{
+    long first_token = (long)(h * m->bs) - (long)m->window + 1;
+    if (first_token < 0) first_token = 0;
+    return KVC_MIN((size_t)first_token / m->bs, h);
 }
 
 /* lookup: the longest run of cached blocks with the request's exact prefixes, cut by the
  * last-token rule, pinned. */
 static size_t m_lookup(model_t *m, int ns, const kvc_token_t *t, size_t n, uint32_t *out, bool pin,
-                       size_t *matched)
+                       size_t *matched, size_t *first)
 {
-    size_t n_full = n / m->bs, i = 0;
-    for (; i < n_full; i++) {
-        uint32_t b = m_find(m, ns, t, (int)((i + 1) * m->bs));
-        if (b == KVC_NONE) break;
-        out[i] = b;
+    size_t n_full = n / m->bs, max_hit = n ? (n - 1) / m->bs : 0, hit = 0;
+    *first = 0;
+    if (ns != SLIDING_NS) {
+        size_t i = 0;
+        for (; i < n_full; i++) {
+            uint32_t b = m_find(m, ns, t, (int)((i + 1) * m->bs));
+            if (b == KVC_NONE) break;
+            out[i] = b;
+        }
+        *matched = i;
+        hit = KVC_MIN(i, max_hit);
+    } else {
+        /* every block on its own; the best h has all of [first(h), h) present */
+        uint32_t present[MAXT];
+        for (size_t i = 0; i < n_full; i++) present[i] = m_find(m, ns, t, (int)((i + 1) * m->bs));
+        *matched = 0;
+        for (size_t h = 1; h <= n_full; h++) {
+            bool ok = true;
+            for (size_t j = m_first_needed(m, h); j < h; j++) ok &= present[j] != KVC_NONE;
+            if (!ok) continue;
+            *matched = h;
+            if (h <= max_hit) hit = h;
+        }
+        *first = m_first_needed(m, hit);
+        for (size_t j = 0; j < hit; j++) out[j] = j < *first ? KVC_NONE : present[j];
     }
-    *matched = i;
-    size_t hit = KVC_MIN(i, n ? (n - 1) / m->bs : 0);
     if (pin)
-        for (size_t j = 0; j < hit; j++) m_ref(m, out[j]);
+        for (size_t j = *first; j < hit; j++) m_ref(m, out[j]);
     return hit;
 }
 
@@ -201,7 +233,7 @@ typedef struct {
     model_t m;
     kvc_pool_t *pool;
     kvc_prefix_t *pc;
-    kvc_namespace_t ns[3];
+    kvc_namespace_t ns[4];
     live_t live[MAXLIVE];
     int n_live;
     uint64_t ops;
@@ -236,7 +268,7 @@ static void gen(world_t *w, kvc_rng_t *r, kvc_token_t *t, size_t *n, int *ns)
         size_t from = kvc_rng_below(r, *n);
         for (size_t i = from; i < *n; i++) t[i] = (kvc_token_t)kvc_rng_below(r, 4);
     }
-    *ns = (int)kvc_rng_below(r, 3);
+    *ns = (int)kvc_rng_below(r, 4);
 }
 
 static void op_request(world_t *w, kvc_rng_t *r, bool pin_only_match)
@@ -254,10 +286,20 @@ static void op_request(world_t *w, kvc_rng_t *r, bool pin_only_match)
     if (pin_only_match) { /* match: no pin, statuses explained */
         kvc_block_status_t st[MAXT];
         assert_ok(kvc_prefix_match(w->pc, &q, rt, MAXT, st, &hit));
-        size_t mh = m_lookup(&w->m, ns, t, n, mt, false, &matched);
+        size_t first, mh = m_lookup(&w->m, ns, t, n, mt, false, &matched, &first);
         w->ops++;
         assert_int_equal(hit.n_hit_blocks, mh);
         assert_int_equal(hit.n_matched_blocks, matched);
+        assert_int_equal(hit.first_hit_block, first);
+        assert_memory_equal(rt, mt, mh * sizeof(uint32_t));
+        if (ns == SLIDING_NS) {
+            for (size_t i = 0; i < n_all; i++) {
+                if (i >= n_full) assert_int_equal(st[i], KVC_BLOCK_PARTIAL);
+                else if (i < first) assert_int_equal(st[i], KVC_BLOCK_OUT_OF_WINDOW);
+                else if (i < mh) assert_int_equal(st[i], KVC_BLOCK_HIT);
+            }
+            return;
+        }
         for (size_t i = 0; i < n_all; i++) {
             kvc_block_status_t want = i >= n_full ? KVC_BLOCK_PARTIAL
                                       : i < mh    ? KVC_BLOCK_HIT
@@ -270,9 +312,10 @@ static void op_request(world_t *w, kvc_rng_t *r, bool pin_only_match)
     }
     if (w->n_live == MAXLIVE) return;
     assert_ok(kvc_prefix_lookup(w->pc, &q, rt, MAXT, &hit));
-    size_t mh = m_lookup(&w->m, ns, t, n, mt, true, &matched);
+    size_t first, mh = m_lookup(&w->m, ns, t, n, mt, true, &matched, &first);
     w->ops++;
     assert_int_equal(hit.n_hit_blocks, mh);
+    assert_int_equal(hit.first_hit_block, first);
     assert_memory_equal(rt, mt, mh * sizeof(uint32_t));
     compare(w);
 
@@ -293,7 +336,7 @@ static void op_request(world_t *w, kvc_rng_t *r, bool pin_only_match)
     uint32_t parent = mh ? rt[mh - 1] : KVC_NONE;
     for (size_t i = mh; i < n_full; i++) {
         uint32_t canon;
-        assert_ok(kvc_prefix_insert(w->pc, &q, i, parent, rt[i], &canon));
+        assert_ok(kvc_prefix_insert(w->pc, &q, i, ns == SLIDING_NS ? KVC_NONE : parent, rt[i], &canon));
         uint32_t mcanon = m_insert(&w->m, ns, t, i, mt[i]);
         w->ops++;
         assert_int_equal(canon, mcanon);
@@ -339,6 +382,7 @@ static void op_release_shuffled(world_t *w, kvc_rng_t *r)
         l->table[j] = tmp;
     }
     for (uint32_t i = 0; i < l->n; i++) {
+        if (l->table[i] == KVC_NONE) continue;
         assert_ok(kvc_pool_unref(w->pool, l->table[i]));
         m_unref(&w->m, l->table[i]);
         w->ops++;
@@ -381,15 +425,18 @@ static uint64_t run_seed(uint64_t seed, uint64_t target_ops)
     uint32_t bs = block_sizes[kvc_rng_below(&r, 4)];
     uint32_t n_blocks = 8 + (uint32_t)kvc_rng_below(&r, MAXB - 7);
     m_init(&w.m, n_blocks, bs);
+    w.m.window = 1 + (uint32_t)kvc_rng_below(&r, 3 * bs + 2);
     kvc_pool_params_t pp = kvc_pool_params_default();
     pp.n_blocks = n_blocks;
     pp.block_size = bs;
     assert_ok(kvc_pool_create(&pp, &w.pool));
     kvc_prefix_params_t cp = kvc_prefix_params_default();
     cp.hash_seed = seed + 1;
+    cp.group_window[1] = w.m.window;
     assert_ok(kvc_prefix_create(w.pool, &cp, &w.pc));
     w.ns[1].lora_id = 3;
     kvc_namespace_set_salt(&w.ns[2], "tenant");
+    w.ns[3].group = 1;
     for (int b = 0; b < 6; b++)
         for (int i = 0; i < MAXT; i++) w.bases[b][i] = (kvc_token_t)kvc_rng_below(&r, 4);
 

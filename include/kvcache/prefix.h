@@ -22,6 +22,15 @@
  * layer first; a block with cached children is refused, so no cached block
  * is ever stranded behind an evicted parent.
  *
+ * Sliding-window groups are different on purpose: a request releases the
+ * blocks that fall out of its window while it still holds later ones, so
+ * their blocks keep no parent links and may be evicted in any order.  A hit
+ * needs only the blocks of the last window, found block by block.  Their
+ * identity check is the block's own tokens, namespace and extra keys
+ * (exactly) plus a second, independent 128-bit fingerprint of the whole
+ * prefix (XXH3-128 under its own random seed, never the test hook): the
+ * earlier blocks that would prove the prefix exactly are legitimately gone.
+ *
  * Thread-safety: not thread-safe; the owner of the pool calls it.  Hashing
  * (kvc_prefix_hash) only reads the cache and may run on other threads while
  * nobody destroys it.
@@ -42,8 +51,11 @@ typedef struct {
     uint64_t weight_epoch; /* bump when weights change: older KV is never hit again */
     uint64_t lora_id;      /* adapter id; 0 = base model */
     uint8_t salt[16];      /* tenant cache salt; all zero = shared across tenants */
-    uint32_t group;        /* KV cache group (hybrid models); 0 otherwise */
+    uint32_t group;        /* KV cache group (hybrid models), < KVC_MAX_GROUPS; 0 otherwise */
 } kvc_namespace_t;
+
+/* KV cache groups a model may have (e.g. full-attention and sliding-window layers). */
+#define KVC_MAX_GROUPS 4
 
 /* Set ns->salt from a string (XXH3-128 of its bytes); NULL or "" clears it. */
 void kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt);
@@ -67,6 +79,8 @@ typedef struct {
     size_t n_mm;
     const kvc_hash128_t *hashes; /* optional: the full blocks' hashes from
                                     kvc_prefix_hash; NULL: computed on demand */
+    const kvc_hash128_t *fingerprints; /* optional, sliding-window groups only: from
+                                    kvc_prefix_fingerprint; NULL: computed on demand */
 } kvc_prefix_query_t;
 
 typedef enum { KVC_EVENT_STORED = 1, KVC_EVENT_REMOVED = 2 } kvc_event_type_t;
@@ -95,8 +109,11 @@ typedef struct {
     uint32_t max_extra_keys;     /* extra keys one block may carry (0..16); default 4 */
     kvc_prefix_event_fn on_event; /* NULL: no events */
     void *event_ctx;
-    kvc_hash_fn hash_fn;         /* TEST HOOK: replaces XXH3-128 (e.g. a deliberately
-                                    weak hash to force collisions); NULL in production */
+    uint32_t group_window[KVC_MAX_GROUPS]; /* per KV group: 0 = full attention (the
+                                    default), else the sliding window in tokens */
+    kvc_hash_fn hash_fn;         /* TEST HOOK: replaces XXH3-128 for the index hash (e.g. a
+                                    deliberately weak hash to force collisions); never used
+                                    for fingerprints; NULL in production */
     kvc_allocator_t allocator;   /* zeroed: the C library */
 } kvc_prefix_params_t;
 
@@ -114,9 +131,11 @@ typedef enum {
     KVC_BLOCK_LAST_TOKEN,    /* cached, but a hit here would cover the last prompt
                                 token, which must be computed to get logits */
     KVC_BLOCK_PARTIAL,       /* the last, partially filled block: never cached */
+    KVC_BLOCK_OUT_OF_WINDOW, /* sliding-window group: before the window of the hit, not
+                                needed (its table entry is KVC_NONE) */
 } kvc_block_status_t;
 
-/* "hit", "miss", "collision", "after-miss", "last-token", "partial". */
+/* "hit", "miss", "collision", "after-miss", "last-token", "partial", "out-of-window". */
 const char *kvc_block_status_name(kvc_block_status_t s);
 
 typedef struct {
@@ -124,6 +143,8 @@ typedef struct {
     size_t n_matched_blocks; /* leading full blocks cached with the exact identity */
     size_t n_hit_blocks;     /* after the last-token rule (<= n_matched_blocks) */
     size_t n_hit_tokens;     /* n_hit_blocks * block_size */
+    size_t first_hit_block;  /* sliding-window group: hit blocks before this one lie
+                                outside the window and are not held; 0 otherwise */
     bool cut_by_last_token;  /* the last-token rule removed a matched block */
 } kvc_prefix_hit_t;
 
@@ -163,7 +184,23 @@ uint64_t kvc_prefix_seed(const kvc_prefix_t *pc);
 int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
                     size_t cap, size_t *n_out);
 
+/* The fingerprints (sliding-window identity) of the query's full blocks, as
+ * kvc_prefix_hash gives the hashes; same errors. */
+int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
+                           size_t cap, size_t *n_out);
+
+/* Which of the query's first `limit` full blocks are cached with the exact
+ * identity: present[i] = the block, or KVC_NONE.  For a full-attention group
+ * the chain stops at the first miss; for a sliding-window group each block is
+ * looked up on its own.  Pins nothing, counts nothing.  *n_present (if not
+ * NULL) receives how many were found. */
+int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit, uint32_t *present,
+                     size_t *n_present);
+
 /* The longest cached prefix of the query, without pinning anything.
+ * For a sliding-window group, the longest prefix whose last window is cached:
+ * hit blocks before that window are reported as KVC_NONE in blocks[] and as
+ * KVC_BLOCK_OUT_OF_WINDOW in status[].
  * blocks[i] (if blocks != NULL, for i < min(cap, n_hit_blocks)) receives the
  * physical block of hit i; status[i] (if status != NULL) receives the status of
  * block i for every block of the query, partial one included (status needs
@@ -173,7 +210,7 @@ int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *bl
 
 /* Look up the query's longest cached prefix and pin it: the hit blocks get
  * one reference each (they leave the free queue if they were in it) and are
- * written to blocks[0..n_hit_blocks).  The hit never covers the last token
+ * written to blocks[0..n_hit_blocks) (KVC_NONE before a sliding window).  The hit never covers the last token
  * and never exceeds cap blocks.  The caller owns the references (release
  * them with kvc_pool_release).  Counts in the stats. */
 int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
@@ -181,7 +218,8 @@ int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
 
 /* Give physical `block` the identity of full block `index` of the query.
  * `parent` is the cached block holding block index - 1 (KVC_NONE iff index is
- * 0); the caller must hold references to both.  If a block with this exact
+ * 0; ignored for sliding-window groups, which keep no parent links); the
+ * caller must hold references to both.  If a block with this exact
  * identity is already cached, nothing changes and *canonical (if not NULL)
  * receives that block; otherwise *canonical = block.  A caller that wants to
  * continue the chain uses *canonical as the next parent (and may swap it into

@@ -226,6 +226,7 @@ static const char *note_for(kvc_block_status_t s)
     case KVC_BLOCK_AFTER_MISS: return "an earlier block missed, so this one cannot hit";
     case KVC_BLOCK_LAST_TOKEN: return "cached, but the last prompt token must be computed for logits";
     case KVC_BLOCK_PARTIAL: return "partial block: only full blocks are cached";
+    case KVC_BLOCK_OUT_OF_WINDOW: return "before the sliding window: not needed";
     }
     return "?";
 }

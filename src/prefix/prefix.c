@@ -25,17 +25,19 @@ typedef struct {
 typedef struct {
     kvc_hash128_t hash;
     uint32_t hnext;      /* next entry in the same bucket, KVC_NONE at the end */
-    uint32_t parent;     /* KVC_NONE for a root */
+    uint32_t parent;     /* KVC_NONE for a root, and always in sliding-window groups */
     uint32_t n_children; /* cached blocks whose parent is this one */
     uint8_t cached;
     uint8_t n_extra;
-    uint8_t pad[2];
+    uint8_t sliding;     /* belongs to a sliding-window group */
+    uint8_t pad;
 } entry_t;
 
 struct kvc_prefix {
     kvc_pool_t *pool;
     kvc_prefix_params_t params;
     uint64_t seed;
+    uint64_t fp_seed;       /* fingerprints: independent of seed and of the test hook */
     uint32_t n_blocks;
     uint32_t block_size;
     uint32_t bucket_mask;
@@ -44,6 +46,9 @@ struct kvc_prefix {
     kvc_token_t *tokens;    /* (n_blocks, block_size) */
     kvc_namespace_t *ns;    /* (n_blocks) */
     extra_t *extras;        /* (n_blocks, max_extra_keys) */
+    kvc_hash128_t *fp;      /* (n_blocks) fingerprints of sliding-window blocks */
+    kvc_hash128_t *phash;   /* (n_blocks) the hash each cached block chains from (zero for a
+                               root); kept out of entry_t so lookups touch one line per block */
     uint32_t n_cached;
     kvc_prefix_stats_t stats;
 };
@@ -53,8 +58,8 @@ static const kvc_namespace_t default_ns;
 /* ---- small helpers ------------------------------------------------------- */
 const char *kvc_block_status_name(kvc_block_status_t s)
 {
-    static const char *const names[] = {"hit",        "miss",       "collision",
-                                        "after-miss", "last-token", "partial"};
+    static const char *const names[] = {"hit",        "miss",       "collision",    "after-miss",
+                                        "last-token", "partial",    "out-of-window"};
     return (unsigned)s < KVC_ARRAY_LEN(names) ? names[s] : "?";
 }
 
@@ -80,14 +85,31 @@ static inline kvc_hash128_t do_hash(const kvc_prefix_t *pc, const void *data, si
                               : kvc_hash128(data, len, pc->seed);
 }
 
-static kvc_hash128_t ns_digest(const kvc_prefix_t *pc, const kvc_namespace_t *ns)
+static void ns_bytes(const kvc_namespace_t *ns, uint8_t buf[NS_BYTES])
 {
-    uint8_t buf[NS_BYTES];
     memcpy(buf, &ns->weight_epoch, 8);
     memcpy(buf + 8, &ns->lora_id, 8);
     memcpy(buf + 16, ns->salt, 16);
     memcpy(buf + 32, &ns->group, 4);
+}
+
+static kvc_hash128_t ns_digest(const kvc_prefix_t *pc, const kvc_namespace_t *ns)
+{
+    uint8_t buf[NS_BYTES];
+    ns_bytes(ns, buf);
     return do_hash(pc, buf, sizeof buf);
+}
+
+static kvc_hash128_t ns_fp_digest(const kvc_prefix_t *pc, const kvc_namespace_t *ns)
+{
+    uint8_t buf[NS_BYTES];
+    ns_bytes(ns, buf);
+    return kvc_hash128(buf, sizeof buf, pc->fp_seed);
+}
+
+static inline bool is_sliding(const kvc_prefix_t *pc, const kvc_namespace_t *ns)
+{
+    return pc->params.group_window[ns->group] != 0;
 }
 
 static inline const kvc_namespace_t *query_ns(const kvc_prefix_query_t *q)
@@ -97,7 +119,8 @@ static inline const kvc_namespace_t *query_ns(const kvc_prefix_query_t *q)
 
 static bool query_ok(const kvc_prefix_query_t *q)
 {
-    return q && (q->tokens || q->n_tokens == 0) && (q->mm || q->n_mm == 0);
+    return q && (q->tokens || q->n_tokens == 0) && (q->mm || q->n_mm == 0) &&
+           (!q->ns || q->ns->group < KVC_MAX_GROUPS);
 }
 
 /* The extra keys of block `index`: every multimodal input overlapping it, sorted so that the
@@ -131,9 +154,11 @@ static int block_extras(const kvc_prefix_query_t *q, size_t index, uint32_t bloc
     return n;
 }
 
-/* hash = H(parent hash | namespace digest | tokens | extra keys) */
-static kvc_hash128_t block_hash(const kvc_prefix_t *pc, kvc_hash128_t parent, kvc_hash128_t nsd,
-                                const kvc_token_t *tokens, const extra_t *extras, int n_extra)
+/* hash = H(parent hash | namespace digest | tokens | extra keys); fingerprints chain the same
+ * inputs under their own seed and always with XXH3 (fp = true). */
+static kvc_hash128_t chain_hash(const kvc_prefix_t *pc, bool fp, kvc_hash128_t parent,
+                                kvc_hash128_t nsd, const kvc_token_t *tokens, const extra_t *extras,
+                                int n_extra)
 {
     uint8_t buf[32 + 256 * sizeof(kvc_token_t) + MAX_EXTRA_KEYS * 28];
     size_t len = 0;
@@ -149,7 +174,14 @@ static kvc_hash128_t block_hash(const kvc_prefix_t *pc, kvc_hash128_t parent, kv
         memcpy(buf + len + 24, &extras[i].length, 4);
         len += 28;
     }
-    return do_hash(pc, buf, len);
+    return fp ? kvc_hash128(buf, len, pc->fp_seed) : do_hash(pc, buf, len);
+}
+
+static inline kvc_hash128_t block_hash(const kvc_prefix_t *pc, kvc_hash128_t parent,
+                                       kvc_hash128_t nsd, const kvc_token_t *tokens,
+                                       const extra_t *extras, int n_extra)
+{
+    return chain_hash(pc, false, parent, nsd, tokens, extras, n_extra);
 }
 
 static inline uint32_t bucket_of(const kvc_prefix_t *pc, kvc_hash128_t h)
@@ -167,13 +199,28 @@ static inline extra_t *entry_extras(const kvc_prefix_t *pc, uint32_t b)
     return pc->extras + (size_t)b * pc->params.max_extra_keys;
 }
 
-/* Exact identity: same parent block, same namespace, same tokens, same extra keys. */
-static bool identity_equal(const kvc_prefix_t *pc, uint32_t b, uint32_t parent,
+/* What a candidate must equal besides its hash: for full-attention groups the exact parent
+ * block; for sliding-window groups the parent hash and the prefix fingerprint. */
+typedef struct {
+    uint32_t parent;
+    kvc_hash128_t parent_hash;
+    kvc_hash128_t fp;
+    bool sliding;
+} link_t;
+
+/* Exact identity: same parent (see link_t), namespace, tokens and extra keys. */
+static inline bool identity_equal(const kvc_prefix_t *pc, uint32_t b, const link_t *link,
                            const kvc_namespace_t *ns, const kvc_token_t *tokens,
                            const extra_t *extras, int n_extra)
 {
     const entry_t *e = &pc->entries[b];
-    if (e->parent != parent || e->n_extra != n_extra) return false;
+    if (e->n_extra != n_extra || e->sliding != link->sliding) return false;
+    if (link->sliding) {
+        if (!kvc_hash128_eq(pc->phash[b], link->parent_hash) || !kvc_hash128_eq(pc->fp[b], link->fp))
+            return false;
+    } else if (e->parent != link->parent) {
+        return false;
+    }
     if (memcmp(entry_tokens(pc, b), tokens, (size_t)pc->block_size * sizeof(kvc_token_t)) != 0)
         return false;
     if (!ns_equal(&pc->ns[b], ns)) return false;
@@ -188,13 +235,13 @@ static bool identity_equal(const kvc_prefix_t *pc, uint32_t b, uint32_t parent,
 
 /* Find the cached block with this exact identity; *collided is set if a candidate had the
  * same hash but another identity. */
-static uint32_t find_exact(const kvc_prefix_t *pc, kvc_hash128_t h, uint32_t parent,
+static inline uint32_t find_exact(const kvc_prefix_t *pc, kvc_hash128_t h, const link_t *link,
                            const kvc_namespace_t *ns, const kvc_token_t *tokens,
                            const extra_t *extras, int n_extra, bool *collided)
 {
     for (uint32_t b = pc->buckets[bucket_of(pc, h)]; b != KVC_NONE; b = pc->entries[b].hnext) {
         if (!kvc_hash128_eq(pc->entries[b].hash, h)) continue;
-        if (identity_equal(pc, b, parent, ns, tokens, extras, n_extra)) return b;
+        if (identity_equal(pc, b, link, ns, tokens, extras, n_extra)) return b;
         *collided = true;
     }
     return KVC_NONE;
@@ -207,7 +254,7 @@ static void emit(kvc_prefix_t *pc, kvc_event_type_t type, uint32_t b)
     kvc_prefix_event_t ev = {
         .type = type,
         .hash = e->hash,
-        .parent_hash = e->parent == KVC_NONE ? (kvc_hash128_t){0, 0} : pc->entries[e->parent].hash,
+        .parent_hash = pc->phash[b],
         .block = b,
         .parent_block = e->parent,
         .group = pc->ns[b].group,
@@ -256,12 +303,18 @@ int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_p
     if (!pool || !params || !out) return KVC_EINVAL;
     *out = NULL;
     if (params->max_extra_keys > MAX_EXTRA_KEYS) return KVC_EINVAL;
+    bool any_sliding = false;
+    for (int g = 0; g < KVC_MAX_GROUPS; g++) any_sliding |= params->group_window[g] != 0;
     const kvc_allocator_t *a = &params->allocator;
     kvc_prefix_t *pc = kvc_calloc(a, 1, sizeof *pc, 0);
     if (!pc) return KVC_ENOMEM;
     pc->pool = pool;
     pc->params = *params;
     pc->seed = params->hash_seed ? params->hash_seed : kvc_random_seed();
+    /* The fingerprint seed is independent of the index seed; derived from it when a deployment
+     * fixes the seed (so fingerprints agree across its processes), random otherwise. */
+    pc->fp_seed = params->hash_seed ? kvc_hash128(&pc->seed, sizeof pc->seed, 0x66696e6765727072ULL).lo
+                                    : kvc_random_seed();
     pc->n_blocks = kvc_pool_n_blocks(pool);
     pc->block_size = kvc_pool_block_size(pool);
     uint64_t n_buckets = 16;
@@ -273,8 +326,10 @@ int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_p
     pc->ns = kvc_calloc(a, pc->n_blocks, sizeof(kvc_namespace_t), 64);
     if (params->max_extra_keys)
         pc->extras = kvc_calloc(a, (size_t)pc->n_blocks * params->max_extra_keys, sizeof(extra_t), 64);
-    if (!pc->buckets || !pc->entries || !pc->tokens || !pc->ns ||
-        (params->max_extra_keys && !pc->extras)) {
+    if (any_sliding) pc->fp = kvc_calloc(a, pc->n_blocks, sizeof(kvc_hash128_t), 64);
+    pc->phash = kvc_calloc(a, pc->n_blocks, sizeof(kvc_hash128_t), 64);
+    if (!pc->buckets || !pc->entries || !pc->tokens || !pc->ns || !pc->phash ||
+        (params->max_extra_keys && !pc->extras) || (any_sliding && !pc->fp)) {
         kvc_prefix_destroy(pc);
         return KVC_ENOMEM;
     }
@@ -300,6 +355,8 @@ void kvc_prefix_destroy(kvc_prefix_t *pc)
     kvc_free(&a, pc->tokens);
     kvc_free(&a, pc->ns);
     kvc_free(&a, pc->extras);
+    kvc_free(&a, pc->fp);
+    kvc_free(&a, pc->phash);
     kvc_free(&a, pc);
 }
 
@@ -309,93 +366,234 @@ uint64_t kvc_prefix_seed(const kvc_prefix_t *pc)
 }
 
 /* ---- hashing -------------------------------------------------------------- */
-int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
-                    size_t cap, size_t *n_out)
+static int hash_chain(const kvc_prefix_t *pc, bool fp, const kvc_prefix_query_t *q,
+                      kvc_hash128_t *out, size_t cap, size_t *n_out)
 {
     if (!pc || !query_ok(q) || !n_out) return KVC_EINVAL;
     size_t n_full = q->n_tokens / pc->block_size;
     *n_out = n_full;
     if (n_full > cap || (n_full && !out)) return KVC_ERANGE;
-    kvc_hash128_t nsd = ns_digest(pc, query_ns(q)), parent = {0, 0};
+    kvc_hash128_t nsd = fp ? ns_fp_digest(pc, query_ns(q)) : ns_digest(pc, query_ns(q));
+    kvc_hash128_t parent = {0, 0};
     extra_t extras[MAX_EXTRA_KEYS];
     for (size_t i = 0; i < n_full; i++) {
         int n_extra = q->n_mm ? block_extras(q, i, pc->block_size, pc->params.max_extra_keys, extras)
                               : 0;
         if (n_extra < 0) return KVC_ERANGE;
-        parent = out[i] = block_hash(pc, parent, nsd, q->tokens + i * pc->block_size, extras, n_extra);
+        parent = out[i] =
+            chain_hash(pc, fp, parent, nsd, q->tokens + i * pc->block_size, extras, n_extra);
     }
     return 0;
 }
 
+int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
+                    size_t cap, size_t *n_out)
+{
+    return hash_chain(pc, false, q, out, cap, n_out);
+}
+
+int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
+                           size_t cap, size_t *n_out)
+{
+    return hash_chain(pc, true, q, out, cap, n_out);
+}
+
 /* ---- lookup --------------------------------------------------------------- */
-int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
-                     kvc_block_status_t *status, kvc_prefix_hit_t *hit)
+/* First block of the window a hit of h blocks needs: the next position is h * bs and it sees
+ * keys from h * bs - window + 1. */
+static size_t window_first_block(size_t h, uint32_t bs, uint32_t window)
+{
+    size_t next = h * bs;
+    size_t first = next + 1 > window ? next + 1 - window : 0;
+    return KVC_MIN(first / bs, h);
+}
+
+/* Walks the query's full blocks, computing hashes (and fingerprints) as it goes unless the
+ * query brings them. */
+typedef struct {
+    const kvc_prefix_t *pc;
+    const kvc_prefix_query_t *q;
+    const kvc_namespace_t *ns;
+    bool sliding;
+    kvc_hash128_t nsd, nsd_fp, h, prev_h, fp;
+    extra_t extras[MAX_EXTRA_KEYS];
+    int n_extra;
+} walker_t;
+
+static void walker_init(walker_t *w, const kvc_prefix_t *pc, const kvc_prefix_query_t *q)
+{
+    memset(w, 0, sizeof *w);
+    w->pc = pc;
+    w->q = q;
+    w->ns = query_ns(q);
+    w->sliding = is_sliding(pc, w->ns);
+    if (!q->hashes) w->nsd = ns_digest(pc, w->ns);
+    if (w->sliding && !q->fingerprints) w->nsd_fp = ns_fp_digest(pc, w->ns);
+}
+
+/* Advance to block i (called for i = 0, 1, 2, ... in order).  False if the block carries more
+ * extra keys than a block can store (so it cannot be cached). */
+static inline bool walker_step(walker_t *w, size_t i)
+{
+    const kvc_prefix_t *pc = w->pc;
+    const kvc_prefix_query_t *q = w->q;
+    const uint32_t bs = pc->block_size;
+    w->n_extra = q->n_mm ? block_extras(q, i, bs, pc->params.max_extra_keys, w->extras) : 0;
+    if (w->n_extra < 0) return false;
+    const kvc_token_t *tok = q->tokens + i * bs;
+    w->prev_h = w->h;
+    w->h = q->hashes ? q->hashes[i] : block_hash(pc, w->h, w->nsd, tok, w->extras, w->n_extra);
+    if (w->sliding)
+        w->fp = q->fingerprints ? q->fingerprints[i]
+                                : chain_hash(pc, true, w->fp, w->nsd_fp, tok, w->extras, w->n_extra);
+    return true;
+}
+
+static inline uint32_t walker_find(kvc_prefix_t *pc, walker_t *w, size_t i, uint32_t prev, bool *collided)
+{
+    link_t link = {.parent = prev, .parent_hash = w->prev_h, .fp = w->fp, .sliding = w->sliding};
+    *collided = false;
+    uint32_t b = find_exact(pc, w->h, &link, w->ns, w->q->tokens + i * pc->block_size, w->extras,
+                            w->n_extra, collided);
+    if (*collided) pc->stats.n_collisions++;
+    return b;
+}
+
+/* Match with the hit limited to h_limit blocks (lookup passes its capacity). */
+static int match_impl(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
+                      kvc_block_status_t *status, kvc_prefix_hit_t *hit, size_t h_limit)
 {
     if (!pc || !query_ok(q) || !hit || (cap && !blocks)) return KVC_EINVAL;
     const uint32_t bs = pc->block_size;
-    const kvc_namespace_t *ns = query_ns(q);
     size_t n_full = q->n_tokens / bs;
     size_t n_all = (q->n_tokens + bs - 1) / bs;
     *hit = (kvc_prefix_hit_t){.n_full_blocks = n_full};
-
-    kvc_hash128_t nsd = {0, 0}, h = {0, 0};
-    if (!q->hashes && n_full) nsd = ns_digest(pc, ns);
-    extra_t extras[MAX_EXTRA_KEYS];
-    uint32_t prev = KVC_NONE;
-    size_t i = 0;
-    kvc_block_status_t miss_status = KVC_BLOCK_MISS;
-    for (; i < n_full; i++) {
-        int n_extra = q->n_mm ? block_extras(q, i, bs, pc->params.max_extra_keys, extras) : 0;
-        if (n_extra < 0) break; /* cannot have been inserted: a miss */
-        const kvc_token_t *tok = q->tokens + i * bs;
-        h = q->hashes ? q->hashes[i] : block_hash(pc, h, nsd, tok, extras, n_extra);
-        bool collided = false;
-        uint32_t b = find_exact(pc, h, prev, ns, tok, extras, n_extra, &collided);
-        if (collided) pc->stats.n_collisions++;
-        if (b == KVC_NONE) {
-            miss_status = collided ? KVC_BLOCK_COLLISION : KVC_BLOCK_MISS;
-            break;
-        }
-        if (blocks && i < cap) blocks[i] = b;
-        prev = b;
-    }
-    hit->n_matched_blocks = i;
     /* The last-token rule: the hit may cover at most n_tokens - 1 tokens. */
-    size_t max_hit = q->n_tokens ? (q->n_tokens - 1) / bs : 0;
-    hit->n_hit_blocks = KVC_MIN(i, max_hit);
-    hit->cut_by_last_token = hit->n_hit_blocks < i;
-    hit->n_hit_tokens = hit->n_hit_blocks * bs;
-    if (status) {
-        for (size_t j = 0; j < n_all; j++) {
-            if (j >= n_full)
-                status[j] = KVC_BLOCK_PARTIAL;
-            else if (j < hit->n_hit_blocks)
-                status[j] = KVC_BLOCK_HIT;
-            else if (j < i)
-                status[j] = KVC_BLOCK_LAST_TOKEN;
-            else if (j == i)
-                status[j] = miss_status;
-            else
-                status[j] = KVC_BLOCK_AFTER_MISS;
+    const size_t lt = q->n_tokens ? (q->n_tokens - 1) / bs : 0;
+    const size_t max_hit = KVC_MIN(lt, h_limit);
+
+    walker_t w;
+    walker_init(&w, pc, q);
+    if (!w.sliding) {
+        uint32_t prev = KVC_NONE;
+        size_t i = 0;
+        kvc_block_status_t miss_status = KVC_BLOCK_MISS;
+        for (; i < n_full; i++) {
+            if (!walker_step(&w, i)) break; /* cannot have been inserted: a miss */
+            bool collided;
+            uint32_t b = walker_find(pc, &w, i, prev, &collided);
+            if (b == KVC_NONE) {
+                miss_status = collided ? KVC_BLOCK_COLLISION : KVC_BLOCK_MISS;
+                break;
+            }
+            if (blocks && i < cap) blocks[i] = b;
+            prev = b;
+        }
+        hit->n_matched_blocks = i;
+        hit->n_hit_blocks = KVC_MIN(i, max_hit);
+        hit->cut_by_last_token = lt < KVC_MIN(i, h_limit);
+        if (status) {
+            for (size_t j = 0; j < n_all; j++)
+                status[j] = j >= n_full                ? KVC_BLOCK_PARTIAL
+                            : j < hit->n_hit_blocks    ? KVC_BLOCK_HIT
+                            : j < i                    ? KVC_BLOCK_LAST_TOKEN
+                            : j == i                   ? miss_status
+                                                       : KVC_BLOCK_AFTER_MISS;
+        }
+    } else {
+        /* Each block on its own; a hit of h blocks needs blocks [first(h), h).  `run` counts the
+         * present blocks ending at block i. */
+        const uint32_t window = pc->params.group_window[w.ns->group];
+        size_t run = 0, best = 0, best_no_rule = 0, matched = 0;
+        for (size_t i = 0; i < n_full; i++) {
+            kvc_block_status_t st = KVC_BLOCK_MISS;
+            uint32_t b = KVC_NONE;
+            if (walker_step(&w, i)) {
+                bool collided;
+                b = walker_find(pc, &w, i, KVC_NONE, &collided);
+                st = b != KVC_NONE ? KVC_BLOCK_HIT : collided ? KVC_BLOCK_COLLISION : KVC_BLOCK_MISS;
+            } else {
+                memset(&w.h, 0, sizeof w.h); /* unhashable: later blocks cannot match either */
+            }
+            if (blocks && i < cap) blocks[i] = b;
+            if (status) status[i] = st;
+            run = b != KVC_NONE ? run + 1 : 0;
+            size_t h = i + 1;
+            if (run >= h - window_first_block(h, bs, window)) {
+                matched = h;
+                if (h <= max_hit) best = h;
+                if (h <= h_limit) best_no_rule = h;
+            }
+        }
+        hit->n_matched_blocks = matched;
+        hit->n_hit_blocks = best;
+        hit->cut_by_last_token = best_no_rule > best;
+        hit->first_hit_block = window_first_block(best, bs, window);
+        if (blocks)
+            for (size_t j = 0; j < KVC_MIN(hit->first_hit_block, cap); j++) blocks[j] = KVC_NONE;
+        if (status) {
+            for (size_t j = 0; j < n_all; j++) {
+                if (j >= n_full)
+                    status[j] = KVC_BLOCK_PARTIAL;
+                else if (j < hit->first_hit_block)
+                    status[j] = KVC_BLOCK_OUT_OF_WINDOW;
+                else if (j < best)
+                    status[j] = KVC_BLOCK_HIT;
+                else if (j < matched && status[j] == KVC_BLOCK_HIT)
+                    status[j] = KVC_BLOCK_LAST_TOKEN;
+                else if (status[j] == KVC_BLOCK_HIT)
+                    status[j] = KVC_BLOCK_AFTER_MISS; /* cached, but its window is incomplete */
+            }
         }
     }
+    hit->n_hit_tokens = hit->n_hit_blocks * bs;
+    return 0;
+}
+
+int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
+                     kvc_block_status_t *status, kvc_prefix_hit_t *hit)
+{
+    return match_impl(pc, q, blocks, cap, status, hit, SIZE_MAX);
+}
+
+int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit, uint32_t *present,
+                     size_t *n_present)
+{
+    if (!pc || !query_ok(q) || (limit && !present)) return KVC_EINVAL;
+    size_t n = KVC_MIN(limit, q->n_tokens / pc->block_size), found = 0;
+    walker_t w;
+    walker_init(&w, pc, q);
+    uint32_t prev = KVC_NONE;
+    bool broken = false;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = KVC_NONE;
+        if (!broken && walker_step(&w, i)) {
+            bool collided;
+            b = walker_find(pc, &w, i, prev, &collided);
+        } else if (w.sliding) {
+            memset(&w.h, 0, sizeof w.h);
+        }
+        present[i] = b;
+        found += b != KVC_NONE;
+        if (!w.sliding) {
+            if (b == KVC_NONE) broken = true; /* a chain: nothing after a miss */
+            prev = b;
+        }
+    }
+    if (n_present) *n_present = found;
     return 0;
 }
 
 int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
                       kvc_prefix_hit_t *hit)
 {
-    int rc = kvc_prefix_match(pc, q, blocks, cap, NULL, hit);
+    int rc = match_impl(pc, q, blocks, cap, NULL, hit, cap);
     if (rc) return rc;
-    if (hit->n_hit_blocks > cap) {
-        hit->n_hit_blocks = cap;
-        hit->n_hit_tokens = cap * pc->block_size;
-    }
-    for (size_t i = 0; i < hit->n_hit_blocks; i++) {
+    for (size_t i = hit->first_hit_block; i < hit->n_hit_blocks; i++) {
         rc = kvc_pool_ref(pc->pool, blocks[i]);
         if (rc) { /* refcount overflow: give back what we took */
-            for (size_t j = i; j-- > 0;) (void)kvc_pool_unref(pc->pool, blocks[j]);
-            hit->n_hit_blocks = hit->n_hit_tokens = 0;
+            for (size_t j = i; j-- > hit->first_hit_block;) (void)kvc_pool_unref(pc->pool, blocks[j]);
+            hit->n_hit_blocks = hit->n_hit_tokens = hit->first_hit_block = 0;
             return rc;
         }
     }
@@ -411,6 +609,26 @@ int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
 }
 
 /* ---- insertion and eviction ------------------------------------------------ */
+/* Hash (or fingerprint) of block `index` of the query, from the query's arrays or computed. */
+static int query_chain_at(const kvc_prefix_t *pc, bool fp, const kvc_prefix_query_t *q, size_t index,
+                          kvc_hash128_t *out)
+{
+    const kvc_hash128_t *given = fp ? q->fingerprints : q->hashes;
+    if (given) {
+        *out = given[index];
+        return 0;
+    }
+    kvc_hash128_t nsd = fp ? ns_fp_digest(pc, query_ns(q)) : ns_digest(pc, query_ns(q)), h = {0, 0};
+    extra_t extras[MAX_EXTRA_KEYS];
+    for (size_t i = 0; i <= index; i++) {
+        int n_extra = q->n_mm ? block_extras(q, i, pc->block_size, pc->params.max_extra_keys, extras) : 0;
+        if (n_extra < 0) return KVC_ERANGE;
+        h = chain_hash(pc, fp, h, nsd, q->tokens + i * pc->block_size, extras, n_extra);
+    }
+    *out = h;
+    return 0;
+}
+
 int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index, uint32_t parent,
                       uint32_t block, uint32_t *canonical)
 {
@@ -420,29 +638,33 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     if (kvc_pool_refcount(pc->pool, block) == 0) return KVC_EINVAL;
     const kvc_namespace_t *ns = query_ns(q);
     const kvc_token_t *tok = q->tokens + index * bs;
-    if (index == 0) {
+    const bool sliding = is_sliding(pc, ns);
+    link_t link = {.parent = KVC_NONE, .sliding = sliding};
+    int rc;
+    if (sliding) {
+        if (index > 0 && (rc = query_chain_at(pc, false, q, index - 1, &link.parent_hash))) return rc;
+        if ((rc = query_chain_at(pc, true, q, index, &link.fp))) return rc;
+    } else if (index == 0) {
         if (parent != KVC_NONE) return KVC_EINVAL;
     } else {
-        if (parent >= pc->n_blocks || !pc->entries[parent].cached) return KVC_EINVAL;
+        if (parent >= pc->n_blocks || !pc->entries[parent].cached || pc->entries[parent].sliding)
+            return KVC_EINVAL;
         if (kvc_pool_refcount(pc->pool, parent) == 0) return KVC_EINVAL;
         if (memcmp(entry_tokens(pc, parent), tok - bs, bs * sizeof(kvc_token_t)) != 0 ||
             !ns_equal(&pc->ns[parent], ns))
             return KVC_EINVAL;
         if (q->hashes && !kvc_hash128_eq(q->hashes[index - 1], pc->entries[parent].hash))
             return KVC_EINVAL;
+        link.parent = parent;
+        link.parent_hash = pc->entries[parent].hash;
     }
     extra_t extras[MAX_EXTRA_KEYS];
     int n_extra = q->n_mm ? block_extras(q, index, bs, pc->params.max_extra_keys, extras) : 0;
     if (n_extra < 0) return KVC_ERANGE;
-    kvc_hash128_t h;
-    if (q->hashes) {
-        h = q->hashes[index];
-    } else {
-        kvc_hash128_t ph = parent == KVC_NONE ? (kvc_hash128_t){0, 0} : pc->entries[parent].hash;
-        h = block_hash(pc, ph, ns_digest(pc, ns), tok, extras, n_extra);
-    }
+    kvc_hash128_t h = q->hashes ? q->hashes[index]
+                                : block_hash(pc, link.parent_hash, ns_digest(pc, ns), tok, extras, n_extra);
     bool collided = false;
-    uint32_t found = find_exact(pc, h, parent, ns, tok, extras, n_extra, &collided);
+    uint32_t found = find_exact(pc, h, &link, ns, tok, extras, n_extra, &collided);
     if (found != KVC_NONE) {
         if (found != block) pc->stats.n_duplicates++;
         if (canonical) *canonical = found;
@@ -451,14 +673,20 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     entry_t *e = &pc->entries[block];
     if (e->cached) return KVC_EINVAL; /* cached with another identity */
 
-    *e = (entry_t){.hash = h, .parent = parent, .cached = 1, .n_extra = (uint8_t)n_extra};
+    *e = (entry_t){.hash = h,
+                   .parent = link.parent,
+                   .cached = 1,
+                   .n_extra = (uint8_t)n_extra,
+                   .sliding = sliding};
     memcpy(entry_tokens(pc, block), tok, bs * sizeof(kvc_token_t));
     pc->ns[block] = *ns;
+    pc->phash[block] = link.parent_hash;
+    if (sliding) pc->fp[block] = link.fp;
     if (n_extra) memcpy(entry_extras(pc, block), extras, (size_t)n_extra * sizeof(extra_t));
     uint32_t *head = &pc->buckets[bucket_of(pc, h)];
     e->hnext = *head;
     *head = block;
-    if (parent != KVC_NONE) pc->entries[parent].n_children++;
+    if (link.parent != KVC_NONE) pc->entries[link.parent].n_children++;
     pc->n_cached++;
     pc->stats.n_inserts++;
     kvc_pool_set_cached(pc->pool, block, true);
@@ -524,13 +752,23 @@ __attribute__((format(printf, 3, 4))) static int fail(char *msg, size_t cap, con
     return KVC_ECORRUPT;
 }
 
-/* The hash block b's stored identity chains to, from its parent's stored hash. */
+/* The hash block b's stored identity chains to, from its stored parent hash. */
 static kvc_hash128_t recompute(const kvc_prefix_t *pc, uint32_t b)
 {
     const entry_t *e = &pc->entries[b];
-    kvc_hash128_t ph = e->parent == KVC_NONE ? (kvc_hash128_t){0, 0} : pc->entries[e->parent].hash;
-    return block_hash(pc, ph, ns_digest(pc, &pc->ns[b]), entry_tokens(pc, b), entry_extras(pc, b),
-                      e->n_extra);
+    return block_hash(pc, pc->phash[b], ns_digest(pc, &pc->ns[b]), entry_tokens(pc, b),
+                      entry_extras(pc, b), e->n_extra);
+}
+
+/* A full-attention entry's link to its parent is sound: the parent is cached and holds the
+ * hash this one chains from (a root chains from zero). */
+static bool link_sound(const kvc_prefix_t *pc, uint32_t b)
+{
+    const entry_t *e = &pc->entries[b];
+    kvc_hash128_t ph = pc->phash[b];
+    if (e->parent == KVC_NONE) return ph.lo == 0 && ph.hi == 0;
+    const entry_t *p = &pc->entries[e->parent];
+    return p->cached && !p->sliding && kvc_hash128_eq(p->hash, ph);
 }
 
 uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc)
@@ -543,9 +781,11 @@ uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc)
         if (!pc->entries[b].cached) continue;
         uint32_t x = b, steps = 0;
         bool ok = true;
+        if (pc->entries[b].sliding) continue; /* found block by block, never through a parent */
         while (ok && x != KVC_NONE) {
             const entry_t *e = &pc->entries[x];
-            if (!e->cached || !kvc_hash128_eq(recompute(pc, x), e->hash) || ++steps > pc->n_cached)
+            if (!e->cached || !link_sound(pc, x) || !kvc_hash128_eq(recompute(pc, x), e->hash) ||
+                ++steps > pc->n_cached)
                 ok = false;
             x = e->parent;
         }
@@ -581,12 +821,19 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
             continue;
         }
         n_cached++;
-        if (e->parent != KVC_NONE) {
+        if (!!e->sliding != is_sliding(pc, &pc->ns[b]))
+            return fail(msg, cap, "block %u: sliding mark disagrees with its group", b);
+        if (e->sliding) {
+            if (e->parent != KVC_NONE || e->n_children)
+                return fail(msg, cap, "sliding-window block %u has parent links", b);
+        } else if (e->parent != KVC_NONE) {
             if (e->parent >= pc->n_blocks || !pc->entries[e->parent].cached)
                 return fail(msg, cap, "block %u: parent %u is not cached (stranded)", b, e->parent);
             if (!ns_equal(&pc->ns[e->parent], &pc->ns[b]))
                 return fail(msg, cap, "block %u: namespace differs from its parent's", b);
         }
+        if (!e->sliding && !link_sound(pc, b))
+            return fail(msg, cap, "block %u: parent hash does not match its parent", b);
         if (!kvc_hash128_eq(recompute(pc, b), e->hash))
             return fail(msg, cap, "block %u: stored hash does not chain from its identity", b);
     }
@@ -598,7 +845,9 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
         const entry_t *e = &pc->entries[b];
         if (!e->cached) continue;
         bool collided = false;
-        uint32_t f = find_exact(pc, e->hash, e->parent, &pc->ns[b], entry_tokens(pc, b),
+        link_t link = {.parent = e->parent, .parent_hash = pc->phash[b], .sliding = e->sliding,
+                       .fp = e->sliding ? pc->fp[b] : (kvc_hash128_t){0, 0}};
+        uint32_t f = find_exact(pc, e->hash, &link, &pc->ns[b], entry_tokens(pc, b),
                                 entry_extras(pc, b), e->n_extra, &collided);
         if (f != b) return fail(msg, cap, "block %u: the index finds %u for its identity", b, f);
     }

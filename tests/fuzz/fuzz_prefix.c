@@ -4,7 +4,8 @@
  * exactly the request's tokens; any violation aborts.
  *
  * Encoding: byte 0 picks the block size (bits 0-1), a weak 2-bit hash (bit 2,
- * so collisions are constant) and the namespace mix (bit 3); byte 1 the pool
+ * so collisions are constant), the namespace mix (bit 3) and a sliding-window
+ * group's window (bits 4-7: 0 = none); byte 1 the pool
  * size (4..35 blocks); then operations, one opcode byte each followed by
  * their arguments (missing argument bytes read as 0). */
 #include "kvcache/kvcache.h"
@@ -69,9 +70,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvc_prefix_params_t cp = kvc_prefix_params_default();
     cp.hash_seed = 42;
     if (cfg & 4) cp.hash_fn = weak_hash;
+    uint32_t window = (cfg >> 4) * 3; /* namespace 2 is group 1, sliding when window > 0 */
+    cp.group_window[1] = window;
     kvc_prefix_t *pc;
     if (kvc_prefix_create(pool, &cp, &pc)) abort();
-    kvc_namespace_t ns[2] = {{0}, {.lora_id = 9}};
+    kvc_namespace_t ns[3] = {{0}, {.lora_id = 9}, {.group = 1}};
     live_t live[MAXLIVE];
     int n_live = 0;
 
@@ -83,7 +86,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             kvc_token_t t[MAXT];
             size_t n = 1 + next(&in) % MAXT;
             for (size_t i = 0; i < n; i++) t[i] = next(&in) % 4;
-            kvc_prefix_query_t q = {.ns = &ns[(cfg & 8) ? (op >> 3) & 1 : 0], .tokens = t, .n_tokens = n};
+            int nsi = (cfg & 8) ? (op >> 3) % 3 : 0;
+            bool sliding = nsi == 2 && window;
+            kvc_prefix_query_t q = {.ns = &ns[nsi], .tokens = t, .n_tokens = n};
             size_t n_all = (n + bs - 1) / bs, n_full = n / bs;
             uint32_t tb[MAXT];
             kvc_prefix_hit_t hit;
@@ -97,9 +102,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(kvc_prefix_lookup(pc, &q, tb, MAXT, &hit) == 0, "lookup");
             CHECK(hit.n_hit_tokens < n, "hit covers the last token");
             for (size_t i = 0; i < hit.n_hit_blocks; i++) {
+                if (i < hit.first_hit_block) {
+                    CHECK(tb[i] == KVC_NONE, "out-of-window block held");
+                    continue;
+                }
                 const kvc_token_t *bt = kvc_prefix_block_tokens(pc, tb[i]);
                 CHECK(bt && memcmp(bt, t + i * bs, bs * sizeof *t) == 0, "hit with foreign tokens");
-                CHECK(kvc_prefix_block_parent(pc, tb[i]) == (i ? tb[i - 1] : KVC_NONE), "hit with foreign parent");
+                if (!sliding)
+                    CHECK(kvc_prefix_block_parent(pc, tb[i]) == (i ? tb[i - 1] : KVC_NONE),
+                          "hit with foreign parent");
             }
             if (kvc_pool_alloc(pool, (uint32_t)(n_all - hit.n_hit_blocks), tb + hit.n_hit_blocks)) {
                 CHECK(kvc_pool_release(pool, tb, (uint32_t)hit.n_hit_blocks) == 0, "release hits");
@@ -108,7 +119,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint32_t parent = hit.n_hit_blocks ? tb[hit.n_hit_blocks - 1] : KVC_NONE;
             for (size_t i = hit.n_hit_blocks; i < n_full; i++) {
                 uint32_t canon;
-                CHECK(kvc_prefix_insert(pc, &q, i, parent, tb[i], &canon) == 0, "insert");
+                CHECK(kvc_prefix_insert(pc, &q, i, sliding ? KVC_NONE : parent, tb[i], &canon) == 0,
+                      "insert");
                 if (canon != tb[i]) {
                     CHECK(kvc_pool_ref(pool, canon) == 0 && kvc_pool_unref(pool, tb[i]) == 0, "swap");
                     tb[i] = canon;
@@ -132,7 +144,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 live_t *l = &live[k];
                 while (l->n) {
                     uint32_t j = next(&in) % l->n;
-                    CHECK(kvc_pool_unref(pool, l->t[j]) == 0, "unref");
+                    if (l->t[j] != KVC_NONE) CHECK(kvc_pool_unref(pool, l->t[j]) == 0, "unref");
                     l->t[j] = l->t[--l->n];
                     check_all(pc);
                 }
