@@ -145,6 +145,11 @@ uint32_t kvc_pool_free_next(const kvc_pool_t *pool, uint32_t block);
 uint32_t kvc_pool_free_cached_first(const kvc_pool_t *pool);
 
 /* ---- storage --------------------------------------------------------- */
+/* Bytes one block of `block_size` tokens takes under a storage descriptor,
+ * padding included (0 for a zeroed descriptor), without creating a pool: for
+ * accounting in metadata-only runs.  KVC_EINVAL / KVC_EOVERFLOW. */
+int kvc_storage_block_bytes(const kvc_storage_desc_t *desc, uint32_t block_size, size_t *bytes);
+
 /* The storage descriptor (zeroed for a metadata-only pool). */
 const kvc_storage_desc_t *kvc_pool_storage(const kvc_pool_t *pool);
 /* Bytes behind one block, padding included (0 when metadata-only). */

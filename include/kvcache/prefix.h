@@ -184,6 +184,15 @@ uint64_t kvc_prefix_seed(const kvc_prefix_t *pc);
 int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
                     size_t cap, size_t *n_out);
 
+/* Incremental hashing for a growing sequence: the hash (and, if fp is not
+ * NULL, the fingerprint) of full block `index` of the query, chained from
+ * block index - 1's values (prev_hash / prev_fp; ignored when index is 0).
+ * KVC_EINVAL for a partial or missing block, KVC_ERANGE for too many extra
+ * keys. */
+int kvc_prefix_hash_next(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index,
+                         const kvc_hash128_t *prev_hash, const kvc_hash128_t *prev_fp,
+                         kvc_hash128_t *hash, kvc_hash128_t *fp);
+
 /* The fingerprints (sliding-window identity) of the query's full blocks, as
  * kvc_prefix_hash gives the hashes; same errors. */
 int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,

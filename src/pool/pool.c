@@ -99,6 +99,13 @@ static int storage_sizes(const kvc_storage_desc_t *s, uint32_t block_size, size_
     return 0;
 }
 
+int kvc_storage_block_bytes(const kvc_storage_desc_t *desc, uint32_t block_size, size_t *bytes)
+{
+    if (!desc || !bytes || block_size == 0) return KVC_EINVAL;
+    size_t kv_bytes;
+    return storage_sizes(desc, block_size, bytes, &kv_bytes);
+}
+
 int kvc_pool_create(const kvc_pool_params_t *params, kvc_pool_t **out)
 {
     if (!params || !out) return KVC_EINVAL;

@@ -392,6 +392,24 @@ int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_has
     return hash_chain(pc, false, q, out, cap, n_out);
 }
 
+int kvc_prefix_hash_next(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index,
+                         const kvc_hash128_t *prev_hash, const kvc_hash128_t *prev_fp,
+                         kvc_hash128_t *hash, kvc_hash128_t *fp)
+{
+    if (!pc || !query_ok(q) || !hash || index >= q->n_tokens / pc->block_size) return KVC_EINVAL;
+    if (index > 0 && (!prev_hash || (fp && !prev_fp))) return KVC_EINVAL;
+    extra_t extras[MAX_EXTRA_KEYS];
+    int n_extra = q->n_mm ? block_extras(q, index, pc->block_size, pc->params.max_extra_keys, extras) : 0;
+    if (n_extra < 0) return KVC_ERANGE;
+    const kvc_token_t *tok = q->tokens + index * pc->block_size;
+    const kvc_hash128_t zero = {0, 0};
+    *hash = block_hash(pc, index ? *prev_hash : zero, ns_digest(pc, query_ns(q)), tok, extras, n_extra);
+    if (fp)
+        *fp = chain_hash(pc, true, index ? *prev_fp : zero, ns_fp_digest(pc, query_ns(q)), tok, extras,
+                         n_extra);
+    return 0;
+}
+
 int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
                            size_t cap, size_t *n_out)
 {

@@ -1,0 +1,263 @@
+/* kvcache/seq.h - everything one request does to KV memory between admission
+ * and release: block tables (one per KV group), slot mappings, prefix
+ * lookup, chunked reservation, copy-on-write forks, beam search, speculative
+ * drafts and their rollback, sliding windows, and handles that a stale
+ * completion cannot fool.
+ *
+ * A sequence's positions move through these counts, in this order:
+ *
+ *     n_computed <= n_reserved <= n_tokens,   n_committed = n_tokens - n_draft
+ *
+ *   n_tokens    tokens known: the prompt, sampled outputs, then draft tokens;
+ *   n_draft     the trailing drafts not yet verified;
+ *   n_reserved  positions with a slot (the table covers exactly these);
+ *   n_computed  positions whose KV is written (a completed step said so).
+ *
+ * A full block is inserted into the prefix cache only when its KV is written
+ * and its tokens are committed, never before: a block becomes hittable only
+ * when its bytes are valid and can no longer be rolled back.
+ *
+ * Copy-on-write (DESIGN.md invariant 7): a block shared by several tables is
+ * never written; the sequence that is about to write into a shared, partially
+ * filled block first gets its own copy (the last sharer writes in place).
+ *
+ * Handles are (slot, generation).  Every call checks the generation: a stale
+ * handle gets KVC_ESTALE and changes nothing.  A sequence destroyed while a
+ * step that uses it is in flight keeps its blocks until that step completes;
+ * its slot is reused only then, under a new generation.  A completion must
+ * name its step and present the rows it was launched with, in order; a late,
+ * duplicate or permuted completion is rejected and changes nothing.
+ *
+ * Thread-safety: not thread-safe; the scheduler thread owns it, like the pool.
+ */
+#ifndef KVCACHE_SEQ_H
+#define KVCACHE_SEQ_H
+
+#include "kvcache/prefix.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    uint32_t slot;
+    uint32_t gen; /* 0 is never a live generation */
+} kvc_seq_t;
+
+static inline bool kvc_seq_eq(kvc_seq_t a, kvc_seq_t b)
+{
+    return a.slot == b.slot && a.gen == b.gen;
+}
+
+/* Called for every copy-on-write: the engine must copy block src's bytes to
+ * dst before the step that writes dst runs.  NULL: kvc_pool_copy_block (a
+ * no-op for metadata-only pools). */
+typedef void (*kvc_copy_fn)(void *ctx, uint32_t dst, uint32_t src);
+
+typedef struct {
+    uint32_t max_seqs;                     /* live sequences at once (default 256) */
+    uint32_t n_groups;                     /* KV groups, 1..KVC_MAX_GROUPS (default 1) */
+    uint32_t window[KVC_MAX_GROUPS];       /* per group: 0 = full attention, else the sliding
+                                              window in tokens; must agree with the prefix
+                                              cache's group_window */
+    uint32_t max_inflight_steps;           /* steps launched and not completed (default 4) */
+    uint32_t max_batch;                    /* rows in one step (default: max_seqs) */
+    kvc_copy_fn on_copy;
+    void *copy_ctx;
+    kvc_allocator_t allocator;
+} kvc_seqs_params_t;
+
+kvc_seqs_params_t kvc_seqs_params_default(void);
+
+typedef struct kvc_seqs kvc_seqs_t;
+
+/* Create the sequence table over `pool` and (optionally, NULL: no prefix
+ * caching) `pc`; both are borrowed and must outlive it.  KVC_EINVAL for bad
+ * parameters (including windows that disagree with the prefix cache),
+ * KVC_ENOMEM.  The caller destroys it with kvc_seqs_destroy. */
+int kvc_seqs_create(kvc_pool_t *pool, kvc_prefix_t *pc, const kvc_seqs_params_t *params,
+                    kvc_seqs_t **out);
+/* Release every sequence's blocks (tail first) and free the table.  NULL is a no-op. */
+void kvc_seqs_destroy(kvc_seqs_t *seqs);
+
+/* ---- lifecycle ----------------------------------------------------------- */
+typedef struct {
+    const kvc_token_t *prompt; /* (n_prompt), copied */
+    size_t n_prompt;           /* >= 1 */
+    const kvc_namespace_t *ns; /* NULL: the default namespace; its group is ignored
+                                  (each group uses its own) */
+    const kvc_mm_input_t *mm;  /* multimodal inputs in the prompt, copied */
+    size_t n_mm;
+} kvc_seq_desc_t;
+
+/* Register a request: its prompt is known, nothing is allocated yet.
+ * KVC_EINVAL (empty prompt, bad namespace), KVC_ENOSPC (all slots taken),
+ * KVC_ERANGE (too many multimodal inputs in one block), KVC_ENOMEM. */
+int kvc_seq_create(kvc_seqs_t *seqs, const kvc_seq_desc_t *desc, kvc_seq_t *out);
+
+/* Finish or abort a request.  Its blocks are released tail-first now, or,
+ * if a step that uses it is in flight, when the last such step completes
+ * (deferred reclamation).  The handle is stale from this call on either way.
+ * KVC_ESTALE for a stale handle. */
+int kvc_seq_destroy(kvc_seqs_t *seqs, kvc_seq_t h);
+
+/* True if h names a live sequence. */
+bool kvc_seq_valid(const kvc_seqs_t *seqs, kvc_seq_t h);
+
+/* ---- prefix reuse, reservation, completion ------------------------------------ */
+/* Look up the prompt's longest cached prefix across all groups and pin it:
+ * a full-attention group needs every block of the prefix, a sliding group only
+ * those of the window before the first computed position.  n_computed and
+ * n_reserved become the hit length (never the whole prompt: the last token is
+ * computed).  Only before the first reservation (KVC_EBUSY otherwise).
+ * *n_hit_tokens (if not NULL) receives the hit. */
+int kvc_seq_lookup(kvc_seqs_t *seqs, kvc_seq_t h, size_t *n_hit_tokens);
+
+/* Reserve slots for the next n positions [n_reserved, n_reserved + n), which
+ * must hold known tokens.  Allocates blocks as positions cross block
+ * boundaries and copies a shared block before its first write.  All or
+ * nothing: KVC_ENOSPC / KVC_EBUSY (from the pool) or KVC_ERANGE (beyond the
+ * known tokens) and no change.  slots (if not NULL) receives n_groups * n
+ * entries, group-major: block * block_size + offset of each position. */
+int kvc_seq_reserve(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n, int64_t *slots);
+
+/* Blocks a reservation of n more positions would take from the pool now
+ * (new blocks plus copies), so a scheduler can plan without trying. */
+int kvc_seq_blocks_needed(const kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n, uint32_t *n_blocks);
+
+/* A step wrote the KV of the next n reserved positions: n_computed += n
+ * (KVC_ERANGE past n_reserved).  Full blocks now written and committed are
+ * inserted into the prefix cache (a duplicate is replaced by the cached copy
+ * and ours goes back to the pool); sliding groups release the blocks that
+ * fell out of the window of the next position. */
+int kvc_seq_complete(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n);
+
+/* Append known tokens after the committed ones (sampled outputs): no
+ * allocation.  KVC_EBUSY while drafts are pending. */
+int kvc_seq_append(kvc_seqs_t *seqs, kvc_seq_t h, const kvc_token_t *tokens, uint32_t n);
+
+/* ---- speculative decoding --------------------------------------------------- */
+/* Append draft tokens (unverified).  Reserve their slots with kvc_seq_reserve. */
+int kvc_seq_draft(kvc_seqs_t *seqs, kvc_seq_t h, const kvc_token_t *tokens, uint32_t n);
+
+/* Verification accepted the first n_accepted pending drafts: they become
+ * committed, the rest are rolled back (kvc_seq_rollback).  The bonus token,
+ * if any, is then appended with kvc_seq_append.  KVC_ERANGE if n_accepted
+ * exceeds the pending drafts. */
+int kvc_seq_accept(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n_accepted);
+
+/* Remove the last n pending drafts as if they had never been appended:
+ * tokens, reservations, computed count and blocks (blocks that covered only
+ * rolled-back positions return to the pool, where they are reused first)
+ * go back to exactly their state before.  KVC_ERANGE if fewer drafts are
+ * pending. */
+int kvc_seq_rollback(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n);
+
+/* The user received n more output tokens.  Only committed output tokens can
+ * be emitted (KVC_ERANGE otherwise), so an emitted token is never rolled back. */
+int kvc_seq_emit(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n);
+
+/* ---- forks and beams -------------------------------------------------------- */
+/* A child that shares all of the parent's blocks and state.  The parent must
+ * have nothing reserved beyond its computed positions and no drafts
+ * (KVC_EBUSY).  KVC_ENOSPC when all slots are taken. */
+int kvc_seq_fork(kvc_seqs_t *seqs, kvc_seq_t parent, kvc_seq_t *child);
+
+typedef struct {
+    uint32_t parent;   /* index into the current beams */
+    kvc_token_t token; /* the beam's next token */
+} kvc_beam_choice_t;
+
+/* One beam-search step.  beams[0..n_beams) are the current beams, all fully
+ * computed; choices[0..n_choices) the survivors.  Dead beams (chosen by no
+ * one) are destroyed first, so that a survivor that becomes the last holder
+ * of a block writes in place; then each parent's first choice continues the
+ * parent itself and its other choices fork from it; then every new beam
+ * appends its token and reserves its slot.  new_beams[j] is choice j's beam;
+ * slots (if not NULL) receives n_groups * n_choices entries, group-major.
+ * If the blocks the survivors need are not free after the dead beams are gone
+ * (KVC_ENOSPC), the surviving beams are left unchanged. */
+int kvc_seq_beam_step(kvc_seqs_t *seqs, const kvc_seq_t *beams, uint32_t n_beams,
+                      const kvc_beam_choice_t *choices, uint32_t n_choices, kvc_seq_t *new_beams,
+                      int64_t *slots);
+
+/* ---- steps: the launch-to-completion contract --------------------------------- */
+typedef uint64_t kvc_step_id_t;
+
+/* A step is launched over rows[0..n_rows): row i computes for rows[i].  All
+ * handles live and distinct (KVC_ESTALE / KVC_EINVAL); KVC_EBUSY when
+ * max_inflight_steps are already in flight. */
+int kvc_step_launch(kvc_seqs_t *seqs, const kvc_seq_t *rows, uint32_t n_rows, kvc_step_id_t *id);
+
+/* The step completed.  `rows` must be exactly the rows it was launched with,
+ * in the same order: an unknown or already-completed step id, or rows that
+ * differ, are rejected with KVC_ESTALE and change nothing (counted in the
+ * stats).  On success live[i] (if not NULL) says whether row i's sequence is
+ * still live, i.e. whether its results may be applied; sequences destroyed
+ * while the step was in flight are reclaimed now. */
+int kvc_step_complete(kvc_seqs_t *seqs, kvc_step_id_t id, const kvc_seq_t *rows, uint32_t n_rows,
+                      bool *live);
+
+/* ---- what kernels and schedulers read ------------------------------------------ */
+typedef struct {
+    size_t n_prompt, n_tokens, n_draft, n_reserved, n_computed;
+    size_t n_accepted;   /* drafts accepted, in total */
+    size_t n_emitted;    /* output tokens the user received */
+    size_t n_hit_tokens; /* prompt tokens that came from the prefix cache */
+    uint32_t n_blocks[KVC_MAX_GROUPS];      /* blocks held per group */
+    uint32_t n_draft_blocks;                /* blocks (all groups) held only for draft positions */
+    uint32_t n_inflight;                    /* launched steps not yet completed */
+} kvc_seq_info_t;
+
+int kvc_seq_info(const kvc_seqs_t *seqs, kvc_seq_t h, kvc_seq_info_t *out);
+
+/* The sequence's tokens (borrowed until the next call that changes it). */
+int kvc_seq_tokens(const kvc_seqs_t *seqs, kvc_seq_t h, const kvc_token_t **tokens, size_t *n);
+
+/* A group's block table: logical block i -> physical block, KVC_NONE for a
+ * sliding group's released blocks.  Borrowed until the next call that
+ * changes the sequence. */
+int kvc_seq_table(const kvc_seqs_t *seqs, kvc_seq_t h, uint32_t group, const uint32_t **table,
+                  uint32_t *n_blocks);
+
+/* Slots of positions [first, first + n) in a group (KVC_ERANGE outside the
+ * reserved positions or in a released block). */
+int kvc_seq_slots(const kvc_seqs_t *seqs, kvc_seq_t h, uint32_t group, size_t first, uint32_t n,
+                  int64_t *slots);
+
+/* The paged-attention view of a batch for one group, in the CSR form kernels
+ * take: row i's blocks are indices[indptr[i] .. indptr[i + 1]) in logical
+ * order (KVC_NONE for released sliding blocks), and last_page_len[i] tokens of
+ * its last block are in use (reserved positions count: they are written
+ * before attention reads them).  KVC_ERANGE if indices_cap is too small. */
+int kvc_seqs_csr(const kvc_seqs_t *seqs, const kvc_seq_t *rows, uint32_t n_rows, uint32_t group,
+                 uint32_t *indptr, uint32_t *indices, size_t indices_cap, uint32_t *last_page_len);
+
+typedef struct {
+    uint32_t n_live;            /* live sequences */
+    uint32_t n_zombies;         /* destroyed, waiting for an in-flight step */
+    uint32_t n_steps_inflight;
+    uint64_t n_created, n_destroyed, n_deferred;
+    uint64_t n_forks, n_cow_copies;
+    uint64_t n_drafted, n_accepted, n_rolled_back;  /* draft tokens */
+    uint64_t n_hit_tokens;      /* prompt tokens served from the prefix cache */
+    uint64_t n_window_released; /* sliding-window blocks released */
+    uint64_t n_duplicates_shared; /* blocks swapped for an identical cached copy */
+    uint64_t n_stale;           /* calls refused for a stale handle */
+    uint64_t n_rejected_completions;
+} kvc_seqs_stats_t;
+
+void kvc_seqs_stats(const kvc_seqs_t *seqs, kvc_seqs_stats_t *out);
+
+/* Check the sequences' invariants, assuming the seq layer is the pool's only
+ * user: every block's refcount equals the number of tables holding it (1);
+ * each table covers exactly the reserved positions; positions about to be
+ * written are in blocks no one else holds (7); inserted blocks carry the
+ * sequence's own hashes; counts are ordered; plus kvc_prefix_check (or
+ * kvc_pool_check without a prefix cache).  0 or KVC_ECORRUPT with msg. */
+int kvc_seqs_check(const kvc_seqs_t *seqs, char *msg, size_t msg_cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVCACHE_SEQ_H */
