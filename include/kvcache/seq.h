@@ -101,6 +101,16 @@ int kvc_seq_create(kvc_seqs_t *seqs, const kvc_seq_desc_t *desc, kvc_seq_t *out)
  * KVC_ESTALE for a stale handle. */
 int kvc_seq_destroy(kvc_seqs_t *seqs, kvc_seq_t h);
 
+/* Preemption: release every block (tail first) and drop pending drafts, but
+ * keep the committed tokens and the accepted/emitted counts; n_reserved and
+ * n_computed go back to 0 and the sequence may look its prefix up again
+ * (its own full blocks stay cached until their memory is needed, so a
+ * recompute can hit them).  KVC_EBUSY while a step that uses it is in flight. */
+int kvc_seq_reset(kvc_seqs_t *seqs, kvc_seq_t h);
+
+/* The table's KV groups (its params.n_groups). */
+uint32_t kvc_seqs_n_groups(const kvc_seqs_t *seqs);
+
 /* True if h names a live sequence. */
 bool kvc_seq_valid(const kvc_seqs_t *seqs, kvc_seq_t h);
 

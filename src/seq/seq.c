@@ -116,6 +116,11 @@ static const seq_t *get_const(const kvc_seqs_t *s, kvc_seq_t h)
     return q->state == SLOT_LIVE && q->gen == h.gen ? q : NULL;
 }
 
+uint32_t kvc_seqs_n_groups(const kvc_seqs_t *seqs)
+{
+    return seqs->params.n_groups;
+}
+
 bool kvc_seq_valid(const kvc_seqs_t *seqs, kvc_seq_t h)
 {
     return get_const(seqs, h) != NULL;
@@ -321,6 +326,19 @@ int kvc_seq_destroy(kvc_seqs_t *s, kvc_seq_t h)
     }
     reclaim(s, h.slot);
     return 0;
+}
+
+int kvc_seq_reset(kvc_seqs_t *s, kvc_seq_t h)
+{
+    seq_t *q = get(s, h);
+    if (!q) return KVC_ESTALE;
+    if (q->n_inflight) return KVC_EBUSY;
+    q->n_tokens -= q->n_draft;
+    q->n_draft = 0;
+    release_blocks(s, q); /* also forgets hashes; they are recomputed from the tokens */
+    q->n_reserved = q->n_computed = 0;
+    q->looked_up = false;
+    return update_hashes(s, q);
 }
 
 /* ---- lookup ----------------------------------------------------------------------- */
