@@ -443,7 +443,9 @@ typedef struct {
     double little_step_s;         /* decode step at N */
     double little_prefill_s;
     double little_naive_resident;   /* lambda x T(1): what ignoring the fixed point gives */
-    double little_max_arrival_rate; /* per replica, before the binding ceiling is hit */
+    double little_max_arrival_rate; /* per replica: the largest with a fixed point under the
+                                       ceilings */
+    bool little_max_by_ceiling;     /* that rate is set by the ceilings (else by throughput) */
     int little_iterations;
 
     /* 11. speculative decoding */

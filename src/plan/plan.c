@@ -893,6 +893,12 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
                 hi = mid;
         }
         r->little_max_arrival_rate = lo;
+        {
+            /* Which limit stopped it: just past lo, either N crosses the ceiling, or there is
+             * no fixed point at all (the GPUs cannot keep up). */
+            double nm;
+            r->little_max_by_ceiling = cap && little_solve(&l, lo * 1.001 + 1e-12, &nm, NULL);
+        }
         /* Default: half what the ceilings sustain, so the fixed point shows a loaded system. */
         r->arrival_rate_auto = p->arrival_rate == 0;
         r->arrival_rate = r->arrival_rate_auto ? 0.5 * lo * p->dp : p->arrival_rate;

@@ -432,10 +432,11 @@ static void sec_phases(rc_t *c, const kvc_plan_result_t *r)
           kvc_plan_phase_name((kvc_plan_phase_id_t)r->failed_phase));
     for (int ph = 0; ph < KVC_PLAN_PHASE__COUNT; ph++) phase_line(c, r, ph);
     if (r->fits) {
-        P("   a max_model_len request takes %s of the %s pool; the longest that fits is %s "
-          "tokens\n\n",
-          G(c, (double)r->phases[KVC_PLAN_PHASE_CHECK_MAX_LEN].need_bytes),
-          G(c, (double)r->kv_pool_bytes_per_gpu), I(c, r->max_model_len_that_fits));
+        const uint64_t need = r->phases[KVC_PLAN_PHASE_CHECK_MAX_LEN].need_bytes;
+        P("   a max_model_len request takes %s of the %s pool: %s of them fit at once (the pool\n"
+          "   holds %s tokens of one request)\n\n",
+          G(c, (double)need), G(c, (double)r->kv_pool_bytes_per_gpu),
+          I(c, need ? r->kv_pool_bytes_per_gpu / need : 0), I(c, r->max_model_len_that_fits));
         return;
     }
     const kvc_plan_phase_t *x = &r->phases[r->failed_phase];
@@ -736,6 +737,9 @@ static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
 static void sec_little(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_params_t *p = &r->params;
+    const uint64_t cap = KVC_MIN(r->ceilings[KVC_PLAN_CEIL_KV_MEMORY],
+                                 KVC_MIN(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS],
+                                         r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]));
     P("10. Resident sequences by Little's law (per replica)\n");
     P("   arrivals   %s requests/s%s over %u replica%s = %s per replica\n", N(c, r->arrival_rate),
       r->arrival_rate_auto ? " (default: half the sustainable rate below; set --arrival-rate)" : "",
@@ -754,9 +758,6 @@ static void sec_little(rc_t *c, const kvc_plan_result_t *r)
           r->little_iterations, N(c, r->little_resident), TIME(c, r->little_time_in_system),
           TIME(c, r->little_step_s));
         P("   taking the batch-1 time as given would say N = %s\n", N(c, r->little_naive_resident));
-        const uint64_t cap = KVC_MIN(r->ceilings[KVC_PLAN_CEIL_KV_MEMORY],
-                                     KVC_MIN(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS],
-                                             r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]));
         if (r->little_resident > (double)cap)
             P("   over the ceiling: %s sequences would be resident but at most %s fit; requests "
               "queue and\n   preempt, and the time in system grows past T\n",
@@ -765,12 +766,16 @@ static void sec_little(rc_t *c, const kvc_plan_result_t *r)
         P("   no fixed point: at this rate work arrives faster than the replica finishes it, and "
           "the\n   queue grows without bound\n");
     }
-    P("   the hard ceilings (at most %s resident) sustain up to %s requests/s per replica, %s for "
-      "the deployment\n\n",
-      I(c, KVC_MIN(r->ceilings[KVC_PLAN_CEIL_KV_MEMORY],
-                   KVC_MIN(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS],
-                           r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]))),
+    P("   sustainable up to %s requests/s per replica (%s for the deployment): beyond it ",
       N(c, r->little_max_arrival_rate), N(c, r->little_max_arrival_rate * p->dp));
+    if (r->little_max_by_ceiling)
+        P("more than the\n   %s sequences the ceilings allow would be resident, and requests "
+          "queue\n\n",
+          I(c, cap));
+    else
+        P("the GPUs' throughput\n   binds before the %s-sequence ceiling: prefill and decode "
+          "fill them and the queue grows\n\n",
+          I(c, cap));
 }
 
 static void sec_spec(rc_t *c, const kvc_plan_result_t *r)
@@ -1127,6 +1132,8 @@ static cJSON *build_json(const kvc_plan_result_t *r)
     add_num(lt, "prefill_s", r->little_prefill_s);
     add_num(lt, "naive_resident_sequences", r->little_naive_resident);
     add_num(lt, "max_arrival_rate_per_replica", r->little_max_arrival_rate);
+    cJSON_AddStringToObject(lt, "max_arrival_rate_limited_by",
+                            r->little_max_by_ceiling ? "ceilings" : "throughput");
     add_u64(lt, "iterations", (uint64_t)r->little_iterations);
 
     /* 11 */
