@@ -1003,6 +1003,12 @@ static void tenancy_prices_requests_in_pool_share(void **state)
     assert_int_equal(r->tenants[1].bytes_per_gpu, 16 * GIB);
     assert_int_equal(r->tenants[1].per_pool, 3);
     assert_int_equal(r->tokens_per_percent, r->pool_tokens / 100);
+    assert_int_equal(r->image_bytes_per_gpu, 0); /* text only */
+    free(r);
+    /* a LLaVA-style 576-token image at 128 KiB per token: 72 MiB of KV */
+    m.image_tokens = 576;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->image_bytes_per_gpu, 72 * MIB);
     free(r);
 }
 
@@ -1271,6 +1277,50 @@ static void json_has_every_required_key(void **state)
     }
 }
 
+/* cJSON allocates through global hooks: a test may swap them (single-threaded) to fail the
+ * n-th allocation, and the renderer must then fail whole, never hand out half a document. */
+static int oom_countdown;
+static void *failing_malloc(size_t n)
+{
+    if (oom_countdown-- == 0) return NULL;
+    return malloc(n);
+}
+
+static void json_rendering_fails_whole_under_oom(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("deepseek-v3");
+    kvc_plan_gpu_t g = preset_gpu("h200");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 8;
+    p.weight_dtype = KVC_PLAN_FP8;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    char *whole = NULL;
+    assert_ok(kvc_plan_render_json(r, &whole));
+    int failed = 0, n;
+    for (n = 0; n < 5000; n++) {
+        cJSON_Hooks hooks = {.malloc_fn = failing_malloc, .free_fn = free};
+        cJSON_InitHooks(&hooks);
+        oom_countdown = n;
+        char *s = NULL;
+        int rc = kvc_plan_render_json(r, &s);
+        const bool injected = oom_countdown < 0;
+        cJSON_InitHooks(NULL);
+        if (!injected) { /* ran to the end without reaching the n-th allocation */
+            assert_ok(rc);
+            assert_string_equal(s, whole);
+            kvc_plan_string_free(s);
+            break;
+        }
+        assert_int_equal(rc, KVC_ENOMEM);
+        failed++;
+    }
+    assert_true(failed > 100); /* every one of the document's allocations was failed once */
+    assert_true(n < 5000);
+    kvc_plan_string_free(whole);
+    free(r);
+}
+
 static void text_has_twelve_sections_and_names_the_refusal(void **state)
 {
     (void)state;
@@ -1495,6 +1545,7 @@ int main(void)
         cmocka_unit_test(config_reads_moe_mla_windows_and_images),
         cmocka_unit_test(config_files_are_read_or_refused_cleanly),
         cmocka_unit_test(json_has_every_required_key),
+        cmocka_unit_test(json_rendering_fails_whole_under_oom),
         cmocka_unit_test(text_has_twelve_sections_and_names_the_refusal),
         cmocka_unit_test(random_deployments_keep_the_invariants),
         cmocka_unit_test(mangled_configs_never_crash_the_reader),

@@ -456,6 +456,7 @@ typedef struct {
     kvc_plan_tenant_row_t tenants[KVC_PLAN_TENANT_MAX];
     uint32_t n_tenants;
     uint64_t tokens_per_percent; /* KV tokens in 1% of the pool */
+    uint64_t image_bytes_per_gpu; /* KV one image adds (image_tokens x bytes per token); 0: none */
 } kvc_plan_result_t;
 
 /* Plan a deployment.  Fails with KVC_EINVAL and one line in msg when the

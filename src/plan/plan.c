@@ -955,6 +955,7 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
             t->per_pool = t->bytes_per_gpu ? r->kv_pool_bytes_per_gpu / t->bytes_per_gpu : 0;
         }
         r->tokens_per_percent = r->pool_tokens / 100;
+        r->image_bytes_per_gpu = (uint64_t)m->image_tokens * st->kv_per_token;
     }
     return 0;
 }

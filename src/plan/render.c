@@ -135,7 +135,8 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     P("  kinds    [configured] you or a preset gave it; [estimated] our formula, an engine "
       "measures it;\n"
       "           [measured] an engine's number you passed in; [ceiling] an upper bound, not a "
-      "prediction\n");
+      "prediction;\n"
+      "           unlabelled numbers are exact arithmetic on the configured inputs\n");
     P("  units    KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes; GB/s, TB/s = 10^9, 10^12 bytes/s; "
       "FLOP rates dense\n\n");
 }
@@ -169,7 +170,9 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
           m->qk_rope_head_dim, r->layers_per_gpu, eb, I(c, r->kv_bytes_per_token_per_gpu),
           BY(c, r->kv_bytes_per_token_per_gpu));
     } else {
-        if (p->tp <= m->n_kv_heads)
+        if (p->tp == 1)
+            P("   per GPU  TP 1: all %u KV heads on the GPU", m->n_kv_heads);
+        else if (p->tp <= m->n_kv_heads)
             P("   per GPU  TP %u splits the %u KV heads: %u per GPU", p->tp, m->n_kv_heads,
               r->kv_heads_per_gpu);
         else
@@ -547,8 +550,11 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
     P("   ceilings on the running batch (sequences per decode step)\n");
     P("     kv_memory               %-12s the pool, above\n",
       I(c, r->ceilings[KVC_PLAN_CEIL_KV_MEMORY]));
-    P("     compute                 %-12s the batch at which a decode step turns compute-bound\n",
-      I(c, r->ceilings[KVC_PLAN_CEIL_COMPUTE]));
+    P("     compute                 %-12s the batch at which a decode step turns compute-bound "
+      "[estimated]\n",
+      r->ceilings[KVC_PLAN_CEIL_COMPUTE] == KVC_PLAN_UNBOUNDED
+          ? "never"
+          : I(c, r->ceilings[KVC_PLAN_CEIL_COMPUTE]));
     P("     max_num_seqs            %-12s configured\n",
       I(c, r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS]));
     P("     max_num_batched_tokens  %-12s configured: floor(%s / (1 + %u draft tokens))\n",
@@ -657,7 +663,8 @@ static void sec_forks(rc_t *c, const kvc_plan_result_t *r)
 static void sec_disagg(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_params_t *p = &r->params;
-    P("8. Disaggregated prefill: the KV a prefill replica emits\n");
+    P("8. Disaggregated prefill: the KV a prefill replica emits  [estimated: MFU %s]\n",
+      N(c, p->mfu));
     if (r->prefill_rate_kind == KVC_PLAN_MEASURED)
         P("   prefill rate   measured: %s tokens/s per replica\n",
           I(c, (uint64_t)r->prefill_tokens_per_s));
@@ -695,7 +702,8 @@ static void sec_disagg(rc_t *c, const kvc_plan_result_t *r)
 static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_params_t *p = &r->params;
-    P("9. Recompute or fetch a cached token, per GPU\n");
+    P("9. Recompute or fetch a cached token, per GPU  [estimated: MFU %s, setup latencies]\n",
+      N(c, p->mfu));
     P("   recompute   2 x %s active params / (%u x %s TFLOP/s x MFU %s) = %s per token\n",
       BIL(c, (double)r->counts.active - (double)r->counts.embedding - (double)r->counts.lm_head),
       p->tp * p->pp, TF(c, r->peak_flops), N(c, p->mfu), TIME(c, r->recompute_s_per_token));
@@ -704,9 +712,8 @@ static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
     P("   break-even  %s B / %s = %s: faster links fetch, slower ones recompute\n",
       I(c, r->kv_bytes_per_token_per_gpu), TIME(c, r->recompute_s_per_token),
       RT(c, r->break_even_bytes_per_s));
-    P("   tier      bandwidth     fetch/token   fetch wins by  smallest copy that wins   others "
-      "may "
-      "take\n");
+    P("   tier      bandwidth     fetch/token   fetch wins by  smallest copy that wins     "
+      "others may take\n");
     for (int i = 0; i < KVC_PLAN_TIERS; i++) {
         const kvc_plan_tier_t *t = &r->tiers[i];
         char copy[48];
@@ -715,7 +722,7 @@ static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
         else
             snprintf(copy, sizeof copy, "%s token%s (%s setup)", I(c, t->min_tokens_to_win),
                      t->min_tokens_to_win == 1 ? "" : "s", TIME(c, t->latency_s));
-        P("   %-9s %-13s %-13s %-14s %-25s %s\n", t->name, RT(c, t->bytes_per_s),
+        P("   %-9s %-13s %-13s %-14s %-27s %s\n", t->name, RT(c, t->bytes_per_s),
           TIME(c, t->fetch_s_per_token), t->speedup >= 1 ? N(c, t->speedup) : "loses", copy,
           t->speedup >= 1 ? PCT(c, t->max_shared_fraction) : "-");
     }
@@ -727,8 +734,8 @@ static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
       "fetch\n"
       "   wins a little more than shown.\n");
     P("   SSD tier    endurance %s TB rated / %s written = %.1f days (%.2f years)%s\n\n",
-      N(c, p->ssd_endurance_bytes / 1e12), RT(c, r->ssd_write_bytes_per_s), r->ssd_endurance_days,
-      r->ssd_endurance_days / 365.25,
+      I(c, (uint64_t)llround(p->ssd_endurance_bytes / 1e12)), RT(c, r->ssd_write_bytes_per_s),
+      r->ssd_endurance_days, r->ssd_endurance_days / 365.25,
       p->ssd_write_bytes_per_s > 0 ? ""
                                    : "\n               (writing all the KV one prefill GPU "
                                      "emits, section 8; set --ssd-write-rate)");
@@ -740,7 +747,8 @@ static void sec_little(rc_t *c, const kvc_plan_result_t *r)
     const uint64_t cap = KVC_MIN(r->ceilings[KVC_PLAN_CEIL_KV_MEMORY],
                                  KVC_MIN(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS],
                                          r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]));
-    P("10. Resident sequences by Little's law (per replica)\n");
+    P("10. Resident sequences by Little's law, per replica  [estimated: MFU %s, MBU %s]\n",
+      N(c, p->mfu), N(c, p->mbu));
     P("   arrivals   %s requests/s%s over %u replica%s = %s per replica\n", N(c, r->arrival_rate),
       r->arrival_rate_auto ? " (default: half the sustainable rate below; set --arrival-rate)" : "",
       p->dp, p->dp > 1 ? "s" : "", N(c, r->arrival_rate_per_replica));
@@ -781,7 +789,8 @@ static void sec_little(rc_t *c, const kvc_plan_result_t *r)
 static void sec_spec(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_params_t *p = &r->params;
-    P("11. Speculative decoding: k draft tokens per sequence and step\n");
+    P("11. Speculative decoding: k draft tokens per sequence and step  [estimated: roofline, "
+      "acceptance]\n");
     P("   drafts count against the step's token budget (batch <= %s / (1 + k)), reserve k KV slots "
       "per\n"
       "   sequence, and are verified in one pass; above the compute-bound batch the rejected "
@@ -808,6 +817,12 @@ static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
         P("   %-13s %-14s %-19s %s\n", I(c, t->tokens), BY(c, t->bytes_per_gpu),
           PCT(c, t->pool_share), I(c, t->per_pool));
     }
+    if (r->image_bytes_per_gpu)
+        P("   one image adds %s KV tokens: %s per GPU, %s of the pool\n",
+          I(c, r->model.image_tokens), BY(c, r->image_bytes_per_gpu),
+          PCT(c, r->kv_pool_bytes_per_gpu
+                     ? (double)r->image_bytes_per_gpu / (double)r->kv_pool_bytes_per_gpu
+                     : INFINITY));
     P("   1%% of the pool is %s KV tokens: price quotas in KV tokens (or blocks), not requests; "
       "one\n"
       "   max_model_len request costs as much as %s typical ones.\n\n",
@@ -835,9 +850,10 @@ int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
     sec_spec(c, r);
     sec_tenancy(c, r);
     if (r->fits)
-        P("verdict: starts; %s sequences of %s tokens fit per %s (binding ceiling: %s)\n",
-          I(c, r->max_concurrency), I(c, r->request_tokens),
-          r->params.dp > 1 ? "replica" : "GPU group", kvc_plan_ceiling_name(r->binding_ceiling));
+        P("verdict: starts; the KV pool holds %s sequences of %s tokens per replica, and the "
+          "running batch\n         stops at %s (%s)\n",
+          I(c, r->max_concurrency), I(c, r->request_tokens), I(c, r->ceilings[r->binding_ceiling]),
+          kvc_plan_ceiling_name(r->binding_ceiling));
     else
         P("verdict: does not start (%s)\n",
           kvc_plan_phase_name((kvc_plan_phase_id_t)r->failed_phase));
@@ -855,323 +871,358 @@ int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
 #undef P
 
 /* ---- JSON -------------------------------------------------------------------- */
+/* Every cJSON call can fail for memory; one failure marks the whole document,
+ * so the renderer never hands out a silently truncated object. */
+typedef struct {
+    bool oom;
+} jctx_t;
+
+static cJSON *chk(jctx_t *j, cJSON *v)
+{
+    if (!v) j->oom = true;
+    return v;
+}
+/* Attach item to an array (key NULL) or an object; on failure free it. */
+static void attach(jctx_t *j, cJSON *to, const char *key, cJSON *item)
+{
+    bool ok =
+        item && to && (key ? cJSON_AddItemToObject(to, key, item) : cJSON_AddItemToArray(to, item));
+    if (!ok) {
+        cJSON_Delete(item);
+        j->oom = true;
+    }
+}
 /* Integers go out as raw digits so that bytes stay exact past 2^53. */
-static void add_u64(cJSON *o, const char *k, uint64_t v)
+static void add_u64(jctx_t *j, cJSON *o, const char *k, uint64_t v)
 {
     if (v == KVC_PLAN_UNBOUNDED) {
-        cJSON_AddNullToObject(o, k);
+        chk(j, cJSON_AddNullToObject(o, k));
         return;
     }
     char buf[32];
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
-    cJSON_AddRawToObject(o, k, buf);
+    chk(j, cJSON_AddRawToObject(o, k, buf));
 }
-static void add_i64(cJSON *o, const char *k, int64_t v)
+static void add_i64(jctx_t *j, cJSON *o, const char *k, int64_t v)
 {
     char buf[32];
     snprintf(buf, sizeof buf, "%lld", (long long)v);
-    cJSON_AddRawToObject(o, k, buf);
+    chk(j, cJSON_AddRawToObject(o, k, buf));
 }
-static void add_num(cJSON *o, const char *k, double v)
+static void add_num(jctx_t *j, cJSON *o, const char *k, double v)
 {
     if (isfinite(v))
-        cJSON_AddNumberToObject(o, k, v);
+        chk(j, cJSON_AddNumberToObject(o, k, v));
     else
-        cJSON_AddNullToObject(o, k);
+        chk(j, cJSON_AddNullToObject(o, k));
+}
+static void add_str(jctx_t *j, cJSON *o, const char *k, const char *v)
+{
+    chk(j, cJSON_AddStringToObject(o, k, v));
+}
+static void add_bool(jctx_t *j, cJSON *o, const char *k, bool v)
+{
+    chk(j, cJSON_AddBoolToObject(o, k, v));
+}
+static void add_null(jctx_t *j, cJSON *o, const char *k)
+{
+    chk(j, cJSON_AddNullToObject(o, k));
 }
 
-static cJSON *json_model(const kvc_plan_result_t *r)
+static cJSON *json_model(jctx_t *j, const kvc_plan_result_t *r)
 {
     const kvc_plan_model_t *m = &r->model;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "name", m->name);
-    cJSON_AddStringToObject(o, "model_type", m->model_type);
-    add_u64(o, "hidden_size", m->hidden_size);
-    add_u64(o, "layers", m->n_layers);
-    add_u64(o, "heads", m->n_heads);
-    add_u64(o, "kv_heads", m->n_kv_heads);
-    add_u64(o, "head_dim", m->head_dim);
-    add_u64(o, "v_head_dim", m->v_head_dim);
-    add_u64(o, "vocab_size", m->vocab_size);
-    add_u64(o, "intermediate_size", m->intermediate_size);
-    cJSON_AddBoolToObject(o, "tie_embeddings", m->tie_embeddings);
+    cJSON *o = chk(j, cJSON_CreateObject());
+    add_str(j, o, "name", m->name);
+    add_str(j, o, "model_type", m->model_type);
+    add_u64(j, o, "hidden_size", m->hidden_size);
+    add_u64(j, o, "layers", m->n_layers);
+    add_u64(j, o, "heads", m->n_heads);
+    add_u64(j, o, "kv_heads", m->n_kv_heads);
+    add_u64(j, o, "head_dim", m->head_dim);
+    add_u64(j, o, "v_head_dim", m->v_head_dim);
+    add_u64(j, o, "vocab_size", m->vocab_size);
+    add_u64(j, o, "intermediate_size", m->intermediate_size);
+    add_bool(j, o, "tie_embeddings", m->tie_embeddings);
     if (m->mla) {
-        cJSON *x = cJSON_AddObjectToObject(o, "mla");
-        add_u64(x, "kv_lora_rank", m->kv_lora_rank);
-        add_u64(x, "qk_rope_head_dim", m->qk_rope_head_dim);
-        add_u64(x, "qk_nope_head_dim", m->qk_nope_head_dim);
-        add_u64(x, "q_lora_rank", m->q_lora_rank);
+        cJSON *x = chk(j, cJSON_AddObjectToObject(o, "mla"));
+        add_u64(j, x, "kv_lora_rank", m->kv_lora_rank);
+        add_u64(j, x, "qk_rope_head_dim", m->qk_rope_head_dim);
+        add_u64(j, x, "qk_nope_head_dim", m->qk_nope_head_dim);
+        add_u64(j, x, "q_lora_rank", m->q_lora_rank);
     } else {
-        cJSON_AddNullToObject(o, "mla");
+        add_null(j, o, "mla");
     }
     if (m->n_experts) {
-        cJSON *x = cJSON_AddObjectToObject(o, "moe");
-        add_u64(x, "experts", m->n_experts);
-        add_u64(x, "experts_per_token", m->n_experts_active);
-        add_u64(x, "expert_intermediate_size", m->moe_intermediate_size);
-        add_u64(x, "shared_experts", m->n_shared_experts);
-        add_u64(x, "shared_expert_intermediate_size", m->shared_expert_intermediate_size);
-        add_u64(x, "dense_layers", m->n_dense_layers);
+        cJSON *x = chk(j, cJSON_AddObjectToObject(o, "moe"));
+        add_u64(j, x, "experts", m->n_experts);
+        add_u64(j, x, "experts_per_token", m->n_experts_active);
+        add_u64(j, x, "expert_intermediate_size", m->moe_intermediate_size);
+        add_u64(j, x, "shared_experts", m->n_shared_experts);
+        add_u64(j, x, "shared_expert_intermediate_size", m->shared_expert_intermediate_size);
+        add_u64(j, x, "dense_layers", m->n_dense_layers);
     } else {
-        cJSON_AddNullToObject(o, "moe");
+        add_null(j, o, "moe");
     }
-    add_u64(o, "sliding_window", m->sliding_window);
-    add_u64(o, "sliding_layers", m->n_sliding_layers);
-    add_u64(o, "image_tokens", m->image_tokens);
-    add_u64(o, "max_position_embeddings", m->max_position_embeddings);
-    add_u64(o, "params_total", r->counts.total);
-    add_u64(o, "params_active", r->counts.active);
+    add_u64(j, o, "sliding_window", m->sliding_window);
+    add_u64(j, o, "sliding_layers", m->n_sliding_layers);
+    add_u64(j, o, "image_tokens", m->image_tokens);
+    add_u64(j, o, "max_position_embeddings", m->max_position_embeddings);
+    add_u64(j, o, "params_total", r->counts.total);
+    add_u64(j, o, "params_active", r->counts.active);
     return o;
 }
 
-static cJSON *json_gpu(const kvc_plan_gpu_t *g)
+static cJSON *json_gpu(jctx_t *j, const kvc_plan_gpu_t *g)
 {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "name", g->name);
-    add_u64(o, "memory_bytes", g->memory_bytes);
-    add_num(o, "hbm_bytes_per_s", g->hbm_bytes_per_s);
-    add_num(o, "bf16_flops", g->bf16_flops);
-    add_num(o, "fp8_flops", g->fp8_flops);
-    add_u64(o, "l2_bytes", g->l2_bytes);
-    add_num(o, "interconnect_bytes_per_s", g->interconnect_bytes_per_s);
-    add_num(o, "pcie_bytes_per_s", g->pcie_bytes_per_s);
+    cJSON *o = chk(j, cJSON_CreateObject());
+    add_str(j, o, "name", g->name);
+    add_u64(j, o, "memory_bytes", g->memory_bytes);
+    add_num(j, o, "hbm_bytes_per_s", g->hbm_bytes_per_s);
+    add_num(j, o, "bf16_flops", g->bf16_flops);
+    add_num(j, o, "fp8_flops", g->fp8_flops);
+    add_u64(j, o, "l2_bytes", g->l2_bytes);
+    add_num(j, o, "interconnect_bytes_per_s", g->interconnect_bytes_per_s);
+    add_num(j, o, "pcie_bytes_per_s", g->pcie_bytes_per_s);
     return o;
 }
 
-static cJSON *json_config(const kvc_plan_result_t *r)
-{
-    const kvc_plan_params_t *p = &r->params;
-    cJSON *o = cJSON_CreateObject();
-    add_u64(o, "tp", p->tp);
-    add_u64(o, "pp", p->pp);
-    add_u64(o, "dp", p->dp);
-    add_u64(o, "gpus", r->n_gpus);
-    cJSON_AddStringToObject(o, "weight_dtype", kvc_plan_dtype_name(p->weight_dtype));
-    cJSON_AddStringToObject(o, "kv_dtype", kvc_plan_dtype_name(p->kv_dtype));
-    add_u64(o, "block_size", p->block_size);
-    add_num(o, "gpu_memory_utilization", p->gpu_memory_utilization);
-    add_u64(o, "max_model_len", r->max_model_len);
-    add_u64(o, "max_num_seqs", p->max_num_seqs);
-    add_u64(o, "max_num_batched_tokens", p->max_num_batched_tokens);
-    add_u64(o, "prompt_tokens", p->prompt_tokens);
-    add_u64(o, "output_tokens", p->output_tokens);
-    add_u64(o, "context_tokens", r->context_tokens);
-    cJSON_AddBoolToObject(o, "window_freeing", p->window_freeing);
-    cJSON_AddBoolToObject(o, "enforce_eager", p->enforce_eager);
-    cJSON_AddBoolToObject(o, "graphs_outside_budget", p->graphs_outside_budget);
-    add_num(o, "mfu", p->mfu);
-    add_num(o, "mbu", p->mbu);
-    return o;
-}
-
-static cJSON *build_json(const kvc_plan_result_t *r)
+static cJSON *json_config(jctx_t *j, const kvc_plan_result_t *r)
 {
     const kvc_plan_params_t *p = &r->params;
-    cJSON *o = cJSON_CreateObject();
+    cJSON *o = chk(j, cJSON_CreateObject());
+    add_u64(j, o, "tp", p->tp);
+    add_u64(j, o, "pp", p->pp);
+    add_u64(j, o, "dp", p->dp);
+    add_u64(j, o, "gpus", r->n_gpus);
+    add_str(j, o, "weight_dtype", kvc_plan_dtype_name(p->weight_dtype));
+    add_str(j, o, "kv_dtype", kvc_plan_dtype_name(p->kv_dtype));
+    add_u64(j, o, "block_size", p->block_size);
+    add_num(j, o, "gpu_memory_utilization", p->gpu_memory_utilization);
+    add_u64(j, o, "max_model_len", r->max_model_len);
+    add_u64(j, o, "max_num_seqs", p->max_num_seqs);
+    add_u64(j, o, "max_num_batched_tokens", p->max_num_batched_tokens);
+    add_u64(j, o, "prompt_tokens", p->prompt_tokens);
+    add_u64(j, o, "output_tokens", p->output_tokens);
+    add_u64(j, o, "context_tokens", r->context_tokens);
+    add_bool(j, o, "window_freeing", p->window_freeing);
+    add_bool(j, o, "enforce_eager", p->enforce_eager);
+    add_bool(j, o, "graphs_outside_budget", p->graphs_outside_budget);
+    add_num(j, o, "mfu", p->mfu);
+    add_num(j, o, "mbu", p->mbu);
+    return o;
+}
+
+static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    cJSON *o = chk(j, cJSON_CreateObject());
     if (!o) return NULL;
-    cJSON_AddItemToObject(o, "model", json_model(r));
-    cJSON_AddItemToObject(o, "gpu", json_gpu(&r->gpu));
-    cJSON_AddItemToObject(o, "config", json_config(r));
+    attach(j, o, "model", json_model(j, r));
+    attach(j, o, "gpu", json_gpu(j, &r->gpu));
+    attach(j, o, "config", json_config(j, r));
 
     /* 1 */
-    add_u64(o, "kv_bytes_per_token", r->kv_bytes_per_token);
-    add_u64(o, "kv_bytes_per_token_per_gpu", r->kv_bytes_per_token_per_gpu);
-    add_u64(o, "kv_head_replication", r->kv_head_replication);
-    add_u64(o, "kv_heads_per_gpu", r->kv_heads_per_gpu);
-    add_u64(o, "layers_per_gpu", r->layers_per_gpu);
-    add_u64(o, "kv_replicated_bytes_per_token", r->kv_replicated_bytes_per_token);
-    add_u64(o, "max_tp_without_replication", r->max_tp_without_replication);
-    cJSON *sweep = cJSON_AddArrayToObject(o, "tp_sweep");
+    add_u64(j, o, "kv_bytes_per_token", r->kv_bytes_per_token);
+    add_u64(j, o, "kv_bytes_per_token_per_gpu", r->kv_bytes_per_token_per_gpu);
+    add_u64(j, o, "kv_head_replication", r->kv_head_replication);
+    add_u64(j, o, "kv_heads_per_gpu", r->kv_heads_per_gpu);
+    add_u64(j, o, "layers_per_gpu", r->layers_per_gpu);
+    add_u64(j, o, "kv_replicated_bytes_per_token", r->kv_replicated_bytes_per_token);
+    add_u64(j, o, "max_tp_without_replication", r->max_tp_without_replication);
+    cJSON *sweep = chk(j, cJSON_AddArrayToObject(o, "tp_sweep"));
     for (uint32_t i = 0; i < r->n_tp_rows; i++) {
-        cJSON *x = cJSON_CreateObject();
-        add_u64(x, "tp", r->tp_rows[i].tp);
-        add_u64(x, "kv_heads_per_gpu", r->tp_rows[i].kv_heads_per_gpu);
-        add_u64(x, "kv_head_replication", r->tp_rows[i].replication);
-        add_u64(x, "kv_bytes_per_token_per_gpu", r->tp_rows[i].kv_bytes_per_token_per_gpu);
-        add_u64(x, "weight_bytes_per_gpu", r->tp_rows[i].weight_bytes_per_gpu);
-        cJSON_AddItemToArray(sweep, x);
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_u64(j, x, "tp", r->tp_rows[i].tp);
+        add_u64(j, x, "kv_heads_per_gpu", r->tp_rows[i].kv_heads_per_gpu);
+        add_u64(j, x, "kv_head_replication", r->tp_rows[i].replication);
+        add_u64(j, x, "kv_bytes_per_token_per_gpu", r->tp_rows[i].kv_bytes_per_token_per_gpu);
+        add_u64(j, x, "weight_bytes_per_gpu", r->tp_rows[i].weight_bytes_per_gpu);
+        attach(j, sweep, NULL, x);
     }
 
     /* 2 */
-    add_u64(o, "weight_bytes_per_gpu", r->weight_bytes_per_gpu);
-    add_u64(o, "weight_bytes_total", r->weight_bytes_total);
-    cJSON *ledger = cJSON_AddArrayToObject(o, "ledger");
+    add_u64(j, o, "weight_bytes_per_gpu", r->weight_bytes_per_gpu);
+    add_u64(j, o, "weight_bytes_total", r->weight_bytes_total);
+    cJSON *ledger = chk(j, cJSON_AddArrayToObject(o, "ledger"));
     for (uint32_t i = 0; i < r->n_ledger; i++) {
         const kvc_plan_ledger_entry_t *e = &r->ledger[i];
-        cJSON *x = cJSON_CreateObject();
-        cJSON_AddStringToObject(x, "name", e->name);
-        add_u64(x, "bytes", e->bytes);
-        cJSON_AddStringToObject(x, "kind", kvc_plan_kind_name(e->kind));
-        cJSON_AddStringToObject(x, "engine", kvc_plan_kind_name(e->engine));
-        cJSON_AddStringToObject(x, "op", kvc_plan_op_name(e->op));
-        cJSON_AddItemToArray(ledger, x);
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_str(j, x, "name", e->name);
+        add_u64(j, x, "bytes", e->bytes);
+        add_str(j, x, "kind", kvc_plan_kind_name(e->kind));
+        add_str(j, x, "engine", kvc_plan_kind_name(e->engine));
+        add_str(j, x, "op", kvc_plan_op_name(e->op));
+        attach(j, ledger, NULL, x);
     }
-    add_i64(o, "kv_pool_signed_bytes", r->kv_pool_signed_bytes);
-    add_u64(o, "kv_pool_bytes_per_gpu", r->kv_pool_bytes_per_gpu);
-    add_u64(o, "num_blocks", r->num_blocks);
-    add_u64(o, "pool_tokens", r->pool_tokens);
-    add_u64(o, "binding_stage", r->binding_stage);
+    add_i64(j, o, "kv_pool_signed_bytes", r->kv_pool_signed_bytes);
+    add_u64(j, o, "kv_pool_bytes_per_gpu", r->kv_pool_bytes_per_gpu);
+    add_u64(j, o, "num_blocks", r->num_blocks);
+    add_u64(j, o, "pool_tokens", r->pool_tokens);
+    add_u64(j, o, "binding_stage", r->binding_stage);
 
     /* 3 */
-    cJSON_AddBoolToObject(o, "fits", r->fits);
+    add_bool(j, o, "fits", r->fits);
     if (r->fits)
-        cJSON_AddNullToObject(o, "failed_phase");
+        add_null(j, o, "failed_phase");
     else
-        cJSON_AddStringToObject(o, "failed_phase",
-                                kvc_plan_phase_name((kvc_plan_phase_id_t)r->failed_phase));
-    cJSON *phases = cJSON_AddArrayToObject(o, "phases");
+        add_str(j, o, "failed_phase", kvc_plan_phase_name((kvc_plan_phase_id_t)r->failed_phase));
+    cJSON *phases = chk(j, cJSON_AddArrayToObject(o, "phases"));
     for (int i = 0; i < KVC_PLAN_PHASE__COUNT; i++) {
         const kvc_plan_phase_t *x = &r->phases[i];
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddStringToObject(e, "name", kvc_plan_phase_name((kvc_plan_phase_id_t)i));
-        cJSON_AddStringToObject(e, "status", kvc_plan_phase_status_name(x->status));
-        add_u64(e, "need_bytes", x->need_bytes);
-        add_u64(e, "have_bytes", x->have_bytes);
-        add_u64(e, "stage", x->stage);
-        cJSON_AddItemToArray(phases, e);
+        cJSON *e = chk(j, cJSON_CreateObject());
+        add_str(j, e, "name", kvc_plan_phase_name((kvc_plan_phase_id_t)i));
+        add_str(j, e, "status", kvc_plan_phase_status_name(x->status));
+        add_u64(j, e, "need_bytes", x->need_bytes);
+        add_u64(j, e, "have_bytes", x->have_bytes);
+        add_u64(j, e, "stage", x->stage);
+        attach(j, phases, NULL, e);
     }
-    add_u64(o, "max_model_len_that_fits", r->max_model_len_that_fits);
-    cJSON *sug = cJSON_AddObjectToObject(o, "suggestions");
+    add_u64(j, o, "max_model_len_that_fits", r->max_model_len_that_fits);
+    cJSON *sug = chk(j, cJSON_AddObjectToObject(o, "suggestions"));
     if (r->suggest_tp)
-        add_u64(sug, "tp", r->suggest_tp);
+        add_u64(j, sug, "tp", r->suggest_tp);
     else
-        cJSON_AddNullToObject(sug, "tp");
-    cJSON_AddBoolToObject(sug, "fp8_kv_starts", r->suggest_fp8_kv_fits);
+        add_null(j, sug, "tp");
+    add_bool(j, sug, "fp8_kv_starts", r->suggest_fp8_kv_fits);
     if (r->suggest_utilization > 0)
-        add_num(sug, "gpu_memory_utilization", r->suggest_utilization);
+        add_num(j, sug, "gpu_memory_utilization", r->suggest_utilization);
     else
-        cJSON_AddNullToObject(sug, "gpu_memory_utilization");
+        add_null(j, sug, "gpu_memory_utilization");
 
     /* 4 */
-    add_u64(o, "max_concurrency", r->max_concurrency);
-    add_u64(o, "kv_bytes_per_request", r->kv_bytes_per_request);
-    add_u64(o, "blocks_per_request", r->blocks_per_request);
-    add_u64(o, "partial_block_waste_tokens", r->partial_block_waste_tokens);
-    add_u64(o, "admitted_at_prompt", r->admitted_at_prompt);
-    cJSON *ceil_o = cJSON_AddObjectToObject(o, "ceilings");
+    add_u64(j, o, "max_concurrency", r->max_concurrency);
+    add_u64(j, o, "kv_bytes_per_request", r->kv_bytes_per_request);
+    add_u64(j, o, "blocks_per_request", r->blocks_per_request);
+    add_u64(j, o, "partial_block_waste_tokens", r->partial_block_waste_tokens);
+    add_u64(j, o, "admitted_at_prompt", r->admitted_at_prompt);
+    cJSON *ceil_o = chk(j, cJSON_AddObjectToObject(o, "ceilings"));
     for (int i = 0; i < KVC_PLAN_CEIL__COUNT; i++)
-        add_u64(ceil_o, kvc_plan_ceiling_name((kvc_plan_ceiling_id_t)i), r->ceilings[i]);
-    cJSON_AddStringToObject(ceil_o, "binding", kvc_plan_ceiling_name(r->binding_ceiling));
-    add_u64(ceil_o, "compute_weights_only", r->compute_weights_only);
-    add_num(o, "ridge_flops_per_byte", r->ridge_flops_per_byte);
-    cJSON *dec = cJSON_AddObjectToObject(o, "decode");
-    add_u64(dec, "context_tokens", r->decode_context);
-    add_num(dec, "flops_per_seq", r->decode_flops_per_seq);
-    add_num(dec, "kv_bytes_read_per_seq", r->decode_bytes_per_seq);
-    add_num(dec, "weight_bytes_read", r->weight_read_bytes);
-    add_num(dec, "peak_flops", r->peak_flops);
+        add_u64(j, ceil_o, kvc_plan_ceiling_name((kvc_plan_ceiling_id_t)i), r->ceilings[i]);
+    add_str(j, ceil_o, "binding", kvc_plan_ceiling_name(r->binding_ceiling));
+    add_u64(j, ceil_o, "compute_weights_only", r->compute_weights_only);
+    add_num(j, o, "ridge_flops_per_byte", r->ridge_flops_per_byte);
+    cJSON *dec = chk(j, cJSON_AddObjectToObject(o, "decode"));
+    add_u64(j, dec, "context_tokens", r->decode_context);
+    add_num(j, dec, "flops_per_seq", r->decode_flops_per_seq);
+    add_num(j, dec, "kv_bytes_read_per_seq", r->decode_bytes_per_seq);
+    add_num(j, dec, "weight_bytes_read", r->weight_read_bytes);
+    add_num(j, dec, "peak_flops", r->peak_flops);
 
     /* 5 */
-    add_num(o, "sliding_window_saving", r->sliding_window_saving);
-    cJSON *sw = cJSON_AddObjectToObject(o, "sliding_window");
-    add_u64(sw, "context_tokens", r->context_tokens);
-    add_u64(sw, "window", r->model.sliding_window);
-    add_u64(sw, "windowed_layers", r->model.n_sliding_layers);
-    add_u64(sw, "bytes_with_freeing", r->swa_bytes_with_freeing);
-    add_u64(sw, "bytes_without_freeing", r->swa_bytes_without_freeing);
-    add_num(sw, "saving_limit", r->sliding_window_saving_limit);
-    add_u64(o, "kv_bytes_per_request_model", r->kv_bytes_per_request_model);
+    add_num(j, o, "sliding_window_saving", r->sliding_window_saving);
+    cJSON *sw = chk(j, cJSON_AddObjectToObject(o, "sliding_window"));
+    add_u64(j, sw, "context_tokens", r->context_tokens);
+    add_u64(j, sw, "window", r->model.sliding_window);
+    add_u64(j, sw, "windowed_layers", r->model.n_sliding_layers);
+    add_u64(j, sw, "bytes_with_freeing", r->swa_bytes_with_freeing);
+    add_u64(j, sw, "bytes_without_freeing", r->swa_bytes_without_freeing);
+    add_num(j, sw, "saving_limit", r->sliding_window_saving_limit);
+    add_u64(j, o, "kv_bytes_per_request_model", r->kv_bytes_per_request_model);
 
     /* 6 */
-    add_num(o, "prefill_attention_flops_fraction", r->prefill_attention_flops_fraction);
-    cJSON *pf = cJSON_AddObjectToObject(o, "prefill");
-    add_u64(pf, "context_tokens", r->context_tokens);
-    add_num(pf, "linear_flops", r->prefill_linear_flops);
-    add_num(pf, "attention_flops", r->prefill_attention_flops);
+    add_num(j, o, "prefill_attention_flops_fraction", r->prefill_attention_flops_fraction);
+    cJSON *pf = chk(j, cJSON_AddObjectToObject(o, "prefill"));
+    add_u64(j, pf, "context_tokens", r->context_tokens);
+    add_num(j, pf, "linear_flops", r->prefill_linear_flops);
+    add_num(j, pf, "attention_flops", r->prefill_attention_flops);
 
     /* 7 */
-    cJSON *fk = cJSON_AddObjectToObject(o, "forks");
-    add_u64(fk, "n", p->n_samples);
-    add_u64(fk, "beams", p->beams);
-    add_u64(fk, "samples_unshared_bytes", r->fork_unshared_bytes_samples);
-    add_u64(fk, "samples_shared_bytes", r->fork_shared_bytes_samples);
-    add_u64(fk, "beams_unshared_bytes", r->fork_unshared_bytes_beams);
-    add_u64(fk, "beams_shared_bytes", r->fork_shared_bytes_beams);
-    add_u64(fk, "beams_diverged_bytes", r->fork_shared_bytes_beams_diverged);
+    cJSON *fk = chk(j, cJSON_AddObjectToObject(o, "forks"));
+    add_u64(j, fk, "n", p->n_samples);
+    add_u64(j, fk, "beams", p->beams);
+    add_u64(j, fk, "samples_unshared_bytes", r->fork_unshared_bytes_samples);
+    add_u64(j, fk, "samples_shared_bytes", r->fork_shared_bytes_samples);
+    add_u64(j, fk, "beams_unshared_bytes", r->fork_unshared_bytes_beams);
+    add_u64(j, fk, "beams_shared_bytes", r->fork_shared_bytes_beams);
+    add_u64(j, fk, "beams_diverged_bytes", r->fork_shared_bytes_beams_diverged);
 
     /* 8 */
-    cJSON *dg = cJSON_AddObjectToObject(o, "disaggregation");
-    add_num(dg, "prefill_tokens_per_s", r->prefill_tokens_per_s);
-    cJSON_AddStringToObject(dg, "prefill_rate_kind", kvc_plan_kind_name(r->prefill_rate_kind));
-    add_num(dg, "kv_bytes_per_s", r->prefill_kv_bytes_per_s);
-    add_num(dg, "kv_bytes_per_s_per_gpu", r->prefill_kv_bytes_per_s_per_gpu);
-    add_num(dg, "kv_bytes_per_s_per_gpu_linear_only", r->prefill_kv_bytes_per_s_linear_only);
-    add_num(dg, "link_bytes_per_s", p->link_bytes_per_s);
-    add_num(dg, "link_utilization", r->link_utilization);
-    add_num(dg, "link_limited_tokens_per_s", r->link_limited_tokens_per_s);
+    cJSON *dg = chk(j, cJSON_AddObjectToObject(o, "disaggregation"));
+    add_num(j, dg, "prefill_tokens_per_s", r->prefill_tokens_per_s);
+    add_str(j, dg, "prefill_rate_kind", kvc_plan_kind_name(r->prefill_rate_kind));
+    add_num(j, dg, "kv_bytes_per_s", r->prefill_kv_bytes_per_s);
+    add_num(j, dg, "kv_bytes_per_s_per_gpu", r->prefill_kv_bytes_per_s_per_gpu);
+    add_num(j, dg, "kv_bytes_per_s_per_gpu_linear_only", r->prefill_kv_bytes_per_s_linear_only);
+    add_num(j, dg, "link_bytes_per_s", p->link_bytes_per_s);
+    add_num(j, dg, "link_utilization", r->link_utilization);
+    add_num(j, dg, "link_limited_tokens_per_s", r->link_limited_tokens_per_s);
 
     /* 9 */
-    cJSON *rf = cJSON_AddObjectToObject(o, "recompute_vs_fetch");
-    add_num(rf, "recompute_s_per_token", r->recompute_s_per_token);
-    add_num(rf, "break_even_bytes_per_s", r->break_even_bytes_per_s);
-    cJSON *tiers = cJSON_AddArrayToObject(rf, "tiers");
+    cJSON *rf = chk(j, cJSON_AddObjectToObject(o, "recompute_vs_fetch"));
+    add_num(j, rf, "recompute_s_per_token", r->recompute_s_per_token);
+    add_num(j, rf, "break_even_bytes_per_s", r->break_even_bytes_per_s);
+    cJSON *tiers = chk(j, cJSON_AddArrayToObject(rf, "tiers"));
     for (int i = 0; i < KVC_PLAN_TIERS; i++) {
         const kvc_plan_tier_t *t = &r->tiers[i];
-        cJSON *x = cJSON_CreateObject();
-        cJSON_AddStringToObject(x, "name", t->name);
-        add_num(x, "bytes_per_s", t->bytes_per_s);
-        add_num(x, "latency_s", t->latency_s);
-        add_num(x, "fetch_s_per_token", t->fetch_s_per_token);
-        add_num(x, "speedup", t->speedup);
-        add_u64(x, "min_tokens_to_win", t->min_tokens_to_win);
-        add_num(x, "max_shared_fraction", t->max_shared_fraction);
-        cJSON_AddItemToArray(tiers, x);
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_str(j, x, "name", t->name);
+        add_num(j, x, "bytes_per_s", t->bytes_per_s);
+        add_num(j, x, "latency_s", t->latency_s);
+        add_num(j, x, "fetch_s_per_token", t->fetch_s_per_token);
+        add_num(j, x, "speedup", t->speedup);
+        add_u64(j, x, "min_tokens_to_win", t->min_tokens_to_win);
+        add_num(j, x, "max_shared_fraction", t->max_shared_fraction);
+        attach(j, tiers, NULL, x);
     }
-    cJSON *ssd = cJSON_AddObjectToObject(rf, "ssd");
-    add_num(ssd, "endurance_bytes", p->ssd_endurance_bytes);
-    add_num(ssd, "write_bytes_per_s", r->ssd_write_bytes_per_s);
-    add_num(ssd, "endurance_days", r->ssd_endurance_days);
+    cJSON *ssd = chk(j, cJSON_AddObjectToObject(rf, "ssd"));
+    add_num(j, ssd, "endurance_bytes", p->ssd_endurance_bytes);
+    add_num(j, ssd, "write_bytes_per_s", r->ssd_write_bytes_per_s);
+    add_num(j, ssd, "endurance_days", r->ssd_endurance_days);
 
     /* 10 */
-    cJSON *lt = cJSON_AddObjectToObject(o, "littles_law");
-    add_num(lt, "arrival_rate_per_replica", r->arrival_rate_per_replica);
-    cJSON_AddBoolToObject(lt, "stable", r->little_stable);
-    add_num(lt, "resident_sequences", r->little_resident);
-    add_num(lt, "time_in_system_s", r->little_time_in_system);
-    add_num(lt, "step_s", r->little_step_s);
-    add_num(lt, "prefill_s", r->little_prefill_s);
-    add_num(lt, "naive_resident_sequences", r->little_naive_resident);
-    add_num(lt, "max_arrival_rate_per_replica", r->little_max_arrival_rate);
-    cJSON_AddStringToObject(lt, "max_arrival_rate_limited_by",
-                            r->little_max_by_ceiling ? "ceilings" : "throughput");
-    add_u64(lt, "iterations", (uint64_t)r->little_iterations);
+    cJSON *lt = chk(j, cJSON_AddObjectToObject(o, "littles_law"));
+    add_num(j, lt, "arrival_rate_per_replica", r->arrival_rate_per_replica);
+    add_bool(j, lt, "stable", r->little_stable);
+    add_num(j, lt, "resident_sequences", r->little_resident);
+    add_num(j, lt, "time_in_system_s", r->little_time_in_system);
+    add_num(j, lt, "step_s", r->little_step_s);
+    add_num(j, lt, "prefill_s", r->little_prefill_s);
+    add_num(j, lt, "naive_resident_sequences", r->little_naive_resident);
+    add_num(j, lt, "max_arrival_rate_per_replica", r->little_max_arrival_rate);
+    add_str(j, lt, "max_arrival_rate_limited_by",
+            r->little_max_by_ceiling ? "ceilings" : "throughput");
+    add_u64(j, lt, "iterations", (uint64_t)r->little_iterations);
 
     /* 11 */
-    cJSON *sp = cJSON_AddObjectToObject(o, "speculative");
-    add_u64(sp, "spec_tokens", p->spec_tokens);
-    add_num(sp, "acceptance", p->spec_acceptance);
-    cJSON *rows = cJSON_AddArrayToObject(sp, "rows");
+    cJSON *sp = chk(j, cJSON_AddObjectToObject(o, "speculative"));
+    add_u64(j, sp, "spec_tokens", p->spec_tokens);
+    add_num(j, sp, "acceptance", p->spec_acceptance);
+    cJSON *rows = chk(j, cJSON_AddArrayToObject(sp, "rows"));
     for (uint32_t i = 0; i < r->n_spec; i++) {
         const kvc_plan_spec_row_t *s = &r->spec[i];
-        cJSON *x = cJSON_CreateObject();
-        add_u64(x, "spec_tokens", s->spec_tokens);
-        add_u64(x, "max_batch_by_tokens", s->max_batch_by_tokens);
-        add_u64(x, "compute_bound_batch", s->compute_bound_batch);
-        add_num(x, "tokens_per_step", s->tokens_per_step);
-        add_u64(x, "kv_slots_per_seq", s->kv_slots_per_seq);
-        cJSON_AddItemToArray(rows, x);
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_u64(j, x, "spec_tokens", s->spec_tokens);
+        add_u64(j, x, "max_batch_by_tokens", s->max_batch_by_tokens);
+        add_u64(j, x, "compute_bound_batch", s->compute_bound_batch);
+        add_num(j, x, "tokens_per_step", s->tokens_per_step);
+        add_u64(j, x, "kv_slots_per_seq", s->kv_slots_per_seq);
+        attach(j, rows, NULL, x);
     }
 
     /* 12 */
-    cJSON *tn = cJSON_AddObjectToObject(o, "tenancy");
-    add_u64(tn, "tokens_per_percent", r->tokens_per_percent);
-    cJSON *req = cJSON_AddArrayToObject(tn, "requests");
+    cJSON *tn = chk(j, cJSON_AddObjectToObject(o, "tenancy"));
+    add_u64(j, tn, "tokens_per_percent", r->tokens_per_percent);
+    add_u64(j, tn, "image_tokens", r->model.image_tokens);
+    add_u64(j, tn, "image_bytes_per_gpu", r->image_bytes_per_gpu);
+    cJSON *req = chk(j, cJSON_AddArrayToObject(tn, "requests"));
     for (uint32_t i = 0; i < r->n_tenants; i++) {
         const kvc_plan_tenant_row_t *t = &r->tenants[i];
-        cJSON *x = cJSON_CreateObject();
-        add_u64(x, "tokens", t->tokens);
-        add_u64(x, "bytes_per_gpu", t->bytes_per_gpu);
-        add_num(x, "pool_share", t->pool_share);
-        add_u64(x, "per_pool", t->per_pool);
-        cJSON_AddItemToArray(req, x);
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_u64(j, x, "tokens", t->tokens);
+        add_u64(j, x, "bytes_per_gpu", t->bytes_per_gpu);
+        add_num(j, x, "pool_share", t->pool_share);
+        add_u64(j, x, "per_pool", t->per_pool);
+        attach(j, req, NULL, x);
     }
     return o;
 }
 
 int kvc_plan_render_json(const kvc_plan_result_t *r, char **out)
 {
-    cJSON *o = build_json(r);
-    char *s = o ? cJSON_Print(o) : NULL;
+    jctx_t j = {false};
+    cJSON *o = build_json(&j, r);
+    char *s = o && !j.oom ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);
     if (!s) return KVC_ENOMEM;
     /* cJSON allocates with malloc (its default hooks); hand out a copy we own so that
