@@ -205,14 +205,15 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
               "the layers) or DP\n",
               m->n_kv_heads);
     }
-    P("   TP    KV heads/GPU  copies   KV/token/GPU   weights/GPU\n");
+    P("   TP    KV heads/GPU  copies   KV/token/GPU   weights/GPU%s\n",
+      p->pp > 1 ? "   (at PP 1)" : "");
     for (uint32_t i = 0; i < r->n_tp_rows; i++) {
         const kvc_plan_tp_row_t *t = &r->tp_rows[i];
         char heads[16];
         snprintf(heads, sizeof heads, m->mla ? "1 latent" : "%u", t->kv_heads_per_gpu);
         P("   %-5u %-13s %-8u %-14s %s%s\n", t->tp, heads, t->replication,
           BY(c, t->kv_bytes_per_token_per_gpu), G(c, (double)t->weight_bytes_per_gpu),
-          t->tp == p->tp ? "   <- this plan" : "");
+          t->tp == p->tp && p->pp == 1 ? "   <- this plan" : "");
     }
     if (m->mla)
         P("   with MLA the KV per GPU never falls with TP; only the weights do\n\n");
@@ -346,9 +347,9 @@ static void sec_ledger(rc_t *c, const kvc_plan_result_t *r)
           G(c, (double)r->kv_pool_signed_bytes),
           r->kv_pool_signed_bytes < 0 ? "  (overdrawn: no pool)" : "");
     }
-    P("   blocks           floor(%s B / (%u tokens x %s B)) = %s blocks = %s tokens per GPU%s\n",
+    P("   blocks           floor(%s B / (%u tokens x %s B)) = %s blocks = %s tokens per replica\n",
       I(c, r->kv_pool_bytes_per_gpu), p->block_size, I(c, r->kv_bytes_per_token_per_gpu),
-      I(c, r->num_blocks), I(c, r->pool_tokens), p->dp > 1 ? " (per replica)" : "");
+      I(c, r->num_blocks), I(c, r->pool_tokens));
     P("   to replace an estimate with your engine's number: --weight-memory, "
       "--activation-memory,\n"
       "   --cuda-graph-memory, --non-torch-memory, --cuda-context-memory (the kind becomes "
@@ -360,12 +361,12 @@ static void phase_line(rc_t *c, const kvc_plan_result_t *r, int ph)
 {
     const kvc_plan_phase_t *x = &r->phases[ph];
     const kvc_plan_params_t *p = &r->params;
-    P("   %-21s %-12s ", kvc_plan_phase_name((kvc_plan_phase_id_t)ph),
-      x->status == KVC_PLAN_PHASE_FAILED ? "FAILED" : kvc_plan_phase_status_name(x->status));
     if (x->status == KVC_PLAN_PHASE_NOT_REACHED) {
-        P("\n");
+        P("   %-21s not reached\n", kvc_plan_phase_name((kvc_plan_phase_id_t)ph));
         return;
     }
+    P("   %-21s %-12s ", kvc_plan_phase_name((kvc_plan_phase_id_t)ph),
+      x->status == KVC_PLAN_PHASE_FAILED ? "FAILED" : kvc_plan_phase_status_name(x->status));
     const char *op = cmp(x->need_bytes, x->have_bytes);
     switch ((kvc_plan_phase_id_t)ph) {
     case KVC_PLAN_PHASE_INIT:
@@ -1172,6 +1173,8 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
 
     /* 10 */
     cJSON *lt = chk(j, cJSON_AddObjectToObject(o, "littles_law"));
+    add_num(j, lt, "arrival_rate", r->arrival_rate);
+    add_bool(j, lt, "arrival_rate_auto", r->arrival_rate_auto);
     add_num(j, lt, "arrival_rate_per_replica", r->arrival_rate_per_replica);
     add_bool(j, lt, "stable", r->little_stable);
     add_num(j, lt, "resident_sequences", r->little_resident);
