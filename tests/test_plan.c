@@ -613,6 +613,18 @@ static void a_refusal_says_what_would_start(void **state)
     r = plan(&m70, &h100, &p);
     assert_true(r->fits);
     free(r);
+    /* An overdrawn budget (utilization 0.5: 39.61 GiB against 65.71 GiB of weights) needs the
+     * weights, activation, graphs and non-torch memory plus one block: 69.17 GiB of 79.22,
+     * a utilization of 0.874 */
+    p.gpu_memory_utilization = 0.5;
+    r = plan(&m70, &h100, &p);
+    assert_int_equal(r->failed_phase, KVC_PLAN_PHASE_ALLOCATE_KV);
+    assert_true(r->suggest_utilization > 0.87 && r->suggest_utilization < 0.88);
+    free(r);
+    p.gpu_memory_utilization = 0.875;
+    r = plan(&m70, &h100, &p);
+    assert_int_equal(r->failed_phase, KVC_PLAN_PHASE_CHECK_MAX_LEN); /* past allocation now */
+    free(r);
 }
 
 /* ---- 4. concurrency and ceilings -------------------------------------------------- */
@@ -1169,6 +1181,61 @@ static void config_reads_moe_mla_windows_and_images(void **state)
                     " \"patch_size\": 14}}",
                     &m, msg));
     assert_int_equal(m.image_tokens, 576); /* (336 / 14)^2, LLaVA-1.5 */
+    /* Llama 4: chunked local attention on RoPE layers, every 4th layer global by default, or
+     * as no_rope_layers lists it; MoE on every interleave_moe_layer_step-th layer */
+    assert_ok(parse("{\"text_config\": {" BASE ", \"attention_chunk_size\": 8192,"
+                    " \"num_local_experts\": 16, \"num_experts_per_tok\": 1,"
+                    " \"interleave_moe_layer_step\": 2}}",
+                    &m, msg));
+    assert_int_equal(m.sliding_window, 8192);
+    assert_true(m.chunked_attention);
+    assert_int_equal(m.n_sliding_layers, 24);
+    assert_int_equal(m.n_dense_layers, 16);
+    int o2 = snprintf(json, sizeof json,
+                      "{" BASE ", \"attention_chunk_size\": 4096, "
+                      "\"no_rope_layers\": [");
+    for (int i = 0; i < 32; i++)
+        o2 += snprintf(json + o2, sizeof json - (size_t)o2, "%s%d", i ? ", " : "", i % 2);
+    snprintf(json + o2, sizeof json - (size_t)o2, "]}");
+    assert_ok(parse(json, &m, msg));
+    assert_int_equal(m.n_sliding_layers, 16);
+    assert_int_equal(m.sliding_window, 4096);
+    assert_int_equal(parse("{" BASE ", \"layer_types\": [" /* 32 entries, 1 chunked */
+                           "\"chunked_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\"]}",
+                           &m, msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "attention_chunk_size is missing"));
 }
 
 static void config_files_are_read_or_refused_cleanly(void **state)

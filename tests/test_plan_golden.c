@@ -71,6 +71,7 @@ static void preset_matches_config(const char *preset, const kvc_plan_model_t *cf
     SAME(qk_nope_head_dim);
     SAME(sliding_window);
     SAME(n_sliding_layers);
+    SAME(chunked_attention);
     SAME(image_tokens);
     SAME(max_position_embeddings);
 #undef SAME

@@ -84,6 +84,8 @@ typedef struct {
     /* sliding-window attention */
     uint32_t sliding_window;   /* tokens; 0: every layer attends to everything */
     uint32_t n_sliding_layers; /* layers that use the window */
+    bool chunked_attention;    /* those layers attend within chunks of sliding_window tokens
+                                  (Llama 4): bounded like a window, planned as one */
     /* multimodal */
     uint32_t image_tokens;            /* KV tokens one image takes; 0: text only or unknown */
     uint64_t max_position_embeddings; /* 0: not given */
@@ -455,7 +457,7 @@ typedef struct {
     /* 12. tenancy */
     kvc_plan_tenant_row_t tenants[KVC_PLAN_TENANT_MAX];
     uint32_t n_tenants;
-    uint64_t tokens_per_percent; /* KV tokens in 1% of the pool */
+    uint64_t tokens_per_percent;  /* KV tokens in 1% of the pool */
     uint64_t image_bytes_per_gpu; /* KV one image adds (image_tokens x bytes per token); 0: none */
 } kvc_plan_result_t;
 

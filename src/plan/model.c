@@ -384,15 +384,49 @@ static int get_bool(const cfg_t *c, const char *const *keys, bool *out, bool *pr
 
 #define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* Llama 4's chunked local attention: layers that use RoPE attend within the
+ * current chunk of attention_chunk_size tokens, so their KV is bounded like a
+ * window's; every nope_layer_interval-th layer (or each 0 in no_rope_layers)
+ * is global.  Returns the chunked layer count, or 0. */
+static int parse_chunked(const cfg_t *c, const kvc_plan_model_t *m, uint32_t *n_chunked)
+{
+    *n_chunked = 0;
+    const cJSON *rope = find(c, KEYS("no_rope_layers"), NULL);
+    if (rope && cJSON_IsArray(rope) && cJSON_GetArraySize(rope) > 0) {
+        if ((uint32_t)cJSON_GetArraySize(rope) < m->n_layers)
+            return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+                                  "no_rope_layers has %d entries but num_hidden_layers is %u",
+                                  cJSON_GetArraySize(rope), m->n_layers);
+        const cJSON *v;
+        uint32_t i = 0;
+        cJSON_ArrayForEach(v, rope)
+        {
+            if (!cJSON_IsNumber(v))
+                return kvc__plan_fail(KVC_EPARSE, c->msg, c->len,
+                                      "no_rope_layers: expected 0 or 1 per layer");
+            if (i++ < m->n_layers && v->valuedouble != 0) (*n_chunked)++;
+        }
+        return 0;
+    }
+    if (rope && !cJSON_IsArray(rope))
+        return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "no_rope_layers: expected an array");
+    uint32_t interval = 4; /* Llama4TextConfig's default */
+    int rc = get_u32(c, KEYS("nope_layer_interval"), false, &interval);
+    if (rc) return rc;
+    *n_chunked = m->n_layers - m->n_layers / interval;
+    return 0;
+}
+
 static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
 {
-    uint32_t window = 0;
+    uint32_t window = 0, chunk = 0;
     int rc = get_u32(c, KEYS("sliding_window", "interleaved_sliding_window"), false, &window);
     if (rc) return rc;
+    if ((rc = get_u32(c, KEYS("attention_chunk_size"), false, &chunk))) return rc;
     bool use = true, use_present = false;
     if ((rc = get_bool(c, KEYS("use_sliding_window"), &use, &use_present))) return rc;
     const cJSON *types = find(c, KEYS("layer_types"), NULL);
-    uint32_t n_sliding_listed = 0;
+    uint32_t n_sliding_listed = 0, n_chunked_listed = 0;
     if (types) {
         if (!cJSON_IsArray(types))
             return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "layer_types: expected an array");
@@ -408,13 +442,34 @@ static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
                 return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "layer_types: expected strings");
             if (strstr(t->valuestring, "sliding") || !strcmp(t->valuestring, "local"))
                 n_sliding_listed++;
+            else if (strstr(t->valuestring, "chunked"))
+                n_chunked_listed++;
         }
     }
     if (use_present && !use) window = 0; /* Qwen2: the window is declared but switched off */
+    if (!window && chunk) {
+        /* Chunked local attention (Llama 4), bounded like a window of the chunk size. */
+        m->sliding_window = chunk;
+        m->chunked_attention = true;
+        if (types) {
+            m->n_sliding_layers = n_chunked_listed + n_sliding_listed;
+        } else if ((rc = parse_chunked(c, m, &m->n_sliding_layers))) {
+            return rc;
+        }
+        if (!m->n_sliding_layers) {
+            m->sliding_window = 0;
+            m->chunked_attention = false;
+        }
+        return 0;
+    }
     if (!window) {
         if (n_sliding_listed)
             return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
                                   "layer_types names sliding layers but sliding_window is missing");
+        if (n_chunked_listed)
+            return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+                                  "layer_types names chunked layers but attention_chunk_size is "
+                                  "missing");
         return 0;
     }
     m->sliding_window = window;
@@ -459,7 +514,11 @@ static int parse_moe(const cfg_t *c, kvc_plan_model_t *m)
         return rc;
     uint32_t first_dense = 0, sparse_step = 0;
     if ((rc = get_u32(c, KEYS("first_k_dense_replace"), false, &first_dense))) return rc;
-    if ((rc = get_u32(c, KEYS("decoder_sparse_step"), false, &sparse_step))) return rc;
+    /* Qwen2-MoE's decoder_sparse_step, Llama 4's interleave_moe_layer_step: every
+     * step-th layer is MoE, the others dense. */
+    if ((rc = get_u32(c, KEYS("decoder_sparse_step", "interleave_moe_layer_step"), false,
+                      &sparse_step)))
+        return rc;
     const cJSON *mlp_only = find(c, KEYS("mlp_only_layers"), NULL);
     if (mlp_only && !cJSON_IsArray(mlp_only))
         return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "mlp_only_layers: expected an array");

@@ -977,10 +977,16 @@ static void suggest(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
         q.kv_dtype = KVC_PLAN_FP8;
         r->suggest_fp8_kv_fits = !compute_core(m, g, &q, &alt, NULL, 0) && alt.fits;
     }
-    if (r->failed_phase == KVC_PLAN_PHASE_CHECK_MAX_LEN && p->kv_cache_bytes == KVC_PLAN_AUTO) {
-        const kvc_plan_phase_t *ph = &r->phases[KVC_PLAN_PHASE_CHECK_MAX_LEN];
+    if ((r->failed_phase == KVC_PLAN_PHASE_CHECK_MAX_LEN ||
+         r->failed_phase == KVC_PLAN_PHASE_ALLOCATE_KV) &&
+        p->kv_cache_bytes == KVC_PLAN_AUTO) {
+        /* The budget must cover everything before the pool plus what the failed check
+         * asks of the pool (one max_model_len request, or one block). */
+        const kvc_plan_phase_t *ph = &r->phases[r->failed_phase];
         const double others = (double)r->budget_bytes - (double)r->kv_pool_signed_bytes;
-        const double u = (others + (double)ph->need_bytes) / (double)g->memory_bytes;
+        const double u = r->failed_phase == KVC_PLAN_PHASE_ALLOCATE_KV
+                             ? (double)ph->need_bytes / (double)g->memory_bytes
+                             : (others + (double)ph->need_bytes) / (double)g->memory_bytes;
         const double u_max = (double)(g->memory_bytes - r->cuda_context_bytes) / g->memory_bytes;
         r->suggest_utilization = u <= u_max ? ceil(u * 1000) / 1000 : 0;
     }

@@ -112,7 +112,11 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
           "layers\n",
           m->n_experts, m->moe_intermediate_size, m->n_experts_active,
           m->n_shared_experts + (m->shared_expert_intermediate_size ? 1 : 0), m->n_dense_layers);
-    if (m->sliding_window)
+    if (m->sliding_window && m->chunked_attention)
+        P("           chunked attention (%s-token chunks) on %u of %u layers, planned as a window "
+          "of the chunk\n",
+          I(c, m->sliding_window), m->n_sliding_layers, m->n_layers);
+    else if (m->sliding_window)
         P("           sliding window %s tokens on %u of %u layers\n", I(c, m->sliding_window),
           m->n_sliding_layers, m->n_layers);
     if (m->image_tokens) P("           an image takes %s KV tokens\n", I(c, m->image_tokens));
@@ -967,6 +971,7 @@ static cJSON *json_model(jctx_t *j, const kvc_plan_result_t *r)
     }
     add_u64(j, o, "sliding_window", m->sliding_window);
     add_u64(j, o, "sliding_layers", m->n_sliding_layers);
+    add_bool(j, o, "chunked_attention", m->chunked_attention);
     add_u64(j, o, "image_tokens", m->image_tokens);
     add_u64(j, o, "max_position_embeddings", m->max_position_embeddings);
     add_u64(j, o, "params_total", r->counts.total);
