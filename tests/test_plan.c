@@ -1421,6 +1421,9 @@ static void text_has_twelve_sections_and_names_the_refusal(void **state)
     assert_non_null(strstr(s, "1,048,576 tokens: 320.00 GiB"));
     assert_non_null(strstr(s, "estimated maximum model length is 13984"));
     assert_non_null(strstr(s, "--tp 4 starts"));
+    assert_non_null(strstr(s, "sections 4-12 describe the same pool with a\n   max_model_len it "
+                              "accepts, 13,984 tokens or less"));
+    assert_non_null(strstr(s, "the 50 MiB L2 holds 0.1% of a step's weight reads"));
     assert_non_null(strstr(s, "KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes")); /* units, once */
     /* rendering is deterministic */
     char *s2 = NULL;

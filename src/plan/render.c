@@ -532,6 +532,13 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
     const kvc_plan_model_t *m = &r->model;
     P("4. Concurrency at %s + %s tokens  [ceiling]\n", I(c, p->prompt_tokens),
       I(c, p->output_tokens));
+    if (!r->fits && r->kv_pool_bytes_per_gpu)
+        P("   (as configured the engine does not start; sections 4-12 describe the same pool "
+          "with a\n   max_model_len it accepts, %s tokens or less)\n",
+          I(c, r->max_model_len_that_fits));
+    else if (!r->fits)
+        P("   (as configured the engine does not start and has no KV pool: the ceilings below are "
+          "zero)\n");
     P("   per request  ceil(%s / %u) = %s blocks", I(c, r->request_tokens), p->block_size,
       I(c, r->blocks_per_request));
     if (r->sliding_layers_per_gpu && p->window_freeing)
@@ -585,8 +592,16 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
           N(c, r->decode_flops_per_seq / r->decode_bytes_per_seq));
     else
         P("B >= %s\n", I(c, r->ceilings[KVC_PLAN_CEIL_COMPUTE]));
-    P("            ignoring the KV reads (the textbook ridge batch): B >= %s\n\n",
+    P("            ignoring the KV reads (the textbook ridge batch): B >= %s\n",
       I(c, r->compute_weights_only));
+    if (r->weight_read_bytes > 4.0 * (double)r->gpu.l2_bytes)
+        P("            the %s L2 holds %s of a step's weight reads: weights and KV stream from "
+          "HBM every step\n\n",
+          BY(c, r->gpu.l2_bytes), PCT(c, (double)r->gpu.l2_bytes / r->weight_read_bytes));
+    else
+        P("            the %s L2 holds a large share of a step's %s of weight reads: decode is "
+          "faster than\n            this HBM roofline says\n\n",
+          BY(c, r->gpu.l2_bytes), BY(c, (uint64_t)r->weight_read_bytes));
 }
 
 static void sec_sliding(rc_t *c, const kvc_plan_result_t *r)
