@@ -216,8 +216,8 @@ typedef struct {
  * 200-token outputs, window freeing on, every byte estimated, graphs inside
  * the budget, 4 samples, 4 beams, MFU 0.5, MBU 0.8, a 50 GB/s
  * disaggregation link, host link from the GPU, 7 GB/s NVMe, 12.5 GB/s network,
- * an arrival rate of half what the ceilings sustain,
- * a 7,008 TB-rated SSD, no speculation (acceptance 0.7 for the table). */
+ * an arrival rate of half the sustainable one (arrival_rate 0), a 7,008 TB-rated
+ * SSD, no speculation (acceptance 0.7 for the table). */
 kvc_plan_params_t kvc_plan_params_default(void);
 
 /* ---- the result ------------------------------------------------------------ */
