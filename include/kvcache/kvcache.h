@@ -8,6 +8,7 @@
 #include "kvcache/prefix.h"
 #include "kvcache/seq.h"
 #include "kvcache/sched.h"
+#include "kvcache/plan.h"
 
 #define KVC_VERSION "0.1.0"
 

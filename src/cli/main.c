@@ -14,6 +14,7 @@ static const struct {
 } commands[] = {
     {"explain", kvc_cmd_explain,
      "walk prompts through the prefix cache: per block hash, hit or miss and why, evictions"},
+    {"plan", kvc_cmd_plan, "size a deployment's KV cache and startup memory, with the derivation"},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,488 @@
+/* kvcache/plan.h - the capacity planner: model and hardware descriptors, the
+ * startup memory ledger, the ceilings on the running batch, parallelism math.
+ *
+ * Pure functions over plain structs: describe a model (a built-in preset or a
+ * Hugging Face config.json), a GPU (a preset or explicit numbers) and the
+ * deployment (parallelism, dtypes, engine limits, the typical request), call
+ * kvc_plan_compute(), and read every number from the result.  The two
+ * renderers turn a result into the text derivation (formula, numbers
+ * substituted, result) or one JSON object, so a C caller gets exactly what
+ * `kvcache plan` prints.  This layer depends on nothing above `util`.
+ *
+ * Units: bytes are exact integers; "GiB" means 2^30 bytes and "GB" 10^9;
+ * bandwidths are bytes per second, FLOP rates FLOP per second (dense, no
+ * sparsity).  Every number is one of four kinds, and the output says which:
+ * measured (an engine measured it and you passed it in), estimated (our
+ * formula; an engine would measure it), configured (you or a preset gave
+ * it), or a ceiling (an upper bound, never a prediction).
+ *
+ * Thread-safety: every function is reentrant; presets are read-only tables.
+ * Nothing here allocates except the renderers and kvc_plan_model_load.
+ */
+#ifndef KVCACHE_PLAN_H
+#define KVCACHE_PLAN_H
+
+#include "kvcache/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A byte override left at KVC_PLAN_AUTO is estimated by the planner. */
+#define KVC_PLAN_AUTO      UINT64_MAX
+/* A ceiling or count that does not exist (e.g. a decode step that never
+ * becomes compute-bound) reads KVC_PLAN_UNBOUNDED. */
+#define KVC_PLAN_UNBOUNDED UINT64_MAX
+
+/* ---- number formats ------------------------------------------------------- */
+typedef enum {
+    KVC_PLAN_BF16 = 0,
+    KVC_PLAN_FP16,
+    KVC_PLAN_FP8,  /* weights: 1 byte per parameter (scales neglected); KV: 1 byte per element */
+    KVC_PLAN_INT4, /* weights only: 4 bits plus one fp16 scale and one fp16 zero per 128 weights */
+    KVC_PLAN_DTYPE__COUNT
+} kvc_plan_dtype_t;
+
+/* "bf16", "fp16", "fp8", "int4"; "?" for an invalid value. */
+const char *kvc_plan_dtype_name(kvc_plan_dtype_t dt);
+/* Parse a name (also "bfloat16", "float16", "half", "fp8_e4m3", "e4m3", "e5m2").
+ * Returns 0 or KVC_EINVAL. */
+int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out);
+/* Bits per element: 16, 16, 8, 4; 0 for an invalid value. */
+uint32_t kvc_plan_dtype_bits(kvc_plan_dtype_t dt);
+
+/* ---- the model -------------------------------------------------------------
+ * What the math needs from a transformer decoder.  A zeroed field means "not
+ * present" (no MoE, no MLA, no sliding window, no images).
+ */
+typedef struct {
+    char name[64];       /* preset name or the config's file name */
+    char model_type[32]; /* the config's model_type, "" when absent */
+    uint32_t hidden_size;
+    uint32_t n_layers;
+    uint32_t n_heads;    /* query heads */
+    uint32_t n_kv_heads; /* K/V heads (GQA); ignored for MLA */
+    uint32_t head_dim;   /* query/key head width; MLA: qk_nope + qk_rope */
+    uint32_t v_head_dim; /* value head width; head_dim unless MLA */
+    uint32_t vocab_size;
+    uint32_t intermediate_size; /* dense MLP width (gated: gate, up, down) */
+    bool tie_embeddings;        /* the LM head reuses the input embedding */
+    bool qkv_bias;              /* Q, K, V projections carry biases */
+    /* mixture of experts (n_experts == 0: dense) */
+    uint32_t n_experts;                       /* routed experts per MoE layer */
+    uint32_t n_experts_active;                /* routed experts per token */
+    uint32_t moe_intermediate_size;           /* one routed expert's width */
+    uint32_t n_shared_experts;                /* each moe_intermediate_size wide */
+    uint32_t shared_expert_intermediate_size; /* one shared expert of this width */
+    uint32_t n_dense_layers;                  /* layers with a dense MLP instead */
+    /* multi-head latent attention (DeepSeek-V2/V3) */
+    bool mla;
+    uint32_t q_lora_rank; /* 0: Q is projected directly */
+    uint32_t kv_lora_rank;
+    uint32_t qk_rope_head_dim;
+    uint32_t qk_nope_head_dim;
+    /* sliding-window attention */
+    uint32_t sliding_window;   /* tokens; 0: every layer attends to everything */
+    uint32_t n_sliding_layers; /* layers that use the window */
+    bool chunked_attention;    /* those layers attend within chunks of sliding_window tokens
+                                  (Llama 4): bounded like a window, planned as one */
+    /* multimodal */
+    uint32_t image_tokens;            /* KV tokens one image takes; 0: text only or unknown */
+    uint64_t max_position_embeddings; /* 0: not given */
+} kvc_plan_model_t;
+
+/* Parameter counts of a model, by part. */
+typedef struct {
+    uint64_t embedding;      /* vocab x hidden (the input table) */
+    uint64_t lm_head;        /* vocab x hidden; 0 when tied to the embedding */
+    uint64_t attention;      /* every layer's projections (and biases) */
+    uint64_t mlp_dense;      /* every dense layer's gated MLP */
+    uint64_t experts_routed; /* every routed expert of every MoE layer */
+    uint64_t experts_shared;
+    uint64_t router;
+    uint64_t norms;
+    uint64_t total;
+    uint64_t active; /* what one token touches: total minus the routed experts it skips */
+} kvc_plan_param_count_t;
+
+/* Count parameters (gated MLPs, RMSNorm weights, no biases beyond qkv_bias).
+ * The model must have passed kvc_plan_model_check. */
+void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_count_t *out);
+
+/* Check that a model is complete and consistent.  Returns 0, or KVC_EINVAL
+ * with one line in msg naming the field (msg may be NULL). */
+int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t msg_len);
+
+/* Built-in model presets, their numbers written in the source from the
+ * public config.json files named there.  Lookup is case-insensitive.
+ * Returns 0 or KVC_ENOENT. */
+int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out);
+size_t kvc_plan_model_preset_count(void);
+/* The i-th preset's name, or NULL past the end. */
+const char *kvc_plan_model_preset_name(size_t i);
+
+/* Read a Hugging Face config.json held in text[0..len).  Reads what the math
+ * needs (see the field comments); a multimodal config's nested text_config
+ * wins over its top level; unknown fields are ignored.  Fails with
+ * KVC_EPARSE (malformed JSON, a field of the wrong type) or KVC_EINVAL (a
+ * field the math needs is missing or impossible), with one line in msg
+ * naming it.  `name` (may be NULL) goes into out->name. */
+int kvc_plan_model_from_json(const char *text, size_t len, const char *name, kvc_plan_model_t *out,
+                             char *msg, size_t msg_len);
+/* As kvc_plan_model_from_json, reading the file at path (at most 16 MiB).
+ * Fails also with KVC_EIO (unreadable) or KVC_EOVERFLOW (too large). */
+int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size_t msg_len);
+
+/* ---- the GPU ------------------------------------------------------------- */
+typedef struct {
+    char name[32];
+    uint64_t memory_bytes;           /* what the runtime reports as total (cudaMemGetInfo) */
+    double hbm_bytes_per_s;          /* peak memory bandwidth */
+    double bf16_flops;               /* dense bf16/fp16 tensor FLOP/s */
+    double fp8_flops;                /* dense fp8 tensor FLOP/s; 0: no fp8 tensor cores */
+    uint64_t l2_bytes;               /* last on-die cache before HBM */
+    double interconnect_bytes_per_s; /* GPU to GPU, per direction; 0: none */
+    double pcie_bytes_per_s;         /* host link, per direction */
+} kvc_plan_gpu_t;
+
+/* Presets: "a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200", "b200", "l40s",
+ * "mi300x" (case-insensitive; also "a100", "h100").  Each value's public
+ * source is named in the source.  Returns 0 or KVC_ENOENT. */
+int kvc_plan_gpu_preset(const char *name, kvc_plan_gpu_t *out);
+size_t kvc_plan_gpu_preset_count(void);
+const char *kvc_plan_gpu_preset_name(size_t i);
+/* Check the numbers are usable (memory, bandwidth and bf16 FLOP/s > 0).
+ * Returns 0 or KVC_EINVAL with one line in msg. */
+int kvc_plan_gpu_check(const kvc_plan_gpu_t *g, char *msg, size_t msg_len);
+
+/* ---- quantities with units ------------------------------------------------
+ * "80GiB", "85GB", "512 MiB", "1.5e9", "1234" (bytes).  Decimal prefixes
+ * (kB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB) of
+ * 1024.  Returns 0 or KVC_EINVAL (junk, negative, or over 2^63). */
+int kvc_plan_parse_bytes(const char *s, uint64_t *out);
+/* A rate in bytes per second: "3.35TB/s", "900GB/s", "64 GiB/s"; a bare
+ * number means GB/s.  Returns 0 or KVC_EINVAL. */
+int kvc_plan_parse_rate(const char *s, double *out);
+
+/* ---- the deployment -------------------------------------------------------- */
+typedef struct {
+    uint32_t tp, pp, dp; /* tensor, pipeline, data parallel sizes */
+    kvc_plan_dtype_t weight_dtype;
+    kvc_plan_dtype_t kv_dtype;
+    uint32_t block_size;           /* tokens per KV block: a power of two, 1..1024 */
+    double gpu_memory_utilization; /* (0, 1]: the share of memory the engine budgets */
+    uint64_t max_model_len;        /* 0: the model's max_position_embeddings */
+    uint32_t max_num_seqs;
+    uint32_t max_num_batched_tokens; /* the step's token budget (chunked prefill) */
+    /* the typical request */
+    uint64_t prompt_tokens;
+    uint64_t output_tokens;
+    uint64_t context_tokens; /* sections 5 and 6; 0: prompt + output */
+    bool window_freeing;     /* free out-of-window blocks of sliding layers */
+    /* measured (or, for the KV budget, configured) overrides; KVC_PLAN_AUTO: estimate */
+    uint64_t weight_bytes;       /* per GPU, as an engine logs after loading */
+    uint64_t activation_bytes;   /* the profile run's peak */
+    uint64_t cuda_graph_bytes;   /* as logged after graph capture */
+    uint64_t non_torch_bytes;    /* NCCL buffers, workspaces: outside the framework allocator */
+    uint64_t cuda_context_bytes; /* the driver context, present before the engine starts */
+    uint64_t kv_cache_bytes;     /* an explicit KV budget (like --kv-cache-memory-bytes) */
+    bool enforce_eager;          /* no CUDA graphs */
+    bool graphs_outside_budget;  /* graphs captured after the pool, in the slack (older engines) */
+    /* forks */
+    uint32_t n_samples; /* parallel sampling width */
+    uint32_t beams;     /* beam width */
+    /* throughput model */
+    double arrival_rate; /* requests per second, whole deployment; 0: half the sustainable rate */
+    double mfu;          /* achieved share of peak FLOP/s, (0, 1] */
+    double mbu;          /* achieved share of peak memory bandwidth, (0, 1] */
+    /* disaggregated prefill */
+    double link_bytes_per_s;     /* prefill-to-decode link per GPU */
+    double prefill_tokens_per_s; /* per replica, measured; 0: estimate */
+    /* tiers */
+    double host_bytes_per_s;      /* 0: the GPU's PCIe link */
+    double nvme_bytes_per_s;      /* per GPU */
+    double network_bytes_per_s;   /* per GPU, to a remote KV store */
+    double ssd_endurance_bytes;   /* the drive's rated write volume (TBW) */
+    double ssd_write_bytes_per_s; /* 0: the KV a prefill GPU emits */
+    /* speculative decoding */
+    uint32_t spec_tokens;   /* draft tokens per sequence per step */
+    double spec_acceptance; /* per-token acceptance rate, [0, 1) */
+    /* tenancy */
+    uint64_t tenant_tokens; /* one more request length to price; 0: none */
+} kvc_plan_params_t;
+
+/* TP/PP/DP 1, bf16 weights and KV, block 16, utilization 0.9, max_model_len
+ * from the model, 256 sequences, 8192 batched tokens, 1000-token prompts with
+ * 200-token outputs, window freeing on, every byte estimated, graphs inside
+ * the budget, 4 samples, 4 beams, MFU 0.5, MBU 0.8, a 50 GB/s
+ * disaggregation link, host link from the GPU, 7 GB/s NVMe, 12.5 GB/s network,
+ * an arrival rate of half the sustainable one (arrival_rate 0), a 7,008 TB-rated
+ * SSD, no speculation (acceptance 0.7 for the table). */
+kvc_plan_params_t kvc_plan_params_default(void);
+
+/* ---- the result ------------------------------------------------------------ */
+typedef enum { KVC_PLAN_MEASURED = 0, KVC_PLAN_ESTIMATED, KVC_PLAN_CONFIGURED } kvc_plan_kind_t;
+/* "measured", "estimated", "configured". */
+const char *kvc_plan_kind_name(kvc_plan_kind_t k);
+
+/* How a ledger line enters the arithmetic. */
+typedef enum {
+    KVC_PLAN_OP_TOTAL = 0, /* memory visible */
+    KVC_PLAN_OP_BUDGET,    /* visible x utilization (or the explicit KV budget's total) */
+    KVC_PLAN_OP_SUBTRACT,  /* taken from the budget before the KV pool */
+    KVC_PLAN_OP_OUTSIDE,   /* lives outside the budget, in the slack */
+    KVC_PLAN_OP_REMAINDER  /* what is left: the KV pool */
+} kvc_plan_op_t;
+/* "total", "budget", "subtract", "outside", "remainder". */
+const char *kvc_plan_op_name(kvc_plan_op_t op);
+
+typedef struct {
+    const char *name; /* static: "memory_visible", "budget", "weights", ... */
+    uint64_t bytes;
+    kvc_plan_kind_t kind;   /* what our number is */
+    kvc_plan_kind_t engine; /* how an engine such as vLLM gets it */
+    kvc_plan_op_t op;
+} kvc_plan_ledger_entry_t;
+
+typedef enum {
+    KVC_PLAN_PHASE_INIT = 0,       /* free memory at startup >= the budget */
+    KVC_PLAN_PHASE_LOAD_WEIGHTS,   /* weights fit in the device */
+    KVC_PLAN_PHASE_PROFILE,        /* weights + a forward at the token budget fit */
+    KVC_PLAN_PHASE_ALLOCATE_KV,    /* the budget leaves at least one block */
+    KVC_PLAN_PHASE_CHECK_MAX_LEN,  /* one request of max_model_len fits the pool */
+    KVC_PLAN_PHASE_CAPTURE_GRAPHS, /* graphs fit where the engine puts them */
+    KVC_PLAN_PHASE__COUNT
+} kvc_plan_phase_id_t;
+/* "init", "load_weights", "profile", "allocate_kv_pool", "check_max_model_len",
+ * "capture_cuda_graphs". */
+const char *kvc_plan_phase_name(kvc_plan_phase_id_t id);
+
+typedef enum {
+    KVC_PLAN_PHASE_OK = 0,
+    KVC_PLAN_PHASE_FAILED,
+    KVC_PLAN_PHASE_SKIPPED,    /* e.g. graph capture with enforce_eager */
+    KVC_PLAN_PHASE_NOT_REACHED /* an earlier phase failed */
+} kvc_plan_phase_status_t;
+/* "ok", "failed", "skipped", "not reached". */
+const char *kvc_plan_phase_status_name(kvc_plan_phase_status_t s);
+
+typedef struct {
+    kvc_plan_phase_status_t status;
+    uint64_t need_bytes; /* what the phase needs, per GPU */
+    uint64_t have_bytes; /* what it has */
+    uint32_t stage;      /* the pipeline stage the numbers are for */
+} kvc_plan_phase_t;
+
+typedef enum {
+    KVC_PLAN_CEIL_KV_MEMORY = 0,
+    KVC_PLAN_CEIL_COMPUTE,
+    KVC_PLAN_CEIL_MAX_NUM_SEQS,
+    KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS,
+    KVC_PLAN_CEIL__COUNT
+} kvc_plan_ceiling_id_t;
+/* "kv_memory", "compute", "max_num_seqs", "max_num_batched_tokens". */
+const char *kvc_plan_ceiling_name(kvc_plan_ceiling_id_t id);
+
+#define KVC_PLAN_LEDGER_MAX 8
+#define KVC_PLAN_SWEEP_MAX  8
+#define KVC_PLAN_TIERS      4
+#define KVC_PLAN_SPEC_ROWS  5
+#define KVC_PLAN_TENANT_MAX 3
+
+typedef struct {
+    uint32_t tp;
+    uint32_t kv_heads_per_gpu; /* MLA: 1 latent */
+    uint32_t replication;      /* copies of each KV head across the TP group */
+    uint64_t kv_bytes_per_token_per_gpu;
+    uint64_t weight_bytes_per_gpu;
+} kvc_plan_tp_row_t;
+
+typedef struct {
+    const char *name; /* "hbm", "host", "nvme", "network" */
+    double bytes_per_s;
+    double latency_s;           /* per transfer, estimated */
+    double fetch_s_per_token;   /* KV bytes per GPU / bandwidth */
+    double speedup;             /* recompute time / fetch time (> 1: fetching wins) */
+    uint64_t min_tokens_to_win; /* smallest copy that beats recomputing; UNBOUNDED: never */
+    double max_shared_fraction; /* share of the link others may take before fetching loses */
+} kvc_plan_tier_t;
+
+typedef struct {
+    uint32_t spec_tokens;
+    uint32_t max_batch_by_tokens; /* floor(max_num_batched_tokens / (1 + k)) */
+    uint64_t compute_bound_batch; /* batch above which verification is compute-bound */
+    double tokens_per_step;       /* expected tokens per sequence per step */
+    uint32_t kv_slots_per_seq;    /* lookahead slots reserved for drafts */
+} kvc_plan_spec_row_t;
+
+typedef struct {
+    uint64_t tokens;
+    uint64_t bytes_per_gpu;
+    double pool_share; /* of one GPU's KV pool */
+    uint64_t per_pool; /* how many such requests fit at once */
+} kvc_plan_tenant_row_t;
+
+typedef struct {
+    /* the inputs, copied and resolved */
+    kvc_plan_model_t model;
+    kvc_plan_gpu_t gpu;
+    kvc_plan_params_t params;
+    kvc_plan_param_count_t counts;
+    uint64_t max_model_len;  /* resolved */
+    uint64_t context_tokens; /* resolved */
+    uint32_t n_gpus;         /* tp x pp x dp */
+    double peak_flops;       /* the rate used: fp8 when weights are fp8 and the GPU has it */
+    bool fp8_compute;
+
+    /* 1. KV bytes per token */
+    uint64_t kv_bytes_per_token;         /* whole model, one copy */
+    uint64_t kv_bytes_per_token_per_gpu; /* the binding pipeline stage */
+    uint32_t kv_heads_per_gpu;           /* MLA: 1 latent */
+    uint32_t layers_per_gpu;             /* the binding stage's */
+    uint32_t sliding_layers_per_gpu;     /* of those, the windowed ones */
+    uint64_t kv_bytes_per_token_per_layer_per_gpu;
+    uint32_t kv_head_replication; /* copies of each head (MLA: of the latent) per replica */
+    uint64_t kv_replicated_bytes_per_token; /* per replica, copies beyond the first */
+    uint32_t max_tp_without_replication;
+    uint32_t n_tp_rows;
+    kvc_plan_tp_row_t tp_rows[KVC_PLAN_SWEEP_MAX];
+
+    /* 2. ledger (per GPU, binding stage) */
+    uint64_t weight_bytes_total; /* one replica's weights, no copies */
+    uint64_t weight_bytes_per_gpu;
+    uint64_t weight_linear_params_per_gpu; /* projections, in the weight dtype */
+    uint64_t weight_wide_params_per_gpu;   /* embeddings, norms, biases, router: 16 bits */
+    uint64_t activation_bytes;
+    uint64_t activation_forward_bytes;   /* the forward part of the estimate */
+    uint64_t activation_sampler_bytes;   /* the sampler part */
+    uint64_t activation_elems_per_token; /* values one token keeps live in the widest layer */
+    uint64_t cuda_graph_bytes;
+    uint32_t n_cuda_graphs;
+    uint32_t max_graph_batch;
+    uint64_t non_torch_bytes;
+    uint64_t cuda_context_bytes;
+    uint64_t budget_bytes;
+    int64_t kv_pool_signed_bytes; /* negative when the budget is overdrawn */
+    uint64_t kv_pool_bytes_per_gpu;
+    uint64_t num_blocks;
+    uint64_t pool_tokens;
+    uint32_t n_ledger;
+    kvc_plan_ledger_entry_t ledger[KVC_PLAN_LEDGER_MAX];
+    uint32_t binding_stage; /* the stage with the fewest blocks (engines take the minimum) */
+
+    /* 3. startup */
+    bool fits;
+    int failed_phase; /* a kvc_plan_phase_id_t, or -1 */
+    kvc_plan_phase_t phases[KVC_PLAN_PHASE__COUNT];
+    uint64_t max_model_len_that_fits; /* the largest max_model_len the pool holds */
+    /* when it does not start: re-plans with one input changed */
+    uint32_t suggest_tp;        /* the smallest larger TP that starts; 0: none up to 64 */
+    bool suggest_fp8_kv_fits;   /* fp8 KV alone would make it start */
+    double suggest_utilization; /* the utilization that holds max_model_len; 0: none */
+
+    /* 4. concurrency and ceilings */
+    uint64_t request_tokens; /* prompt + output */
+    uint64_t blocks_per_request;
+    uint64_t partial_block_waste_tokens;
+    uint64_t kv_bytes_per_request; /* per GPU, block-rounded, window freeing applied */
+    uint64_t max_concurrency;      /* ceiling: sequences resident at once */
+    uint64_t admitted_at_prompt;   /* how many fit if each holds only its prompt + 1 token */
+    double ridge_flops_per_byte;   /* peak FLOP/s / peak bytes/s */
+    uint64_t decode_context;       /* prompt + output / 2: the average context while decoding */
+    double decode_flops_per_seq;   /* per GPU per step, linear + attention */
+    double decode_attention_flops_per_seq;   /* the attention part, run at the bf16 rate */
+    double decode_bytes_per_seq;             /* KV read per GPU per step */
+    double weight_read_bytes;                /* per GPU per step at batch 1 */
+    uint64_t ceilings[KVC_PLAN_CEIL__COUNT]; /* UNBOUNDED where none */
+    uint64_t compute_weights_only;           /* the ridge batch ignoring KV reads */
+    kvc_plan_ceiling_id_t binding_ceiling;
+
+    /* 5. sliding windows */
+    uint64_t kv_bytes_per_request_model; /* whole model at the context, with freeing */
+    uint64_t swa_bytes_with_freeing;     /* whole model at the context */
+    uint64_t swa_bytes_without_freeing;
+    double sliding_window_saving;       /* 1 - with / without */
+    double sliding_window_saving_limit; /* windowed layers / layers */
+
+    /* 6. prefill FLOPs at the context */
+    double prefill_linear_flops;
+    double prefill_attention_flops;
+    double prefill_attention_flops_fraction;
+
+    /* 7. forks (per GPU) */
+    uint64_t fork_unshared_bytes_samples;
+    uint64_t fork_shared_bytes_samples;
+    uint64_t fork_unshared_bytes_beams;
+    uint64_t fork_shared_bytes_beams;          /* beams share history: one private block each */
+    uint64_t fork_shared_bytes_beams_diverged; /* worst case: diverged at the first token */
+
+    /* 8. disaggregated prefill */
+    double prompt_linear_flops; /* one typical prompt, whole model */
+    double prompt_attention_flops;
+    double prefill_work_s;       /* one prompt in GPU-seconds at the achieved rates */
+    double prefill_tokens_per_s; /* per replica */
+    kvc_plan_kind_t prefill_rate_kind;
+    double prefill_kv_bytes_per_s; /* per replica */
+    double prefill_kv_bytes_per_s_per_gpu;
+    double prefill_kv_bytes_per_s_linear_only; /* per GPU, attention ignored: P cancels */
+    double link_utilization;                   /* per-GPU emission / link */
+    double link_limited_tokens_per_s;          /* per replica */
+
+    /* 9. recompute vs fetch */
+    double recompute_s_per_token;  /* per GPU at the achieved FLOP/s */
+    double break_even_bytes_per_s; /* per GPU */
+    kvc_plan_tier_t tiers[KVC_PLAN_TIERS];
+    double ssd_write_bytes_per_s;
+    double ssd_endurance_days;
+
+    /* 10. Little's law (per replica) */
+    double arrival_rate;    /* whole deployment, resolved */
+    bool arrival_rate_auto; /* chosen as half the sustainable rate */
+    double arrival_rate_per_replica;
+    bool little_stable;
+    double little_resident;       /* N = lambda x T(N) */
+    double little_time_in_system; /* T at N */
+    double little_step_s;         /* decode step at N */
+    double little_prefill_s;
+    double little_naive_resident;   /* lambda x T(1): what ignoring the fixed point gives */
+    double little_max_arrival_rate; /* per replica: the largest with a fixed point under the
+                                       ceilings */
+    bool little_max_by_ceiling;     /* that rate is set by the ceilings (else by throughput) */
+    int little_iterations;
+
+    /* 11. speculative decoding */
+    kvc_plan_spec_row_t spec[KVC_PLAN_SPEC_ROWS];
+    uint32_t n_spec;
+
+    /* 12. tenancy */
+    kvc_plan_tenant_row_t tenants[KVC_PLAN_TENANT_MAX];
+    uint32_t n_tenants;
+    uint64_t tokens_per_percent;  /* KV tokens in 1% of the pool */
+    uint64_t image_bytes_per_gpu; /* KV one image adds (image_tokens x bytes per token); 0: none */
+} kvc_plan_result_t;
+
+/* Plan a deployment.  Fails with KVC_EINVAL and one line in msg when the
+ * inputs are impossible (a TP that does not divide the heads, a request
+ * longer than max_model_len, int4 KV, ...); *out is then unspecified.  A
+ * deployment that does not start is NOT an error: out->fits is false and
+ * out->failed_phase names the phase.  Writes only *out and msg. */
+int kvc_plan_compute(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
+                     const kvc_plan_params_t *params, kvc_plan_result_t *out, char *msg,
+                     size_t msg_len);
+
+/* Bytes of KV one request of n_tokens takes per GPU in the plan's pool
+ * (block-rounded, window freeing as configured). */
+uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n_tokens);
+
+/* Render the derivation as text (twelve sections: formula, numbers
+ * substituted, result, kind) or as one JSON object (keys in docs/plan.md).
+ * *out is a NUL-terminated string the caller frees with kvc_plan_string_free.
+ * Returns 0 or KVC_ENOMEM. */
+int kvc_plan_render_text(const kvc_plan_result_t *r, char **out);
+int kvc_plan_render_json(const kvc_plan_result_t *r, char **out);
+void kvc_plan_string_free(char *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVCACHE_PLAN_H */

@@ -1,0 +1,684 @@
+/* model.c - the plan layer's model descriptor: built-in presets, reading a
+ * Hugging Face config.json, consistency checks and parameter counts.
+ *
+ * A config is read for what the arithmetic needs and nothing else: unknown
+ * fields are ignored, a field the math needs is an error that names it, and
+ * defaults follow the transformers library where it has one (a missing
+ * num_key_value_heads means multi-head attention; a missing
+ * tie_word_embeddings means tied, as PretrainedConfig defaults).  Multimodal
+ * configs keep the language model under text_config (or llm_config /
+ * language_config); fields found there win over the top level.
+ */
+#include "plan_int.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+int kvc__plan_fail(int err, char *msg, size_t len, const char *fmt, ...)
+{
+    if (msg && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, len, fmt, ap);
+        va_end(ap);
+    }
+    return err;
+}
+
+/* ---- dtypes ---------------------------------------------------------------- */
+static const struct {
+    const char *name;
+    uint32_t bits;
+} dtypes[KVC_PLAN_DTYPE__COUNT] = {
+    [KVC_PLAN_BF16] = {"bf16", 16},
+    [KVC_PLAN_FP16] = {"fp16", 16},
+    [KVC_PLAN_FP8] = {"fp8", 8},
+    [KVC_PLAN_INT4] = {"int4", 4},
+};
+
+const char *kvc_plan_dtype_name(kvc_plan_dtype_t dt)
+{
+    return (unsigned)dt < KVC_PLAN_DTYPE__COUNT ? dtypes[dt].name : "?";
+}
+
+uint32_t kvc_plan_dtype_bits(kvc_plan_dtype_t dt)
+{
+    return (unsigned)dt < KVC_PLAN_DTYPE__COUNT ? dtypes[dt].bits : 0;
+}
+
+int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out)
+{
+    static const struct {
+        const char *alias;
+        kvc_plan_dtype_t dt;
+    } aliases[] = {
+        {"bf16", KVC_PLAN_BF16},    {"bfloat16", KVC_PLAN_BF16}, {"fp16", KVC_PLAN_FP16},
+        {"float16", KVC_PLAN_FP16}, {"half", KVC_PLAN_FP16},     {"fp8", KVC_PLAN_FP8},
+        {"fp8_e4m3", KVC_PLAN_FP8}, {"fp8-e4m3", KVC_PLAN_FP8},  {"e4m3", KVC_PLAN_FP8},
+        {"fp8_e5m2", KVC_PLAN_FP8}, {"fp8-e5m2", KVC_PLAN_FP8},  {"e5m2", KVC_PLAN_FP8},
+        {"int4", KVC_PLAN_INT4},    {"w4a16", KVC_PLAN_INT4},
+    };
+    if (!name) return KVC_EINVAL;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(aliases); i++)
+        if (!strcasecmp(name, aliases[i].alias)) {
+            *out = aliases[i].dt;
+            return 0;
+        }
+    return KVC_EINVAL;
+}
+
+/* ---- presets ----------------------------------------------------------------
+ * Numbers copied from each model's public config.json on the Hugging Face hub
+ * (the repository is named on each line); no value is estimated here.
+ */
+static const kvc_plan_model_t model_presets[] = {
+    /* meta-llama/Llama-3.1-8B config.json */
+    {.name = "llama-3.1-8b",
+     .model_type = "llama",
+     .hidden_size = 4096,
+     .n_layers = 32,
+     .n_heads = 32,
+     .n_kv_heads = 8,
+     .head_dim = 128,
+     .v_head_dim = 128,
+     .vocab_size = 128256,
+     .intermediate_size = 14336,
+     .max_position_embeddings = 131072},
+    /* meta-llama/Llama-3.1-70B config.json (head_dim derived: 8192 / 64) */
+    {.name = "llama-3.1-70b",
+     .model_type = "llama",
+     .hidden_size = 8192,
+     .n_layers = 80,
+     .n_heads = 64,
+     .n_kv_heads = 8,
+     .head_dim = 128,
+     .v_head_dim = 128,
+     .vocab_size = 128256,
+     .intermediate_size = 28672,
+     .max_position_embeddings = 131072},
+    /* meta-llama/Llama-3.1-405B config.json (head_dim derived: 16384 / 128) */
+    {.name = "llama-3.1-405b",
+     .model_type = "llama",
+     .hidden_size = 16384,
+     .n_layers = 126,
+     .n_heads = 128,
+     .n_kv_heads = 8,
+     .head_dim = 128,
+     .v_head_dim = 128,
+     .vocab_size = 128256,
+     .intermediate_size = 53248,
+     .max_position_embeddings = 131072},
+    /* mistralai/Mistral-7B-v0.1 config.json: sliding_window 4096 on every layer */
+    {.name = "mistral-7b-v0.1",
+     .model_type = "mistral",
+     .hidden_size = 4096,
+     .n_layers = 32,
+     .n_heads = 32,
+     .n_kv_heads = 8,
+     .head_dim = 128,
+     .v_head_dim = 128,
+     .vocab_size = 32000,
+     .intermediate_size = 14336,
+     .sliding_window = 4096,
+     .n_sliding_layers = 32,
+     .max_position_embeddings = 32768},
+    /* mistralai/Mixtral-8x7B-v0.1 config.json: 8 local experts, 2 per token */
+    {.name = "mixtral-8x7b",
+     .model_type = "mixtral",
+     .hidden_size = 4096,
+     .n_layers = 32,
+     .n_heads = 32,
+     .n_kv_heads = 8,
+     .head_dim = 128,
+     .v_head_dim = 128,
+     .vocab_size = 32000,
+     .intermediate_size = 14336,
+     .n_experts = 8,
+     .n_experts_active = 2,
+     .moe_intermediate_size = 14336,
+     .max_position_embeddings = 32768},
+    /* Qwen/Qwen2.5-72B config.json (Qwen2 projections carry q/k/v biases) */
+    {.name = "qwen2.5-72b",
+     .model_type = "qwen2",
+     .hidden_size = 8192,
+     .n_layers = 80,
+     .n_heads = 64,
+     .n_kv_heads = 8,
+     .head_dim = 128,
+     .v_head_dim = 128,
+     .vocab_size = 152064,
+     .intermediate_size = 29568,
+     .qkv_bias = true,
+     .max_position_embeddings = 32768},
+    /* google/gemma-2-27b config.json: explicit head_dim 128 (not 4608 / 32), tied
+     * embeddings, sliding_window 4096 on every other layer (23 of 46) */
+    {.name = "gemma-2-27b",
+     .model_type = "gemma2",
+     .hidden_size = 4608,
+     .n_layers = 46,
+     .n_heads = 32,
+     .n_kv_heads = 16,
+     .head_dim = 128,
+     .v_head_dim = 128,
+     .vocab_size = 256000,
+     .intermediate_size = 36864,
+     .tie_embeddings = true,
+     .sliding_window = 4096,
+     .n_sliding_layers = 23,
+     .max_position_embeddings = 8192},
+    /* deepseek-ai/DeepSeek-V3 config.json: MLA (kv_lora_rank 512, rope 64, nope 128,
+     * v 128, q_lora_rank 1536); 256 routed experts, 8 per token, 1 shared, the first 3
+     * layers dense (MTP layers not counted) */
+    {.name = "deepseek-v3",
+     .model_type = "deepseek_v3",
+     .hidden_size = 7168,
+     .n_layers = 61,
+     .n_heads = 128,
+     .n_kv_heads = 128,
+     .head_dim = 192,
+     .v_head_dim = 128,
+     .vocab_size = 129280,
+     .intermediate_size = 18432,
+     .n_experts = 256,
+     .n_experts_active = 8,
+     .moe_intermediate_size = 2048,
+     .n_shared_experts = 1,
+     .n_dense_layers = 3,
+     .mla = true,
+     .q_lora_rank = 1536,
+     .kv_lora_rank = 512,
+     .qk_rope_head_dim = 64,
+     .qk_nope_head_dim = 128,
+     .max_position_embeddings = 163840},
+};
+
+size_t kvc_plan_model_preset_count(void)
+{
+    return KVC_ARRAY_LEN(model_presets);
+}
+
+const char *kvc_plan_model_preset_name(size_t i)
+{
+    return i < KVC_ARRAY_LEN(model_presets) ? model_presets[i].name : NULL;
+}
+
+int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out)
+{
+    if (!name) return KVC_ENOENT;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(model_presets); i++)
+        if (!strcasecmp(name, model_presets[i].name)) {
+            *out = model_presets[i];
+            return 0;
+        }
+    return KVC_ENOENT;
+}
+
+/* ---- checks ------------------------------------------------------------------ */
+int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
+{
+#define NEED(field, cfg) \
+    if (m->field == 0) return kvc__plan_fail(KVC_EINVAL, msg, len, "%s is missing or zero", cfg)
+    NEED(hidden_size, "hidden_size");
+    NEED(n_layers, "num_hidden_layers");
+    NEED(n_heads, "num_attention_heads");
+    NEED(head_dim, "head_dim");
+    NEED(v_head_dim, "v_head_dim");
+    NEED(vocab_size, "vocab_size");
+    if (m->mla) {
+        NEED(kv_lora_rank, "kv_lora_rank");
+        NEED(qk_rope_head_dim, "qk_rope_head_dim");
+        NEED(qk_nope_head_dim, "qk_nope_head_dim");
+        if (m->head_dim != m->qk_nope_head_dim + m->qk_rope_head_dim)
+            return kvc__plan_fail(
+                KVC_EINVAL, msg, len,
+                "MLA head_dim %u is not qk_nope_head_dim %u + qk_rope_head_dim %u", m->head_dim,
+                m->qk_nope_head_dim, m->qk_rope_head_dim);
+    } else {
+        NEED(n_kv_heads, "num_key_value_heads");
+        if (m->n_kv_heads > m->n_heads || m->n_heads % m->n_kv_heads)
+            return kvc__plan_fail(KVC_EINVAL, msg, len,
+                                  "num_key_value_heads %u does not divide num_attention_heads %u",
+                                  m->n_kv_heads, m->n_heads);
+    }
+    if (m->n_experts) {
+        NEED(n_experts_active, "num_experts_per_tok");
+        NEED(moe_intermediate_size, "moe_intermediate_size");
+        if (m->n_experts_active > m->n_experts)
+            return kvc__plan_fail(KVC_EINVAL, msg, len,
+                                  "num_experts_per_tok %u exceeds the %u routed experts",
+                                  m->n_experts_active, m->n_experts);
+        if (m->n_dense_layers > m->n_layers)
+            return kvc__plan_fail(KVC_EINVAL, msg, len, "%u dense layers but only %u layers",
+                                  m->n_dense_layers, m->n_layers);
+    }
+    if ((!m->n_experts || m->n_dense_layers) && m->intermediate_size == 0)
+        return kvc__plan_fail(KVC_EINVAL, msg, len, "intermediate_size is missing or zero");
+    if (m->n_sliding_layers > m->n_layers)
+        return kvc__plan_fail(KVC_EINVAL, msg, len, "%u sliding layers but only %u layers",
+                              m->n_sliding_layers, m->n_layers);
+    if (m->n_sliding_layers && !m->sliding_window)
+        return kvc__plan_fail(KVC_EINVAL, msg, len, "sliding layers without a sliding_window");
+    return 0;
+#undef NEED
+}
+
+/* ---- parameter counts ---------------------------------------------------------- */
+void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_count_t *c)
+{
+    const uint64_t H = m->hidden_size, L = m->n_layers, nh = m->n_heads;
+    memset(c, 0, sizeof *c);
+    uint64_t attn;
+    if (m->mla) {
+        const uint64_t qk = (uint64_t)m->qk_nope_head_dim + m->qk_rope_head_dim;
+        const uint64_t q = m->q_lora_rank
+                               ? H * m->q_lora_rank + m->q_lora_rank + m->q_lora_rank * nh * qk
+                               : H * nh * qk;
+        attn = q + H * ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) /* kv_a (with rope k) */
+               + m->kv_lora_rank                                         /* kv_a norm */
+               + (uint64_t)m->kv_lora_rank * nh *
+                     ((uint64_t)m->qk_nope_head_dim + m->v_head_dim) /* kv_b */
+               + nh * m->v_head_dim * H;                             /* o */
+    } else {
+        const uint64_t q = nh * m->head_dim, kv = (uint64_t)m->n_kv_heads * m->head_dim;
+        attn = H * q + 2 * H * kv + nh * m->v_head_dim * H;
+        if (m->qkv_bias) attn += q + 2 * kv;
+    }
+    c->attention = L * attn;
+    const uint64_t n_dense = m->n_experts ? m->n_dense_layers : L, n_moe = L - n_dense;
+    c->mlp_dense = n_dense * 3 * H * m->intermediate_size;
+    if (m->n_experts) {
+        const uint64_t expert = 3 * H * m->moe_intermediate_size;
+        c->experts_routed = n_moe * m->n_experts * expert;
+        c->experts_shared = n_moe * 3 * H *
+                            ((uint64_t)m->n_shared_experts * m->moe_intermediate_size +
+                             m->shared_expert_intermediate_size);
+        c->router = n_moe * H * m->n_experts;
+    }
+    c->norms = L * 2 * H + H;
+    c->embedding = (uint64_t)m->vocab_size * H;
+    c->lm_head = m->tie_embeddings ? 0 : c->embedding;
+    c->total = c->embedding + c->lm_head + c->attention + c->mlp_dense + c->experts_routed +
+               c->experts_shared + c->router + c->norms;
+    c->active = c->total;
+    if (m->n_experts)
+        c->active -= n_moe * ((uint64_t)m->n_experts - m->n_experts_active) * 3 * H *
+                     m->moe_intermediate_size;
+}
+
+/* ---- config.json --------------------------------------------------------------- */
+typedef struct {
+    const cJSON *text; /* text_config (or NULL) */
+    const cJSON *root;
+    char *msg;
+    size_t len;
+} cfg_t;
+
+/* The first of `keys` (NULL-terminated) present and not null, text_config first. */
+static const cJSON *find(const cfg_t *c, const char *const *keys, const char **found)
+{
+    const cJSON *scopes[2] = {c->text, c->root};
+    for (int s = 0; s < 2; s++) {
+        if (!scopes[s]) continue;
+        for (const char *const *k = keys; *k; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(scopes[s], *k);
+            if (v && !cJSON_IsNull(v)) {
+                if (found) *found = *k;
+                return v;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Read an unsigned integer (0 < v <= max unless allow_zero).  Returns 0 with
+ * *present false when absent; KVC_EPARSE when present but not such a number. */
+static int get_uint(const cfg_t *c, const char *const *keys, uint64_t max, bool allow_zero,
+                    uint64_t *out, bool *present)
+{
+    const char *key = keys[0];
+    const cJSON *v = find(c, keys, &key);
+    *present = v != NULL;
+    if (!v) return 0;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!cJSON_IsNumber(v) || !(d >= (allow_zero ? 0 : 1)) || d > (double)max || d != floor(d)) {
+        char *shown = cJSON_PrintUnformatted(v);
+        int rc = kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "%s: expected a %s integer, got %.40s",
+                                key, allow_zero ? "non-negative" : "positive", shown ? shown : "?");
+        cJSON_free(shown);
+        return rc;
+    }
+    *out = (uint64_t)d;
+    return 0;
+}
+
+static int get_u32(const cfg_t *c, const char *const *keys, bool required, uint32_t *out)
+{
+    uint64_t v = 0;
+    bool present;
+    int rc = get_uint(c, keys, UINT32_MAX, false, &v, &present);
+    if (rc) return rc;
+    if (!present) {
+        if (required) return kvc__plan_fail(KVC_EINVAL, c->msg, c->len, "%s is missing", keys[0]);
+        return 0;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int get_bool(const cfg_t *c, const char *const *keys, bool *out, bool *present)
+{
+    const char *key = keys[0];
+    const cJSON *v = find(c, keys, &key);
+    if (present) *present = v != NULL;
+    if (!v) return 0;
+    if (!cJSON_IsBool(v))
+        return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "%s: expected true or false", key);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* Llama 4's chunked local attention: layers that use RoPE attend within the
+ * current chunk of attention_chunk_size tokens, so their KV is bounded like a
+ * window's; every nope_layer_interval-th layer (or each 0 in no_rope_layers)
+ * is global.  Returns the chunked layer count, or 0. */
+static int parse_chunked(const cfg_t *c, const kvc_plan_model_t *m, uint32_t *n_chunked)
+{
+    *n_chunked = 0;
+    const cJSON *rope = find(c, KEYS("no_rope_layers"), NULL);
+    if (rope && cJSON_IsArray(rope) && cJSON_GetArraySize(rope) > 0) {
+        if ((uint32_t)cJSON_GetArraySize(rope) < m->n_layers)
+            return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+                                  "no_rope_layers has %d entries but num_hidden_layers is %u",
+                                  cJSON_GetArraySize(rope), m->n_layers);
+        const cJSON *v;
+        uint32_t i = 0;
+        cJSON_ArrayForEach(v, rope)
+        {
+            if (!cJSON_IsNumber(v))
+                return kvc__plan_fail(KVC_EPARSE, c->msg, c->len,
+                                      "no_rope_layers: expected 0 or 1 per layer");
+            if (i++ < m->n_layers && v->valuedouble != 0) (*n_chunked)++;
+        }
+        return 0;
+    }
+    if (rope && !cJSON_IsArray(rope))
+        return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "no_rope_layers: expected an array");
+    uint32_t interval = 4; /* Llama4TextConfig's default */
+    int rc = get_u32(c, KEYS("nope_layer_interval"), false, &interval);
+    if (rc) return rc;
+    *n_chunked = m->n_layers - m->n_layers / interval;
+    return 0;
+}
+
+static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
+{
+    uint32_t window = 0, chunk = 0;
+    int rc = get_u32(c, KEYS("sliding_window", "interleaved_sliding_window"), false, &window);
+    if (rc) return rc;
+    if ((rc = get_u32(c, KEYS("attention_chunk_size"), false, &chunk))) return rc;
+    bool use = true, use_present = false;
+    if ((rc = get_bool(c, KEYS("use_sliding_window"), &use, &use_present))) return rc;
+    const cJSON *types = find(c, KEYS("layer_types"), NULL);
+    uint32_t n_sliding_listed = 0, n_chunked_listed = 0;
+    if (types) {
+        if (!cJSON_IsArray(types))
+            return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "layer_types: expected an array");
+        int n = cJSON_GetArraySize(types);
+        if ((uint32_t)n != m->n_layers)
+            return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+                                  "layer_types has %d entries but num_hidden_layers is %u", n,
+                                  m->n_layers);
+        const cJSON *t;
+        cJSON_ArrayForEach(t, types)
+        {
+            if (!cJSON_IsString(t))
+                return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "layer_types: expected strings");
+            if (strstr(t->valuestring, "sliding") || !strcmp(t->valuestring, "local"))
+                n_sliding_listed++;
+            else if (strstr(t->valuestring, "chunked"))
+                n_chunked_listed++;
+        }
+    }
+    if (use_present && !use) window = 0; /* Qwen2: the window is declared but switched off */
+    if (!window && chunk) {
+        /* Chunked local attention (Llama 4), bounded like a window of the chunk size. */
+        m->sliding_window = chunk;
+        m->chunked_attention = true;
+        if (types) {
+            m->n_sliding_layers = n_chunked_listed + n_sliding_listed;
+        } else if ((rc = parse_chunked(c, m, &m->n_sliding_layers))) {
+            return rc;
+        }
+        if (!m->n_sliding_layers) {
+            m->sliding_window = 0;
+            m->chunked_attention = false;
+        }
+        return 0;
+    }
+    if (!window) {
+        if (n_sliding_listed)
+            return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+                                  "layer_types names sliding layers but sliding_window is missing");
+        if (n_chunked_listed)
+            return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+                                  "layer_types names chunked layers but attention_chunk_size is "
+                                  "missing");
+        return 0;
+    }
+    m->sliding_window = window;
+    uint32_t pattern = 0, max_window_layers = 0;
+    if ((rc = get_u32(c, KEYS("sliding_window_pattern"), false, &pattern))) return rc;
+    if ((rc = get_u32(c, KEYS("max_window_layers"), false, &max_window_layers))) return rc;
+    if (types) {
+        m->n_sliding_layers = n_sliding_listed; /* the per-layer list says it all */
+    } else if (pattern) {
+        /* Gemma 3, Cohere 2: every pattern-th layer is global, the rest slide. */
+        m->n_sliding_layers = m->n_layers - m->n_layers / pattern;
+    } else if (!strncmp(m->model_type, "gemma2", 6)) {
+        /* Gemma 2 alternates: layer i slides when i is even. */
+        m->n_sliding_layers = (m->n_layers + 1) / 2;
+    } else if (use_present && max_window_layers) {
+        /* Qwen2 with use_sliding_window: layers from max_window_layers on slide. */
+        m->n_sliding_layers = max_window_layers < m->n_layers ? m->n_layers - max_window_layers : 0;
+    } else {
+        m->n_sliding_layers = m->n_layers; /* Mistral: every layer */
+    }
+    if (!m->n_sliding_layers) m->sliding_window = 0;
+    return 0;
+}
+
+static int parse_moe(const cfg_t *c, kvc_plan_model_t *m)
+{
+    int rc = get_u32(c, KEYS("n_routed_experts", "num_local_experts", "num_experts"), false,
+                     &m->n_experts);
+    if (rc || !m->n_experts) return rc;
+    if ((rc = get_u32(c, KEYS("num_experts_per_tok", "num_experts_per_token", "moe_topk"), true,
+                      &m->n_experts_active)))
+        return rc;
+    m->moe_intermediate_size = m->intermediate_size;
+    if ((rc = get_u32(c, KEYS("moe_intermediate_size"), false, &m->moe_intermediate_size)))
+        return rc;
+    if (!m->moe_intermediate_size)
+        return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+                              "moe_intermediate_size (or intermediate_size) is missing");
+    if ((rc = get_u32(c, KEYS("n_shared_experts"), false, &m->n_shared_experts))) return rc;
+    if ((rc = get_u32(c, KEYS("shared_expert_intermediate_size"), false,
+                      &m->shared_expert_intermediate_size)))
+        return rc;
+    uint32_t first_dense = 0, sparse_step = 0;
+    if ((rc = get_u32(c, KEYS("first_k_dense_replace"), false, &first_dense))) return rc;
+    /* Qwen2-MoE's decoder_sparse_step, Llama 4's interleave_moe_layer_step: every
+     * step-th layer is MoE, the others dense. */
+    if ((rc = get_u32(c, KEYS("decoder_sparse_step", "interleave_moe_layer_step"), false,
+                      &sparse_step)))
+        return rc;
+    const cJSON *mlp_only = find(c, KEYS("mlp_only_layers"), NULL);
+    if (mlp_only && !cJSON_IsArray(mlp_only))
+        return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "mlp_only_layers: expected an array");
+    uint32_t n_dense = first_dense;
+    if (sparse_step > 1) n_dense = m->n_layers - m->n_layers / sparse_step;
+    if (mlp_only) n_dense += (uint32_t)cJSON_GetArraySize(mlp_only);
+    if (n_dense > m->n_layers)
+        return kvc__plan_fail(KVC_EINVAL, c->msg, c->len, "%u dense layers but only %u layers",
+                              n_dense, m->n_layers);
+    m->n_dense_layers = n_dense;
+    return 0;
+}
+
+static int parse_images(const cfg_t *c, kvc_plan_model_t *m)
+{
+    int rc = get_u32(c, KEYS("mm_tokens_per_image", "image_seq_length", "num_image_tokens"), false,
+                     &m->image_tokens);
+    if (rc || m->image_tokens) return rc;
+    const cJSON *vision = cJSON_GetObjectItemCaseSensitive(c->root, "vision_config");
+    if (!cJSON_IsObject(vision)) return 0;
+    cfg_t v = {.root = vision, .msg = c->msg, .len = c->len};
+    uint32_t size = 0, patch = 0;
+    if ((rc = get_u32(&v, KEYS("image_size"), false, &size))) return rc;
+    if ((rc = get_u32(&v, KEYS("patch_size"), false, &patch))) return rc;
+    if (size && patch && size >= patch) m->image_tokens = (size / patch) * (size / patch);
+    return 0;
+}
+
+static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
+{
+    int rc;
+    const cJSON *mt = find(c, KEYS("model_type"), NULL);
+    if (cJSON_IsString(mt)) snprintf(m->model_type, sizeof m->model_type, "%s", mt->valuestring);
+
+    if ((rc = get_u32(c, KEYS("hidden_size", "n_embd", "d_model"), true, &m->hidden_size)))
+        return rc;
+    if ((rc = get_u32(c, KEYS("num_hidden_layers", "n_layer", "num_layers"), true, &m->n_layers)))
+        return rc;
+    if ((rc = get_u32(c, KEYS("num_attention_heads", "n_head"), true, &m->n_heads))) return rc;
+    if ((rc = get_u32(c, KEYS("vocab_size"), true, &m->vocab_size))) return rc;
+    if ((rc = get_u32(c, KEYS("intermediate_size", "ffn_dim", "n_inner"), false,
+                      &m->intermediate_size)))
+        return rc;
+
+    /* MLA: the cache holds one latent per token and layer. */
+    uint32_t kv_lora = 0;
+    if ((rc = get_u32(c, KEYS("kv_lora_rank"), false, &kv_lora))) return rc;
+    if (kv_lora) {
+        m->mla = true;
+        m->kv_lora_rank = kv_lora;
+        if ((rc = get_u32(c, KEYS("qk_rope_head_dim"), true, &m->qk_rope_head_dim))) return rc;
+        if ((rc = get_u32(c, KEYS("qk_nope_head_dim"), true, &m->qk_nope_head_dim))) return rc;
+        if ((rc = get_u32(c, KEYS("v_head_dim"), true, &m->v_head_dim))) return rc;
+        if ((rc = get_u32(c, KEYS("q_lora_rank"), false, &m->q_lora_rank))) return rc;
+        m->head_dim = m->qk_nope_head_dim + m->qk_rope_head_dim;
+        m->n_kv_heads = m->n_heads;
+    } else {
+        m->n_kv_heads = m->n_heads; /* transformers' default: multi-head attention */
+        bool mqa = false, mqa_present = false;
+        if ((rc = get_bool(c, KEYS("multi_query"), &mqa, &mqa_present))) return rc;
+        if (mqa_present && mqa) m->n_kv_heads = 1;
+        if ((rc = get_u32(
+                 c,
+                 KEYS("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
+                 false, &m->n_kv_heads)))
+            return rc;
+        if ((rc = get_u32(c, KEYS("head_dim"), false, &m->head_dim))) return rc;
+        if (!m->head_dim) {
+            if (m->hidden_size % m->n_heads)
+                return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+                                      "head_dim is missing and hidden_size %u is not a multiple of "
+                                      "num_attention_heads %u",
+                                      m->hidden_size, m->n_heads);
+            m->head_dim = m->hidden_size / m->n_heads;
+        }
+        m->v_head_dim = m->head_dim;
+    }
+
+    m->tie_embeddings = true; /* PretrainedConfig's default */
+    if ((rc = get_bool(c, KEYS("tie_word_embeddings"), &m->tie_embeddings, NULL))) return rc;
+    bool bias = false, bias_present = false;
+    if ((rc = get_bool(c, KEYS("attention_bias", "qkv_bias"), &bias, &bias_present))) return rc;
+    m->qkv_bias = bias_present ? bias : !strncmp(m->model_type, "qwen2", 5);
+
+    uint64_t maxpos = 0;
+    bool present;
+    if ((rc = get_uint(
+             c, KEYS("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
+             UINT64_C(1) << 40, false, &maxpos, &present)))
+        return rc;
+    m->max_position_embeddings = maxpos;
+
+    if ((rc = parse_moe(c, m))) return rc;
+    if ((rc = parse_sliding(c, m))) return rc;
+    if ((rc = parse_images(c, m))) return rc;
+    return kvc_plan_model_check(m, c->msg, c->len);
+}
+
+int kvc_plan_model_from_json(const char *text, size_t len, const char *name, kvc_plan_model_t *out,
+                             char *msg, size_t msg_len)
+{
+    if (!text || !out) return kvc__plan_fail(KVC_EINVAL, msg, msg_len, "no config text");
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    if (!root) {
+        size_t at = end && end >= text ? (size_t)(end - text) : 0;
+        return kvc__plan_fail(KVC_EPARSE, msg, msg_len, "malformed JSON at byte %zu", at);
+    }
+    int rc;
+    if (!cJSON_IsObject(root)) {
+        rc = kvc__plan_fail(KVC_EPARSE, msg, msg_len, "expected a JSON object at the top");
+    } else {
+        cfg_t c = {.root = root, .msg = msg, .len = msg_len};
+        static const char *const nested[] = {"text_config", "llm_config", "language_config"};
+        for (size_t i = 0; i < KVC_ARRAY_LEN(nested) && !c.text; i++) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, nested[i]);
+            if (cJSON_IsObject(t)) c.text = t;
+        }
+        kvc_plan_model_t m = {0};
+        if (name) snprintf(m.name, sizeof m.name, "%s", name);
+        rc = parse_config(&c, &m);
+        if (!rc) *out = m;
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size_t msg_len)
+{
+    enum { MAX_CONFIG = 16 << 20 };
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kvc__plan_fail(KVC_EIO, msg, msg_len, "cannot open %s: %s", path, strerror(errno));
+    char *buf = malloc(MAX_CONFIG + 1);
+    if (!buf) {
+        fclose(f);
+        return kvc__plan_fail(KVC_ENOMEM, msg, msg_len, "out of memory");
+    }
+    size_t n = fread(buf, 1, MAX_CONFIG + 1, f);
+    int rc = 0;
+    if (ferror(f))
+        rc = kvc__plan_fail(KVC_EIO, msg, msg_len, "cannot read %s: %s", path, strerror(errno));
+    else if (n > MAX_CONFIG)
+        rc = kvc__plan_fail(KVC_EOVERFLOW, msg, msg_len, "%s: larger than 16 MiB", path);
+    fclose(f);
+    if (!rc) {
+        /* Name it after the file, or after its folder for a hub snapshot's config.json. */
+        char name[sizeof out->name];
+        const char *base = strrchr(path, '/');
+        if (base && !strcmp(base + 1, "config.json") && base > path) {
+            const char *dir = base;
+            while (dir > path && dir[-1] != '/') dir--;
+            snprintf(name, sizeof name, "%.*s", (int)(base - dir), dir);
+        } else {
+            snprintf(name, sizeof name, "%s", base ? base + 1 : path);
+        }
+        char local[256] = "";
+        rc = kvc_plan_model_from_json(buf, n, name, out, local, sizeof local);
+        if (rc) kvc__plan_fail(rc, msg, msg_len, "%s: %s", path, local);
+    }
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,1002 @@
+/* plan.c - the capacity planner's arithmetic: KV bytes per token and what
+ * parallelism does to them, the startup ledger and phases, the ceilings on the
+ * running batch, and the derived sections (windows, prefill FLOPs, forks,
+ * disaggregation, tiers, Little's law, speculation, tenancy).
+ *
+ * Everything is computed per GPU for each pipeline stage, and the stage with
+ * the fewest KV blocks binds, as engines take the minimum over their workers.
+ * Bytes are exact integers; times and rates are doubles.  The estimates (the
+ * activation peak, CUDA graphs, non-framework memory, the CUDA context, the
+ * achieved FLOP/s and bandwidth) are named constants below, each with where
+ * it comes from, and each can be replaced by a measured number through
+ * kvc_plan_params_t.
+ */
+#include "plan_int.h"
+
+#include <math.h>
+#include <string.h>
+
+/* The estimates (rules of thumb, with their sources) live in plan_int.h so that
+ * the renderers can quote them. */
+
+kvc_plan_params_t kvc_plan_params_default(void)
+{
+    return (kvc_plan_params_t){
+        .tp = 1,
+        .pp = 1,
+        .dp = 1,
+        .weight_dtype = KVC_PLAN_BF16,
+        .kv_dtype = KVC_PLAN_BF16,
+        .block_size = 16,
+        .gpu_memory_utilization = 0.9,
+        .max_model_len = 0,
+        .max_num_seqs = 256,
+        .max_num_batched_tokens = 8192,
+        .prompt_tokens = 1000,
+        .output_tokens = 200,
+        .context_tokens = 0,
+        .window_freeing = true,
+        .weight_bytes = KVC_PLAN_AUTO,
+        .activation_bytes = KVC_PLAN_AUTO,
+        .cuda_graph_bytes = KVC_PLAN_AUTO,
+        .non_torch_bytes = KVC_PLAN_AUTO,
+        .cuda_context_bytes = KVC_PLAN_AUTO,
+        .kv_cache_bytes = KVC_PLAN_AUTO,
+        .enforce_eager = false,
+        .graphs_outside_budget = false,
+        .n_samples = 4,
+        .beams = 4,
+        .arrival_rate = 0, /* auto: half the rate the ceilings sustain */
+        .mfu = 0.5,
+        .mbu = 0.8,
+        .link_bytes_per_s = 50e9, /* one 400 Gb/s NIC per GPU */
+        .prefill_tokens_per_s = 0,
+        .host_bytes_per_s = 0,
+        .nvme_bytes_per_s = 7e9,        /* one PCIe Gen4 x4 NVMe drive per GPU */
+        .network_bytes_per_s = 12.5e9,  /* 100 Gb/s to a remote KV store */
+        .ssd_endurance_bytes = 7008e12, /* 3.84 TB x 1 drive write per day x 5 years */
+        .ssd_write_bytes_per_s = 0,
+        .spec_tokens = 0,
+        .spec_acceptance = 0.7,
+        .tenant_tokens = 0,
+    };
+}
+
+static const char *const kind_names[] = {"measured", "estimated", "configured"};
+const char *kvc_plan_kind_name(kvc_plan_kind_t k)
+{
+    return (unsigned)k < KVC_ARRAY_LEN(kind_names) ? kind_names[k] : "?";
+}
+static const char *const op_names[] = {"total", "budget", "subtract", "outside", "remainder"};
+const char *kvc_plan_op_name(kvc_plan_op_t op)
+{
+    return (unsigned)op < KVC_ARRAY_LEN(op_names) ? op_names[op] : "?";
+}
+static const char *const phase_names[KVC_PLAN_PHASE__COUNT] = {"init",
+                                                               "load_weights",
+                                                               "profile",
+                                                               "allocate_kv_pool",
+                                                               "check_max_model_len",
+                                                               "capture_cuda_graphs"};
+const char *kvc_plan_phase_name(kvc_plan_phase_id_t id)
+{
+    return (unsigned)id < KVC_PLAN_PHASE__COUNT ? phase_names[id] : "?";
+}
+static const char *const status_names[] = {"ok", "failed", "skipped", "not reached"};
+const char *kvc_plan_phase_status_name(kvc_plan_phase_status_t s)
+{
+    return (unsigned)s < KVC_ARRAY_LEN(status_names) ? status_names[s] : "?";
+}
+static const char *const ceiling_names[KVC_PLAN_CEIL__COUNT] = {
+    "kv_memory", "compute", "max_num_seqs", "max_num_batched_tokens"};
+const char *kvc_plan_ceiling_name(kvc_plan_ceiling_id_t id)
+{
+    return (unsigned)id < KVC_PLAN_CEIL__COUNT ? ceiling_names[id] : "?";
+}
+
+/* ---- shards: what one GPU holds of one layer --------------------------------- */
+typedef struct {
+    uint64_t linear;        /* quantizable projection weights */
+    uint64_t wide;          /* kept in 16 bits: norms, biases, router, embeddings */
+    uint64_t expert_linear; /* routed-expert weights (part of linear) */
+    double flop_params;     /* weights one token multiplies (experts weighted by k/E) */
+    uint64_t act_elems;     /* activations one token keeps live in this layer */
+} shard_t;
+
+static uint32_t kv_heads_per_gpu(const kvc_plan_model_t *m, uint32_t tp)
+{
+    if (m->mla) return 1;
+    return m->n_kv_heads >= tp ? m->n_kv_heads / tp : 1;
+}
+
+static uint32_t kv_replication(const kvc_plan_model_t *m, uint32_t tp)
+{
+    if (m->mla) return tp; /* every GPU of the group holds the whole latent */
+    return tp > m->n_kv_heads ? tp / m->n_kv_heads : 1;
+}
+
+static void layer_shard(const kvc_plan_model_t *m, uint32_t tp, bool moe, shard_t *s)
+{
+    const uint64_t H = m->hidden_size, nh = m->n_heads / tp;
+    memset(s, 0, sizeof *s);
+    if (m->mla) {
+        const uint64_t qk = (uint64_t)m->qk_nope_head_dim + m->qk_rope_head_dim;
+        if (m->q_lora_rank) {
+            s->linear += H * m->q_lora_rank + m->q_lora_rank * nh * qk; /* q_a replicated */
+            s->wide += m->q_lora_rank;
+        } else {
+            s->linear += H * nh * qk;
+        }
+        s->linear += H * ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim); /* kv_a replicated */
+        s->wide += m->kv_lora_rank;
+        s->linear +=
+            (uint64_t)m->kv_lora_rank * nh * ((uint64_t)m->qk_nope_head_dim + m->v_head_dim);
+        s->linear += nh * m->v_head_dim * H;
+        s->act_elems += nh * qk + m->kv_lora_rank + m->qk_rope_head_dim +
+                        nh * ((uint64_t)m->qk_nope_head_dim + m->v_head_dim) + nh * m->v_head_dim;
+    } else {
+        const uint64_t kvh = kv_heads_per_gpu(m, tp), hd = m->head_dim;
+        s->linear += H * nh * hd + 2 * H * kvh * hd + nh * m->v_head_dim * H;
+        if (m->qkv_bias) s->wide += nh * hd + 2 * kvh * hd;
+        s->act_elems += nh * hd + 2 * kvh * hd + nh * m->v_head_dim;
+    }
+    s->flop_params = (double)s->linear;
+    if (moe) {
+        const uint64_t im = kvc__ceil_div(m->moe_intermediate_size, tp);
+        const uint64_t shared =
+            kvc__ceil_div((uint64_t)m->n_shared_experts * m->moe_intermediate_size +
+                              m->shared_expert_intermediate_size,
+                          tp);
+        s->expert_linear = (uint64_t)m->n_experts * 3 * H * im;
+        s->linear += s->expert_linear + 3 * H * shared;
+        s->wide += H * m->n_experts; /* router */
+        s->flop_params += (double)s->expert_linear * m->n_experts_active / m->n_experts +
+                          (double)(3 * H * shared + H * m->n_experts);
+        s->act_elems += (uint64_t)m->n_experts_active * (3 * im + H) + 3 * shared;
+    } else {
+        const uint64_t mlp = 3 * H * kvc__ceil_div(m->intermediate_size, tp);
+        s->linear += mlp;
+        s->flop_params += (double)mlp;
+        s->act_elems += 3 * kvc__ceil_div(m->intermediate_size, tp);
+    }
+    s->wide += 2 * H;      /* two RMSNorm weights */
+    s->act_elems += 4 * H; /* residual, normed input, attention and MLP outputs */
+}
+
+/* Bytes of `linear` quantizable weights in dtype dt. */
+static uint64_t linear_bytes(uint64_t n, kvc_plan_dtype_t dt)
+{
+    switch (dt) {
+    case KVC_PLAN_FP8:
+        return n;
+    case KVC_PLAN_INT4:
+        return kvc__ceil_div(n, 2) + kvc__ceil_div(n, 128) * 4; /* fp16 scale + zero */
+    default:
+        return 2 * n;
+    }
+}
+
+/* One pipeline stage on one GPU. */
+typedef struct {
+    uint32_t first_layer, n_layers, n_sliding;
+    uint64_t linear, wide, expert_linear;
+    double flop_params;    /* decode, per token, LM head included on the last stage */
+    uint64_t weight_bytes; /* estimated */
+    uint64_t expert_bytes; /* routed-expert part of weight_bytes */
+    uint64_t act_elems;    /* per token, the widest layer */
+    uint64_t act_fwd, act_sampler, act, graphs, non_torch, ctx; /* bytes */
+    uint64_t kv_per_layer; /* KV bytes per token per layer on this GPU */
+    uint64_t kv_per_token; /* all of the stage's layers */
+    int64_t pool;          /* signed: the budget can be overdrawn */
+    double blocks;         /* pool / block bytes, may be negative */
+} stage_t;
+
+static uint64_t kv_per_layer(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype_t dt)
+{
+    const uint64_t bits = kvc_plan_dtype_bits(dt);
+    if (m->mla) return ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) * bits / 8;
+    return 2 * (uint64_t)kv_heads_per_gpu(m, tp) * m->head_dim * bits / 8;
+}
+
+/* Weight bytes of a stage of layers [first, first + n) on one GPU of a TP group. */
+static void stage_weights(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype_t wdt,
+                          bool first_stage, bool last_stage, bool pp, stage_t *s)
+{
+    shard_t dense, moe;
+    layer_shard(m, tp, false, &dense);
+    if (m->n_experts) layer_shard(m, tp, true, &moe);
+    const uint32_t n_dense_model = m->n_experts ? m->n_dense_layers : m->n_layers;
+    s->linear = s->wide = s->expert_linear = 0;
+    s->flop_params = 0;
+    s->act_elems = 0;
+    for (uint32_t i = s->first_layer; i < s->first_layer + s->n_layers; i++) {
+        const shard_t *sh = i < n_dense_model ? &dense : &moe;
+        s->linear += sh->linear;
+        s->wide += sh->wide;
+        s->expert_linear += sh->expert_linear;
+        s->flop_params += sh->flop_params;
+        s->act_elems = KVC_MAX(s->act_elems, sh->act_elems);
+    }
+    const uint64_t vocab_shard = kvc__ceil_div(m->vocab_size, tp) * m->hidden_size;
+    if (first_stage) s->wide += vocab_shard; /* the input embedding (vocab-parallel) */
+    if (last_stage) {
+        /* The LM head: its own matrix, or the tied table copied to the last stage. */
+        if (!m->tie_embeddings || pp) s->wide += vocab_shard;
+        s->wide += m->hidden_size; /* final norm */
+        s->flop_params += (double)vocab_shard;
+    }
+    s->expert_bytes = linear_bytes(s->expert_linear, wdt);
+    s->weight_bytes = linear_bytes(s->linear, wdt) + 2 * s->wide;
+}
+
+/* Bytes one request of n tokens holds on a stage's GPU, block-rounded. */
+static uint64_t request_bytes(uint64_t per_layer, uint32_t n_layers, uint32_t n_sliding,
+                              uint32_t window, uint32_t bs, bool freeing, uint64_t n)
+{
+    if (n == 0) return 0;
+    const uint64_t full_blocks = kvc__ceil_div(n, bs);
+    uint64_t swa_blocks = full_blocks;
+    if (n_sliding && freeing && n > window) {
+        /* Only the blocks that overlap the last `window` tokens stay. */
+        const uint64_t last = (n - 1) / bs, first = (n - window) / bs;
+        swa_blocks = last - first + 1;
+    }
+    const uint64_t blocks = (uint64_t)(n_layers - n_sliding) * full_blocks + n_sliding * swa_blocks;
+    return kvc__mul_sat(kvc__mul_sat(blocks, bs), per_layer);
+}
+
+uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n)
+{
+    return request_bytes(r->kv_bytes_per_token_per_layer_per_gpu, r->layers_per_gpu,
+                         r->sliding_layers_per_gpu, r->model.sliding_window, r->params.block_size,
+                         r->params.window_freeing, n);
+}
+
+/* Attention FLOPs one token spends on keys at context c, summed over layers. */
+static double attn_flops_token(const kvc_plan_model_t *m, uint32_t n_layers, uint32_t n_sliding,
+                               double heads, double d_qk, double d_v, double c)
+{
+    const double c_swa = m->sliding_window ? fmin(c, (double)m->sliding_window) : c;
+    return 2.0 * heads * (d_qk + d_v) * ((n_layers - n_sliding) * c + n_sliding * c_swa);
+}
+
+/* Causal attention pairs of a prompt of n tokens (query i sees i + 1 keys),
+ * limited to the window w when w > 0: every pair counted once. */
+static double causal_pairs(double n, double w)
+{
+    if (w <= 0 || n <= w) return n * (n + 1) / 2;
+    return w * (w + 1) / 2 + (n - w) * w;
+}
+
+/* ---- decode roofline (per GPU of the binding stage) --------------------------- */
+typedef struct {
+    double lin_tok;  /* linear FLOPs per token: 2 x the parameters it multiplies */
+    double attn_tok; /* attention FLOPs per token at the decode context */
+    double f_lin;    /* peak FLOP/s of the linear layers (fp8 with fp8 weights) */
+    double f_attn;   /* peak FLOP/s of attention: bf16, whatever the weights */
+    double kv_read;  /* KV bytes read per sequence per step */
+    double w_dense;  /* weight bytes read every step */
+    double w_expert; /* routed-expert bytes, read as far as the batch touches them */
+    double k_over_e; /* routed experts per token / experts */
+    double bw;       /* peak memory bandwidth */
+} roof_t;
+
+/* Seconds of peak compute one token's forward takes on this GPU. */
+static double token_time(const roof_t *f)
+{
+    return f->lin_tok / f->f_lin + f->attn_tok / f->f_attn;
+}
+
+static double weight_read(const roof_t *f, double tokens)
+{
+    if (f->w_expert <= 0) return f->w_dense;
+    /* Expected share of experts a batch touches under uniform routing. */
+    return f->w_dense + f->w_expert * (1 - pow(1 - f->k_over_e, tokens));
+}
+
+/* Is a step of b sequences, each with q query tokens, compute-bound? */
+static bool compute_bound(const roof_t *f, double b, double q, bool with_kv)
+{
+    const double bytes = weight_read(f, b * q) + (with_kv ? b * f->kv_read : 0);
+    return b * q * token_time(f) >= bytes / f->bw;
+}
+
+/* The smallest batch (sequences) at which the step turns compute-bound, or
+ * UNBOUNDED.  flops/F - bytes/BW is convex in b and negative at 0, so it crosses
+ * zero at most once: double until it does, then bisect. */
+static uint64_t ridge_batch(const roof_t *f, double q, bool with_kv)
+{
+    const uint64_t cap = UINT64_C(1) << 30;
+    uint64_t hi = 1;
+    while (hi < cap && !compute_bound(f, (double)hi, q, with_kv)) hi *= 2;
+    if (!compute_bound(f, (double)hi, q, with_kv)) return KVC_PLAN_UNBOUNDED;
+    uint64_t lo = hi / 2; /* not compute-bound (or 0) */
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (compute_bound(f, (double)mid, q, with_kv))
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return hi;
+}
+
+/* ---- Little's law ---------------------------------------------------------------- */
+typedef struct {
+    const roof_t *f;
+    double mfu, mbu;
+    double out_tokens;
+    double prefill_work_s; /* one request's prefill in GPU-seconds at the achieved rate */
+    double replica_gpus;   /* tp x pp */
+    uint32_t tp;
+    uint32_t pp;
+} little_t;
+
+/* Decode step time at n resident sequences with arrivals lam per second, or
+ * INFINITY when prefill alone saturates the compute. */
+static double step_time(const little_t *l, double n, double lam)
+{
+    const double mem = (weight_read(l->f, n) + n * l->f->kv_read) / (l->f->bw * l->mbu);
+    /* Chunked prefill of new arrivals shares every GPU's compute with the decode:
+     * it keeps each GPU busy a fraction lam x prefill work / GPUs of the time. */
+    const double prefill_load = lam * l->prefill_work_s / l->replica_gpus;
+    if (prefill_load >= 1) return INFINITY;
+    const double comp = n * token_time(l->f) / l->mfu / (1 - prefill_load);
+    return l->pp * fmax(mem, comp);
+}
+
+/* Prefill (spread over the TP group, through every stage) plus the decode steps. */
+static double time_in_system(const little_t *l, double n, double lam)
+{
+    return l->prefill_work_s / l->tp + l->out_tokens * step_time(l, n, lam);
+}
+
+/* Smallest fixed point of N = lam x T(N) by monotone iteration from 0 (T grows
+ * with N, so the iterates rise to the least fixed point or diverge). */
+static bool little_solve(const little_t *l, double lam, double *n_out, int *iters)
+{
+    double n = 0;
+    for (int i = 1; i <= 100000; i++) {
+        double t = time_in_system(l, n, lam);
+        if (!isfinite(t)) break;
+        double next = lam * t;
+        if (next > 1e9) break;
+        if (fabs(next - n) <= 1e-9 * fmax(1, next)) {
+            *n_out = next;
+            if (iters) *iters = i;
+            return true;
+        }
+        n = next;
+    }
+    if (iters) *iters = 100000;
+    return false;
+}
+
+/* ---- the plan ------------------------------------------------------------------- */
+static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kvc_plan_params_t *p,
+                    char *msg, size_t len)
+{
+    int rc = kvc_plan_model_check(m, msg, len);
+    if (rc) return rc;
+    if ((rc = kvc_plan_gpu_check(g, msg, len))) return rc;
+#define BAD(...) return kvc__plan_fail(KVC_EINVAL, msg, len, __VA_ARGS__)
+    if (p->tp < 1 || p->tp > 1024) BAD("--tp %u: expected 1..1024", p->tp);
+    if (p->pp < 1 || p->pp > KVC__MAX_STAGES)
+        BAD("--pp %u: expected 1..%d", p->pp, KVC__MAX_STAGES);
+    if (p->dp < 1 || p->dp > 65536) BAD("--dp %u: expected 1..65536", p->dp);
+    if (m->n_heads % p->tp)
+        BAD("--tp %u does not divide the %u attention heads", p->tp, m->n_heads);
+    if (!m->mla && m->n_kv_heads % p->tp && p->tp % m->n_kv_heads)
+        BAD("--tp %u neither divides the %u KV heads nor is a multiple of them", p->tp,
+            m->n_kv_heads);
+    if (p->pp > m->n_layers) BAD("--pp %u exceeds the %u layers", p->pp, m->n_layers);
+    if ((unsigned)p->weight_dtype >= KVC_PLAN_DTYPE__COUNT) BAD("invalid weight dtype");
+    if ((unsigned)p->kv_dtype >= KVC_PLAN_DTYPE__COUNT) BAD("invalid KV dtype");
+    if (p->kv_dtype == KVC_PLAN_INT4)
+        BAD("--kv-dtype int4: int4 is a weight format; the KV cache takes bf16, fp16 or fp8");
+    if (p->block_size < 1 || p->block_size > 1024 || (p->block_size & (p->block_size - 1)))
+        BAD("--block-size %u: expected a power of two in 1..1024", p->block_size);
+    if (!(p->gpu_memory_utilization > 0 && p->gpu_memory_utilization <= 1))
+        BAD("--gpu-memory-utilization %g: expected a fraction in (0, 1]",
+            p->gpu_memory_utilization);
+    if (p->max_num_seqs < 1) BAD("--max-num-seqs must be at least 1");
+    if (p->max_num_batched_tokens < p->max_num_seqs)
+        BAD("--max-num-batched-tokens %u is less than --max-num-seqs %u: a decode step could not "
+            "give every sequence its token",
+            p->max_num_batched_tokens, p->max_num_seqs);
+    if (p->prompt_tokens < 1 || p->output_tokens < 1)
+        BAD("--prompt and --output must be at least 1 token");
+    if (p->n_samples < 1 || p->beams < 1) BAD("--n and --beams must be at least 1");
+    if (!(p->arrival_rate >= 0) || !isfinite(p->arrival_rate))
+        BAD("--arrival-rate must be a non-negative number (0: half the sustainable rate)");
+    if (!(p->mfu > 0 && p->mfu <= 1)) BAD("--mfu %g: expected a fraction in (0, 1]", p->mfu);
+    if (!(p->mbu > 0 && p->mbu <= 1)) BAD("--mbu %g: expected a fraction in (0, 1]", p->mbu);
+    if (!(p->spec_acceptance >= 0 && p->spec_acceptance < 1))
+        BAD("--spec-acceptance %g: expected a fraction in [0, 1)", p->spec_acceptance);
+    if (p->spec_tokens > 64) BAD("--spec-tokens %u: expected 0..64", p->spec_tokens);
+    if ((uint64_t)p->spec_tokens + 1 > p->max_num_batched_tokens)
+        BAD("--spec-tokens %u leaves no room in --max-num-batched-tokens %u", p->spec_tokens,
+            p->max_num_batched_tokens);
+    const double rates[] = {p->link_bytes_per_s, p->nvme_bytes_per_s, p->network_bytes_per_s,
+                            p->ssd_endurance_bytes};
+    const char *names[] = {"--link-bandwidth", "--nvme-bandwidth", "--network-bandwidth",
+                           "--ssd-tbw"};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(rates); i++)
+        if (!(rates[i] > 0) || !isfinite(rates[i])) BAD("%s must be positive", names[i]);
+    if (!(p->host_bytes_per_s >= 0) || !(p->ssd_write_bytes_per_s >= 0) ||
+        !(p->prefill_tokens_per_s >= 0))
+        BAD("rates cannot be negative");
+#undef BAD
+    return 0;
+}
+
+static void fill_ledger(kvc_plan_result_t *r, const kvc_plan_params_t *p, const stage_t *s)
+{
+    const bool kv_explicit = p->kv_cache_bytes != KVC_PLAN_AUTO;
+    kvc_plan_ledger_entry_t *e = r->ledger;
+    uint32_t n = 0;
+    bool any_estimated = false;
+#define ADD(nm, b, k, eng, o) e[n++] = (kvc_plan_ledger_entry_t){nm, b, k, eng, o}
+    ADD("memory_visible", r->gpu.memory_bytes, KVC_PLAN_CONFIGURED, KVC_PLAN_MEASURED,
+        KVC_PLAN_OP_TOTAL);
+    ADD("budget", r->budget_bytes, KVC_PLAN_CONFIGURED, KVC_PLAN_CONFIGURED, KVC_PLAN_OP_BUDGET);
+    kvc_plan_kind_t k;
+    k = p->weight_bytes != KVC_PLAN_AUTO ? KVC_PLAN_MEASURED : KVC_PLAN_ESTIMATED;
+    any_estimated |= k == KVC_PLAN_ESTIMATED;
+    ADD("weights", s->weight_bytes, k, KVC_PLAN_MEASURED, KVC_PLAN_OP_SUBTRACT);
+    k = p->activation_bytes != KVC_PLAN_AUTO ? KVC_PLAN_MEASURED : KVC_PLAN_ESTIMATED;
+    any_estimated |= k == KVC_PLAN_ESTIMATED;
+    ADD("activation_peak", s->act, k, KVC_PLAN_MEASURED, KVC_PLAN_OP_SUBTRACT);
+    k = p->enforce_eager                       ? KVC_PLAN_CONFIGURED
+        : p->cuda_graph_bytes != KVC_PLAN_AUTO ? KVC_PLAN_MEASURED
+                                               : KVC_PLAN_ESTIMATED;
+    const bool graphs_in = !p->graphs_outside_budget || p->enforce_eager;
+    any_estimated |= k == KVC_PLAN_ESTIMATED && graphs_in;
+    /* Engines that count graphs in the budget estimate them before capture (vLLM
+     * pull/30515); the others capture after the pool and never subtract them. */
+    ADD("cuda_graphs", s->graphs, k, graphs_in ? KVC_PLAN_ESTIMATED : KVC_PLAN_MEASURED,
+        graphs_in ? KVC_PLAN_OP_SUBTRACT : KVC_PLAN_OP_OUTSIDE);
+    k = p->non_torch_bytes != KVC_PLAN_AUTO ? KVC_PLAN_MEASURED : KVC_PLAN_ESTIMATED;
+    any_estimated |= k == KVC_PLAN_ESTIMATED;
+    ADD("non_torch", s->non_torch, k, KVC_PLAN_MEASURED, KVC_PLAN_OP_SUBTRACT);
+    k = p->cuda_context_bytes != KVC_PLAN_AUTO ? KVC_PLAN_MEASURED : KVC_PLAN_ESTIMATED;
+    ADD("cuda_context", s->ctx, k, KVC_PLAN_MEASURED, KVC_PLAN_OP_OUTSIDE);
+    k = kv_explicit ? KVC_PLAN_CONFIGURED : any_estimated ? KVC_PLAN_ESTIMATED : KVC_PLAN_MEASURED;
+    ADD("kv_pool", r->kv_pool_bytes_per_gpu, k,
+        kv_explicit ? KVC_PLAN_CONFIGURED : KVC_PLAN_MEASURED, KVC_PLAN_OP_REMAINDER);
+#undef ADD
+    r->n_ledger = n;
+}
+
+static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
+                        const kvc_plan_params_t *p, kvc_plan_result_t *r, char *msg, size_t len)
+{
+    int rc = validate(m, g, p, msg, len);
+    if (rc) return rc;
+    uint64_t max_len = p->max_model_len ? p->max_model_len : m->max_position_embeddings;
+    if (!max_len)
+        return kvc__plan_fail(KVC_EINVAL, msg, len,
+                              "the model gives no max_position_embeddings: set --max-model-len");
+    if (m->max_position_embeddings && max_len > m->max_position_embeddings)
+        return kvc__plan_fail(
+            KVC_EINVAL, msg, len,
+            "--max-model-len %llu exceeds the model's max_position_embeddings %llu",
+            (unsigned long long)max_len, (unsigned long long)m->max_position_embeddings);
+    const uint64_t req = p->prompt_tokens + p->output_tokens;
+    if (req > max_len)
+        return kvc__plan_fail(KVC_EINVAL, msg, len,
+                              "the request (--prompt %llu + --output %llu) is longer than "
+                              "max_model_len %llu",
+                              (unsigned long long)p->prompt_tokens,
+                              (unsigned long long)p->output_tokens, (unsigned long long)max_len);
+    const uint64_t ctx_tokens = p->context_tokens ? p->context_tokens : req;
+    if (ctx_tokens > max_len)
+        return kvc__plan_fail(KVC_EINVAL, msg, len, "--context %llu exceeds max_model_len %llu",
+                              (unsigned long long)ctx_tokens, (unsigned long long)max_len);
+
+    memset(r, 0, sizeof *r);
+    r->model = *m;
+    r->gpu = *g;
+    r->params = *p;
+    r->max_model_len = max_len;
+    r->context_tokens = ctx_tokens;
+    r->n_gpus = p->tp * p->pp * p->dp;
+    kvc_plan_model_params(m, &r->counts);
+    r->fp8_compute = p->weight_dtype == KVC_PLAN_FP8 && g->fp8_flops > 0;
+    r->peak_flops = r->fp8_compute ? g->fp8_flops : g->bf16_flops;
+    const uint32_t tp = p->tp, pp = p->pp, bs = p->block_size;
+    const bool kv_explicit = p->kv_cache_bytes != KVC_PLAN_AUTO;
+
+    /* 1. KV bytes per token. */
+    const uint64_t kv_bits = kvc_plan_dtype_bits(p->kv_dtype);
+    r->kv_bytes_per_token =
+        m->mla ? ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) * m->n_layers * kv_bits / 8
+               : 2 * (uint64_t)m->n_layers * m->n_kv_heads * m->head_dim * kv_bits / 8;
+    r->kv_heads_per_gpu = kv_heads_per_gpu(m, tp);
+    r->kv_head_replication = kv_replication(m, tp);
+    r->max_tp_without_replication = m->mla ? 1 : m->n_kv_heads;
+    r->kv_bytes_per_token_per_layer_per_gpu = kv_per_layer(m, tp, p->kv_dtype);
+
+    /* TP sweep (one pipeline stage): KV per GPU stops falling at the KV head count. */
+    for (uint32_t t = 1; t <= 1024 && r->n_tp_rows < KVC_PLAN_SWEEP_MAX; t *= 2) {
+        if (m->n_heads % t || (!m->mla && m->n_kv_heads % t && t % m->n_kv_heads)) continue;
+        stage_t s = {.first_layer = 0, .n_layers = m->n_layers};
+        stage_weights(m, t, p->weight_dtype, true, true, false, &s);
+        r->tp_rows[r->n_tp_rows++] = (kvc_plan_tp_row_t){
+            .tp = t,
+            .kv_heads_per_gpu = kv_heads_per_gpu(m, t),
+            .replication = kv_replication(m, t),
+            .kv_bytes_per_token_per_gpu = kv_per_layer(m, t, p->kv_dtype) * m->n_layers,
+            .weight_bytes_per_gpu = s.weight_bytes,
+        };
+    }
+    {
+        stage_t whole = {.first_layer = 0, .n_layers = m->n_layers};
+        stage_weights(m, 1, p->weight_dtype, true, true, false, &whole);
+        r->weight_bytes_total = whole.weight_bytes;
+    }
+
+    /* 2. Per stage: weights, activations, graphs, pool. */
+    const uint64_t visible = g->memory_bytes;
+    r->budget_bytes = (uint64_t)floor((double)visible * p->gpu_memory_utilization);
+    uint32_t n_graphs = 0, max_graph_batch = 0;
+    if (!p->enforce_eager) {
+        max_graph_batch = KVC_MIN(p->max_num_seqs, (uint32_t)KVC__GRAPH_MAX_BATCH);
+        for (uint32_t b = 1; b <= max_graph_batch; b = b < 8 ? b * 2 : b + 8) n_graphs++;
+    }
+    r->n_cuda_graphs = n_graphs;
+    r->max_graph_batch = max_graph_batch;
+
+    stage_t *st = NULL;
+    stage_t stages[KVC__MAX_STAGES];
+    uint32_t next = 0;
+    double worst_blocks = INFINITY;
+    for (uint32_t i = 0; i < pp; i++) {
+        stage_t *s = &stages[i];
+        memset(s, 0, sizeof *s);
+        s->first_layer = next;
+        s->n_layers = m->n_layers / pp + (i < m->n_layers % pp);
+        next += s->n_layers;
+        s->n_sliding = (uint32_t)llround((double)m->n_sliding_layers * s->n_layers / m->n_layers);
+        stage_weights(m, tp, p->weight_dtype, i == 0, i == pp - 1, pp > 1, s);
+        if (p->weight_bytes != KVC_PLAN_AUTO) s->weight_bytes = p->weight_bytes;
+        s->act_fwd = kvc__mul_sat((uint64_t)p->max_num_batched_tokens * s->act_elems, 2);
+        s->act_sampler =
+            i == pp - 1 ? (uint64_t)p->max_num_seqs * m->vocab_size * KVC__SAMPLER_BYTES_PER_LOGIT
+                        : 0;
+        s->act = p->activation_bytes != KVC_PLAN_AUTO ? p->activation_bytes
+                                                      : KVC_MAX(s->act_fwd, s->act_sampler);
+        s->graphs = p->enforce_eager ? 0
+                    : p->cuda_graph_bytes != KVC_PLAN_AUTO
+                        ? p->cuda_graph_bytes
+                        : (uint64_t)n_graphs * s->n_layers * KVC__GRAPH_BYTES_PER_LAYER +
+                              (uint64_t)max_graph_batch * s->act_elems * 2;
+        s->non_torch = p->non_torch_bytes != KVC_PLAN_AUTO
+                           ? p->non_torch_bytes
+                           : KVC__NON_TORCH_BYTES + (tp * pp > 1 ? KVC__NON_TORCH_COMM_BYTES : 0);
+        s->ctx = p->cuda_context_bytes != KVC_PLAN_AUTO ? p->cuda_context_bytes
+                                                        : KVC__CUDA_CONTEXT_BYTES;
+        s->kv_per_layer = r->kv_bytes_per_token_per_layer_per_gpu;
+        s->kv_per_token = s->kv_per_layer * s->n_layers;
+        const bool graphs_in = !p->graphs_outside_budget;
+        if (kv_explicit) {
+            s->pool = (int64_t)KVC_MIN(p->kv_cache_bytes, (uint64_t)INT64_MAX);
+        } else {
+            s->pool = (int64_t)r->budget_bytes - (int64_t)s->weight_bytes - (int64_t)s->act -
+                      (int64_t)(graphs_in ? s->graphs : 0) - (int64_t)s->non_torch;
+        }
+        s->blocks = (double)s->pool / (double)(s->kv_per_token * bs);
+        if (s->blocks < worst_blocks) {
+            worst_blocks = s->blocks;
+            st = s;
+            r->binding_stage = i;
+        }
+    }
+    r->layers_per_gpu = st->n_layers;
+    r->sliding_layers_per_gpu = st->n_sliding;
+    r->kv_bytes_per_token_per_gpu = st->kv_per_token;
+    uint64_t all_stage_kv = 0;
+    for (uint32_t i = 0; i < pp; i++) all_stage_kv += stages[i].kv_per_token;
+    r->kv_replicated_bytes_per_token = all_stage_kv * tp - r->kv_bytes_per_token;
+
+    r->weight_bytes_per_gpu = st->weight_bytes;
+    r->weight_linear_params_per_gpu = st->linear;
+    r->weight_wide_params_per_gpu = st->wide;
+    r->activation_elems_per_token = st->act_elems;
+    r->activation_bytes = st->act;
+    r->activation_forward_bytes = st->act_fwd;
+    r->activation_sampler_bytes = st->act_sampler;
+    r->cuda_graph_bytes = st->graphs;
+    r->non_torch_bytes = st->non_torch;
+    r->cuda_context_bytes = st->ctx;
+    r->kv_pool_signed_bytes = st->pool;
+    r->kv_pool_bytes_per_gpu = st->pool > 0 ? (uint64_t)st->pool : 0;
+    r->num_blocks = r->kv_pool_bytes_per_gpu / (st->kv_per_token * bs);
+    r->pool_tokens = r->num_blocks * bs;
+    if (kv_explicit) r->budget_bytes = visible > st->ctx ? visible - st->ctx : 0;
+    fill_ledger(r, p, st);
+
+    /* 3. Startup phases: the first stage that fails a phase names it. */
+    r->failed_phase = -1;
+    for (int ph = 0; ph < KVC_PLAN_PHASE__COUNT; ph++) {
+        kvc_plan_phase_t *out = &r->phases[ph];
+        if (r->failed_phase >= 0) {
+            out->status = KVC_PLAN_PHASE_NOT_REACHED;
+            continue;
+        }
+        out->status = KVC_PLAN_PHASE_OK;
+        for (uint32_t i = 0; i < pp; i++) {
+            const stage_t *s = &stages[i];
+            const bool graphs_in = !p->graphs_outside_budget;
+            uint64_t need = 0, have = 0;
+            switch ((kvc_plan_phase_id_t)ph) {
+            case KVC_PLAN_PHASE_INIT:
+                need = kv_explicit ? s->ctx : r->budget_bytes + s->ctx;
+                have = visible;
+                break;
+            case KVC_PLAN_PHASE_LOAD_WEIGHTS:
+                need = s->ctx + s->weight_bytes;
+                have = visible;
+                break;
+            case KVC_PLAN_PHASE_PROFILE:
+                need = s->ctx + s->weight_bytes + s->act + s->non_torch;
+                have = visible;
+                break;
+            case KVC_PLAN_PHASE_ALLOCATE_KV:
+                need = s->weight_bytes + s->act + (graphs_in ? s->graphs : 0) + s->non_torch +
+                       (kv_explicit ? (uint64_t)s->pool : s->kv_per_token * bs);
+                have = kv_explicit ? (visible > s->ctx ? visible - s->ctx : 0) : r->budget_bytes;
+                break;
+            case KVC_PLAN_PHASE_CHECK_MAX_LEN:
+                need = request_bytes(s->kv_per_layer, s->n_layers, s->n_sliding, m->sliding_window,
+                                     bs, p->window_freeing, max_len);
+                have = s->pool > 0 ? (uint64_t)s->pool : 0;
+                break;
+            case KVC_PLAN_PHASE_CAPTURE_GRAPHS: {
+                if (p->enforce_eager) {
+                    out->status = KVC_PLAN_PHASE_SKIPPED;
+                    break;
+                }
+                need = s->graphs;
+                if (graphs_in) {
+                    have = s->graphs; /* reserved in the budget before the pool */
+                } else {
+                    /* Captured after the pool: only what the budget left over is free. */
+                    uint64_t used = s->ctx + (kv_explicit ? s->weight_bytes + s->act +
+                                                                s->non_torch + (uint64_t)s->pool
+                                                          : r->budget_bytes);
+                    have = visible > used ? visible - used : 0;
+                }
+                break;
+            }
+            default:
+                break;
+            }
+            if (out->status == KVC_PLAN_PHASE_SKIPPED) break;
+            if (i == r->binding_stage || need > have) {
+                out->need_bytes = need;
+                out->have_bytes = have;
+                out->stage = i;
+            }
+            if (need > have) {
+                out->status = KVC_PLAN_PHASE_FAILED;
+                r->failed_phase = ph;
+                break;
+            }
+        }
+    }
+    r->fits = r->failed_phase < 0;
+    {
+        /* The largest max_model_len one request of which fits the binding pool. */
+        uint64_t lo = 0, hi = UINT64_C(1) << 40;
+        while (hi - lo > 1) {
+            uint64_t mid = lo + (hi - lo) / 2;
+            if (kvc_plan_request_bytes(r, mid) <= r->kv_pool_bytes_per_gpu)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        r->max_model_len_that_fits = r->kv_pool_bytes_per_gpu ? lo : 0;
+    }
+
+    /* 4. Concurrency. */
+    r->request_tokens = req;
+    r->blocks_per_request = kvc__ceil_div(req, bs);
+    r->partial_block_waste_tokens = r->blocks_per_request * bs - req;
+    r->kv_bytes_per_request = kvc_plan_request_bytes(r, req);
+    r->max_concurrency =
+        r->kv_bytes_per_request ? r->kv_pool_bytes_per_gpu / r->kv_bytes_per_request : 0;
+    {
+        uint64_t admit = kvc_plan_request_bytes(r, p->prompt_tokens + 1);
+        r->admitted_at_prompt = admit ? r->kv_pool_bytes_per_gpu / admit : 0;
+    }
+    r->ridge_flops_per_byte = r->peak_flops / g->hbm_bytes_per_s;
+    r->decode_context = p->prompt_tokens + p->output_tokens / 2;
+    const double c_dec = (double)r->decode_context;
+    const double heads_gpu = (double)m->n_heads / tp;
+    /* MLA decodes in the absorbed form: scores against the 576-wide latent, values
+     * from the 512-wide latent; prefill expands it into per-head K and V. */
+    const double dqk_dec = m->mla ? (double)m->kv_lora_rank + m->qk_rope_head_dim : m->head_dim;
+    const double dv_dec = m->mla ? (double)m->kv_lora_rank : m->v_head_dim;
+    roof_t roof = {
+        .lin_tok = 2 * st->flop_params,
+        .attn_tok =
+            attn_flops_token(m, st->n_layers, st->n_sliding, heads_gpu, dqk_dec, dv_dec, c_dec),
+        .f_lin = r->peak_flops,
+        .f_attn = g->bf16_flops,
+        .kv_read = (double)st->kv_per_layer *
+                   ((st->n_layers - st->n_sliding) * c_dec +
+                    st->n_sliding * (m->sliding_window ? fmin(c_dec, m->sliding_window) : c_dec)),
+        .w_dense =
+            (double)(st->weight_bytes - (p->weight_bytes != KVC_PLAN_AUTO ? 0 : st->expert_bytes)),
+        .w_expert = p->weight_bytes != KVC_PLAN_AUTO ? 0 : (double)st->expert_bytes,
+        .k_over_e = m->n_experts ? (double)m->n_experts_active / m->n_experts : 0,
+        .bw = g->hbm_bytes_per_s,
+    };
+    r->decode_flops_per_seq = roof.lin_tok + roof.attn_tok;
+    r->decode_attention_flops_per_seq = roof.attn_tok;
+    r->decode_bytes_per_seq = roof.kv_read;
+    r->weight_read_bytes = weight_read(&roof, 1);
+    r->ceilings[KVC_PLAN_CEIL_KV_MEMORY] = r->max_concurrency;
+    r->ceilings[KVC_PLAN_CEIL_COMPUTE] = ridge_batch(&roof, 1, true);
+    r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS] = p->max_num_seqs;
+    r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS] =
+        p->max_num_batched_tokens / (1 + p->spec_tokens);
+    {
+        roof_t w_only = roof;
+        w_only.attn_tok = 0;
+        r->compute_weights_only = ridge_batch(&w_only, 1, false);
+    }
+    r->binding_ceiling = KVC_PLAN_CEIL_KV_MEMORY;
+    for (int c = 1; c < KVC_PLAN_CEIL__COUNT; c++)
+        if (r->ceilings[c] < r->ceilings[r->binding_ceiling])
+            r->binding_ceiling = (kvc_plan_ceiling_id_t)c;
+
+    /* 5. Sliding windows, whole model at the context. */
+    {
+        const uint64_t per_layer_model =
+            m->mla ? r->kv_bytes_per_token / m->n_layers
+                   : 2 * (uint64_t)m->n_kv_heads * m->head_dim * kv_bits / 8;
+        r->swa_bytes_with_freeing = request_bytes(per_layer_model, m->n_layers, m->n_sliding_layers,
+                                                  m->sliding_window, bs, true, ctx_tokens);
+        r->swa_bytes_without_freeing =
+            request_bytes(per_layer_model, m->n_layers, 0, 0, bs, false, ctx_tokens);
+        r->kv_bytes_per_request_model =
+            p->window_freeing ? r->swa_bytes_with_freeing : r->swa_bytes_without_freeing;
+        r->sliding_window_saving =
+            1.0 - (double)r->swa_bytes_with_freeing / (double)r->swa_bytes_without_freeing;
+        r->sliding_window_saving_limit = (double)m->n_sliding_layers / m->n_layers;
+    }
+
+    /* 6. Prefill FLOPs at the context: linear layers for every token, the LM head
+     * for the last one, attention over causal pairs counted once. */
+    const double vocab_params = (double)r->counts.embedding + (double)r->counts.lm_head;
+    const double linear_params = (double)r->counts.active - vocab_params;
+    const double dqk_pre = m->head_dim, dv_pre = m->v_head_dim;
+    {
+        const double n = (double)ctx_tokens;
+        r->prefill_linear_flops = 2 * n * linear_params + 2.0 * m->vocab_size * m->hidden_size;
+        const double per_pair = 2.0 * m->n_heads * (dqk_pre + dv_pre);
+        r->prefill_attention_flops =
+            per_pair * ((m->n_layers - m->n_sliding_layers) * causal_pairs(n, 0) +
+                        m->n_sliding_layers * causal_pairs(n, m->sliding_window));
+        r->prefill_attention_flops_fraction =
+            r->prefill_attention_flops / (r->prefill_attention_flops + r->prefill_linear_flops);
+    }
+
+    /* 7. Forks (full attention view, per GPU). */
+    {
+        const uint64_t blk = (uint64_t)bs * st->kv_per_token;
+        const uint64_t all = kvc__ceil_div(req, bs), prompt_full = p->prompt_tokens / bs;
+        r->fork_unshared_bytes_samples = kvc__mul_sat((uint64_t)p->n_samples * all, blk);
+        r->fork_shared_bytes_samples =
+            kvc__mul_sat(prompt_full + (uint64_t)p->n_samples * (all - prompt_full), blk);
+        r->fork_unshared_bytes_beams = kvc__mul_sat((uint64_t)p->beams * all, blk);
+        r->fork_shared_bytes_beams = kvc__mul_sat(all + (uint64_t)p->beams - 1, blk);
+        r->fork_shared_bytes_beams_diverged =
+            kvc__mul_sat(prompt_full + (uint64_t)p->beams * (all - prompt_full), blk);
+    }
+
+    /* 8. Disaggregated prefill: a replica's prefill rate (compute-bound), its KV.
+     * Linear layers run at the weights' rate (fp8 on fp8 tensor cores), attention at
+     * bf16's. */
+    const double f_eff = r->peak_flops * p->mfu;
+    const double gpus_replica = (double)tp * pp;
+    const double n_p = (double)p->prompt_tokens;
+    const double prompt_lin = 2 * n_p * linear_params;
+    const double prompt_attn = 2.0 * m->n_heads * (dqk_pre + dv_pre) *
+                               ((m->n_layers - m->n_sliding_layers) * causal_pairs(n_p, 0) +
+                                m->n_sliding_layers * causal_pairs(n_p, m->sliding_window));
+    /* One request's prefill in GPU-seconds at the achieved rate. */
+    const double prefill_work_s =
+        (prompt_lin / r->peak_flops + prompt_attn / g->bf16_flops) / p->mfu;
+    r->prompt_linear_flops = prompt_lin;
+    r->prompt_attention_flops = prompt_attn;
+    r->prefill_work_s = prefill_work_s;
+    if (p->prefill_tokens_per_s > 0) {
+        r->prefill_tokens_per_s = p->prefill_tokens_per_s;
+        r->prefill_rate_kind = KVC_PLAN_MEASURED;
+    } else {
+        r->prefill_tokens_per_s = gpus_replica * n_p / prefill_work_s;
+        r->prefill_rate_kind = KVC_PLAN_ESTIMATED;
+    }
+    r->prefill_kv_bytes_per_s = (double)r->kv_bytes_per_token * r->prefill_tokens_per_s;
+    r->prefill_kv_bytes_per_s_per_gpu = r->prefill_kv_bytes_per_s / gpus_replica;
+    r->prefill_kv_bytes_per_s_linear_only =
+        (double)r->kv_bytes_per_token * f_eff / (2 * linear_params);
+    r->link_utilization = r->prefill_kv_bytes_per_s_per_gpu / p->link_bytes_per_s;
+    r->link_limited_tokens_per_s =
+        p->link_bytes_per_s * gpus_replica / (double)r->kv_bytes_per_token;
+
+    /* 9. Recompute vs fetch, per GPU. */
+    r->recompute_s_per_token = 2 * linear_params / (gpus_replica * f_eff);
+    const double kv_gpu = (double)st->kv_per_token;
+    r->break_even_bytes_per_s = kv_gpu / r->recompute_s_per_token;
+    {
+        const struct {
+            const char *name;
+            double bw, lat;
+        } tiers[KVC_PLAN_TIERS] = {
+            {"hbm", g->hbm_bytes_per_s, KVC__LATENCY_HBM_S},
+            {"host", p->host_bytes_per_s > 0 ? p->host_bytes_per_s : g->pcie_bytes_per_s,
+             KVC__LATENCY_HOST_S},
+            {"nvme", p->nvme_bytes_per_s, KVC__LATENCY_NVME_S},
+            {"network", p->network_bytes_per_s, KVC__LATENCY_NETWORK_S},
+        };
+        for (int i = 0; i < KVC_PLAN_TIERS; i++) {
+            kvc_plan_tier_t *t = &r->tiers[i];
+            t->name = tiers[i].name;
+            t->bytes_per_s = tiers[i].bw;
+            t->latency_s = tiers[i].lat;
+            if (!(t->bytes_per_s > 0)) {
+                t->fetch_s_per_token = INFINITY;
+                t->speedup = 0;
+                t->min_tokens_to_win = KVC_PLAN_UNBOUNDED;
+                t->max_shared_fraction = 0;
+                continue;
+            }
+            t->fetch_s_per_token = kv_gpu / t->bytes_per_s;
+            t->speedup = r->recompute_s_per_token / t->fetch_s_per_token;
+            const double gain = r->recompute_s_per_token - t->fetch_s_per_token;
+            t->min_tokens_to_win =
+                gain > 0 ? (uint64_t)ceil(t->latency_s / gain) : KVC_PLAN_UNBOUNDED;
+            t->max_shared_fraction = fmax(0, 1 - r->break_even_bytes_per_s / t->bytes_per_s);
+        }
+    }
+    r->ssd_write_bytes_per_s =
+        p->ssd_write_bytes_per_s > 0 ? p->ssd_write_bytes_per_s : r->prefill_kv_bytes_per_s_per_gpu;
+    r->ssd_endurance_days = p->ssd_endurance_bytes / r->ssd_write_bytes_per_s / 86400;
+
+    /* 10. Little's law, per replica. */
+    {
+        little_t l = {
+            .f = &roof,
+            .mfu = p->mfu,
+            .mbu = p->mbu,
+            .out_tokens = (double)p->output_tokens,
+            .prefill_work_s = prefill_work_s,
+            .replica_gpus = gpus_replica,
+            .tp = tp,
+            .pp = pp,
+        };
+        /* The largest arrival rate whose resident count stays under the hard ceilings:
+         * N*(lam) grows with lam, so bisect. */
+        const uint64_t cap = KVC_MIN(r->ceilings[KVC_PLAN_CEIL_KV_MEMORY],
+                                     KVC_MIN(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS],
+                                             r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]));
+        double lo = 0, hi = (double)cap / time_in_system(&l, 0, 0);
+        for (int i = 0; i < 80 && cap; i++) {
+            double mid = (lo + hi) / 2, nm;
+            if (little_solve(&l, mid, &nm, NULL) && nm <= (double)cap)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        r->little_max_arrival_rate = lo;
+        {
+            /* Which limit stopped it: just past lo, either N crosses the ceiling, or there is
+             * no fixed point at all (the GPUs cannot keep up). */
+            double nm;
+            r->little_max_by_ceiling = cap && little_solve(&l, lo * 1.001 + 1e-12, &nm, NULL);
+        }
+        /* Default: half what the ceilings sustain, so the fixed point shows a loaded system. */
+        r->arrival_rate_auto = p->arrival_rate == 0;
+        r->arrival_rate = r->arrival_rate_auto ? 0.5 * lo * p->dp : p->arrival_rate;
+        const double lam = r->arrival_rate / p->dp;
+        r->arrival_rate_per_replica = lam;
+        r->little_prefill_s = prefill_work_s / tp;
+        r->little_naive_resident = lam * time_in_system(&l, 1, 0);
+        double n = 0;
+        r->little_stable = little_solve(&l, lam, &n, &r->little_iterations);
+        if (r->little_stable) {
+            r->little_resident = n;
+            r->little_step_s = step_time(&l, n, lam);
+            r->little_time_in_system = time_in_system(&l, n, lam);
+        } else {
+            r->little_resident = INFINITY;
+            r->little_step_s = INFINITY;
+            r->little_time_in_system = INFINITY;
+        }
+    }
+
+    /* 11. Speculative decoding: k drafts per sequence ride in the step's token budget. */
+    {
+        uint32_t ks[KVC_PLAN_SPEC_ROWS], n = 0;
+        if (p->spec_tokens) ks[n++] = p->spec_tokens;
+        static const uint32_t defaults[] = {1, 2, 4, 8};
+        for (size_t i = 0; i < KVC_ARRAY_LEN(defaults) && n < KVC_PLAN_SPEC_ROWS; i++)
+            if (defaults[i] != p->spec_tokens && defaults[i] + 1 <= p->max_num_batched_tokens)
+                ks[n++] = defaults[i];
+        const double a = p->spec_acceptance;
+        for (uint32_t i = 0; i < n; i++) {
+            const uint32_t k = ks[i];
+            r->spec[i] = (kvc_plan_spec_row_t){
+                .spec_tokens = k,
+                .max_batch_by_tokens = p->max_num_batched_tokens / (1 + k),
+                .compute_bound_batch = ridge_batch(&roof, 1.0 + k, true),
+                .tokens_per_step = (1 - pow(a, k + 1)) / (1 - a),
+                .kv_slots_per_seq = k,
+            };
+        }
+        r->n_spec = n;
+    }
+
+    /* 12. Tenancy: what one request costs in the pool, in KV tokens. */
+    {
+        const uint64_t lens[KVC_PLAN_TENANT_MAX] = {req, max_len, p->tenant_tokens};
+        for (int i = 0; i < KVC_PLAN_TENANT_MAX; i++) {
+            if (!lens[i]) continue;
+            kvc_plan_tenant_row_t *t = &r->tenants[r->n_tenants++];
+            t->tokens = lens[i];
+            t->bytes_per_gpu = kvc_plan_request_bytes(r, lens[i]);
+            t->pool_share = r->kv_pool_bytes_per_gpu
+                                ? (double)t->bytes_per_gpu / (double)r->kv_pool_bytes_per_gpu
+                                : INFINITY;
+            t->per_pool = t->bytes_per_gpu ? r->kv_pool_bytes_per_gpu / t->bytes_per_gpu : 0;
+        }
+        r->tokens_per_percent = r->pool_tokens / 100;
+        r->image_bytes_per_gpu = (uint64_t)m->image_tokens * st->kv_per_token;
+    }
+    return 0;
+}
+
+/* What would make a refused deployment start: the smallest larger TP, fp8 KV,
+ * and the utilization at which the pool would hold one max_model_len request.
+ * Each is a whole re-plan with one input changed. */
+static void suggest(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kvc_plan_params_t *p,
+                    kvc_plan_result_t *r)
+{
+    kvc_plan_result_t alt;
+    for (uint32_t t = p->tp * 2; t <= 64 && !r->suggest_tp; t *= 2) {
+        kvc_plan_params_t q = *p;
+        q.tp = t;
+        if (!compute_core(m, g, &q, &alt, NULL, 0) && alt.fits) r->suggest_tp = t;
+    }
+    if (p->kv_dtype != KVC_PLAN_FP8) {
+        kvc_plan_params_t q = *p;
+        q.kv_dtype = KVC_PLAN_FP8;
+        r->suggest_fp8_kv_fits = !compute_core(m, g, &q, &alt, NULL, 0) && alt.fits;
+    }
+    if ((r->failed_phase == KVC_PLAN_PHASE_CHECK_MAX_LEN ||
+         r->failed_phase == KVC_PLAN_PHASE_ALLOCATE_KV) &&
+        p->kv_cache_bytes == KVC_PLAN_AUTO) {
+        /* The budget must cover everything before the pool plus what the failed check
+         * asks of the pool (one max_model_len request, or one block). */
+        const kvc_plan_phase_t *ph = &r->phases[r->failed_phase];
+        const double others = (double)r->budget_bytes - (double)r->kv_pool_signed_bytes;
+        const double u = r->failed_phase == KVC_PLAN_PHASE_ALLOCATE_KV
+                             ? (double)ph->need_bytes / (double)g->memory_bytes
+                             : (others + (double)ph->need_bytes) / (double)g->memory_bytes;
+        const double u_max = (double)(g->memory_bytes - r->cuda_context_bytes) / g->memory_bytes;
+        r->suggest_utilization = u <= u_max ? ceil(u * 1000) / 1000 : 0;
+    }
+}
+
+int kvc_plan_compute(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kvc_plan_params_t *p,
+                     kvc_plan_result_t *r, char *msg, size_t len)
+{
+    if (!m || !g || !p || !r) return kvc__plan_fail(KVC_EINVAL, msg, len, "missing argument");
+    int rc = compute_core(m, g, p, r, msg, len);
+    if (!rc && !r->fits) suggest(m, g, p, r);
+    return rc;
+}

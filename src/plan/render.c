@@ -1,0 +1,1265 @@
+/* render.c - a plan result as text (the derivation: formula, the numbers
+ * substituted, the result and what kind of number it is) or as one JSON
+ * object.  Both read only the result, so the CLI and a C caller print the
+ * same thing, and every number shown is one the result carries. */
+#include "plan_int.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- text ---------------------------------------------------------------- */
+typedef struct {
+    kvc__sbuf_t b;
+    char ring[24][64];
+    int next;
+} rc_t;
+
+static char *slot(rc_t *c)
+{
+    char *s = c->ring[c->next];
+    c->next = (c->next + 1) % (int)KVC_ARRAY_LEN(c->ring);
+    return s;
+}
+/* Each returns a string valid for the next 23 calls. */
+static const char *I(rc_t *c, uint64_t v)
+{
+    return v == KVC_PLAN_UNBOUNDED ? "none" : kvc__fmt_int(slot(c), 64, v);
+}
+static const char *BY(rc_t *c, uint64_t v)
+{
+    return kvc__fmt_bytes(slot(c), 64, v);
+}
+static const char *G(rc_t *c, double v)
+{
+    return kvc__fmt_gib(slot(c), 64, v);
+}
+static const char *RT(rc_t *c, double v)
+{
+    return kvc__fmt_rate(slot(c), 64, v);
+}
+static const char *N(rc_t *c, double v)
+{
+    return kvc__fmt_num(slot(c), 64, v);
+}
+static const char *FL(rc_t *c, double v)
+{
+    return kvc__fmt_flops(slot(c), 64, v);
+}
+static const char *TF(rc_t *c, double flops)
+{
+    char *s = slot(c);
+    snprintf(s, 64, "%.5g", flops / 1e12);
+    return s;
+}
+static const char *BIL(rc_t *c, double params)
+{
+    char *s = slot(c);
+    snprintf(s, 64, "%.2f billion", params / 1e9);
+    return s;
+}
+static const char *TIME(rc_t *c, double sec)
+{
+    char *s = slot(c);
+    if (!isfinite(sec))
+        snprintf(s, 64, "unbounded");
+    else if (sec >= 1)
+        snprintf(s, 64, "%.2f s", sec);
+    else if (sec >= 1e-3)
+        snprintf(s, 64, "%.2f ms", sec * 1e3);
+    else if (sec >= 1e-6)
+        snprintf(s, 64, "%.2f us", sec * 1e6);
+    else
+        snprintf(s, 64, "%.1f ns", sec * 1e9);
+    return s;
+}
+static const char *PCT(rc_t *c, double f)
+{
+    char *s = slot(c);
+    if (!isfinite(f))
+        snprintf(s, 64, "inf");
+    else
+        snprintf(s, 64, "%.1f%%", 100 * f);
+    return s;
+}
+
+#define P(...) kvc__sb_printf(&c->b, __VA_ARGS__)
+
+static const char *cmp(uint64_t need, uint64_t have)
+{
+    return need <= have ? "<=" : ">";
+}
+
+static void header(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_model_t *m = &r->model;
+    const kvc_plan_params_t *p = &r->params;
+    const kvc_plan_gpu_t *g = &r->gpu;
+    P("kvcache plan: %s on %u x %s (TP %u x PP %u x DP %u), weights %s, KV %s, block %u\n", m->name,
+      r->n_gpus, g->name, p->tp, p->pp, p->dp, kvc_plan_dtype_name(p->weight_dtype),
+      kvc_plan_dtype_name(p->kv_dtype), p->block_size);
+    P("  model    %u layers, %u query heads, ", m->n_layers, m->n_heads);
+    if (m->mla)
+        P("MLA (kv_lora_rank %u + qk_rope_head_dim %u; q/k head %u, v head %u)", m->kv_lora_rank,
+          m->qk_rope_head_dim, m->head_dim, m->v_head_dim);
+    else
+        P("%u KV heads x head_dim %u", m->n_kv_heads, m->head_dim);
+    P(", hidden %u, vocab %u%s\n", m->hidden_size, m->vocab_size,
+      m->tie_embeddings ? " (tied embeddings)" : "");
+    if (m->n_experts)
+        P("           MoE: %u routed experts of width %u, %u per token, %u shared, %u dense "
+          "layers\n",
+          m->n_experts, m->moe_intermediate_size, m->n_experts_active,
+          m->n_shared_experts + (m->shared_expert_intermediate_size ? 1 : 0), m->n_dense_layers);
+    if (m->sliding_window && m->chunked_attention)
+        P("           chunked attention (%s-token chunks) on %u of %u layers, planned as a window "
+          "of the chunk\n",
+          I(c, m->sliding_window), m->n_sliding_layers, m->n_layers);
+    else if (m->sliding_window)
+        P("           sliding window %s tokens on %u of %u layers\n", I(c, m->sliding_window),
+          m->n_sliding_layers, m->n_layers);
+    if (m->image_tokens) P("           an image takes %s KV tokens\n", I(c, m->image_tokens));
+    P("           %s parameters, %s active per token\n", BIL(c, (double)r->counts.total),
+      BIL(c, (double)r->counts.active));
+    P("  gpu      %s: %s visible (%s B), %s HBM, %s TFLOP/s bf16", g->name,
+      G(c, (double)g->memory_bytes), I(c, g->memory_bytes), RT(c, g->hbm_bytes_per_s),
+      TF(c, g->bf16_flops));
+    if (g->fp8_flops > 0)
+        P(" and %s fp8", TF(c, g->fp8_flops));
+    else
+        P(" (no fp8 tensor cores)");
+    P(" dense, L2 %s, GPU link %s and PCIe %s per direction\n", BY(c, g->l2_bytes),
+      g->interconnect_bytes_per_s > 0 ? RT(c, g->interconnect_bytes_per_s) : "none",
+      RT(c, g->pcie_bytes_per_s));
+    P("  request  %s prompt + %s output tokens; max_model_len %s; max_num_seqs %u; "
+      "max_num_batched_tokens %s\n",
+      I(c, p->prompt_tokens), I(c, p->output_tokens), I(c, r->max_model_len), p->max_num_seqs,
+      I(c, p->max_num_batched_tokens));
+    P("  kinds    [configured] you or a preset gave it; [estimated] our formula, an engine "
+      "measures it;\n"
+      "           [measured] an engine's number you passed in; [ceiling] an upper bound, not a "
+      "prediction;\n"
+      "           unlabelled numbers are exact arithmetic on the configured inputs\n");
+    P("  units    KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes; GB/s, TB/s = 10^9, 10^12 bytes/s; "
+      "FLOP rates dense\n\n");
+}
+
+static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_model_t *m = &r->model;
+    const kvc_plan_params_t *p = &r->params;
+    const uint32_t eb = kvc_plan_dtype_bits(p->kv_dtype) / 8;
+    P("1. KV bytes per token\n");
+    if (m->mla) {
+        P("   formula  (kv_lora_rank + qk_rope_head_dim) x layers x bytes: one latent per token "
+          "and layer, no factor 2\n");
+        P("   model    (%u + %u) x %u x %u B = %s B (%s) per token\n", m->kv_lora_rank,
+          m->qk_rope_head_dim, m->n_layers, eb, I(c, r->kv_bytes_per_token),
+          BY(c, r->kv_bytes_per_token));
+    } else {
+        P("   formula  2 (K and V) x layers x KV heads x head_dim x bytes per element\n");
+        P("   model    2 x %u x %u x %u x %u B = %s B (%s) per token\n", m->n_layers, m->n_kv_heads,
+          m->head_dim, eb, I(c, r->kv_bytes_per_token), BY(c, r->kv_bytes_per_token));
+    }
+    P("            1,048,576 tokens: %s; max_model_len %s: %s\n",
+      G(c, (double)r->kv_bytes_per_token * 1048576.0), I(c, r->max_model_len),
+      G(c, (double)r->kv_bytes_per_token * (double)r->max_model_len));
+    if (m->mla) {
+        P("   per GPU  MLA keeps the whole latent on every GPU of the TP group");
+        if (p->pp > 1)
+            P("; PP %u: %u of %u layers on the binding stage", p->pp, r->layers_per_gpu,
+              m->n_layers);
+        P("\n            (%u + %u) x %u x %u B = %s B (%s) per token per GPU\n", m->kv_lora_rank,
+          m->qk_rope_head_dim, r->layers_per_gpu, eb, I(c, r->kv_bytes_per_token_per_gpu),
+          BY(c, r->kv_bytes_per_token_per_gpu));
+    } else {
+        if (p->tp == 1)
+            P("   per GPU  TP 1: all %u KV heads on the GPU", m->n_kv_heads);
+        else if (p->tp <= m->n_kv_heads)
+            P("   per GPU  TP %u splits the %u KV heads: %u per GPU", p->tp, m->n_kv_heads,
+              r->kv_heads_per_gpu);
+        else
+            P("   per GPU  TP %u > %u KV heads: each GPU keeps 1 head, and each head sits on %u "
+              "GPUs",
+              p->tp, m->n_kv_heads, r->kv_head_replication);
+        if (p->pp > 1)
+            P("; PP %u: %u of %u layers on the binding stage", p->pp, r->layers_per_gpu,
+              m->n_layers);
+        P("\n            2 x %u x %u x %u x %u B = %s B (%s) per token per GPU\n",
+          r->layers_per_gpu, r->kv_heads_per_gpu, m->head_dim, eb,
+          I(c, r->kv_bytes_per_token_per_gpu), BY(c, r->kv_bytes_per_token_per_gpu));
+    }
+    if (r->kv_head_replication <= 1) {
+        P("   copies   none: each KV %s lives on one GPU\n", m->mla ? "latent" : "head");
+    } else {
+        const double all = (double)r->kv_replicated_bytes_per_token + (double)r->kv_bytes_per_token;
+        P("   copies   %u of each %s: per token the replica stores %s B, of which %s B (%s) are "
+          "copies\n",
+          r->kv_head_replication, m->mla ? "latent" : "KV head", I(c, (uint64_t)all),
+          I(c, r->kv_replicated_bytes_per_token),
+          PCT(c, (double)r->kv_replicated_bytes_per_token / all));
+        if (m->mla)
+            P("            what does not pay it: pipeline parallelism (splits the layers) or "
+              "data-parallel attention\n"
+              "            (each GPU attends for its own requests, e.g. SGLang's "
+              "--enable-dp-attention)\n");
+        else
+            P("            what does not pay it: TP up to %u (the KV head count), then PP (splits "
+              "the layers) or DP\n",
+              m->n_kv_heads);
+    }
+    P("   TP    KV heads/GPU  copies   KV/token/GPU   weights/GPU%s\n",
+      p->pp > 1 ? "   (at PP 1)" : "");
+    for (uint32_t i = 0; i < r->n_tp_rows; i++) {
+        const kvc_plan_tp_row_t *t = &r->tp_rows[i];
+        char heads[16];
+        snprintf(heads, sizeof heads, m->mla ? "1 latent" : "%u", t->kv_heads_per_gpu);
+        P("   %-5u %-13s %-8u %-14s %s%s\n", t->tp, heads, t->replication,
+          BY(c, t->kv_bytes_per_token_per_gpu), G(c, (double)t->weight_bytes_per_gpu),
+          t->tp == p->tp && p->pp == 1 ? "   <- this plan" : "");
+    }
+    if (m->mla)
+        P("   with MLA the KV per GPU never falls with TP; only the weights do\n\n");
+    else if (r->n_tp_rows && r->tp_rows[r->n_tp_rows - 1].tp > m->n_kv_heads)
+        P("   past TP %u the KV per GPU stops falling while the weights keep halving\n\n",
+          m->n_kv_heads);
+    else
+        P("\n");
+}
+
+static const char *ledger_label(const kvc_plan_ledger_entry_t *e, const kvc_plan_result_t *r,
+                                char *buf, size_t len)
+{
+    const bool explicit_kv = r->params.kv_cache_bytes != KVC_PLAN_AUTO;
+    if (!strcmp(e->name, "memory_visible"))
+        snprintf(buf, len, "memory visible");
+    else if (!strcmp(e->name, "budget"))
+        snprintf(buf, len, explicit_kv ? "visible - CUDA context" : "x %.2f utilization = budget",
+                 r->params.gpu_memory_utilization);
+    else if (!strcmp(e->name, "weights"))
+        snprintf(buf, len, "- weights");
+    else if (!strcmp(e->name, "activation_peak"))
+        snprintf(buf, len, "- activation peak");
+    else if (!strcmp(e->name, "cuda_graphs"))
+        snprintf(buf, len,
+                 e->op == KVC_PLAN_OP_OUTSIDE ? "  CUDA graphs (outside)" : "- CUDA graphs");
+    else if (!strcmp(e->name, "non_torch"))
+        snprintf(buf, len, "- non-torch memory");
+    else if (!strcmp(e->name, "cuda_context"))
+        snprintf(buf, len, "  CUDA context (outside)");
+    else if (!strcmp(e->name, "kv_pool"))
+        snprintf(buf, len, explicit_kv ? "= KV pool (configured)" : "= KV pool");
+    else
+        snprintf(buf, len, "%s", e->name);
+    return buf;
+}
+
+static const char *ledger_engine(const kvc_plan_ledger_entry_t *e)
+{
+    if (!strcmp(e->name, "memory_visible")) return "measured (cudaMemGetInfo)";
+    if (!strcmp(e->name, "budget")) return "configured";
+    if (!strcmp(e->name, "weights")) return "measured after loading";
+    if (!strcmp(e->name, "activation_peak")) return "measured in the profile run";
+    if (!strcmp(e->name, "cuda_graphs"))
+        return e->op == KVC_PLAN_OP_OUTSIDE ? "measured after capture" : "estimated before capture";
+    if (!strcmp(e->name, "non_torch")) return "measured in the profile run";
+    if (!strcmp(e->name, "cuda_context")) return "present before it measures";
+    if (!strcmp(e->name, "kv_pool"))
+        return e->engine == KVC_PLAN_CONFIGURED ? "configured" : "the remainder";
+    return kvc_plan_kind_name(e->engine);
+}
+
+static void sec_ledger(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    const kvc_plan_model_t *m = &r->model;
+    P("2. Startup memory ledger, per GPU, in the order an engine runs it");
+    if (p->pp > 1)
+        P(" (pipeline stage %u binds: the engine takes the fewest blocks)", r->binding_stage);
+    P("\n   %-29s %19s %12s  %-11s %s\n", "step", "bytes", "GiB", "ours", "how an engine gets it");
+    for (uint32_t i = 0; i < r->n_ledger; i++) {
+        const kvc_plan_ledger_entry_t *e = &r->ledger[i];
+        char label[64];
+        P("   %-29s %19s %12.2f  %-11s %s\n", ledger_label(e, r, label, sizeof label),
+          I(c, e->bytes), (double)e->bytes / (double)KVC__GIB, kvc_plan_kind_name(e->kind),
+          ledger_engine(e));
+    }
+    /* How each estimate was made. */
+    const uint32_t wb = kvc_plan_dtype_bits(p->weight_dtype);
+    if (p->weight_bytes != KVC_PLAN_AUTO)
+        P("   weights          measured: %s\n", G(c, (double)r->weight_bytes_per_gpu));
+    else
+        P("   weights          %s projection params x %s + %s params kept in 16 bits x 2 B "
+          "(embeddings, norms%s) = %s\n",
+          I(c, r->weight_linear_params_per_gpu),
+          wb == 4   ? "(0.5 B + a 4 B scale/zero per 128)"
+          : wb == 8 ? "1 B"
+                    : "2 B",
+          I(c, r->weight_wide_params_per_gpu), m->n_experts ? ", router" : "",
+          G(c, (double)r->weight_bytes_per_gpu));
+    if (p->activation_bytes != KVC_PLAN_AUTO)
+        P("   activation peak  measured: %s\n", G(c, (double)r->activation_bytes));
+    else {
+        P("   activation peak  max(forward: %s tokens x %s live values x 2 B = %s,\n",
+          I(c, p->max_num_batched_tokens), I(c, r->activation_elems_per_token),
+          G(c, (double)r->activation_forward_bytes));
+        if (r->activation_sampler_bytes)
+            P("                        sampler: %u sequences x %s vocab x %d B of fp32 copies = "
+              "%s) = %s\n",
+              p->max_num_seqs, I(c, m->vocab_size), KVC__SAMPLER_BYTES_PER_LOGIT,
+              G(c, (double)r->activation_sampler_bytes), G(c, (double)r->activation_bytes));
+        else
+            P("                        no sampler on this stage) = %s\n",
+              G(c, (double)r->activation_bytes));
+    }
+    if (p->enforce_eager)
+        P("   CUDA graphs      none: --enforce-eager\n");
+    else if (p->cuda_graph_bytes != KVC_PLAN_AUTO)
+        P("   CUDA graphs      measured: %s%s\n", G(c, (double)r->cuda_graph_bytes),
+          p->graphs_outside_budget ? ", captured after the pool, in the slack" : "");
+    else
+        P("   CUDA graphs      %u graphs (batch 1..%u) x %u layers x %s + %u x %s values x 2 B "
+          "= %s%s\n",
+          r->n_cuda_graphs, r->max_graph_batch, r->layers_per_gpu,
+          BY(c, KVC__GRAPH_BYTES_PER_LAYER), r->max_graph_batch,
+          I(c, r->activation_elems_per_token), G(c, (double)r->cuda_graph_bytes),
+          p->graphs_outside_budget ? " (outside the budget: captured after the pool)" : "");
+    if (p->non_torch_bytes != KVC_PLAN_AUTO)
+        P("   non-torch        measured: %s\n", G(c, (double)r->non_torch_bytes));
+    else if (p->tp * p->pp > 1)
+        P("   non-torch        %s workspaces + %s NCCL and all-reduce buffers (TP x PP = %u) = "
+          "%s\n",
+          BY(c, KVC__NON_TORCH_BYTES), BY(c, KVC__NON_TORCH_COMM_BYTES), p->tp * p->pp,
+          G(c, (double)r->non_torch_bytes));
+    else
+        P("   non-torch        %s of workspaces (cuBLAS, attention) = %s\n",
+          BY(c, KVC__NON_TORCH_BYTES), G(c, (double)r->non_torch_bytes));
+    P("   CUDA context     %s%s, outside the budget: it must fit in visible - budget = %s\n",
+      p->cuda_context_bytes != KVC_PLAN_AUTO ? "measured " : "",
+      G(c, (double)r->cuda_context_bytes),
+      G(c, (double)r->gpu.memory_bytes - (double)r->budget_bytes));
+    if (p->kv_cache_bytes != KVC_PLAN_AUTO) {
+        P("   KV pool          configured: %s (utilization unused, as with an explicit KV "
+          "budget)\n",
+          G(c, (double)r->kv_pool_bytes_per_gpu));
+    } else {
+        const bool gin = !p->graphs_outside_budget;
+        P("   KV pool          %s - %s - %s - %s - %s = %s%s\n", G(c, (double)r->budget_bytes),
+          G(c, (double)r->weight_bytes_per_gpu), G(c, (double)r->activation_bytes),
+          G(c, gin ? (double)r->cuda_graph_bytes : 0), G(c, (double)r->non_torch_bytes),
+          G(c, (double)r->kv_pool_signed_bytes),
+          r->kv_pool_signed_bytes < 0 ? "  (overdrawn: no pool)" : "");
+    }
+    P("   blocks           floor(%s B / (%u tokens x %s B)) = %s blocks = %s tokens per replica\n",
+      I(c, r->kv_pool_bytes_per_gpu), p->block_size, I(c, r->kv_bytes_per_token_per_gpu),
+      I(c, r->num_blocks), I(c, r->pool_tokens));
+    P("   to replace an estimate with your engine's number: --weight-memory, "
+      "--activation-memory,\n"
+      "   --cuda-graph-memory, --non-torch-memory, --cuda-context-memory (the kind becomes "
+      "measured), or\n"
+      "   give the pool itself with --kv-cache-memory.\n\n");
+}
+
+static void phase_line(rc_t *c, const kvc_plan_result_t *r, int ph)
+{
+    const kvc_plan_phase_t *x = &r->phases[ph];
+    const kvc_plan_params_t *p = &r->params;
+    if (x->status == KVC_PLAN_PHASE_NOT_REACHED) {
+        P("   %-21s not reached\n", kvc_plan_phase_name((kvc_plan_phase_id_t)ph));
+        return;
+    }
+    P("   %-21s %-12s ", kvc_plan_phase_name((kvc_plan_phase_id_t)ph),
+      x->status == KVC_PLAN_PHASE_FAILED ? "FAILED" : kvc_plan_phase_status_name(x->status));
+    const char *op = cmp(x->need_bytes, x->have_bytes);
+    switch ((kvc_plan_phase_id_t)ph) {
+    case KVC_PLAN_PHASE_INIT:
+        if (p->kv_cache_bytes != KVC_PLAN_AUTO)
+            P("CUDA context %s %s %s visible\n", G(c, (double)x->need_bytes), op,
+              G(c, (double)x->have_bytes));
+        else
+            P("budget %s + CUDA context %s = %s %s %s visible\n", G(c, (double)r->budget_bytes),
+              G(c, (double)r->cuda_context_bytes), G(c, (double)x->need_bytes), op,
+              G(c, (double)x->have_bytes));
+        break;
+    case KVC_PLAN_PHASE_LOAD_WEIGHTS:
+        P("CUDA context + weights = %s %s %s visible\n", G(c, (double)x->need_bytes), op,
+          G(c, (double)x->have_bytes));
+        break;
+    case KVC_PLAN_PHASE_PROFILE:
+        P("context + weights + activation peak + non-torch = %s %s %s visible\n",
+          G(c, (double)x->need_bytes), op, G(c, (double)x->have_bytes));
+        break;
+    case KVC_PLAN_PHASE_ALLOCATE_KV:
+        if (p->kv_cache_bytes != KVC_PLAN_AUTO)
+            P("weights + activation + graphs + non-torch + KV = %s %s visible - context %s\n",
+              G(c, (double)x->need_bytes), op, G(c, (double)x->have_bytes));
+        else
+            P("weights + activation + graphs + non-torch + one block (%s) = %s %s budget %s\n",
+              BY(c, r->kv_bytes_per_token_per_gpu * p->block_size), G(c, (double)x->need_bytes), op,
+              G(c, (double)x->have_bytes));
+        break;
+    case KVC_PLAN_PHASE_CHECK_MAX_LEN:
+        P("one request of max_model_len %s tokens needs %s %s the KV pool's %s\n",
+          I(c, r->max_model_len), G(c, (double)x->need_bytes), op, G(c, (double)x->have_bytes));
+        break;
+    case KVC_PLAN_PHASE_CAPTURE_GRAPHS:
+        if (x->status == KVC_PLAN_PHASE_SKIPPED)
+            P("--enforce-eager: no graphs\n");
+        else if (!p->graphs_outside_budget)
+            P("%s of graphs were reserved in the budget (ledger); if the real pool is larger, the "
+              "capture runs out of memory\n",
+              G(c, (double)x->need_bytes));
+        else
+            P("graphs %s %s the %s left outside the budget\n", G(c, (double)x->need_bytes), op,
+              G(c, (double)x->have_bytes));
+        break;
+    default:
+        P("\n");
+    }
+}
+
+static void fixes(rc_t *c, const kvc_plan_result_t *r)
+{
+    if (r->suggest_tp) P("            --tp %u starts (the weights per GPU halve)\n", r->suggest_tp);
+    if (r->suggest_fp8_kv_fits)
+        P("            --kv-dtype fp8 starts (half the KV bytes per token)\n");
+    if (r->suggest_utilization > 0)
+        P("            --gpu-memory-utilization %.3f starts (the pool then holds one "
+          "max_model_len request)\n",
+          r->suggest_utilization);
+}
+
+static void sec_phases(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    if (r->fits)
+        P("3. Does it start?  yes: every startup phase passes\n");
+    else
+        P("3. Does it start?  NO: it fails at %s\n",
+          kvc_plan_phase_name((kvc_plan_phase_id_t)r->failed_phase));
+    for (int ph = 0; ph < KVC_PLAN_PHASE__COUNT; ph++) phase_line(c, r, ph);
+    if (r->fits) {
+        const uint64_t need = r->phases[KVC_PLAN_PHASE_CHECK_MAX_LEN].need_bytes;
+        P("   a max_model_len request takes %s of the %s pool: %s of them fit at once (the pool\n"
+          "   holds %s tokens of one request)\n\n",
+          G(c, (double)need), G(c, (double)r->kv_pool_bytes_per_gpu),
+          I(c, need ? r->kv_pool_bytes_per_gpu / need : 0), I(c, r->max_model_len_that_fits));
+        return;
+    }
+    const kvc_plan_phase_t *x = &r->phases[r->failed_phase];
+    const double short_by = (double)x->need_bytes - (double)x->have_bytes;
+    switch ((kvc_plan_phase_id_t)r->failed_phase) {
+    case KVC_PLAN_PHASE_INIT:
+        P("   why      the engine asks for %.2f x %s = %s, but after the CUDA context only %s is "
+          "free.\n",
+          p->gpu_memory_utilization, G(c, (double)r->gpu.memory_bytes),
+          G(c, (double)r->budget_bytes),
+          G(c, (double)r->gpu.memory_bytes - (double)r->cuda_context_bytes));
+        P("   engine   vLLM: \"Free memory on device ... on startup is less than desired GPU "
+          "memory utilization\"\n");
+        P("   fix      lower --gpu-memory-utilization to at most %.3f\n\n",
+          floor(1000 * ((double)r->gpu.memory_bytes - (double)r->cuda_context_bytes) /
+                (double)r->gpu.memory_bytes) /
+              1000);
+        return;
+    case KVC_PLAN_PHASE_LOAD_WEIGHTS:
+        P("   why      the weights alone (%s per GPU, stage %u) do not fit in the %s the GPU "
+          "has: short by %s.\n",
+          G(c, (double)r->weight_bytes_per_gpu), x->stage, G(c, (double)x->have_bytes),
+          G(c, short_by));
+        P("   engine   a CUDA out-of-memory error while loading the weights\n");
+        P("   fixes    more GPUs per replica, or a smaller weight dtype (fp8, int4)\n");
+        fixes(c, r);
+        P("\n");
+        return;
+    case KVC_PLAN_PHASE_PROFILE:
+        P("   why      the profile run's forward pass at %s tokens does not fit next to the "
+          "weights: short by %s.\n",
+          I(c, p->max_num_batched_tokens), G(c, short_by));
+        P("   engine   a CUDA out-of-memory error during memory profiling\n");
+        P("   fixes    a smaller --max-num-batched-tokens or --max-num-seqs, or more GPUs\n");
+        fixes(c, r);
+        P("\n");
+        return;
+    case KVC_PLAN_PHASE_ALLOCATE_KV:
+        P("   why      after the weights, the activation peak, the graphs and the non-torch "
+          "memory, the budget\n"
+          "            has no room for even one KV block: short by %s.\n",
+          G(c, short_by));
+        P("   engine   vLLM: \"No available memory for the cache blocks. Try increasing "
+          "`gpu_memory_utilization`\n"
+          "            when initializing the engine.\"\n");
+        P("   fixes    a higher --gpu-memory-utilization, more GPUs, or smaller weights\n");
+        fixes(c, r);
+        P("\n");
+        return;
+    case KVC_PLAN_PHASE_CHECK_MAX_LEN:
+        P("   why      the engine refuses to start: one request of max_model_len %s tokens needs "
+          "%s of KV\n"
+          "            per GPU, but after the weights (%s) and the rest only %s is left for "
+          "the pool.\n",
+          I(c, r->max_model_len), G(c, (double)x->need_bytes),
+          G(c, (double)r->weight_bytes_per_gpu), G(c, (double)x->have_bytes));
+        P("   engine   vLLM: \"To serve at least one request with the models's max seq len "
+          "(%llu), (%.2f GiB KV\n"
+          "            cache is needed, which is larger than the available KV cache memory "
+          "(%.2f GiB). Based on\n"
+          "            the available memory, the estimated maximum model length is %llu.\"\n",
+          (unsigned long long)r->max_model_len, (double)x->need_bytes / (double)KVC__GIB,
+          (double)x->have_bytes / (double)KVC__GIB, (unsigned long long)r->max_model_len_that_fits);
+        P("   fixes    --max-model-len %s or less\n", I(c, r->max_model_len_that_fits));
+        fixes(c, r);
+        P("\n");
+        return;
+    case KVC_PLAN_PHASE_CAPTURE_GRAPHS:
+        P("   why      the graphs are captured after the KV pool took the budget, in the %s "
+          "left over: short by %s.\n",
+          G(c, (double)x->have_bytes), G(c, short_by));
+        P("   engine   a CUDA out-of-memory error during graph capture, after the pool was "
+          "allocated\n");
+        P("   fixes    --enforce-eager, a lower --gpu-memory-utilization, or a smaller "
+          "--max-num-seqs (fewer graphs)\n\n");
+        return;
+    default:
+        P("\n");
+    }
+}
+
+static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    const kvc_plan_model_t *m = &r->model;
+    P("4. Concurrency at %s + %s tokens  [ceiling]\n", I(c, p->prompt_tokens),
+      I(c, p->output_tokens));
+    if (!r->fits && r->kv_pool_bytes_per_gpu)
+        P("   (as configured the engine does not start; sections 4-12 describe the same pool "
+          "with a\n   max_model_len it accepts, %s tokens or less)\n",
+          I(c, r->max_model_len_that_fits));
+    else if (!r->fits)
+        P("   (as configured the engine does not start and has no KV pool: the ceilings below are "
+          "zero)\n");
+    P("   per request  ceil(%s / %u) = %s blocks", I(c, r->request_tokens), p->block_size,
+      I(c, r->blocks_per_request));
+    if (r->sliding_layers_per_gpu && p->window_freeing)
+        P(", windowed layers keep only the window: %s per GPU\n", BY(c, r->kv_bytes_per_request));
+    else
+        P(" x %u x %s B = %s per GPU\n", p->block_size, I(c, r->kv_bytes_per_token_per_gpu),
+          BY(c, r->kv_bytes_per_request));
+    P("   at most      floor(%s / %s) = %s sequences resident%s\n", I(c, r->kv_pool_bytes_per_gpu),
+      I(c, r->kv_bytes_per_request), I(c, r->max_concurrency), p->dp > 1 ? " per replica" : "");
+    if (p->dp > 1)
+        P("                x %u replicas = %s for the deployment\n", p->dp,
+          I(c, r->max_concurrency * p->dp));
+    P("   why a ceiling: each sequence wastes up to %u tokens in its last, partial block (%s "
+      "here); "
+      "the\n"
+      "   scheduler admits on the prompt (%s fit at %s tokens each) and outputs grow after, so a "
+      "full pool\n"
+      "   preempts; and real lengths vary around the typical request.\n",
+      p->block_size - 1, I(c, r->partial_block_waste_tokens), I(c, r->admitted_at_prompt),
+      I(c, p->prompt_tokens + 1));
+    P("   ceilings on the running batch (sequences per decode step)\n");
+    P("     kv_memory               %-12s the pool, above\n",
+      I(c, r->ceilings[KVC_PLAN_CEIL_KV_MEMORY]));
+    P("     compute                 %-12s the batch at which a decode step turns compute-bound "
+      "[estimated]\n",
+      r->ceilings[KVC_PLAN_CEIL_COMPUTE] == KVC_PLAN_UNBOUNDED
+          ? "never"
+          : I(c, r->ceilings[KVC_PLAN_CEIL_COMPUTE]));
+    P("     max_num_seqs            %-12s configured\n",
+      I(c, r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS]));
+    P("     max_num_batched_tokens  %-12s configured: floor(%s / (1 + %u draft tokens))\n",
+      I(c, r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]), I(c, p->max_num_batched_tokens),
+      p->spec_tokens);
+    P("     binding: %s (the lowest)\n", kvc_plan_ceiling_name(r->binding_ceiling));
+    P("   ridge    %s TFLOP/s / %s = %s FLOP per byte (%s)\n", TF(c, r->peak_flops),
+      RT(c, r->gpu.hbm_bytes_per_s), N(c, r->ridge_flops_per_byte),
+      r->fp8_compute ? "fp8 weights on fp8 tensor cores" : "bf16 tensor cores");
+    P("            per sequence and step at the mean decode context %s: %s FLOP (2 x params + "
+      "attention%s)\n"
+      "            and %s B of KV read; per step %s of weights read",
+      I(c, r->decode_context), FL(c, r->decode_flops_per_seq), m->mla ? ", absorbed MLA" : "",
+      I(c, (uint64_t)r->decode_bytes_per_seq), G(c, r->weight_read_bytes));
+    P(m->n_experts ? " at batch 1 (more experts as the batch grows)\n" : "\n");
+    if (r->fp8_compute)
+        P("            (attention, %s FLOP of it, runs at the bf16 rate, %s TFLOP/s)\n",
+          FL(c, r->decode_attention_flops_per_seq), TF(c, r->gpu.bf16_flops));
+    P("            compute-bound when B x FLOP / peak >= (weights + B x KV read) / bandwidth: ");
+    if (r->ceilings[KVC_PLAN_CEIL_COMPUTE] == KVC_PLAN_UNBOUNDED)
+        P("never here:\n            each sequence brings %s FLOP per byte of KV it reads, below "
+          "the ridge, so decode stays\n            bandwidth-bound at any batch\n",
+          N(c, r->decode_flops_per_seq / r->decode_bytes_per_seq));
+    else
+        P("B >= %s\n", I(c, r->ceilings[KVC_PLAN_CEIL_COMPUTE]));
+    P("            ignoring the KV reads (the textbook ridge batch): B >= %s\n",
+      I(c, r->compute_weights_only));
+    if (r->weight_read_bytes > 4.0 * (double)r->gpu.l2_bytes)
+        P("            the %s L2 holds %s of a step's weight reads: weights and KV stream from "
+          "HBM every step\n\n",
+          BY(c, r->gpu.l2_bytes), PCT(c, (double)r->gpu.l2_bytes / r->weight_read_bytes));
+    else
+        P("            the %s L2 holds a large share of a step's %s of weight reads: decode is "
+          "faster than\n            this HBM roofline says\n\n",
+          BY(c, r->gpu.l2_bytes), BY(c, (uint64_t)r->weight_read_bytes));
+}
+
+static void sec_sliding(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_model_t *m = &r->model;
+    P("5. Sliding windows at a %s-token context (whole model)\n", I(c, r->context_tokens));
+    if (!m->sliding_window) {
+        P("   no windowed layers: every layer keeps every token, %s per request; saving 0\n\n",
+          BY(c, r->swa_bytes_without_freeing));
+        return;
+    }
+    P("   windowed layers   %u of %u, window %s tokens\n", m->n_sliding_layers, m->n_layers,
+      I(c, m->sliding_window));
+    P("   without freeing   all %u layers keep all ceil(%s / %u) blocks: %s\n", m->n_layers,
+      I(c, r->context_tokens), r->params.block_size, BY(c, r->swa_bytes_without_freeing));
+    P("   with freeing      windowed layers keep only the blocks that overlap the last %s tokens: "
+      "%s\n",
+      I(c, m->sliding_window), BY(c, r->swa_bytes_with_freeing));
+    P("   saving            1 - %s / %s = %s\n", I(c, r->swa_bytes_with_freeing),
+      I(c, r->swa_bytes_without_freeing), PCT(c, r->sliding_window_saving));
+    P("   the saving grows with the context toward %u / %u = %s: the share of windowed layers sets "
+      "it,\n"
+      "   the window only sets where it starts (contexts under %s tokens save nothing).%s\n\n",
+      m->n_sliding_layers, m->n_layers, PCT(c, r->sliding_window_saving_limit),
+      I(c, m->sliding_window),
+      r->params.window_freeing ? ""
+                               : "\n   --no-window-freeing: the pool is sized without the "
+                                 "saving (an engine with its hybrid manager off)");
+}
+
+static void sec_prefill(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_model_t *m = &r->model;
+    const double lin_params =
+        (double)r->counts.active - (double)r->counts.embedding - (double)r->counts.lm_head;
+    P("6. Prefill FLOPs of a %s-token prompt (whole model)\n", I(c, r->context_tokens));
+    P("   linear     2 x %s tokens x %s params (active, without the vocabulary tables)\n"
+      "              + the LM head for the last token 2 x %s x %s = %s FLOP\n",
+      I(c, r->context_tokens), BIL(c, lin_params), I(c, m->vocab_size), I(c, m->hidden_size),
+      FL(c, r->prefill_linear_flops));
+    P("   attention  %u heads x 2 x (%u + %u) FLOP per query-key pair x causal pairs n(n+1)/2 "
+      "(each once)\n",
+      m->n_heads, m->head_dim, m->v_head_dim);
+    if (m->sliding_window)
+        P("              on %u full layers, and on %u windowed layers pairs within %s tokens",
+          m->n_layers - m->n_sliding_layers, m->n_sliding_layers, I(c, m->sliding_window));
+    else
+        P("              on %u layers", m->n_layers);
+    P(" = %s FLOP\n", FL(c, r->prefill_attention_flops));
+    P("   share in attention: %s / (%s + %s) = %s\n\n", FL(c, r->prefill_attention_flops),
+      FL(c, r->prefill_attention_flops), FL(c, r->prefill_linear_flops),
+      PCT(c, r->prefill_attention_flops_fraction));
+}
+
+static void sec_forks(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    const uint64_t all = r->blocks_per_request, pf = p->prompt_tokens / p->block_size;
+    P("7. Forks over a %s + %s-token request (block %u, %s per token per GPU)\n",
+      I(c, p->prompt_tokens), I(c, p->output_tokens), p->block_size,
+      BY(c, r->kv_bytes_per_token_per_gpu));
+    P("   parallel sampling, --n %u\n", p->n_samples);
+    P("     unshared   %u x %s blocks = %s\n", p->n_samples, I(c, all),
+      BY(c, r->fork_unshared_bytes_samples));
+    P("     shared     the prompt's %s full blocks once + %u x %s blocks each (the partial prompt "
+      "block copied\n"
+      "                on write, then the outputs) = %s\n",
+      I(c, pf), p->n_samples, I(c, all - pf), BY(c, r->fork_shared_bytes_samples));
+    P("   beam search, --beams %u\n", p->beams);
+    P("     unshared   %u x %s blocks = %s\n", p->beams, I(c, all),
+      BY(c, r->fork_unshared_bytes_beams));
+    P("     shared     beams that share their history hold one private (copy-on-write) block "
+      "each:\n"
+      "                %s + %u = %s blocks = %s; beams that diverge at the first token: %s\n\n",
+      I(c, all), p->beams - 1, I(c, all + p->beams - 1), BY(c, r->fork_shared_bytes_beams),
+      BY(c, r->fork_shared_bytes_beams_diverged));
+}
+
+static void sec_disagg(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    P("8. Disaggregated prefill: the KV a prefill replica emits  [estimated: MFU %s]\n",
+      N(c, p->mfu));
+    if (r->prefill_rate_kind == KVC_PLAN_MEASURED)
+        P("   prefill rate   measured: %s tokens/s per replica\n",
+          I(c, (uint64_t)r->prefill_tokens_per_s));
+    else {
+        P("   one prompt     (%s linear FLOP / %s TFLOP/s + %s attention FLOP / %s TFLOP/s) / MFU "
+          "%s\n"
+          "                  = %s GPU-seconds for %s tokens\n",
+          FL(c, r->prompt_linear_flops), TF(c, r->peak_flops), FL(c, r->prompt_attention_flops),
+          TF(c, r->gpu.bf16_flops), N(c, p->mfu), N(c, r->prefill_work_s), I(c, p->prompt_tokens));
+        P("   prefill rate   %u GPU%s x %s tokens / %s GPU-s = %s tokens/s per replica  "
+          "[estimated]\n",
+          p->tp * p->pp, p->tp * p->pp == 1 ? "" : "s", I(c, p->prompt_tokens),
+          N(c, r->prefill_work_s), I(c, (uint64_t)r->prefill_tokens_per_s));
+    }
+    P("   KV out         %s B x %s tokens/s = %s per replica, %s per GPU\n",
+      I(c, r->kv_bytes_per_token), I(c, (uint64_t)r->prefill_tokens_per_s),
+      RT(c, r->prefill_kv_bytes_per_s), RT(c, r->prefill_kv_bytes_per_s_per_gpu));
+    P("   why P cancels  KV bytes/token x FLOP/s / (2 x params): %s B x %s FLOP/s / (2 x %s) = %s "
+      "per GPU\n"
+      "                  at any prompt length (attention, ignored here, only lowers it)\n",
+      I(c, r->kv_bytes_per_token), FL(c, r->peak_flops * p->mfu),
+      BIL(c, (double)r->counts.active - (double)r->counts.embedding - (double)r->counts.lm_head),
+      RT(c, r->prefill_kv_bytes_per_s_linear_only));
+    P("   link           %s / %s per GPU = %s of the link",
+      RT(c, r->prefill_kv_bytes_per_s_per_gpu), RT(c, p->link_bytes_per_s),
+      PCT(c, r->link_utilization));
+    if (r->link_utilization > 1)
+        P(": the link caps prefill at %s tokens/s per replica\n\n",
+          I(c, (uint64_t)r->link_limited_tokens_per_s));
+    else
+        P("; the link would carry up to %s tokens/s per replica\n\n",
+          I(c, (uint64_t)(r->link_limited_tokens_per_s)));
+}
+
+static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    P("9. Recompute or fetch a cached token, per GPU  [estimated: MFU %s, setup latencies]\n",
+      N(c, p->mfu));
+    P("   recompute   2 x %s active params / (%u x %s TFLOP/s x MFU %s) = %s per token\n",
+      BIL(c, (double)r->counts.active - (double)r->counts.embedding - (double)r->counts.lm_head),
+      p->tp * p->pp, TF(c, r->peak_flops), N(c, p->mfu), TIME(c, r->recompute_s_per_token));
+    P("   fetch       %s B per token per GPU / the tier's bandwidth\n",
+      I(c, r->kv_bytes_per_token_per_gpu));
+    P("   break-even  %s B / %s = %s: faster links fetch, slower ones recompute\n",
+      I(c, r->kv_bytes_per_token_per_gpu), TIME(c, r->recompute_s_per_token),
+      RT(c, r->break_even_bytes_per_s));
+    P("   tier      bandwidth     fetch/token   fetch wins by  smallest copy that wins     "
+      "others may take\n");
+    for (int i = 0; i < KVC_PLAN_TIERS; i++) {
+        const kvc_plan_tier_t *t = &r->tiers[i];
+        char copy[48];
+        if (t->min_tokens_to_win == KVC_PLAN_UNBOUNDED)
+            snprintf(copy, sizeof copy, "never");
+        else
+            snprintf(copy, sizeof copy, "%s token%s (%s setup)", I(c, t->min_tokens_to_win),
+                     t->min_tokens_to_win == 1 ? "" : "s", TIME(c, t->latency_s));
+        P("   %-9s %-13s %-13s %-14s %-27s %s\n", t->name, RT(c, t->bytes_per_s),
+          TIME(c, t->fetch_s_per_token), t->speedup >= 1 ? N(c, t->speedup) : "loses", copy,
+          t->speedup >= 1 ? PCT(c, t->max_shared_fraction) : "-");
+    }
+    P("   fetching still loses for small models (the break-even scales with KV bytes per active "
+      "parameter),\n"
+      "   for copies under the smallest size above (setup latency dominates), and on links that "
+      "others\n"
+      "   share beyond the last column; recompute also pays attention FLOPs, left out here, so "
+      "fetch\n"
+      "   wins a little more than shown.\n");
+    P("   SSD tier    endurance %s TB rated / %s written = %.1f days (%.2f years)%s\n\n",
+      I(c, (uint64_t)llround(p->ssd_endurance_bytes / 1e12)), RT(c, r->ssd_write_bytes_per_s),
+      r->ssd_endurance_days, r->ssd_endurance_days / 365.25,
+      p->ssd_write_bytes_per_s > 0 ? ""
+                                   : "\n               (writing all the KV one prefill GPU "
+                                     "emits, section 8; set --ssd-write-rate)");
+}
+
+static void sec_little(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    const uint64_t cap = KVC_MIN(r->ceilings[KVC_PLAN_CEIL_KV_MEMORY],
+                                 KVC_MIN(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS],
+                                         r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]));
+    P("10. Resident sequences by Little's law, per replica  [estimated: MFU %s, MBU %s]\n",
+      N(c, p->mfu), N(c, p->mbu));
+    P("   arrivals   %s requests/s%s over %u replica%s = %s per replica\n", N(c, r->arrival_rate),
+      r->arrival_rate_auto ? " (default: half the sustainable rate below; set --arrival-rate)" : "",
+      p->dp, p->dp > 1 ? "s" : "", N(c, r->arrival_rate_per_replica));
+    P("   T(N)       prefill %s + %s outputs x step(N), where\n"
+      "              step(N) = PP x max((weights read + N x KV read) / (bandwidth x MBU %s),\n"
+      "                                 N x FLOP per sequence / (peak x MFU %s) / (1 - prefill "
+      "load)),\n"
+      "              prefill load = arrivals x %s GPU-s per prompt / %u GPU(s) = %s\n",
+      TIME(c, r->little_prefill_s), I(c, p->output_tokens), N(c, p->mbu), N(c, p->mfu),
+      N(c, r->prefill_work_s), p->tp * p->pp,
+      PCT(c, r->arrival_rate_per_replica * r->prefill_work_s / (p->tp * p->pp)));
+    if (r->little_stable) {
+        P("   fixed point N = arrivals x T(N), iterated from N = 0 (%d steps): N = %s sequences,\n"
+          "              T = %s, decode step %s\n",
+          r->little_iterations, N(c, r->little_resident), TIME(c, r->little_time_in_system),
+          TIME(c, r->little_step_s));
+        P("   taking the batch-1 time as given would say N = %s\n", N(c, r->little_naive_resident));
+        if (r->little_resident > (double)cap)
+            P("   over the ceiling: %s sequences would be resident but at most %s fit; requests "
+              "queue and\n   preempt, and the time in system grows past T\n",
+              N(c, r->little_resident), I(c, cap));
+    } else {
+        P("   no fixed point: at this rate work arrives faster than the replica finishes it, and "
+          "the\n   queue grows without bound\n");
+    }
+    P("   sustainable up to %s requests/s per replica (%s for the deployment): beyond it ",
+      N(c, r->little_max_arrival_rate), N(c, r->little_max_arrival_rate * p->dp));
+    if (r->little_max_by_ceiling)
+        P("more than the\n   %s sequences the ceilings allow would be resident, and requests "
+          "queue\n\n",
+          I(c, cap));
+    else
+        P("the GPUs' throughput\n   binds before the %s-sequence ceiling: prefill and decode "
+          "fill them and the queue grows\n\n",
+          I(c, cap));
+}
+
+static void sec_spec(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    P("11. Speculative decoding: k draft tokens per sequence and step  [estimated: roofline, "
+      "acceptance]\n");
+    P("   drafts count against the step's token budget (batch <= %s / (1 + k)), reserve k KV slots "
+      "per\n"
+      "   sequence, and are verified in one pass; above the compute-bound batch the rejected "
+      "drafts cost\n"
+      "   real time and speculation stops paying.  Acceptance %s per token.\n",
+      I(c, p->max_num_batched_tokens), N(c, p->spec_acceptance));
+    P("   k    batch by budget   compute-bound above   tokens/step   extra KV slots/seq\n");
+    for (uint32_t i = 0; i < r->n_spec; i++) {
+        const kvc_plan_spec_row_t *s = &r->spec[i];
+        P("   %-4u %-17s %-21s %-13.2f %u%s\n", s->spec_tokens, I(c, s->max_batch_by_tokens),
+          s->compute_bound_batch == KVC_PLAN_UNBOUNDED ? "never" : I(c, s->compute_bound_batch),
+          s->tokens_per_step, s->kv_slots_per_seq,
+          s->spec_tokens == p->spec_tokens ? "   <- configured" : "");
+    }
+    P("   tokens/step = (1 - a^(k+1)) / (1 - a) with a = %s\n\n", N(c, p->spec_acceptance));
+}
+
+static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
+{
+    P("12. Tenancy: what one request costs in the KV pool (per GPU)\n");
+    P("   tokens        KV per GPU     share of the pool   at once\n");
+    for (uint32_t i = 0; i < r->n_tenants; i++) {
+        const kvc_plan_tenant_row_t *t = &r->tenants[i];
+        P("   %-13s %-14s %-19s %s\n", I(c, t->tokens), BY(c, t->bytes_per_gpu),
+          PCT(c, t->pool_share), I(c, t->per_pool));
+    }
+    if (r->image_bytes_per_gpu)
+        P("   one image adds %s KV tokens: %s per GPU, %s of the pool\n",
+          I(c, r->model.image_tokens), BY(c, r->image_bytes_per_gpu),
+          PCT(c, r->kv_pool_bytes_per_gpu
+                     ? (double)r->image_bytes_per_gpu / (double)r->kv_pool_bytes_per_gpu
+                     : INFINITY));
+    P("   1%% of the pool is %s KV tokens: price quotas in KV tokens (or blocks), not requests; "
+      "one\n"
+      "   max_model_len request costs as much as %s typical ones.\n\n",
+      I(c, r->tokens_per_percent),
+      r->n_tenants >= 2 && r->tenants[0].bytes_per_gpu
+          ? N(c, (double)r->tenants[1].bytes_per_gpu / (double)r->tenants[0].bytes_per_gpu)
+          : "?");
+}
+
+int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
+{
+    rc_t *c = calloc(1, sizeof *c);
+    if (!c) return KVC_ENOMEM;
+    header(c, r);
+    sec_kv(c, r);
+    sec_ledger(c, r);
+    sec_phases(c, r);
+    sec_concurrency(c, r);
+    sec_sliding(c, r);
+    sec_prefill(c, r);
+    sec_forks(c, r);
+    sec_disagg(c, r);
+    sec_tiers(c, r);
+    sec_little(c, r);
+    sec_spec(c, r);
+    sec_tenancy(c, r);
+    if (r->fits)
+        P("verdict: starts; the KV pool holds %s sequences of %s tokens per replica, and the "
+          "running batch\n         stops at %s (%s)\n",
+          I(c, r->max_concurrency), I(c, r->request_tokens), I(c, r->ceilings[r->binding_ceiling]),
+          kvc_plan_ceiling_name(r->binding_ceiling));
+    else
+        P("verdict: does not start (%s)\n",
+          kvc_plan_phase_name((kvc_plan_phase_id_t)r->failed_phase));
+    int rc = 0;
+    if (c->b.failed || !c->b.s) {
+        free(c->b.s);
+        rc = KVC_ENOMEM;
+    } else {
+        *out = c->b.s;
+    }
+    free(c);
+    return rc;
+}
+
+#undef P
+
+/* ---- JSON -------------------------------------------------------------------- */
+/* Every cJSON call can fail for memory; one failure marks the whole document,
+ * so the renderer never hands out a silently truncated object. */
+typedef struct {
+    bool oom;
+} jctx_t;
+
+static cJSON *chk(jctx_t *j, cJSON *v)
+{
+    if (!v) j->oom = true;
+    return v;
+}
+/* Attach item to an array (key NULL) or an object; on failure free it. */
+static void attach(jctx_t *j, cJSON *to, const char *key, cJSON *item)
+{
+    bool ok =
+        item && to && (key ? cJSON_AddItemToObject(to, key, item) : cJSON_AddItemToArray(to, item));
+    if (!ok) {
+        cJSON_Delete(item);
+        j->oom = true;
+    }
+}
+/* Integers go out as raw digits so that bytes stay exact past 2^53. */
+static void add_u64(jctx_t *j, cJSON *o, const char *k, uint64_t v)
+{
+    if (v == KVC_PLAN_UNBOUNDED) {
+        chk(j, cJSON_AddNullToObject(o, k));
+        return;
+    }
+    char buf[32];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    chk(j, cJSON_AddRawToObject(o, k, buf));
+}
+static void add_i64(jctx_t *j, cJSON *o, const char *k, int64_t v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
+    chk(j, cJSON_AddRawToObject(o, k, buf));
+}
+static void add_num(jctx_t *j, cJSON *o, const char *k, double v)
+{
+    if (isfinite(v))
+        chk(j, cJSON_AddNumberToObject(o, k, v));
+    else
+        chk(j, cJSON_AddNullToObject(o, k));
+}
+static void add_str(jctx_t *j, cJSON *o, const char *k, const char *v)
+{
+    chk(j, cJSON_AddStringToObject(o, k, v));
+}
+static void add_bool(jctx_t *j, cJSON *o, const char *k, bool v)
+{
+    chk(j, cJSON_AddBoolToObject(o, k, v));
+}
+static void add_null(jctx_t *j, cJSON *o, const char *k)
+{
+    chk(j, cJSON_AddNullToObject(o, k));
+}
+
+static cJSON *json_model(jctx_t *j, const kvc_plan_result_t *r)
+{
+    const kvc_plan_model_t *m = &r->model;
+    cJSON *o = chk(j, cJSON_CreateObject());
+    add_str(j, o, "name", m->name);
+    add_str(j, o, "model_type", m->model_type);
+    add_u64(j, o, "hidden_size", m->hidden_size);
+    add_u64(j, o, "layers", m->n_layers);
+    add_u64(j, o, "heads", m->n_heads);
+    add_u64(j, o, "kv_heads", m->n_kv_heads);
+    add_u64(j, o, "head_dim", m->head_dim);
+    add_u64(j, o, "v_head_dim", m->v_head_dim);
+    add_u64(j, o, "vocab_size", m->vocab_size);
+    add_u64(j, o, "intermediate_size", m->intermediate_size);
+    add_bool(j, o, "tie_embeddings", m->tie_embeddings);
+    if (m->mla) {
+        cJSON *x = chk(j, cJSON_AddObjectToObject(o, "mla"));
+        add_u64(j, x, "kv_lora_rank", m->kv_lora_rank);
+        add_u64(j, x, "qk_rope_head_dim", m->qk_rope_head_dim);
+        add_u64(j, x, "qk_nope_head_dim", m->qk_nope_head_dim);
+        add_u64(j, x, "q_lora_rank", m->q_lora_rank);
+    } else {
+        add_null(j, o, "mla");
+    }
+    if (m->n_experts) {
+        cJSON *x = chk(j, cJSON_AddObjectToObject(o, "moe"));
+        add_u64(j, x, "experts", m->n_experts);
+        add_u64(j, x, "experts_per_token", m->n_experts_active);
+        add_u64(j, x, "expert_intermediate_size", m->moe_intermediate_size);
+        add_u64(j, x, "shared_experts", m->n_shared_experts);
+        add_u64(j, x, "shared_expert_intermediate_size", m->shared_expert_intermediate_size);
+        add_u64(j, x, "dense_layers", m->n_dense_layers);
+    } else {
+        add_null(j, o, "moe");
+    }
+    add_u64(j, o, "sliding_window", m->sliding_window);
+    add_u64(j, o, "sliding_layers", m->n_sliding_layers);
+    add_bool(j, o, "chunked_attention", m->chunked_attention);
+    add_u64(j, o, "image_tokens", m->image_tokens);
+    add_u64(j, o, "max_position_embeddings", m->max_position_embeddings);
+    add_u64(j, o, "params_total", r->counts.total);
+    add_u64(j, o, "params_active", r->counts.active);
+    return o;
+}
+
+static cJSON *json_gpu(jctx_t *j, const kvc_plan_gpu_t *g)
+{
+    cJSON *o = chk(j, cJSON_CreateObject());
+    add_str(j, o, "name", g->name);
+    add_u64(j, o, "memory_bytes", g->memory_bytes);
+    add_num(j, o, "hbm_bytes_per_s", g->hbm_bytes_per_s);
+    add_num(j, o, "bf16_flops", g->bf16_flops);
+    add_num(j, o, "fp8_flops", g->fp8_flops);
+    add_u64(j, o, "l2_bytes", g->l2_bytes);
+    add_num(j, o, "interconnect_bytes_per_s", g->interconnect_bytes_per_s);
+    add_num(j, o, "pcie_bytes_per_s", g->pcie_bytes_per_s);
+    return o;
+}
+
+static cJSON *json_config(jctx_t *j, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    cJSON *o = chk(j, cJSON_CreateObject());
+    add_u64(j, o, "tp", p->tp);
+    add_u64(j, o, "pp", p->pp);
+    add_u64(j, o, "dp", p->dp);
+    add_u64(j, o, "gpus", r->n_gpus);
+    add_str(j, o, "weight_dtype", kvc_plan_dtype_name(p->weight_dtype));
+    add_str(j, o, "kv_dtype", kvc_plan_dtype_name(p->kv_dtype));
+    add_u64(j, o, "block_size", p->block_size);
+    add_num(j, o, "gpu_memory_utilization", p->gpu_memory_utilization);
+    add_u64(j, o, "max_model_len", r->max_model_len);
+    add_u64(j, o, "max_num_seqs", p->max_num_seqs);
+    add_u64(j, o, "max_num_batched_tokens", p->max_num_batched_tokens);
+    add_u64(j, o, "prompt_tokens", p->prompt_tokens);
+    add_u64(j, o, "output_tokens", p->output_tokens);
+    add_u64(j, o, "context_tokens", r->context_tokens);
+    add_bool(j, o, "window_freeing", p->window_freeing);
+    add_bool(j, o, "enforce_eager", p->enforce_eager);
+    add_bool(j, o, "graphs_outside_budget", p->graphs_outside_budget);
+    add_num(j, o, "mfu", p->mfu);
+    add_num(j, o, "mbu", p->mbu);
+    return o;
+}
+
+static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    cJSON *o = chk(j, cJSON_CreateObject());
+    if (!o) return NULL;
+    attach(j, o, "model", json_model(j, r));
+    attach(j, o, "gpu", json_gpu(j, &r->gpu));
+    attach(j, o, "config", json_config(j, r));
+
+    /* 1 */
+    add_u64(j, o, "kv_bytes_per_token", r->kv_bytes_per_token);
+    add_u64(j, o, "kv_bytes_per_token_per_gpu", r->kv_bytes_per_token_per_gpu);
+    add_u64(j, o, "kv_head_replication", r->kv_head_replication);
+    add_u64(j, o, "kv_heads_per_gpu", r->kv_heads_per_gpu);
+    add_u64(j, o, "layers_per_gpu", r->layers_per_gpu);
+    add_u64(j, o, "kv_replicated_bytes_per_token", r->kv_replicated_bytes_per_token);
+    add_u64(j, o, "max_tp_without_replication", r->max_tp_without_replication);
+    cJSON *sweep = chk(j, cJSON_AddArrayToObject(o, "tp_sweep"));
+    for (uint32_t i = 0; i < r->n_tp_rows; i++) {
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_u64(j, x, "tp", r->tp_rows[i].tp);
+        add_u64(j, x, "kv_heads_per_gpu", r->tp_rows[i].kv_heads_per_gpu);
+        add_u64(j, x, "kv_head_replication", r->tp_rows[i].replication);
+        add_u64(j, x, "kv_bytes_per_token_per_gpu", r->tp_rows[i].kv_bytes_per_token_per_gpu);
+        add_u64(j, x, "weight_bytes_per_gpu", r->tp_rows[i].weight_bytes_per_gpu);
+        attach(j, sweep, NULL, x);
+    }
+
+    /* 2 */
+    add_u64(j, o, "weight_bytes_per_gpu", r->weight_bytes_per_gpu);
+    add_u64(j, o, "weight_bytes_total", r->weight_bytes_total);
+    cJSON *ledger = chk(j, cJSON_AddArrayToObject(o, "ledger"));
+    for (uint32_t i = 0; i < r->n_ledger; i++) {
+        const kvc_plan_ledger_entry_t *e = &r->ledger[i];
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_str(j, x, "name", e->name);
+        add_u64(j, x, "bytes", e->bytes);
+        add_str(j, x, "kind", kvc_plan_kind_name(e->kind));
+        add_str(j, x, "engine", kvc_plan_kind_name(e->engine));
+        add_str(j, x, "op", kvc_plan_op_name(e->op));
+        attach(j, ledger, NULL, x);
+    }
+    add_i64(j, o, "kv_pool_signed_bytes", r->kv_pool_signed_bytes);
+    add_u64(j, o, "kv_pool_bytes_per_gpu", r->kv_pool_bytes_per_gpu);
+    add_u64(j, o, "num_blocks", r->num_blocks);
+    add_u64(j, o, "pool_tokens", r->pool_tokens);
+    add_u64(j, o, "binding_stage", r->binding_stage);
+
+    /* 3 */
+    add_bool(j, o, "fits", r->fits);
+    if (r->fits)
+        add_null(j, o, "failed_phase");
+    else
+        add_str(j, o, "failed_phase", kvc_plan_phase_name((kvc_plan_phase_id_t)r->failed_phase));
+    cJSON *phases = chk(j, cJSON_AddArrayToObject(o, "phases"));
+    for (int i = 0; i < KVC_PLAN_PHASE__COUNT; i++) {
+        const kvc_plan_phase_t *x = &r->phases[i];
+        cJSON *e = chk(j, cJSON_CreateObject());
+        add_str(j, e, "name", kvc_plan_phase_name((kvc_plan_phase_id_t)i));
+        add_str(j, e, "status", kvc_plan_phase_status_name(x->status));
+        add_u64(j, e, "need_bytes", x->need_bytes);
+        add_u64(j, e, "have_bytes", x->have_bytes);
+        add_u64(j, e, "stage", x->stage);
+        attach(j, phases, NULL, e);
+    }
+    add_u64(j, o, "max_model_len_that_fits", r->max_model_len_that_fits);
+    cJSON *sug = chk(j, cJSON_AddObjectToObject(o, "suggestions"));
+    if (r->suggest_tp)
+        add_u64(j, sug, "tp", r->suggest_tp);
+    else
+        add_null(j, sug, "tp");
+    add_bool(j, sug, "fp8_kv_starts", r->suggest_fp8_kv_fits);
+    if (r->suggest_utilization > 0)
+        add_num(j, sug, "gpu_memory_utilization", r->suggest_utilization);
+    else
+        add_null(j, sug, "gpu_memory_utilization");
+
+    /* 4 */
+    add_u64(j, o, "max_concurrency", r->max_concurrency);
+    add_u64(j, o, "kv_bytes_per_request", r->kv_bytes_per_request);
+    add_u64(j, o, "blocks_per_request", r->blocks_per_request);
+    add_u64(j, o, "partial_block_waste_tokens", r->partial_block_waste_tokens);
+    add_u64(j, o, "admitted_at_prompt", r->admitted_at_prompt);
+    cJSON *ceil_o = chk(j, cJSON_AddObjectToObject(o, "ceilings"));
+    for (int i = 0; i < KVC_PLAN_CEIL__COUNT; i++)
+        add_u64(j, ceil_o, kvc_plan_ceiling_name((kvc_plan_ceiling_id_t)i), r->ceilings[i]);
+    add_str(j, ceil_o, "binding", kvc_plan_ceiling_name(r->binding_ceiling));
+    add_u64(j, ceil_o, "compute_weights_only", r->compute_weights_only);
+    add_num(j, o, "ridge_flops_per_byte", r->ridge_flops_per_byte);
+    cJSON *dec = chk(j, cJSON_AddObjectToObject(o, "decode"));
+    add_u64(j, dec, "context_tokens", r->decode_context);
+    add_num(j, dec, "flops_per_seq", r->decode_flops_per_seq);
+    add_num(j, dec, "kv_bytes_read_per_seq", r->decode_bytes_per_seq);
+    add_num(j, dec, "weight_bytes_read", r->weight_read_bytes);
+    add_num(j, dec, "peak_flops", r->peak_flops);
+
+    /* 5 */
+    add_num(j, o, "sliding_window_saving", r->sliding_window_saving);
+    cJSON *sw = chk(j, cJSON_AddObjectToObject(o, "sliding_window"));
+    add_u64(j, sw, "context_tokens", r->context_tokens);
+    add_u64(j, sw, "window", r->model.sliding_window);
+    add_u64(j, sw, "windowed_layers", r->model.n_sliding_layers);
+    add_u64(j, sw, "bytes_with_freeing", r->swa_bytes_with_freeing);
+    add_u64(j, sw, "bytes_without_freeing", r->swa_bytes_without_freeing);
+    add_num(j, sw, "saving_limit", r->sliding_window_saving_limit);
+    add_u64(j, o, "kv_bytes_per_request_model", r->kv_bytes_per_request_model);
+
+    /* 6 */
+    add_num(j, o, "prefill_attention_flops_fraction", r->prefill_attention_flops_fraction);
+    cJSON *pf = chk(j, cJSON_AddObjectToObject(o, "prefill"));
+    add_u64(j, pf, "context_tokens", r->context_tokens);
+    add_num(j, pf, "linear_flops", r->prefill_linear_flops);
+    add_num(j, pf, "attention_flops", r->prefill_attention_flops);
+
+    /* 7 */
+    cJSON *fk = chk(j, cJSON_AddObjectToObject(o, "forks"));
+    add_u64(j, fk, "n", p->n_samples);
+    add_u64(j, fk, "beams", p->beams);
+    add_u64(j, fk, "samples_unshared_bytes", r->fork_unshared_bytes_samples);
+    add_u64(j, fk, "samples_shared_bytes", r->fork_shared_bytes_samples);
+    add_u64(j, fk, "beams_unshared_bytes", r->fork_unshared_bytes_beams);
+    add_u64(j, fk, "beams_shared_bytes", r->fork_shared_bytes_beams);
+    add_u64(j, fk, "beams_diverged_bytes", r->fork_shared_bytes_beams_diverged);
+
+    /* 8 */
+    cJSON *dg = chk(j, cJSON_AddObjectToObject(o, "disaggregation"));
+    add_num(j, dg, "prefill_tokens_per_s", r->prefill_tokens_per_s);
+    add_str(j, dg, "prefill_rate_kind", kvc_plan_kind_name(r->prefill_rate_kind));
+    add_num(j, dg, "kv_bytes_per_s", r->prefill_kv_bytes_per_s);
+    add_num(j, dg, "kv_bytes_per_s_per_gpu", r->prefill_kv_bytes_per_s_per_gpu);
+    add_num(j, dg, "kv_bytes_per_s_per_gpu_linear_only", r->prefill_kv_bytes_per_s_linear_only);
+    add_num(j, dg, "link_bytes_per_s", p->link_bytes_per_s);
+    add_num(j, dg, "link_utilization", r->link_utilization);
+    add_num(j, dg, "link_limited_tokens_per_s", r->link_limited_tokens_per_s);
+
+    /* 9 */
+    cJSON *rf = chk(j, cJSON_AddObjectToObject(o, "recompute_vs_fetch"));
+    add_num(j, rf, "recompute_s_per_token", r->recompute_s_per_token);
+    add_num(j, rf, "break_even_bytes_per_s", r->break_even_bytes_per_s);
+    cJSON *tiers = chk(j, cJSON_AddArrayToObject(rf, "tiers"));
+    for (int i = 0; i < KVC_PLAN_TIERS; i++) {
+        const kvc_plan_tier_t *t = &r->tiers[i];
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_str(j, x, "name", t->name);
+        add_num(j, x, "bytes_per_s", t->bytes_per_s);
+        add_num(j, x, "latency_s", t->latency_s);
+        add_num(j, x, "fetch_s_per_token", t->fetch_s_per_token);
+        add_num(j, x, "speedup", t->speedup);
+        add_u64(j, x, "min_tokens_to_win", t->min_tokens_to_win);
+        add_num(j, x, "max_shared_fraction", t->max_shared_fraction);
+        attach(j, tiers, NULL, x);
+    }
+    cJSON *ssd = chk(j, cJSON_AddObjectToObject(rf, "ssd"));
+    add_num(j, ssd, "endurance_bytes", p->ssd_endurance_bytes);
+    add_num(j, ssd, "write_bytes_per_s", r->ssd_write_bytes_per_s);
+    add_num(j, ssd, "endurance_days", r->ssd_endurance_days);
+
+    /* 10 */
+    cJSON *lt = chk(j, cJSON_AddObjectToObject(o, "littles_law"));
+    add_num(j, lt, "arrival_rate", r->arrival_rate);
+    add_bool(j, lt, "arrival_rate_auto", r->arrival_rate_auto);
+    add_num(j, lt, "arrival_rate_per_replica", r->arrival_rate_per_replica);
+    add_bool(j, lt, "stable", r->little_stable);
+    add_num(j, lt, "resident_sequences", r->little_resident);
+    add_num(j, lt, "time_in_system_s", r->little_time_in_system);
+    add_num(j, lt, "step_s", r->little_step_s);
+    add_num(j, lt, "prefill_s", r->little_prefill_s);
+    add_num(j, lt, "naive_resident_sequences", r->little_naive_resident);
+    add_num(j, lt, "max_arrival_rate_per_replica", r->little_max_arrival_rate);
+    add_str(j, lt, "max_arrival_rate_limited_by",
+            r->little_max_by_ceiling ? "ceilings" : "throughput");
+    add_u64(j, lt, "iterations", (uint64_t)r->little_iterations);
+
+    /* 11 */
+    cJSON *sp = chk(j, cJSON_AddObjectToObject(o, "speculative"));
+    add_u64(j, sp, "spec_tokens", p->spec_tokens);
+    add_num(j, sp, "acceptance", p->spec_acceptance);
+    cJSON *rows = chk(j, cJSON_AddArrayToObject(sp, "rows"));
+    for (uint32_t i = 0; i < r->n_spec; i++) {
+        const kvc_plan_spec_row_t *s = &r->spec[i];
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_u64(j, x, "spec_tokens", s->spec_tokens);
+        add_u64(j, x, "max_batch_by_tokens", s->max_batch_by_tokens);
+        add_u64(j, x, "compute_bound_batch", s->compute_bound_batch);
+        add_num(j, x, "tokens_per_step", s->tokens_per_step);
+        add_u64(j, x, "kv_slots_per_seq", s->kv_slots_per_seq);
+        attach(j, rows, NULL, x);
+    }
+
+    /* 12 */
+    cJSON *tn = chk(j, cJSON_AddObjectToObject(o, "tenancy"));
+    add_u64(j, tn, "tokens_per_percent", r->tokens_per_percent);
+    add_u64(j, tn, "image_tokens", r->model.image_tokens);
+    add_u64(j, tn, "image_bytes_per_gpu", r->image_bytes_per_gpu);
+    cJSON *req = chk(j, cJSON_AddArrayToObject(tn, "requests"));
+    for (uint32_t i = 0; i < r->n_tenants; i++) {
+        const kvc_plan_tenant_row_t *t = &r->tenants[i];
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_u64(j, x, "tokens", t->tokens);
+        add_u64(j, x, "bytes_per_gpu", t->bytes_per_gpu);
+        add_num(j, x, "pool_share", t->pool_share);
+        add_u64(j, x, "per_pool", t->per_pool);
+        attach(j, req, NULL, x);
+    }
+    return o;
+}
+
+int kvc_plan_render_json(const kvc_plan_result_t *r, char **out)
+{
+    jctx_t j = {false};
+    cJSON *o = build_json(&j, r);
+    char *s = o && !j.oom ? cJSON_Print(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) return KVC_ENOMEM;
+    /* cJSON allocates with malloc (its default hooks); hand out a copy we own so that
+     * kvc_plan_string_free is always plain free(). */
+    size_t n = strlen(s);
+    char *copy = malloc(n + 1);
+    if (copy) memcpy(copy, s, n + 1);
+    cJSON_free(s);
+    if (!copy) return KVC_ENOMEM;
+    *out = copy;
+    return 0;
+}
+
+void kvc_plan_string_free(char *s)
+{
+    free(s);
+}

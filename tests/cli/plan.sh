@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# plan.sh - `kvcache plan` on the command line: every error path gives one line
+# on stderr, nothing on stdout and exit status 1; a refusal exits 3 and names
+# the phase; a plan that starts exits 0; the JSON carries the documented keys.
+#
+# usage: bash plan.sh <kvcache binary> <source dir> <shared dir>
+set -u
+KVC=$1
+SHARED=$3
+CONFIGS=$SHARED/configs
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# expect_error NEEDLE ARGS...: exit 1, one stderr line containing NEEDLE, empty stdout.
+expect_error() {
+  local needle=$1
+  shift
+  "$KVC" plan "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  if [ "$rc" -ne 1 ]; then fail "plan $*: exit $rc, want 1"; return; fi
+  if [ -s "$TMP/out" ]; then fail "plan $*: wrote to stdout on error"; fi
+  if [ "$(wc -l <"$TMP/err")" -ne 1 ]; then fail "plan $*: stderr is not one line: $(cat "$TMP/err")"; fi
+  if ! grep -qF -- "$needle" "$TMP/err"; then fail "plan $*: stderr '$(cat "$TMP/err")' lacks '$needle'"; fi
+  if ! grep -q '^kvcache plan: ' "$TMP/err"; then fail "plan $*: error not prefixed 'kvcache plan: '"; fi
+}
+
+# expect_status RC ARGS...: exit RC, nothing on stderr.
+expect_status() {
+  local want=$1
+  shift
+  "$KVC" plan "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  if [ "$rc" -ne "$want" ]; then fail "plan $*: exit $rc, want $want ($(head -c 300 "$TMP/err"))"; fi
+  if [ -s "$TMP/err" ]; then fail "plan $*: wrote to stderr: $(head -c 300 "$TMP/err")"; fi
+}
+
+# has PATTERN: the last stdout matches the extended regex.
+has() {
+  if ! grep -qE -- "$1" "$TMP/out"; then fail "output lacks /$1/"; fi
+}
+
+# ---- bad input: one clear line, exit 1 -------------------------------------
+expect_error "no --model" --gpu h100
+expect_error "--model 'nope': not a preset (llama-3.1-8b" --model nope --gpu h100
+expect_error "--gpu 'h999': unknown preset (presets: a100-80gb-sxm, h100-sxm" --model llama-3.1-8b --gpu h999
+expect_error "no --gpu: give a preset" --model llama-3.1-8b
+expect_error "no --gpu: give a preset" --model llama-3.1-8b --gpu-memory 24GiB --gpu-bandwidth 1TB/s
+expect_error "cannot open $TMP/missing.json: No such file or directory" --model "$TMP/missing.json" --gpu h100
+expect_error "cannot read $CONFIGS: Is a directory" --model "$CONFIGS" --gpu h100
+printf '{"hidden_size": 4096, "num_hidden_layers": ' >"$TMP/truncated.json"
+expect_error "malformed JSON at byte" --model "$TMP/truncated.json" --gpu h100
+printf 'not json at all' >"$TMP/garbage.json"
+expect_error "malformed JSON at byte 0" --model "$TMP/garbage.json" --gpu h100
+printf '["an", "array"]' >"$TMP/array.json"
+expect_error "expected a JSON object" --model "$TMP/array.json" --gpu h100
+printf '{"num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000, "intermediate_size": 11008}' \
+  >"$TMP/nohidden.json"
+expect_error "hidden_size is missing" --model "$TMP/nohidden.json" --gpu h100
+printf '{"hidden_size": "big", "num_hidden_layers": 32}' >"$TMP/badtype.json"
+expect_error 'hidden_size: expected a positive integer, got "big"' --model "$TMP/badtype.json" --gpu h100
+if [ "$(id -u)" -ne 0 ]; then
+  cp "$CONFIGS/llama-3.1-8b.json" "$TMP/noread.json" && chmod 000 "$TMP/noread.json"
+  expect_error "cannot open $TMP/noread.json: Permission denied" --model "$TMP/noread.json" --gpu h100
+fi
+expect_error "--tp 3 does not divide the 64 attention heads" --model llama-3.1-70b --gpu h100 --tp 3
+# 48 query heads and 12 KV heads: TP 8 divides the first, neither divides nor is a multiple of the second
+printf '{"hidden_size": 6144, "num_hidden_layers": 4, "num_attention_heads": 48, "num_key_value_heads": 12, "vocab_size": 1000, "intermediate_size": 8192, "max_position_embeddings": 4096}' \
+  >"$TMP/heads12.json"
+expect_error "--tp 8 neither divides the 12 KV heads nor is a multiple of them" --model "$TMP/heads12.json" --gpu h100 --tp 8
+expect_error "--pp 40 exceeds the 32 layers" --model llama-3.1-8b --gpu h100 --pp 40
+expect_error "--pp: '65' is not a whole number in 1..64" --model llama-3.1-8b --gpu h100 --pp 65
+expect_error "--tp: 'x' is not a whole number in 1..1024" --model llama-3.1-8b --gpu h100 --tp x
+expect_error "--tp: '0' is not a whole number" --model llama-3.1-8b --gpu h100 --tp 0
+expect_error "--tp needs a value" --model llama-3.1-8b --gpu h100 --tp
+expect_error "--weight-dtype: 'fp4' is not bf16, fp16, fp8 or int4" --model llama-3.1-8b --gpu h100 --weight-dtype fp4
+expect_error "--kv-dtype: 'int4' is not bf16, fp16 or fp8" --model llama-3.1-8b --gpu h100 --kv-dtype int4
+expect_error "--block-size: '24' is not a power of two" --model llama-3.1-8b --gpu h100 --block-size 24
+expect_error "--gpu-memory-utilization: '1.5' is not a number" --model llama-3.1-8b --gpu h100 --gpu-memory-utilization 1.5
+expect_error "--gpu-memory-utilization: 'abc' is not a number" --model llama-3.1-8b --gpu h100 --gpu-memory-utilization=abc
+expect_error "--gpu-memory: 'lots' is not a size" --model llama-3.1-8b --gpu h100 --gpu-memory lots
+expect_error "--gpu-bandwidth: '3TB' is not a positive rate" --model llama-3.1-8b --gpu h100 --gpu-bandwidth 3TB
+expect_error "--max-model-len 200000 exceeds the model's max_position_embeddings 131072" --model llama-3.1-8b --gpu h100 --max-model-len 200000
+expect_error "is longer than max_model_len 4096" --model llama-3.1-8b --gpu h100 --max-model-len 4096 --prompt 4000 --output 200
+expect_error "--max-num-batched-tokens 128 is less than --max-num-seqs 256" --model llama-3.1-8b --gpu h100 --max-num-batched-tokens 128
+expect_error "--spec-acceptance: '1' is not a number" --model llama-3.1-8b --gpu h100 --spec-acceptance 1
+expect_error "unknown option '--bogus' (try --help)" --model llama-3.1-8b --gpu h100 --bogus
+expect_error "--json takes no value" --model llama-3.1-8b --gpu h100 --json=yes
+expect_error "unexpected argument 'extra'" --model llama-3.1-8b --gpu h100 extra
+
+# ---- the refusal: Llama-3.1-70B in bf16 on two H100s with TP 2 --------------
+expect_status 3 --model llama-3.1-70b --gpu h100-sxm --tp 2
+has '^3\. Does it start\?  NO: it fails at check_max_model_len'
+has 'check_max_model_len +FAILED +one request of max_model_len 131,072 tokens needs 20\.00 GiB > the KV pool.s 2\.13 GiB'
+has 'capture_cuda_graphs +not reached'
+has 'estimated maximum model length is 13984'
+has '--tp 4 starts'
+has '^verdict: does not start \(check_max_model_len\)'
+expect_status 3 --model "$CONFIGS/llama-3.1-70b.json" --gpu h100 --tp 2 --json
+has '"fits":[[:space:]]*false'
+has '"failed_phase":[[:space:]]*"check_max_model_len"'
+has '"kv_bytes_per_token":[[:space:]]*327680,'
+has '"kv_bytes_per_token_per_gpu":[[:space:]]*163840,'
+has '"kv_pool_bytes_per_gpu":[[:space:]]*2291281559,'
+has '"num_blocks":[[:space:]]*874,'
+
+# ---- a deployment that starts ---------------------------------------------------
+expect_status 0 --model llama-3.1-8b --gpu h100
+has '^1\. KV bytes per token'
+has '2 x 32 x 8 x 128 x 2 B = 131,072 B \(128 KiB\) per token'
+has 'KiB, MiB, GiB = 2\^10, 2\^20, 2\^30 bytes; GB/s, TB/s = 10\^9, 10\^12 bytes/s'
+has '^3\. Does it start\?  yes'
+for n in 1 2 3 4 5 6 7 8 9 10 11 12; do has "^$n\. "; done
+has '^verdict: starts'
+
+# every key the issue asks for, with the right kind of value
+expect_status 0 --model llama-3.1-8b --gpu h100 --json
+for key in kv_bytes_per_token kv_bytes_per_token_per_gpu kv_head_replication weight_bytes_per_gpu \
+  kv_pool_bytes_per_gpu num_blocks max_concurrency kv_bytes_per_request; do
+  has "^	\"$key\":[[:space:]]*[0-9]+,?\$"
+done
+for key in ridge_flops_per_byte sliding_window_saving prefill_attention_flops_fraction; do
+  has "^	\"$key\":[[:space:]]*[0-9.e+-]+,?\$"
+done
+has '^	"fits":[[:space:]]*true,'
+has '^	"failed_phase":[[:space:]]*null,'
+has '^	"ceilings":[[:space:]]*\{'
+for key in kv_memory compute max_num_seqs max_num_batched_tokens; do has "^		\"$key\":[[:space:]]*([0-9]+|null),"; done
+has '^		"binding":[[:space:]]*"(kv_memory|compute|max_num_seqs|max_num_batched_tokens)"'
+has '^	"ledger":[[:space:]]*\['
+# the ledger in engine order, each entry with name, bytes (an integer) and kind
+sed -n '/^	"ledger":/,/^		}\]/p' "$TMP/out" >"$TMP/ledger"
+names=$(grep -E '^			"name":' "$TMP/ledger" | sed -E 's/.*"name":[[:space:]]*"([a-z_]+)".*/\1/' | tr '\n' ' ')
+[ "$names" = "memory_visible budget weights activation_peak cuda_graphs non_torch cuda_context kv_pool " ] ||
+  fail "ledger order: $names"
+kinds=$(grep -cE '^			"kind":[[:space:]]*"(measured|estimated|configured)"' "$TMP/ledger")
+[ "$kinds" -eq 8 ] || fail "ledger kinds: $kinds of 8"
+byte_lines=$(grep -cE '^			"bytes":[[:space:]]*[0-9]+,$' "$TMP/ledger")
+[ "$byte_lines" -eq 8 ] || fail "ledger bytes as integers: $byte_lines of 8"
+
+# a measured number passed in is labelled measured
+expect_status 0 --model llama-3.1-8b --gpu h100 --json --weight-memory 14.96GiB
+weights_kind=$(grep -A3 '"name":[[:space:]]*"weights"' "$TMP/out" | grep -oE '"kind":[[:space:]]*"[a-z]+"' | grep -oE '[a-z]+"$')
+[ "$weights_kind" = 'measured"' ] || fail "--weight-memory: weights kind is $weights_kind"
+
+# explicit GPU numbers instead of a preset
+expect_status 0 --model llama-3.1-8b --gpu-memory 44GiB --gpu-bandwidth 864GB/s --gpu-flops 362
+has 'custom GPU: 44\.00 GiB visible'
+# a preset with one number replaced: 14.96 GiB of weights and a 0.5 GiB context load into
+# 16 GiB, but the profile run's 1.22 GiB activation peak does not fit beside them
+expect_status 3 --model llama-3.1-8b --gpu h100 --gpu-memory 16GiB
+has 'NO: it fails at profile'
+expect_status 3 --model llama-3.1-8b --gpu h100 --gpu-memory 15GiB
+has 'NO: it fails at load_weights'
+
+# the MLA example: DeepSeek-V3 in fp8 on 8 H200s
+expect_status 0 --model "$CONFIGS/deepseek-v3.json" --gpu h200 --tp 8 --weight-dtype fp8
+has '\(512 \+ 64\) x 61 x 2 B = 70,272 B \(68\.62 KiB\) per token'
+has 'copies   8 of each latent'
+
+# the forks example from the issue
+expect_status 0 --model llama-3.1-8b --gpu h100 --beams 4 --prompt 1000 --output 200 --block-size 16
+has 'unshared   4 x 75 blocks = 600 MiB'
+has '75 \+ 3 = 78 blocks = 156 MiB'
+
+# every shared config plans, and none of them crashes
+for cfg in "$CONFIGS"/*.json; do
+  for tp in 1 8; do
+    "$KVC" plan --model "$cfg" --gpu h200 --tp "$tp" --max-model-len 4096 >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 3 ]; then fail "$cfg tp $tp: exit $rc: $(cat "$TMP/err")"; fi
+  done
+done
+
+# listing and help
+expect_status 0 --list
+has '^  deepseek-v3 '
+has '^  mi300x +MI300X'
+expect_status 0 --help
+has '^usage: kvcache plan'
+has 'exit status: 0 when the deployment starts, 3 when it does not, 1 for bad input'
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "plan CLI: all checks passed"

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# plan_docs.sh - the worked examples in docs/plan.md are the program's real
+# output: each pasted block must still match what `kvcache plan` prints, so the
+# README section cannot drift from the code.
+#
+# usage: bash plan_docs.sh <kvcache binary> <source dir> <shared dir>
+set -u
+KVC=$1
+DOC=$2/docs/plan.md
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# block N: the lines of the N-th fenced code block that follows a "$ kvcache plan" line.
+block() {
+  awk -v want="$1" '
+    /^    \$ kvcache plan/ { n++; armed = (n == want); next }
+    armed && /^```/ { if (inside) exit; inside = 1; next }
+    inside { print }
+  ' "$DOC"
+}
+
+# check N ARGS...: block N is the output of `kvcache plan ARGS` (a "..." line skips to the
+# verdict; a trailing "exit S" line is the exit status).
+check() {
+  local n=$1
+  shift
+  block "$n" >"$TMP/doc"
+  [ -s "$TMP/doc" ] || { fail "docs/plan.md: example $n not found"; return; }
+  "$KVC" plan "$@" >"$TMP/out" 2>/dev/null
+  local rc=$?
+  if grep -q '^exit ' "$TMP/doc"; then
+    local want_rc
+    want_rc=$(sed -n 's/^exit //p' "$TMP/doc")
+    [ "$rc" = "$want_rc" ] || fail "example $n: exit $rc, the doc says $want_rc"
+    sed -i '/^exit /d' "$TMP/doc"
+  fi
+  if grep -q '^\.\.\.$' "$TMP/doc"; then
+    # the head up to "...", then the tail from the verdict on
+    sed '/^\.\.\.$/,$d' "$TMP/doc" >"$TMP/head"
+    head -n "$(wc -l <"$TMP/head")" "$TMP/out" | diff -u "$TMP/head" - >"$TMP/diff" ||
+      { fail "example $n drifted:"; cat "$TMP/diff" >&2; }
+    sed '1,/^\.\.\.$/d' "$TMP/doc" >"$TMP/tail"
+    sed -n '/^verdict/,$p' "$TMP/out" | diff -u "$TMP/tail" - >"$TMP/diff" ||
+      { fail "example $n verdict drifted:"; cat "$TMP/diff" >&2; }
+  else
+    diff -u "$TMP/doc" "$TMP/out" >"$TMP/diff" || { fail "example $n drifted:"; cat "$TMP/diff" >&2; }
+  fi
+}
+
+check 1 --model llama-3.1-8b --gpu h100-sxm
+check 2 --model llama-3.1-70b --gpu h100-sxm --tp 2
+check 3 --model deepseek-v3 --gpu h200 --tp 8 --weight-dtype fp8
+
+# the JSON excerpt: every line shown (indented two spaces per level) appears in the output
+block 4 | grep -vE '^ *(\.\.\.|\{|\})$' >"$TMP/doc"
+[ -s "$TMP/doc" ] || fail "docs/plan.md: the JSON example not found"
+"$KVC" plan --model deepseek-v3 --gpu h200 --tp 8 --weight-dtype fp8 --json |
+  sed 's/\t/  /g' >"$TMP/out"
+while IFS= read -r line; do
+  grep -qxF -- "$line" "$TMP/out" || fail "JSON example line not in the output: $line"
+done <"$TMP/doc"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "plan docs: the examples match the program"

@@ -1,0 +1,1624 @@
+/* test_plan.c - the capacity planner's formulas, one by one, on small models
+ * whose numbers are derived by hand in the comments; its validation; the
+ * config reader; the renderers; and randomized sweeps that check the
+ * invariants every plan must keep. */
+#include "test_helpers.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define GIB (UINT64_C(1) << 30)
+#define MIB (UINT64_C(1) << 20)
+
+/* A small dense model: H 64, 4 layers, 8 heads of 8, 2 KV heads, vocab 100,
+ * MLP 128, untied.  Parameters (derived once, used below):
+ *   attention per layer: q 64x64 = 4,096; k, v 2 x 64x16 = 2,048; o 4,096 -> 10,240
+ *   MLP per layer: 3 x 64 x 128 = 24,576;  norms 2 x 64 = 128  -> 34,944 per layer
+ *   4 layers 139,776 + embedding 6,400 + LM head 6,400 + final norm 64 = 152,640 */
+static kvc_plan_model_t tiny(void)
+{
+    return (kvc_plan_model_t){.name = "tiny",
+                              .hidden_size = 64,
+                              .n_layers = 4,
+                              .n_heads = 8,
+                              .n_kv_heads = 2,
+                              .head_dim = 8,
+                              .v_head_dim = 8,
+                              .vocab_size = 100,
+                              .intermediate_size = 128,
+                              .max_position_embeddings = 4096};
+}
+
+/* 10 GiB, 1 TB/s, 100 TFLOP/s bf16, 200 fp8. */
+static kvc_plan_gpu_t tiny_gpu(void)
+{
+    return (kvc_plan_gpu_t){.name = "tiny GPU",
+                            .memory_bytes = 10 * GIB,
+                            .hbm_bytes_per_s = 1e12,
+                            .bf16_flops = 100e12,
+                            .fp8_flops = 200e12,
+                            .l2_bytes = 32 * MIB,
+                            .interconnect_bytes_per_s = 100e9,
+                            .pcie_bytes_per_s = 32e9};
+}
+
+static kvc_plan_gpu_t preset_gpu(const char *name)
+{
+    kvc_plan_gpu_t g;
+    assert_ok(kvc_plan_gpu_preset(name, &g));
+    return g;
+}
+
+static kvc_plan_model_t preset_model(const char *name)
+{
+    kvc_plan_model_t m;
+    assert_ok(kvc_plan_model_preset(name, &m));
+    return m;
+}
+
+/* The result is a few kilobytes: keep it off the stack of every test. */
+static kvc_plan_result_t *plan(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
+                               const kvc_plan_params_t *p)
+{
+    kvc_plan_result_t *r = malloc(sizeof *r);
+    assert_non_null(r);
+    char msg[256] = "";
+    int rc = kvc_plan_compute(m, g, p, r, msg, sizeof msg);
+    if (rc) fail_msg("kvc_plan_compute: %s (%s)", kvc_strerror(rc), msg);
+    return r;
+}
+
+/* Expect kvc_plan_compute to refuse the input with `err` and a message containing `needle`. */
+static void expect_refused(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
+                           const kvc_plan_params_t *p, int err, const char *needle)
+{
+    kvc_plan_result_t *r = malloc(sizeof *r);
+    assert_non_null(r);
+    char msg[256] = "";
+    int rc = kvc_plan_compute(m, g, p, r, msg, sizeof msg);
+    free(r);
+    assert_int_equal(rc, err);
+    if (!strstr(msg, needle)) fail_msg("message '%s' lacks '%s'", msg, needle);
+    assert_null(strchr(msg, '\n')); /* one line */
+}
+
+static const kvc_plan_ledger_entry_t *entry(const kvc_plan_result_t *r, const char *name)
+{
+    for (uint32_t i = 0; i < r->n_ledger; i++)
+        if (!strcmp(r->ledger[i].name, name)) return &r->ledger[i];
+    fail_msg("no ledger entry %s", name);
+    return NULL;
+}
+
+/* ---- units and names ----------------------------------------------------- */
+static void dtypes_have_names_bits_and_aliases(void **state)
+{
+    (void)state;
+    kvc_plan_dtype_t dt;
+    assert_string_equal(kvc_plan_dtype_name(KVC_PLAN_BF16), "bf16");
+    assert_string_equal(kvc_plan_dtype_name(KVC_PLAN_INT4), "int4");
+    assert_string_equal(kvc_plan_dtype_name((kvc_plan_dtype_t)99), "?");
+    assert_int_equal(kvc_plan_dtype_bits(KVC_PLAN_FP16), 16);
+    assert_int_equal(kvc_plan_dtype_bits(KVC_PLAN_FP8), 8);
+    assert_int_equal(kvc_plan_dtype_bits(KVC_PLAN_INT4), 4);
+    assert_int_equal(kvc_plan_dtype_bits((kvc_plan_dtype_t)99), 0);
+    assert_ok(kvc_plan_dtype_parse("bfloat16", &dt));
+    assert_int_equal(dt, KVC_PLAN_BF16);
+    assert_ok(kvc_plan_dtype_parse("FP8_E4M3", &dt));
+    assert_int_equal(dt, KVC_PLAN_FP8);
+    assert_ok(kvc_plan_dtype_parse("half", &dt));
+    assert_int_equal(dt, KVC_PLAN_FP16);
+    assert_int_equal(kvc_plan_dtype_parse("fp4", &dt), KVC_EINVAL);
+    assert_int_equal(kvc_plan_dtype_parse(NULL, &dt), KVC_EINVAL);
+}
+
+static void sizes_distinguish_gb_from_gib(void **state)
+{
+    (void)state;
+    uint64_t v;
+    assert_ok(kvc_plan_parse_bytes("80GiB", &v));
+    assert_int_equal(v, 80 * GIB);
+    assert_ok(kvc_plan_parse_bytes("80GB", &v));
+    assert_int_equal(v, UINT64_C(80000000000));
+    assert_ok(kvc_plan_parse_bytes("1.5 MiB", &v));
+    assert_int_equal(v, 1572864);
+    assert_ok(kvc_plan_parse_bytes("1234", &v));
+    assert_int_equal(v, 1234);
+    assert_ok(kvc_plan_parse_bytes("1.5e9", &v));
+    assert_int_equal(v, 1500000000);
+    assert_ok(kvc_plan_parse_bytes("2kb", &v)); /* case-insensitive, bytes not bits */
+    assert_int_equal(v, 2000);
+    const char *bad[] = {"", "-1GiB", "+5", "12XB", "GiB", "1e30", "nan", "inf", "5 5", NULL};
+    for (int i = 0; bad[i]; i++)
+        if (kvc_plan_parse_bytes(bad[i], &v) != KVC_EINVAL) fail_msg("accepted '%s'", bad[i]);
+    double d;
+    assert_ok(kvc_plan_parse_rate("3.35TB/s", &d));
+    assert_true(d == 3.35e12);
+    assert_ok(kvc_plan_parse_rate("64", &d)); /* a bare number is GB/s */
+    assert_true(d == 64e9);
+    assert_ok(kvc_plan_parse_rate("1 GiB/s", &d));
+    assert_true(d == 1073741824.0);
+    assert_int_equal(kvc_plan_parse_rate("3.35TB", &d), KVC_EINVAL);
+    assert_int_equal(kvc_plan_parse_rate("-1GB/s", &d), KVC_EINVAL);
+}
+
+static void presets_are_found_case_insensitively(void **state)
+{
+    (void)state;
+    kvc_plan_gpu_t g;
+    kvc_plan_model_t m;
+    assert_int_equal(kvc_plan_gpu_preset_count(), 7);
+    const char *want[] = {"a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200",
+                          "b200",          "l40s",     "mi300x"};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(want); i++) {
+        assert_string_equal(kvc_plan_gpu_preset_name(i), want[i]);
+        assert_ok(kvc_plan_gpu_preset(want[i], &g));
+        assert_ok(kvc_plan_gpu_check(&g, NULL, 0));
+        /* Runtime totals sit below the nominal capacity and above 90% of it. */
+        assert_true(g.memory_bytes > 40 * GIB && g.memory_bytes < 200 * GIB);
+        assert_true(g.hbm_bytes_per_s > 0.5e12 && g.bf16_flops > 300e12);
+    }
+    assert_null(kvc_plan_gpu_preset_name(7));
+    assert_ok(kvc_plan_gpu_preset("H100", &g));
+    assert_string_equal(g.name, "H100 SXM");
+    assert_ok(kvc_plan_gpu_preset("A100", &g));
+    assert_true(g.fp8_flops == 0); /* Ampere has no fp8 tensor cores */
+    assert_ok(kvc_plan_gpu_preset("MI300X", &g));
+    assert_int_equal(g.memory_bytes, UINT64_C(201310208) * 1024); /* rocminfo's pool */
+    assert_int_equal(kvc_plan_gpu_preset("h300", &g), KVC_ENOENT);
+    assert_int_equal(kvc_plan_gpu_preset(NULL, &g), KVC_ENOENT);
+    assert_ok(kvc_plan_model_preset("Llama-3.1-70B", &m));
+    assert_int_equal(m.n_layers, 80);
+    assert_int_equal(kvc_plan_model_preset("llama-9", &m), KVC_ENOENT);
+    for (size_t i = 0; i < kvc_plan_model_preset_count(); i++) {
+        assert_ok(kvc_plan_model_preset(kvc_plan_model_preset_name(i), &m));
+        assert_ok(kvc_plan_model_check(&m, NULL, 0));
+    }
+    assert_null(kvc_plan_model_preset_name(kvc_plan_model_preset_count()));
+}
+
+/* ---- 1. KV bytes per token ---------------------------------------------------- */
+static void kv_bytes_per_token_is_2_layers_heads_dim_bytes(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.prompt_tokens = 100;
+    p.output_tokens = 20;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* 2 x 4 layers x 2 KV heads x 8 x 2 B = 256 */
+    assert_int_equal(r->kv_bytes_per_token, 256);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 256);
+    assert_int_equal(r->kv_head_replication, 1);
+    free(r);
+    p.kv_dtype = KVC_PLAN_FP8; /* one byte per element: half */
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->kv_bytes_per_token, 128);
+    free(r);
+}
+
+static void mla_caches_one_latent_without_the_factor_2(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    m.mla = true;
+    m.kv_lora_rank = 16;
+    m.qk_rope_head_dim = 4;
+    m.qk_nope_head_dim = 8;
+    m.head_dim = 12;
+    m.v_head_dim = 8;
+    m.n_kv_heads = 8;
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.prompt_tokens = 100;
+    p.output_tokens = 20;
+    p.tp = 4;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* (16 + 4) x 4 layers x 2 B = 160: no K/V pair */
+    assert_int_equal(r->kv_bytes_per_token, 160);
+    /* every GPU of TP 4 holds the full latent: 4 copies, 3 x 160 = 480 B per token are copies */
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 160);
+    assert_int_equal(r->kv_head_replication, 4);
+    assert_int_equal(r->kv_replicated_bytes_per_token, 480);
+    assert_int_equal(r->max_tp_without_replication, 1);
+    free(r);
+    /* Pipeline parallelism splits the layers instead: 2 per stage, no copies. */
+    p.tp = 1;
+    p.pp = 2;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 80);
+    assert_int_equal(r->kv_replicated_bytes_per_token, 0);
+    free(r);
+}
+
+static void tp_splits_kv_heads_then_replicates_them(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny(); /* 8 query heads, 2 KV heads */
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.prompt_tokens = 100;
+    p.output_tokens = 20;
+    const struct {
+        uint32_t tp, heads, rep;
+        uint64_t kv_gpu, copies;
+    } cases[] = {
+        {1, 2, 1, 256, 0},
+        {2, 1, 1, 128, 0},   /* 2 / 2 = 1 head per GPU: 2 x 4 x 1 x 8 x 2 */
+        {4, 1, 2, 128, 256}, /* past the head count: still 128, each head on 2 GPUs */
+        {8, 1, 4, 128, 768}, /* 8 x 128 - 256 = 768 B of copies per token */
+    };
+    uint64_t weights_prev = UINT64_MAX;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(cases); i++) {
+        p.tp = cases[i].tp;
+        kvc_plan_result_t *r = plan(&m, &g, &p);
+        assert_int_equal(r->kv_heads_per_gpu, cases[i].heads);
+        assert_int_equal(r->kv_head_replication, cases[i].rep);
+        assert_int_equal(r->kv_bytes_per_token_per_gpu, cases[i].kv_gpu);
+        assert_int_equal(r->kv_replicated_bytes_per_token, cases[i].copies);
+        assert_true(r->weight_bytes_per_gpu < weights_prev); /* the weights keep shrinking */
+        weights_prev = r->weight_bytes_per_gpu;
+        free(r);
+    }
+    /* The sweep in the result says the same, one row per valid TP. */
+    p.tp = 1;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->n_tp_rows, 4); /* 1, 2, 4, 8; 16 does not divide 8 heads */
+    assert_int_equal(r->tp_rows[3].tp, 8);
+    assert_int_equal(r->tp_rows[3].replication, 4);
+    assert_int_equal(r->tp_rows[3].kv_bytes_per_token_per_gpu, 128);
+    free(r);
+}
+
+static void impossible_parallelism_is_one_clear_error(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.prompt_tokens = 100;
+    p.output_tokens = 20;
+    p.tp = 3;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--tp 3 does not divide the 8 attention heads");
+    p.tp = 16;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--tp 16 does not divide the 8 attention heads");
+    /* 48 query heads, 12 KV heads: TP 8 divides 48 but neither divides 12 nor is a multiple */
+    kvc_plan_model_t odd = tiny();
+    odd.n_heads = 48;
+    odd.n_kv_heads = 12;
+    odd.hidden_size = 384;
+    p.tp = 8;
+    expect_refused(&odd, &g, &p, KVC_EINVAL, "neither divides the 12 KV heads");
+    p.tp = 1;
+    p.pp = 5;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--pp 5 exceeds the 4 layers");
+    p.pp = 1;
+    p.kv_dtype = KVC_PLAN_INT4;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "int4 is a weight format");
+    p.kv_dtype = KVC_PLAN_BF16;
+    p.block_size = 24;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--block-size 24");
+    p.block_size = 16;
+    p.gpu_memory_utilization = 1.5;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--gpu-memory-utilization 1.5");
+    p.gpu_memory_utilization = 0.9;
+    p.max_num_seqs = 9000;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "is less than --max-num-seqs 9000");
+    p.max_num_seqs = 256;
+    p.prompt_tokens = 4000;
+    p.output_tokens = 200;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "longer than max_model_len 4096");
+    p.prompt_tokens = 100;
+    p.max_model_len = 8192;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "exceeds the model's max_position_embeddings 4096");
+    p.max_model_len = 0;
+    m.max_position_embeddings = 0;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "set --max-model-len");
+    m = tiny();
+    p.mfu = 0;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--mfu");
+    p.mfu = 0.5;
+    p.spec_acceptance = 1;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--spec-acceptance");
+    p.spec_acceptance = 0.7;
+    g.bf16_flops = 0;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "bf16 FLOP/s");
+    g = tiny_gpu();
+    m.n_kv_heads = 3; /* does not divide 8 */
+    expect_refused(&m, &g, &p, KVC_EINVAL, "num_key_value_heads 3 does not divide");
+}
+
+/* ---- parameters and weights ------------------------------------------------------ */
+static void params_are_counted_by_part(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    assert_int_equal(c.attention, 4 * 10240);
+    assert_int_equal(c.mlp_dense, 4 * 24576);
+    assert_int_equal(c.norms, 4 * 128 + 64);
+    assert_int_equal(c.embedding, 6400);
+    assert_int_equal(c.lm_head, 6400);
+    assert_int_equal(c.total, 152640);
+    assert_int_equal(c.active, 152640);
+    m.tie_embeddings = true; /* the LM head reuses the table */
+    kvc_plan_model_params(&m, &c);
+    assert_int_equal(c.total, 152640 - 6400);
+    /* MoE: 4 experts of width 32, 1 per token, 1 shared, first layer dense.
+     * expert 3 x 64 x 32 = 6,144; MoE layers 3: routed 3 x 4 x 6,144 = 73,728,
+     * shared 3 x 6,144 = 18,432, router 3 x 64 x 4 = 768; dense MLP 1 x 24,576.
+     * active skips 3 of 4 experts in 3 layers: 73,728 - 3 x 3 x 6,144 = 18,432 kept. */
+    m = tiny();
+    m.n_experts = 4;
+    m.n_experts_active = 1;
+    m.moe_intermediate_size = 32;
+    m.n_shared_experts = 1;
+    m.n_dense_layers = 1;
+    kvc_plan_model_params(&m, &c);
+    assert_int_equal(c.experts_routed, 73728);
+    assert_int_equal(c.experts_shared, 18432);
+    assert_int_equal(c.router, 768);
+    assert_int_equal(c.mlp_dense, 24576);
+    assert_int_equal(c.total, 40960 + 24576 + 73728 + 18432 + 768 + 576 + 12800);
+    assert_int_equal(c.active, c.total - 3 * 3 * 6144);
+}
+
+static void weight_bytes_follow_the_dtype_and_the_tp_shard(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.prompt_tokens = 100;
+    p.output_tokens = 20;
+    /* bf16: 152,640 x 2 = 305,280; projections 139,264, 16-bit 13,376 */
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->weight_bytes_per_gpu, 305280);
+    assert_int_equal(r->weight_linear_params_per_gpu, 139264);
+    assert_int_equal(r->weight_wide_params_per_gpu, 13376);
+    assert_int_equal(r->weight_bytes_total, 305280);
+    free(r);
+    /* fp8: projections 1 B, embeddings and norms stay 16-bit: 139,264 + 2 x 13,376 */
+    p.weight_dtype = KVC_PLAN_FP8;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->weight_bytes_per_gpu, 139264 + 26752);
+    free(r);
+    /* int4: 139,264 / 2 + ceil(139,264 / 128) x 4 B of scale and zero + 26,752 */
+    p.weight_dtype = KVC_PLAN_INT4;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->weight_bytes_per_gpu, 69632 + 1088 * 4 + 26752);
+    free(r);
+    /* TP 2: per layer q 2,048 + k,v 2 x 64 x 8 + o 2,048 + MLP 3 x 64 x 64 = 17,408 (x4);
+     * vocab-parallel embedding and head 2 x 3,200, norms replicated 4 x 128 + 64:
+     * 2 x (69,632 + 6,976) = 153,216 */
+    p.weight_dtype = KVC_PLAN_BF16;
+    p.tp = 2;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->weight_bytes_per_gpu, 153216);
+    free(r);
+}
+
+/* ---- 2. ledger ------------------------------------------------------------------ */
+static void ledger_runs_in_engine_order_and_leaves_the_pool(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.prompt_tokens = 100;
+    p.output_tokens = 20;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    const char *order[] = {"memory_visible", "budget",    "weights",      "activation_peak",
+                           "cuda_graphs",    "non_torch", "cuda_context", "kv_pool"};
+    assert_int_equal(r->n_ledger, KVC_ARRAY_LEN(order));
+    for (size_t i = 0; i < KVC_ARRAY_LEN(order); i++)
+        assert_string_equal(r->ledger[i].name, order[i]);
+    /* budget = floor(10 GiB x 0.9) = 9,663,676,416 */
+    assert_int_equal(entry(r, "budget")->bytes, UINT64_C(9663676416));
+    /* activation: forward 8,192 tokens x (4 x 64 + q 64 + k,v 32 + attention out 64 + MLP 3 x 128
+     * = 800 values) x 2 B = 13,107,200 > sampler 256 x 100 x 40 = 1,024,000 */
+    assert_int_equal(r->activation_elems_per_token, 800);
+    assert_int_equal(entry(r, "activation_peak")->bytes, 13107200);
+    assert_int_equal(r->activation_sampler_bytes, 1024000);
+    /* graphs: 35 sizes (1, 2, 4, 8..256) x 4 layers x 512 KiB + 256 x 800 x 2 B */
+    assert_int_equal(r->n_cuda_graphs, 35);
+    assert_int_equal(entry(r, "cuda_graphs")->bytes, 35 * 4 * 524288 + 256 * 800 * 2);
+    assert_int_equal(entry(r, "non_torch")->bytes, 256 * MIB);
+    assert_int_equal(entry(r, "cuda_context")->bytes, 512 * MIB);
+    assert_int_equal(entry(r, "cuda_context")->op, KVC_PLAN_OP_OUTSIDE);
+    /* pool = 9,663,676,416 - 305,280 - 13,107,200 - 73,809,920 - 268,435,456 = 9,308,018,560 */
+    assert_int_equal(r->kv_pool_bytes_per_gpu, UINT64_C(9308018560));
+    assert_int_equal(entry(r, "kv_pool")->bytes, UINT64_C(9308018560));
+    /* blocks = floor(9,308,018,560 / (16 x 256)) = 2,272,465 */
+    assert_int_equal(r->num_blocks, 2272465);
+    assert_int_equal(r->pool_tokens, 2272465 * 16);
+    for (uint32_t i = 2; i < 6; i++) assert_int_equal(r->ledger[i].kind, KVC_PLAN_ESTIMATED);
+    assert_int_equal(entry(r, "kv_pool")->kind, KVC_PLAN_ESTIMATED);
+    assert_int_equal(entry(r, "memory_visible")->kind, KVC_PLAN_CONFIGURED);
+    free(r);
+
+    /* Passing every engine measurement turns the estimates into measured numbers, and the
+     * pool inherits "measured" from them. */
+    p.weight_bytes = 1 * GIB;
+    p.activation_bytes = 2 * GIB;
+    p.cuda_graph_bytes = 512 * MIB;
+    p.non_torch_bytes = 256 * MIB;
+    p.cuda_context_bytes = 400 * MIB;
+    r = plan(&m, &g, &p);
+    for (uint32_t i = 2; i < 7; i++) assert_int_equal(r->ledger[i].kind, KVC_PLAN_MEASURED);
+    assert_int_equal(entry(r, "kv_pool")->kind, KVC_PLAN_MEASURED);
+    assert_int_equal(r->kv_pool_bytes_per_gpu, UINT64_C(9663676416) - 3 * GIB - 768 * MIB);
+    free(r);
+
+    /* An explicit KV budget is configured, and utilization no longer matters. */
+    p = kvc_plan_params_default();
+    p.prompt_tokens = 100;
+    p.output_tokens = 20;
+    p.kv_cache_bytes = 1 * GIB;
+    p.gpu_memory_utilization = 0.1;
+    r = plan(&m, &g, &p);
+    assert_int_equal(entry(r, "kv_pool")->kind, KVC_PLAN_CONFIGURED);
+    assert_int_equal(r->kv_pool_bytes_per_gpu, GIB);
+    assert_int_equal(r->num_blocks, GIB / 4096);
+    assert_true(r->fits);
+    free(r);
+}
+
+static void graphs_outside_the_budget_do_not_shrink_the_pool(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.prompt_tokens = 100;
+    p.output_tokens = 20;
+    p.cuda_graph_bytes = 1 * GIB;
+    kvc_plan_result_t *in = plan(&m, &g, &p);
+    p.graphs_outside_budget = true;
+    kvc_plan_result_t *out = plan(&m, &g, &p);
+    assert_int_equal(out->kv_pool_bytes_per_gpu, in->kv_pool_bytes_per_gpu + GIB);
+    assert_int_equal(entry(out, "cuda_graphs")->op, KVC_PLAN_OP_OUTSIDE);
+    assert_int_equal(entry(in, "cuda_graphs")->op, KVC_PLAN_OP_SUBTRACT);
+    free(in);
+    free(out);
+    p = kvc_plan_params_default();
+    p.prompt_tokens = 100;
+    p.output_tokens = 20;
+    p.enforce_eager = true;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->cuda_graph_bytes, 0);
+    assert_int_equal(r->n_cuda_graphs, 0);
+    assert_int_equal(entry(r, "cuda_graphs")->kind, KVC_PLAN_CONFIGURED);
+    assert_int_equal(r->phases[KVC_PLAN_PHASE_CAPTURE_GRAPHS].status, KVC_PLAN_PHASE_SKIPPED);
+    assert_true(r->fits);
+    free(r);
+}
+
+/* ---- 3. startup phases ------------------------------------------------------------ */
+static void check_failed_at(const kvc_plan_result_t *r, kvc_plan_phase_id_t ph)
+{
+    assert_false(r->fits);
+    assert_int_equal(r->failed_phase, ph);
+    assert_int_equal(r->phases[ph].status, KVC_PLAN_PHASE_FAILED);
+    assert_true(r->phases[ph].need_bytes > r->phases[ph].have_bytes);
+    for (int i = 0; i < (int)ph; i++) assert_int_equal(r->phases[i].status, KVC_PLAN_PHASE_OK);
+    for (int i = ph + 1; i < KVC_PLAN_PHASE__COUNT; i++)
+        assert_int_equal(r->phases[i].status, KVC_PLAN_PHASE_NOT_REACHED);
+}
+
+static void each_startup_phase_can_be_the_one_that_fails(void **state)
+{
+    (void)state;
+    kvc_plan_gpu_t h100 = preset_gpu("h100-sxm");
+    kvc_plan_model_t m8 = preset_model("llama-3.1-8b"), m70 = preset_model("llama-3.1-70b");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_result_t *r;
+
+    /* init: a budget of 100% leaves no room for the CUDA context that exists already */
+    p.gpu_memory_utilization = 1.0;
+    r = plan(&m8, &h100, &p);
+    check_failed_at(r, KVC_PLAN_PHASE_INIT);
+    free(r);
+
+    /* load_weights: 405B in bf16 is 756 GiB; one H100 has 79.22 */
+    p = kvc_plan_params_default();
+    kvc_plan_model_t m405 = preset_model("llama-3.1-405b");
+    r = plan(&m405, &h100, &p);
+    check_failed_at(r, KVC_PLAN_PHASE_LOAD_WEIGHTS);
+    /* TP 2, 4, 8 still load more than 79.22 GiB per GPU (756 / 8 = 94.6 GiB); TP 16 loads
+     * 47.3 GiB and leaves ~21 GiB of pool for a 131,072-token request of 126 layers x 1 KV
+     * head x 128 x 2 x 2 B = 63 KiB per token, 7.9 GiB: it starts */
+    assert_int_equal(r->suggest_tp, 16);
+    free(r);
+
+    /* profile: a measured 70 GiB activation peak next to 14.96 GiB of weights */
+    p = kvc_plan_params_default();
+    p.activation_bytes = 70 * GIB;
+    r = plan(&m8, &h100, &p);
+    check_failed_at(r, KVC_PLAN_PHASE_PROFILE);
+    free(r);
+
+    /* allocate_kv_pool: 70B at TP 2 with utilization 0.5: budget 39.61 GiB < 65.71 GiB of
+     * weights, though the weights themselves fit in the device */
+    p = kvc_plan_params_default();
+    p.tp = 2;
+    p.gpu_memory_utilization = 0.5;
+    r = plan(&m70, &h100, &p);
+    check_failed_at(r, KVC_PLAN_PHASE_ALLOCATE_KV);
+    assert_int_equal(r->kv_pool_bytes_per_gpu, 0);
+    assert_true(r->kv_pool_signed_bytes < 0);
+    assert_int_equal(r->num_blocks, 0);
+    assert_int_equal(r->max_concurrency, 0);
+    free(r);
+
+    /* check_max_model_len: 70B at TP 2 (the golden test derives the numbers) */
+    p = kvc_plan_params_default();
+    p.tp = 2;
+    r = plan(&m70, &h100, &p);
+    check_failed_at(r, KVC_PLAN_PHASE_CHECK_MAX_LEN);
+    free(r);
+
+    /* capture_cuda_graphs: graphs captured after the pool, in the slack: 79.22 - 0.5 - 71.30
+     * = 7.42 GiB free, and the graphs take 10 GiB */
+    p = kvc_plan_params_default();
+    p.graphs_outside_budget = true;
+    p.cuda_graph_bytes = 10 * GIB;
+    r = plan(&m8, &h100, &p);
+    check_failed_at(r, KVC_PLAN_PHASE_CAPTURE_GRAPHS);
+    free(r);
+    /* ... and inside the budget the same 10 GiB is reserved up front: it starts */
+    p.graphs_outside_budget = false;
+    r = plan(&m8, &h100, &p);
+    assert_true(r->fits);
+    assert_int_equal(r->failed_phase, -1);
+    free(r);
+}
+
+static void a_refusal_says_what_would_start(void **state)
+{
+    (void)state;
+    kvc_plan_gpu_t h100 = preset_gpu("h100-sxm");
+    kvc_plan_model_t m70 = preset_model("llama-3.1-70b");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 2;
+    kvc_plan_result_t *r = plan(&m70, &h100, &p);
+    /* TP 4 halves the weights (32.86 GiB) and the KV per token (80 KiB): a 131,072-token
+     * request needs 10 GiB of a ~33 GiB pool */
+    assert_int_equal(r->suggest_tp, 4);
+    /* fp8 KV halves the 20 GiB to 10 GiB, still above the 2.13 GiB pool */
+    assert_false(r->suggest_fp8_kv_fits);
+    /* needing 69.17 + 20 = 89.17 GiB of a 79.22 GiB GPU: no utilization helps */
+    assert_true(r->suggest_utilization == 0);
+    /* the largest max_model_len the pool holds: its request fits, one more token does not */
+    assert_true(kvc_plan_request_bytes(r, r->max_model_len_that_fits) <= r->kv_pool_bytes_per_gpu);
+    assert_true(kvc_plan_request_bytes(r, r->max_model_len_that_fits + 1) >
+                r->kv_pool_bytes_per_gpu);
+    free(r);
+    /* With max_model_len 16,384 it needs 2.5 GiB against the 2.13 GiB pool: a utilization of
+     * (69.17 + 2.5) / 79.22 = 0.905 would do. */
+    p.max_model_len = 16384;
+    r = plan(&m70, &h100, &p);
+    assert_int_equal(r->failed_phase, KVC_PLAN_PHASE_CHECK_MAX_LEN);
+    assert_true(r->suggest_utilization > 0.9 && r->suggest_utilization < 0.91);
+    assert_true(r->suggest_fp8_kv_fits); /* 1.25 GiB < 2.13 GiB */
+    free(r);
+    p.gpu_memory_utilization = 0.91;
+    r = plan(&m70, &h100, &p);
+    assert_true(r->fits);
+    free(r);
+    /* An overdrawn budget (utilization 0.5: 39.61 GiB against 65.71 GiB of weights) needs the
+     * weights, activation, graphs and non-torch memory plus one block: 69.17 GiB of 79.22,
+     * a utilization of 0.874 */
+    p.gpu_memory_utilization = 0.5;
+    r = plan(&m70, &h100, &p);
+    assert_int_equal(r->failed_phase, KVC_PLAN_PHASE_ALLOCATE_KV);
+    assert_true(r->suggest_utilization > 0.87 && r->suggest_utilization < 0.88);
+    free(r);
+    p.gpu_memory_utilization = 0.875;
+    r = plan(&m70, &h100, &p);
+    assert_int_equal(r->failed_phase, KVC_PLAN_PHASE_CHECK_MAX_LEN); /* past allocation now */
+    free(r);
+}
+
+/* ---- 4. concurrency and ceilings -------------------------------------------------- */
+static void concurrency_is_the_pool_over_a_block_rounded_request(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.prompt_tokens = 1000;
+    p.output_tokens = 210; /* 1,210 tokens: 76 blocks, 6 tokens wasted in the last */
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->blocks_per_request, 76);
+    assert_int_equal(r->partial_block_waste_tokens, 6);
+    assert_int_equal(r->kv_bytes_per_request, 76 * 16 * 131072);
+    assert_int_equal(r->max_concurrency, r->kv_pool_bytes_per_gpu / (76 * 16 * 131072));
+    assert_int_equal(r->ceilings[KVC_PLAN_CEIL_KV_MEMORY], r->max_concurrency);
+    /* admission on the prompt (1,001 tokens: 63 blocks) lets more in than can finish */
+    assert_int_equal(r->admitted_at_prompt, r->kv_pool_bytes_per_gpu / (63 * 16 * 131072));
+    assert_true(r->admitted_at_prompt > r->max_concurrency);
+    /* the binding ceiling is the lowest */
+    for (int c = 0; c < KVC_PLAN_CEIL__COUNT; c++)
+        assert_true(r->ceilings[r->binding_ceiling] <= r->ceilings[c]);
+    free(r);
+    /* max_num_seqs binds when set low; draft tokens shrink the token-budget ceiling */
+    p.max_num_seqs = 8;
+    p.spec_tokens = 3;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->binding_ceiling, KVC_PLAN_CEIL_MAX_NUM_SEQS);
+    assert_int_equal(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS], 8192 / 4);
+    free(r);
+    p.max_num_seqs = 256;
+    p.max_num_batched_tokens = 256;
+    p.spec_tokens = 3;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->binding_ceiling, KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS);
+    assert_int_equal(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS], 64);
+    free(r);
+}
+
+static void compute_ridge_counts_weights_and_kv_reads(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 2;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* ridge = 989.5e12 / 3.35e12 = 295.37 FLOP/B */
+    assert_true(fabs(r->ridge_flops_per_byte - 989.5 / 3.35) < 1e-9);
+    /* weights only: W = 70,555,025,408 B read per step; a token multiplies 2 x (34,225,520,640
+     * projections + 525,336,576 LM-head shard) = 69,501,714,432 FLOP; compute-bound from
+     * B x 69,501,714,432 / 989.5e12 >= 70,555,025,408 / 3.35e12, B >= 299.85: 300 */
+    assert_int_equal(r->compute_weights_only, 300);
+    /* with KV: attention at the mean decode context 1,100: 2 x 32 heads x (128 + 128) x 1,100 x
+     * 80 layers = 1,441,792,000 FLOP, and 1,100 x 163,840 = 180,224,000 B of KV read per
+     * sequence: B >= W / (70,943,506,432 / 295.37 - 180,224,000) = 1,176.7: 1,177 */
+    assert_true(fabs(r->decode_flops_per_seq - 70943506432.0) < 1);
+    assert_true(fabs(r->decode_bytes_per_seq - 180224000.0) < 1);
+    assert_int_equal(r->ceilings[KVC_PLAN_CEIL_COMPUTE], 1177);
+    free(r);
+    /* At a 4,000-token context each sequence reads more KV than its FLOPs can cover: decode
+     * never turns compute-bound (4,100 x 163,840 B = 672 MB > 70.9e9 / 295 = 240 MB). */
+    p.prompt_tokens = 4000;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->ceilings[KVC_PLAN_CEIL_COMPUTE], KVC_PLAN_UNBOUNDED);
+    assert_int_equal(r->compute_weights_only, 300); /* the textbook number does not move */
+    free(r);
+}
+
+/* ---- 5. sliding windows ----------------------------------------------------------- */
+static void window_freeing_saves_by_the_share_of_windowed_layers(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    m.sliding_window = 24;
+    m.n_sliding_layers = 2; /* 2 of 4 layers */
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.prompt_tokens = 80;
+    p.output_tokens = 20;
+    /* context 100, block 16: full layers keep ceil(100/16) = 7 blocks; a windowed layer keeps
+     * the blocks holding tokens 76..99: 76/16 = 4 .. 99/16 = 6, 3 blocks.  Per layer and token
+     * 2 x 2 x 8 x 2 = 64 B: with freeing 64 x 16 x (2 x 7 + 2 x 3) = 20,480; without
+     * 64 x 16 x 28 = 28,672; saving 1 - 20/28 = 2/7 */
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->swa_bytes_with_freeing, 20480);
+    assert_int_equal(r->swa_bytes_without_freeing, 28672);
+    assert_true(fabs(r->sliding_window_saving - 2.0 / 7) < 1e-12);
+    assert_true(fabs(r->sliding_window_saving_limit - 0.5) < 1e-12);
+    assert_int_equal(r->kv_bytes_per_request, 20480);
+    free(r);
+    /* within the window nothing is saved */
+    p.prompt_tokens = 20;
+    p.output_tokens = 4;
+    r = plan(&m, &g, &p);
+    assert_true(r->sliding_window_saving == 0);
+    free(r);
+    /* a long context approaches the layer share, whatever the window */
+    p.prompt_tokens = 4000;
+    p.output_tokens = 96;
+    r = plan(&m, &g, &p);
+    /* 256 blocks vs 2 (tokens 4,072..4,095: blocks 254, 255): 1 - (512 + 4) / 1,024 */
+    assert_true(fabs(r->sliding_window_saving - (1 - 516.0 / 1024)) < 1e-12);
+    free(r);
+    /* with freeing off, the pool is sized as if every layer kept everything */
+    p.window_freeing = false;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->kv_bytes_per_request, 256 * 16 * 256);
+    free(r);
+}
+
+/* ---- 6. prefill FLOPs --------------------------------------------------------------- */
+static void prefill_counts_causal_pairs_once(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.prompt_tokens = 80;
+    p.output_tokens = 20;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* linear: 2 x 100 tokens x 139,840 params (all but the two 6,400 tables) + the LM head
+     * for the last token 2 x 100 x 64 = 27,980,800 */
+    assert_true(r->prefill_linear_flops == 27980800.0);
+    /* attention: 8 heads x 2 x (8 + 8) x 100 x 101 / 2 pairs x 4 layers = 5,171,200 */
+    assert_true(r->prefill_attention_flops == 5171200.0);
+    assert_true(fabs(r->prefill_attention_flops_fraction - 5171200.0 / 33152000.0) < 1e-12);
+    free(r);
+    /* a window caps the pairs: window 24 on all 4 layers, 100 tokens:
+     * 24 x 25 / 2 + 76 x 24 = 2,124 pairs per layer instead of 5,050 */
+    m.sliding_window = 24;
+    m.n_sliding_layers = 4;
+    r = plan(&m, &g, &p);
+    assert_true(r->prefill_attention_flops == 256.0 * 4 * 2124);
+    free(r);
+    /* the attention share grows with the context */
+    m = tiny();
+    p.prompt_tokens = 3000;
+    p.output_tokens = 1000;
+    r = plan(&m, &g, &p);
+    assert_true(r->prefill_attention_flops_fraction > 0.8);
+    free(r);
+}
+
+/* ---- 7. forks ---------------------------------------------------------------------- */
+static void forks_share_prompt_blocks_and_beam_history(void **state)
+{
+    (void)state;
+    /* The issue's example: 4 beams, 1,000-token prompt, 200 output tokens each, 128 KiB per
+     * token (Llama-3.1-8B in bf16), block 16: unshared 4 x ceil(1,200/16) = 300 blocks =
+     * 300 x 16 x 128 KiB = 600 MiB; shared, the beams keep one history (75 blocks) plus one
+     * copy-on-write block each for the other 3: 78 blocks = 156 MiB. */
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.beams = 4;
+    p.prompt_tokens = 1000;
+    p.output_tokens = 200;
+    p.block_size = 16;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 128 * 1024);
+    assert_int_equal(r->fork_unshared_bytes_beams, 600 * MIB);
+    assert_int_equal(r->fork_shared_bytes_beams, 156 * MIB);
+    /* beams that diverge at once, like parallel samples: the prompt's 62 full blocks once,
+     * then 75 - 62 = 13 blocks each: 62 + 52 = 114 blocks = 228 MiB */
+    assert_int_equal(r->fork_shared_bytes_beams_diverged, 228 * MIB);
+    assert_int_equal(r->fork_shared_bytes_samples, 228 * MIB);
+    assert_int_equal(r->fork_unshared_bytes_samples, 600 * MIB);
+    free(r);
+    /* a bigger block makes the copies cost more: block 64, 19 blocks per request of 8 MiB;
+     * beams 19 + 3 = 22 blocks = 176 MiB */
+    p.block_size = 64;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->fork_shared_bytes_beams, 176 * MIB);
+    free(r);
+}
+
+/* ---- 8. disaggregated prefill ------------------------------------------------------- */
+static void prefill_kv_rate_cancels_the_prompt_length(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 4;
+    p.prompt_tokens = 1000;
+    kvc_plan_result_t *a = plan(&m, &g, &p);
+    p.prompt_tokens = 16000;
+    kvc_plan_result_t *b = plan(&m, &g, &p);
+    /* linear only: 327,680 B x 0.5 x 989.5e12 / (2 x 68,452,360,192) = 1.184 GB/s per GPU */
+    assert_true(a->prefill_kv_bytes_per_s_linear_only == b->prefill_kv_bytes_per_s_linear_only);
+    assert_true(fabs(a->prefill_kv_bytes_per_s_linear_only -
+                     327680.0 * 0.5 * 989.5e12 / (2 * 68452360192.0)) < 1);
+    /* attention makes a longer prompt slower per token, so it emits less */
+    assert_true(b->prefill_tokens_per_s < a->prefill_tokens_per_s);
+    assert_true(fabs(a->link_utilization - a->prefill_kv_bytes_per_s_per_gpu / 50e9) < 1e-15);
+    assert_int_equal(a->prefill_rate_kind, KVC_PLAN_ESTIMATED);
+    free(a);
+    free(b);
+    /* a measured rate is used as given */
+    p.prefill_tokens_per_s = 20000;
+    p.link_bytes_per_s = 1e9;
+    kvc_plan_result_t *c = plan(&m, &g, &p);
+    assert_int_equal(c->prefill_rate_kind, KVC_PLAN_MEASURED);
+    /* 327,680 B x 20,000 / 4 GPUs = 1.64 GB/s per GPU on a 1 GB/s link: 164% */
+    assert_true(fabs(c->prefill_kv_bytes_per_s_per_gpu - 1.6384e9) < 1);
+    assert_true(c->link_utilization > 1.6 && c->link_utilization < 1.7);
+    assert_true(fabs(c->link_limited_tokens_per_s - 1e9 * 4 / 327680) < 1e-6);
+    free(c);
+}
+
+/* ---- 9. recompute vs fetch ------------------------------------------------------------ */
+static void fetch_beats_recompute_above_the_break_even_bandwidth(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 2;
+    p.nvme_bytes_per_s = 7e9;
+    p.network_bytes_per_s = 0.5e9; /* slower than the break-even */
+    p.ssd_write_bytes_per_s = 1e9;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* recompute: 2 x 68,452,360,192 / (2 GPUs x 989.5e12 x 0.5) = 138.36 us per token;
+     * break-even 163,840 B / 138.36 us = 1.184 GB/s */
+    const double t_r = 2 * 68452360192.0 / (2 * 989.5e12 * 0.5);
+    assert_true(fabs(r->recompute_s_per_token - t_r) < 1e-15);
+    assert_true(fabs(r->break_even_bytes_per_s - 163840 / t_r) < 1);
+    const kvc_plan_tier_t *nvme = &r->tiers[2], *net = &r->tiers[3];
+    assert_string_equal(r->tiers[0].name, "hbm");
+    assert_string_equal(r->tiers[1].name, "host");
+    assert_true(r->tiers[1].bytes_per_s == 64e9); /* the GPU's PCIe link by default */
+    assert_string_equal(nvme->name, "nvme");
+    /* NVMe 7 GB/s: fetch 23.4 us vs 138.4 us: wins 5.91x; a copy beats the 100 us setup from
+     * ceil(100 / (138.36 - 23.41)) = 1 token; others may take 1 - 1.184/7 = 83% of it */
+    assert_true(fabs(nvme->speedup - 7e9 / (163840 / t_r)) < 1e-9);
+    assert_int_equal(nvme->min_tokens_to_win, 1);
+    assert_true(fabs(nvme->max_shared_fraction - (1 - (163840 / t_r) / 7e9)) < 1e-12);
+    /* 0.5 GB/s is below the break-even: fetching loses at any size */
+    assert_true(net->speedup < 1);
+    assert_int_equal(net->min_tokens_to_win, KVC_PLAN_UNBOUNDED);
+    assert_true(net->max_shared_fraction == 0);
+    /* SSD: 7,008 TB at 1 GB/s = 7,008,000 s / 86,400 = 81.1 days */
+    assert_true(fabs(r->ssd_endurance_days - 7008e12 / 1e9 / 86400) < 1e-9);
+    free(r);
+    /* A small model recomputes faster per KV byte: a higher break-even. */
+    kvc_plan_model_t m8 = preset_model("llama-3.1-8b");
+    p.tp = 1;
+    r = plan(&m8, &g, &p);
+    kvc_plan_result_t *big = NULL;
+    p.tp = 1;
+    kvc_plan_model_t m70 = preset_model("llama-3.1-70b");
+    p.max_model_len = 4096; /* let 70B start on one GPU's worth of math; only rates matter */
+    big = plan(&m70, &g, &p);
+    /* per token per GPU: 8B 128 KiB for 2 x 6.98e9 FLOP, 70B 320 KiB for 2 x 68.45e9 */
+    assert_true(r->break_even_bytes_per_s > big->break_even_bytes_per_s);
+    free(r);
+    free(big);
+}
+
+/* ---- 10. Little's law ---------------------------------------------------------------- */
+/* At 0.999 of `lam`, the resident count is within 10% of the hard ceiling (true) or the
+ * system is throughput-bound (false: just past lam, it has no fixed point at all). */
+static bool r_limit_is_ceiling(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
+                               kvc_plan_params_t p, double lam)
+{
+    p.arrival_rate = lam * 0.999;
+    kvc_plan_result_t *r = plan(m, g, &p);
+    const uint64_t cap = KVC_MIN(r->ceilings[KVC_PLAN_CEIL_KV_MEMORY],
+                                 KVC_MIN(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS],
+                                         r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]));
+    assert_true(r->little_stable);
+    assert_true(r->little_resident <= (double)cap);
+    const bool at_ceiling = r->little_resident > 0.9 * (double)cap;
+    free(r);
+    p.arrival_rate = lam * 1.01;
+    r = plan(m, g, &p);
+    if (at_ceiling)
+        assert_true(!r->little_stable || r->little_resident > (double)cap);
+    else
+        assert_false(r->little_stable);
+    free(r);
+    return at_ceiling;
+}
+
+static void littles_law_solves_the_fixed_point(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_result_t *r = plan(&m, &g, &p); /* default: half the sustainable rate */
+    assert_true(r->arrival_rate_auto);
+    assert_true(fabs(r->arrival_rate - 0.5 * r->little_max_arrival_rate) < 1e-9);
+    assert_true(r->little_stable);
+    /* N = lambda x T(N) holds at the answer */
+    assert_true(fabs(r->little_resident - r->arrival_rate_per_replica * r->little_time_in_system) <
+                1e-6 * r->little_resident);
+    /* the step runs at batch N, slower than at batch 1: taking the batch-1 duration as given
+     * undercounts the resident sequences */
+    assert_true(r->little_naive_resident < r->little_resident);
+    assert_true(r->little_step_s > 0 && r->little_prefill_s > 0);
+    const double lam_max = r->little_max_arrival_rate;
+    free(r);
+
+    /* With the defaults (256 sequences) the GPU saturates first: at 1,000-token prompts each
+     * prefill takes 2 x 1,000 x 6.98e9 / (989.5e12 x 0.5) = 28 ms of the GPU, so past ~35
+     * requests/s prefill alone fills it; the resident count stays under 256. */
+    assert_false(r_limit_is_ceiling(&m, &g, p, lam_max));
+
+    /* With 32 sequences the ceiling binds: at the largest sustainable rate, N meets it. */
+    p.max_num_seqs = 32;
+    r = plan(&m, &g, &p);
+    const double lam_cap = r->little_max_arrival_rate;
+    assert_true(r->little_max_by_ceiling);
+    free(r);
+    assert_true(r_limit_is_ceiling(&m, &g, p, lam_cap));
+    p.max_num_seqs = 256;
+
+    /* Far past what the GPU can serve, there is no fixed point. */
+    p.arrival_rate = 1e6;
+    r = plan(&m, &g, &p);
+    assert_false(r->little_stable);
+    assert_true(isinf(r->little_resident));
+    free(r);
+
+    /* DP splits the arrivals over the replicas. */
+    p.arrival_rate = 10;
+    p.dp = 4;
+    r = plan(&m, &g, &p);
+    assert_true(r->arrival_rate_per_replica == 2.5);
+    assert_int_equal(r->n_gpus, 4);
+    free(r);
+}
+
+/* ---- 11. speculative decoding ------------------------------------------------------- */
+static void drafts_take_budget_and_turn_the_step_compute_bound(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 2;
+    p.spec_tokens = 3;
+    p.spec_acceptance = 0.7;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->n_spec, 5); /* the configured 3, then 1, 2, 4, 8 */
+    assert_int_equal(r->spec[0].spec_tokens, 3);
+    assert_int_equal(r->spec[0].max_batch_by_tokens, 8192 / 4);
+    assert_int_equal(r->spec[0].kv_slots_per_seq, 3);
+    /* (1 - 0.7^4) / 0.3 = 2.533 */
+    assert_true(fabs(r->spec[0].tokens_per_step - (1 - pow(0.7, 4)) / 0.3) < 1e-12);
+    /* with 1 draft each sequence brings 2 queries: B >= W / (2 x 70.94e9 / 295.37 - 180.2e6)
+     * = 235.1: 236; more drafts, a smaller batch turns compute-bound */
+    assert_int_equal(r->spec[1].spec_tokens, 1);
+    assert_int_equal(r->spec[1].compute_bound_batch, 236);
+    uint64_t prev = UINT64_MAX;
+    for (uint32_t i = 1; i < r->n_spec; i++) {
+        assert_true(r->spec[i].compute_bound_batch < prev);
+        prev = r->spec[i].compute_bound_batch;
+    }
+    assert_true(r->spec[1].compute_bound_batch < r->ceilings[KVC_PLAN_CEIL_COMPUTE]);
+    free(r);
+}
+
+/* ---- 12. tenancy ----------------------------------------------------------------------- */
+static void tenancy_prices_requests_in_pool_share(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tenant_tokens = 32768;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->n_tenants, 3);
+    assert_int_equal(r->tenants[0].tokens, 1200);
+    assert_int_equal(r->tenants[1].tokens, 131072);
+    assert_int_equal(r->tenants[2].tokens, 32768);
+    for (uint32_t i = 0; i < r->n_tenants; i++) {
+        const kvc_plan_tenant_row_t *t = &r->tenants[i];
+        assert_int_equal(t->bytes_per_gpu, kvc_plan_request_bytes(r, t->tokens));
+        assert_true(fabs(t->pool_share -
+                         (double)t->bytes_per_gpu / (double)r->kv_pool_bytes_per_gpu) < 1e-15);
+        assert_int_equal(t->per_pool, r->kv_pool_bytes_per_gpu / t->bytes_per_gpu);
+    }
+    /* 131,072 tokens x 128 KiB = 16 GiB of a 54.29 GiB pool: 3 at once */
+    assert_int_equal(r->tenants[1].bytes_per_gpu, 16 * GIB);
+    assert_int_equal(r->tenants[1].per_pool, 3);
+    assert_int_equal(r->tokens_per_percent, r->pool_tokens / 100);
+    assert_int_equal(r->image_bytes_per_gpu, 0); /* text only */
+    free(r);
+    /* a LLaVA-style 576-token image at 128 KiB per token: 72 MiB of KV */
+    m.image_tokens = 576;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->image_bytes_per_gpu, 72 * MIB);
+    free(r);
+}
+
+/* ---- config.json ------------------------------------------------------------------------ */
+static int parse(const char *json, kvc_plan_model_t *m, char *msg)
+{
+    msg[0] = '\0';
+    return kvc_plan_model_from_json(json, strlen(json), "test", m, msg, 256);
+}
+
+#define BASE                                                                          \
+    "\"hidden_size\": 4096, \"num_hidden_layers\": 32, \"num_attention_heads\": 32, " \
+    "\"vocab_size\": 32000, \"intermediate_size\": 11008, \"max_position_embeddings\": 4096"
+
+static void config_reads_what_the_math_needs(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    char msg[256];
+    /* head_dim derived (4096 / 32), KV heads default to the query heads, tied by default,
+     * unknown fields ignored */
+    assert_ok(parse("{" BASE ", \"rope_scaling\": {\"x\": 1}, \"foo\": [1, 2]}", &m, msg));
+    assert_int_equal(m.head_dim, 128);
+    assert_int_equal(m.n_kv_heads, 32);
+    assert_true(m.tie_embeddings);
+    assert_int_equal(m.max_position_embeddings, 4096);
+    assert_string_equal(m.name, "test");
+    /* explicit head_dim wins over hidden / heads */
+    assert_ok(parse("{" BASE ", \"head_dim\": 96, \"num_key_value_heads\": 8,"
+                    " \"tie_word_embeddings\": false}",
+                    &m, msg));
+    assert_int_equal(m.head_dim, 96);
+    assert_int_equal(m.n_kv_heads, 8);
+    assert_false(m.tie_embeddings);
+    /* nulls read as absent */
+    assert_ok(parse("{" BASE ", \"head_dim\": null, \"sliding_window\": null}", &m, msg));
+    assert_int_equal(m.head_dim, 128);
+    assert_int_equal(m.sliding_window, 0);
+    /* Qwen2 carries q/k/v biases even without saying so */
+    assert_ok(parse("{" BASE ", \"model_type\": \"qwen2\"}", &m, msg));
+    assert_true(m.qkv_bias);
+}
+
+static void config_errors_name_the_field(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    char msg[256];
+    const struct {
+        const char *json;
+        int err;
+        const char *needle;
+    } cases[] = {
+        {"{\"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"vocab_size\": 9}", KVC_EINVAL,
+         "hidden_size is missing"},
+        {"{\"hidden_size\": 8, \"num_attention_heads\": 2, \"vocab_size\": 9}", KVC_EINVAL,
+         "num_hidden_layers is missing"},
+        {"{\"hidden_size\": 8, \"num_hidden_layers\": 2, \"vocab_size\": 9}", KVC_EINVAL,
+         "num_attention_heads is missing"},
+        {"{\"hidden_size\": 8, \"num_hidden_layers\": 2, \"num_attention_heads\": 2}", KVC_EINVAL,
+         "vocab_size is missing"},
+        {"{\"hidden_size\": 8, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, "
+         "\"vocab_size\": 9}",
+         KVC_EINVAL, "intermediate_size is missing"},
+        {"{\"hidden_size\": 10, \"num_hidden_layers\": 2, \"num_attention_heads\": 3, "
+         "\"vocab_size\": 9, \"intermediate_size\": 4}",
+         KVC_EINVAL, "head_dim is missing and hidden_size 10 is not a multiple"},
+        {"{\"hidden_size\": \"4096\", \"num_hidden_layers\": 2}", KVC_EPARSE,
+         "hidden_size: expected a positive integer, got \"4096\""},
+        {"{\"hidden_size\": 4096.5, \"num_hidden_layers\": 2}", KVC_EPARSE, "hidden_size"},
+        {"{\"hidden_size\": -8}", KVC_EPARSE, "hidden_size"},
+        {"{" BASE ", \"tie_word_embeddings\": 1}", KVC_EPARSE, "tie_word_embeddings"},
+        {"{" BASE ", \"num_key_value_heads\": 5}", KVC_EINVAL, "num_key_value_heads 5"},
+        {"{" BASE ", \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128, \"v_head_dim\": 128}",
+         KVC_EINVAL, "qk_rope_head_dim is missing"},
+        {"{" BASE ", \"num_local_experts\": 8}", KVC_EINVAL, "num_experts_per_tok is missing"},
+        {"{" BASE ", \"sliding_window\": 4096, \"layer_types\": [\"full_attention\"]}", KVC_EINVAL,
+         "layer_types has 1 entries but num_hidden_layers is 32"},
+        {"{" BASE ", \"layer_types\": 3}", KVC_EPARSE, "layer_types: expected an array"},
+        {"{" BASE ", \"hidden_size\": 4096", KVC_EPARSE, "malformed JSON"},
+        {"[1, 2]", KVC_EPARSE, "expected a JSON object"},
+        {"", KVC_EPARSE, "malformed JSON at byte 0"},
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(cases); i++) {
+        int rc = parse(cases[i].json, &m, msg);
+        if (rc != cases[i].err || !strstr(msg, cases[i].needle) || strchr(msg, '\n'))
+            fail_msg("case %zu: rc %d msg '%s', want %d '%s'", i, rc, msg, cases[i].err,
+                     cases[i].needle);
+    }
+}
+
+static void config_reads_moe_mla_windows_and_images(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    char msg[256];
+    /* MoE aliases and the dense-layer rules */
+    assert_ok(parse("{" BASE ", \"num_experts\": 64, \"num_experts_per_tok\": 8,"
+                    " \"moe_intermediate_size\": 1408, \"shared_expert_intermediate_size\": 5632,"
+                    " \"decoder_sparse_step\": 2}",
+                    &m, msg));
+    assert_int_equal(m.n_experts, 64);
+    assert_int_equal(m.n_experts_active, 8);
+    assert_int_equal(m.moe_intermediate_size, 1408);
+    assert_int_equal(m.shared_expert_intermediate_size, 5632);
+    assert_int_equal(m.n_dense_layers, 16); /* every other layer is MoE */
+    assert_ok(parse("{" BASE ", \"num_local_experts\": 8, \"num_experts_per_tok\": 2,"
+                    " \"mlp_only_layers\": [0, 5]}",
+                    &m, msg));
+    assert_int_equal(m.moe_intermediate_size, 11008); /* Mixtral: intermediate_size per expert */
+    assert_int_equal(m.n_dense_layers, 2);
+    /* MLA: the head widths follow nope + rope */
+    assert_ok(parse("{" BASE ", \"kv_lora_rank\": 512, \"qk_rope_head_dim\": 64,"
+                    " \"qk_nope_head_dim\": 128, \"v_head_dim\": 128, \"q_lora_rank\": null}",
+                    &m, msg));
+    assert_true(m.mla);
+    assert_int_equal(m.head_dim, 192);
+    assert_int_equal(m.v_head_dim, 128);
+    assert_int_equal(m.q_lora_rank, 0);
+    /* windows: every layer (Mistral), a per-layer list, a pattern (Gemma 3: every 6th layer
+     * global), Gemma 2 alternation, Qwen2's switch and its max_window_layers */
+    assert_ok(parse("{" BASE ", \"sliding_window\": 4096}", &m, msg));
+    assert_int_equal(m.n_sliding_layers, 32);
+    char json[4096];
+    int o = snprintf(json, sizeof json, "{" BASE ", \"sliding_window\": 512, \"layer_types\": [");
+    for (int i = 0; i < 32; i++)
+        o += snprintf(json + o, sizeof json - (size_t)o, "%s\"%s\"", i ? ", " : "",
+                      i % 4 == 3 ? "full_attention" : "sliding_attention");
+    snprintf(json + o, sizeof json - (size_t)o, "]}");
+    assert_ok(parse(json, &m, msg));
+    assert_int_equal(m.n_sliding_layers, 24);
+    assert_int_equal(m.sliding_window, 512);
+    assert_ok(
+        parse("{" BASE ", \"sliding_window\": 1024, \"sliding_window_pattern\": 6}", &m, msg));
+    assert_int_equal(m.n_sliding_layers, 32 - 5);
+    assert_ok(parse("{" BASE ", \"model_type\": \"gemma2\", \"sliding_window\": 4096}", &m, msg));
+    assert_int_equal(m.n_sliding_layers, 16);
+    assert_ok(parse("{" BASE ", \"sliding_window\": 32768, \"use_sliding_window\": false,"
+                    " \"max_window_layers\": 28}",
+                    &m, msg));
+    assert_int_equal(m.sliding_window, 0);
+    assert_int_equal(m.n_sliding_layers, 0);
+    assert_ok(parse("{" BASE ", \"sliding_window\": 32768, \"use_sliding_window\": true,"
+                    " \"max_window_layers\": 28}",
+                    &m, msg));
+    assert_int_equal(m.n_sliding_layers, 4);
+    /* a multimodal config: the language model under text_config wins over the top level;
+     * image tokens from mm_tokens_per_image or from the vision tower's patches */
+    assert_ok(
+        parse("{\"model_type\": \"gemma3\", \"mm_tokens_per_image\": 256, \"text_config\": {" BASE
+              ", \"model_type\": \"gemma3_text\", \"head_dim\": 256}, \"hidden_size\": 7}",
+              &m, msg));
+    assert_int_equal(m.hidden_size, 4096);
+    assert_int_equal(m.head_dim, 256);
+    assert_int_equal(m.image_tokens, 256);
+    assert_string_equal(m.model_type, "gemma3_text");
+    assert_ok(parse("{\"text_config\": {" BASE "}, \"vision_config\": {\"image_size\": 336,"
+                    " \"patch_size\": 14}}",
+                    &m, msg));
+    assert_int_equal(m.image_tokens, 576); /* (336 / 14)^2, LLaVA-1.5 */
+    /* Llama 4: chunked local attention on RoPE layers, every 4th layer global by default, or
+     * as no_rope_layers lists it; MoE on every interleave_moe_layer_step-th layer */
+    assert_ok(parse("{\"text_config\": {" BASE ", \"attention_chunk_size\": 8192,"
+                    " \"num_local_experts\": 16, \"num_experts_per_tok\": 1,"
+                    " \"interleave_moe_layer_step\": 2}}",
+                    &m, msg));
+    assert_int_equal(m.sliding_window, 8192);
+    assert_true(m.chunked_attention);
+    assert_int_equal(m.n_sliding_layers, 24);
+    assert_int_equal(m.n_dense_layers, 16);
+    int o2 = snprintf(json, sizeof json,
+                      "{" BASE ", \"attention_chunk_size\": 4096, "
+                      "\"no_rope_layers\": [");
+    for (int i = 0; i < 32; i++)
+        o2 += snprintf(json + o2, sizeof json - (size_t)o2, "%s%d", i ? ", " : "", i % 2);
+    snprintf(json + o2, sizeof json - (size_t)o2, "]}");
+    assert_ok(parse(json, &m, msg));
+    assert_int_equal(m.n_sliding_layers, 16);
+    assert_int_equal(m.sliding_window, 4096);
+    assert_int_equal(parse("{" BASE ", \"layer_types\": [" /* 32 entries, 1 chunked */
+                           "\"chunked_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\""
+                           ",\"full_attention\"]}",
+                           &m, msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "attention_chunk_size is missing"));
+}
+
+static void config_files_are_read_or_refused_cleanly(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    char msg[256] = "";
+    assert_int_equal(kvc_plan_model_load("/nonexistent/config.json", &m, msg, sizeof msg), KVC_EIO);
+    assert_non_null(strstr(msg, "cannot open /nonexistent/config.json"));
+    assert_int_equal(kvc_plan_model_load("/", &m, msg, sizeof msg), KVC_EIO);
+    /* a hub snapshot's config.json is named after its folder */
+    char dir[] = "/tmp/kvc_plan_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256], sub[200];
+    snprintf(sub, sizeof sub, "%s/Tiny-Model", dir);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    snprintf(path, sizeof path, "%s/config.json", sub);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{" BASE "}", f);
+    fclose(f);
+    assert_ok(kvc_plan_model_load(path, &m, msg, sizeof msg));
+    assert_string_equal(m.name, "Tiny-Model");
+    /* a file over 16 MiB is refused before parsing */
+    f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 17 * 1024; i++) fputs(memset((char[1025]){0}, ' ', 1024), f);
+    fclose(f);
+    assert_int_equal(kvc_plan_model_load(path, &m, msg, sizeof msg), KVC_EOVERFLOW);
+    remove(path);
+    rmdir(sub);
+    rmdir(dir);
+}
+
+/* ---- renderers ----------------------------------------------------------------------- */
+static bool raw_integer(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= 0;
+}
+
+static void json_has_every_required_key(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    for (int refused = 0; refused < 2; refused++) {
+        p.tp = refused ? 2 : 4;
+        kvc_plan_result_t *r = plan(&m, &g, &p);
+        char *s = NULL;
+        assert_ok(kvc_plan_render_json(r, &s));
+        cJSON *o = cJSON_Parse(s);
+        assert_non_null(o);
+        const char *bytes_keys[] = {"kv_bytes_per_token",   "kv_bytes_per_token_per_gpu",
+                                    "weight_bytes_per_gpu", "kv_pool_bytes_per_gpu",
+                                    "num_blocks",           "max_concurrency",
+                                    "kv_bytes_per_request", "kv_head_replication"};
+        for (size_t i = 0; i < KVC_ARRAY_LEN(bytes_keys); i++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, bytes_keys[i]);
+            if (!raw_integer(v)) fail_msg("%s is not an integer", bytes_keys[i]);
+        }
+        assert_true(cJSON_GetObjectItem(o, "kv_bytes_per_token")->valuedouble == 327680);
+        assert_true(cJSON_GetObjectItem(o, "kv_pool_bytes_per_gpu")->valuedouble ==
+                    (double)r->kv_pool_bytes_per_gpu);
+        /* bytes are printed as plain digits, never in exponent form */
+        char needle[64];
+        snprintf(needle, sizeof needle, "\"weight_bytes_per_gpu\":\t%llu",
+                 (unsigned long long)r->weight_bytes_per_gpu);
+        assert_non_null(strstr(s, needle));
+        const cJSON *ledger = cJSON_GetObjectItem(o, "ledger");
+        assert_true(cJSON_IsArray(ledger));
+        assert_int_equal(cJSON_GetArraySize(ledger), 8);
+        const cJSON *e;
+        int i = 0;
+        cJSON_ArrayForEach(e, ledger)
+        {
+            assert_string_equal(cJSON_GetObjectItem(e, "name")->valuestring, r->ledger[i].name);
+            assert_true(raw_integer(cJSON_GetObjectItem(e, "bytes")));
+            const char *kind = cJSON_GetObjectItem(e, "kind")->valuestring;
+            assert_true(!strcmp(kind, "measured") || !strcmp(kind, "estimated") ||
+                        !strcmp(kind, "configured"));
+            i++;
+        }
+        const cJSON *fits = cJSON_GetObjectItem(o, "fits");
+        const cJSON *failed = cJSON_GetObjectItem(o, "failed_phase");
+        assert_true(cJSON_IsBool(fits));
+        if (refused) {
+            assert_true(cJSON_IsFalse(fits));
+            assert_string_equal(failed->valuestring, "check_max_model_len");
+        } else {
+            assert_true(cJSON_IsTrue(fits));
+            assert_true(cJSON_IsNull(failed));
+        }
+        const cJSON *ceil = cJSON_GetObjectItem(o, "ceilings");
+        const char *ck[] = {"kv_memory", "compute", "max_num_seqs", "binding"};
+        for (size_t k = 0; k < KVC_ARRAY_LEN(ck); k++)
+            assert_non_null(cJSON_GetObjectItem(ceil, ck[k]));
+        assert_true(cJSON_IsString(cJSON_GetObjectItem(ceil, "binding")));
+        const char *num_keys[] = {"ridge_flops_per_byte", "sliding_window_saving",
+                                  "prefill_attention_flops_fraction"};
+        for (size_t k = 0; k < KVC_ARRAY_LEN(num_keys); k++)
+            assert_true(cJSON_IsNumber(cJSON_GetObjectItem(o, num_keys[k])));
+        cJSON_Delete(o);
+        kvc_plan_string_free(s);
+        free(r);
+    }
+}
+
+/* cJSON allocates through global hooks: a test may swap them (single-threaded) to fail the
+ * n-th allocation, and the renderer must then fail whole, never hand out half a document. */
+static int oom_countdown;
+static void *failing_malloc(size_t n)
+{
+    if (oom_countdown-- == 0) return NULL;
+    return malloc(n);
+}
+
+static void json_rendering_fails_whole_under_oom(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("deepseek-v3");
+    kvc_plan_gpu_t g = preset_gpu("h200");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 8;
+    p.weight_dtype = KVC_PLAN_FP8;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    char *whole = NULL;
+    assert_ok(kvc_plan_render_json(r, &whole));
+    int failed = 0, n;
+    for (n = 0; n < 5000; n++) {
+        cJSON_Hooks hooks = {.malloc_fn = failing_malloc, .free_fn = free};
+        cJSON_InitHooks(&hooks);
+        oom_countdown = n;
+        char *s = NULL;
+        int rc = kvc_plan_render_json(r, &s);
+        const bool injected = oom_countdown < 0;
+        cJSON_InitHooks(NULL);
+        if (!injected) { /* ran to the end without reaching the n-th allocation */
+            assert_ok(rc);
+            assert_string_equal(s, whole);
+            kvc_plan_string_free(s);
+            break;
+        }
+        assert_int_equal(rc, KVC_ENOMEM);
+        failed++;
+    }
+    assert_true(failed > 100); /* every one of the document's allocations was failed once */
+    assert_true(n < 5000);
+    kvc_plan_string_free(whole);
+    free(r);
+}
+
+static void text_has_twelve_sections_and_names_the_refusal(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 2;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    char *s = NULL;
+    assert_ok(kvc_plan_render_text(r, &s));
+    const char *heads[] = {"1. KV bytes per token",
+                           "2. Startup memory ledger",
+                           "3. Does it start?",
+                           "4. Concurrency",
+                           "5. Sliding windows",
+                           "6. Prefill FLOPs",
+                           "7. Forks",
+                           "8. Disaggregated prefill",
+                           "9. Recompute or fetch",
+                           "10. Resident sequences by Little's law",
+                           "11. Speculative decoding",
+                           "12. Tenancy"};
+    const char *at = s;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(heads); i++) {
+        const char *h = strstr(at, heads[i]);
+        if (!h) fail_msg("section '%s' missing or out of order", heads[i]);
+        at = h;
+    }
+    assert_non_null(strstr(s, "NO: it fails at check_max_model_len"));
+    assert_non_null(strstr(s, "2 x 80 x 8 x 128 x 2 B = 327,680 B (320 KiB) per token"));
+    assert_non_null(strstr(s, "1,048,576 tokens: 320.00 GiB"));
+    assert_non_null(strstr(s, "estimated maximum model length is 13984"));
+    assert_non_null(strstr(s, "--tp 4 starts"));
+    assert_non_null(strstr(s, "sections 4-12 describe the same pool with a\n   max_model_len it "
+                              "accepts, 13,984 tokens or less"));
+    assert_non_null(strstr(s, "the 50 MiB L2 holds 0.1% of a step's weight reads"));
+    assert_non_null(strstr(s, "KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes")); /* units, once */
+    /* rendering is deterministic */
+    char *s2 = NULL;
+    assert_ok(kvc_plan_render_text(r, &s2));
+    assert_string_equal(s, s2);
+    kvc_plan_string_free(s);
+    kvc_plan_string_free(s2);
+    free(r);
+}
+
+/* ---- randomized sweeps --------------------------------------------------------------- */
+static void check_invariants(const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    /* the ledger: visible x utilization, then the remainder is what the subtractions leave */
+    if (p->kv_cache_bytes == KVC_PLAN_AUTO) {
+        int64_t left = (int64_t)r->budget_bytes;
+        for (uint32_t i = 0; i < r->n_ledger; i++)
+            if (r->ledger[i].op == KVC_PLAN_OP_SUBTRACT) left -= (int64_t)r->ledger[i].bytes;
+        if (p->pp == 1) assert_int_equal(left, r->kv_pool_signed_bytes);
+        assert_true(r->budget_bytes <= r->gpu.memory_bytes);
+    }
+    assert_true(r->num_blocks * p->block_size * r->kv_bytes_per_token_per_gpu <=
+                r->kv_pool_bytes_per_gpu);
+    assert_true((r->num_blocks + 1) * p->block_size * r->kv_bytes_per_token_per_gpu >
+                r->kv_pool_bytes_per_gpu);
+    assert_true(r->max_concurrency * r->kv_bytes_per_request <= r->kv_pool_bytes_per_gpu);
+    /* a GPU holds at least its share of every layer it serves */
+    assert_true(r->kv_bytes_per_token_per_gpu * p->tp * r->model.n_layers >=
+                r->kv_bytes_per_token * r->layers_per_gpu);
+    /* phases: fits iff none failed; after a failure nothing ran */
+    assert_int_equal(r->fits, r->failed_phase < 0);
+    for (int i = 0; i < KVC_PLAN_PHASE__COUNT; i++) {
+        if (r->failed_phase >= 0 && i > r->failed_phase)
+            assert_int_equal(r->phases[i].status, KVC_PLAN_PHASE_NOT_REACHED);
+        if (i < r->failed_phase || r->failed_phase < 0)
+            assert_true(r->phases[i].status == KVC_PLAN_PHASE_OK ||
+                        r->phases[i].status == KVC_PLAN_PHASE_SKIPPED);
+    }
+    for (int c = 0; c < KVC_PLAN_CEIL__COUNT; c++)
+        assert_true(r->ceilings[r->binding_ceiling] <= r->ceilings[c]);
+    assert_true(r->sliding_window_saving >= 0 && r->sliding_window_saving < 1);
+    assert_true(r->sliding_window_saving <= r->sliding_window_saving_limit + 1e-12);
+    assert_true(r->prefill_attention_flops_fraction > 0 && r->prefill_attention_flops_fraction < 1);
+    assert_true(r->fork_shared_bytes_beams <= r->fork_shared_bytes_beams_diverged);
+    assert_true(r->fork_shared_bytes_samples <= r->fork_unshared_bytes_samples);
+    if (r->little_stable)
+        assert_true(
+            fabs(r->little_resident - r->arrival_rate_per_replica * r->little_time_in_system) <=
+            1e-6 * fmax(1, r->little_resident));
+    char *s = NULL;
+    assert_ok(kvc_plan_render_text(r, &s));
+    kvc_plan_string_free(s);
+    assert_ok(kvc_plan_render_json(r, &s));
+    cJSON *o = cJSON_Parse(s);
+    assert_non_null(o);
+    cJSON_Delete(o);
+    kvc_plan_string_free(s);
+}
+
+static void random_deployments_keep_the_invariants(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 20240605);
+    const int n = 600 / KVC_TEST_SANITIZER_DIVISOR;
+    int planned = 0, refused = 0;
+    for (int it = 0; it < n; it++) {
+        kvc_plan_model_t m;
+        kvc_plan_gpu_t g;
+        size_t mi = kvc_rng_below(&rng, kvc_plan_model_preset_count());
+        size_t gi = kvc_rng_below(&rng, kvc_plan_gpu_preset_count());
+        assert_ok(kvc_plan_model_preset(kvc_plan_model_preset_name(mi), &m));
+        assert_ok(kvc_plan_gpu_preset(kvc_plan_gpu_preset_name(gi), &g));
+        kvc_plan_params_t p = kvc_plan_params_default();
+        p.tp = 1u << kvc_rng_below(&rng, 6);
+        p.pp = 1 + (uint32_t)kvc_rng_below(&rng, 4);
+        p.dp = 1 + (uint32_t)kvc_rng_below(&rng, 3);
+        p.weight_dtype = (kvc_plan_dtype_t)kvc_rng_below(&rng, 4);
+        p.kv_dtype = (kvc_plan_dtype_t)kvc_rng_below(&rng, 3);
+        p.block_size = 1u << (3 + kvc_rng_below(&rng, 5));
+        p.gpu_memory_utilization = 0.5 + 0.5 * kvc_rng_double(&rng);
+        p.prompt_tokens = 1 + kvc_rng_below(&rng, 8000);
+        p.output_tokens = 1 + kvc_rng_below(&rng, 2000);
+        p.max_num_seqs = 1 + (uint32_t)kvc_rng_below(&rng, 1024);
+        p.max_num_batched_tokens = p.max_num_seqs + (uint32_t)kvc_rng_below(&rng, 16384);
+        p.spec_tokens = (uint32_t)kvc_rng_below(&rng, 8);
+        p.enforce_eager = kvc_rng_below(&rng, 4) == 0;
+        p.graphs_outside_budget = kvc_rng_below(&rng, 4) == 0;
+        p.window_freeing = kvc_rng_below(&rng, 3) != 0;
+        if (kvc_rng_below(&rng, 4) == 0) p.arrival_rate = 100 * kvc_rng_double(&rng);
+        if (kvc_rng_below(&rng, 5) == 0) p.kv_cache_bytes = kvc_rng_below(&rng, 64 * GIB);
+        if (kvc_rng_below(&rng, 2))
+            p.max_model_len = p.prompt_tokens + p.output_tokens + kvc_rng_below(&rng, 30000);
+        kvc_plan_result_t *r = malloc(sizeof *r);
+        assert_non_null(r);
+        char msg[256] = "";
+        int rc = kvc_plan_compute(&m, &g, &p, r, msg, sizeof msg);
+        if (rc) {
+            assert_int_equal(rc, KVC_EINVAL);
+            assert_true(msg[0] != '\0');
+            refused++;
+        } else {
+            check_invariants(r);
+            planned++;
+        }
+        free(r);
+    }
+    assert_true(planned > n / 4); /* the sweep really exercised plans, not just refusals */
+    assert_true(refused > 0);
+}
+
+static void mangled_configs_never_crash_the_reader(void **state)
+{
+    (void)state;
+    static const char base[] =
+        "{\"architectures\": [\"X\"], \"model_type\": \"gemma2\", \"hidden_size\": 4608, "
+        "\"intermediate_size\": 36864, \"num_hidden_layers\": 46, \"num_attention_heads\": 32, "
+        "\"num_key_value_heads\": 16, \"head_dim\": 128, \"vocab_size\": 256000, "
+        "\"max_position_embeddings\": 8192, \"sliding_window\": 4096, "
+        "\"kv_lora_rank\": null, \"text_config\": {\"num_local_experts\": 0}, "
+        "\"tie_word_embeddings\": true}";
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 7);
+    char buf[sizeof base];
+    const int n = 20000 / KVC_TEST_SANITIZER_DIVISOR;
+    int ok = 0;
+    for (int it = 0; it < n; it++) {
+        memcpy(buf, base, sizeof base);
+        size_t len = sizeof base - 1;
+        int edits = 1 + (int)kvc_rng_below(&rng, 4);
+        for (int e = 0; e < edits && len > 0; e++) {
+            size_t at = kvc_rng_below(&rng, len);
+            switch (kvc_rng_below(&rng, 3)) {
+            case 0:
+                buf[at] = (char)kvc_rng_below(&rng, 256);
+                break;
+            case 1:
+                buf[at] = "0123456789{}[]\":,-.e nul"[kvc_rng_below(&rng, 24)];
+                break;
+            default:
+                len = at;
+                break; /* truncate */
+            }
+        }
+        kvc_plan_model_t m;
+        char msg[256] = "";
+        int rc = kvc_plan_model_from_json(buf, len, "fuzz", &m, msg, sizeof msg);
+        if (rc == 0) {
+            assert_ok(kvc_plan_model_check(&m, NULL, 0));
+            ok++;
+        } else {
+            assert_true(rc == KVC_EPARSE || rc == KVC_EINVAL);
+            assert_true(msg[0] != '\0');
+            assert_null(strchr(msg, '\n'));
+        }
+    }
+    assert_true(ok > 0 && ok < n);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(dtypes_have_names_bits_and_aliases),
+        cmocka_unit_test(sizes_distinguish_gb_from_gib),
+        cmocka_unit_test(presets_are_found_case_insensitively),
+        cmocka_unit_test(kv_bytes_per_token_is_2_layers_heads_dim_bytes),
+        cmocka_unit_test(mla_caches_one_latent_without_the_factor_2),
+        cmocka_unit_test(tp_splits_kv_heads_then_replicates_them),
+        cmocka_unit_test(impossible_parallelism_is_one_clear_error),
+        cmocka_unit_test(params_are_counted_by_part),
+        cmocka_unit_test(weight_bytes_follow_the_dtype_and_the_tp_shard),
+        cmocka_unit_test(ledger_runs_in_engine_order_and_leaves_the_pool),
+        cmocka_unit_test(graphs_outside_the_budget_do_not_shrink_the_pool),
+        cmocka_unit_test(each_startup_phase_can_be_the_one_that_fails),
+        cmocka_unit_test(a_refusal_says_what_would_start),
+        cmocka_unit_test(concurrency_is_the_pool_over_a_block_rounded_request),
+        cmocka_unit_test(compute_ridge_counts_weights_and_kv_reads),
+        cmocka_unit_test(window_freeing_saves_by_the_share_of_windowed_layers),
+        cmocka_unit_test(prefill_counts_causal_pairs_once),
+        cmocka_unit_test(forks_share_prompt_blocks_and_beam_history),
+        cmocka_unit_test(prefill_kv_rate_cancels_the_prompt_length),
+        cmocka_unit_test(fetch_beats_recompute_above_the_break_even_bandwidth),
+        cmocka_unit_test(littles_law_solves_the_fixed_point),
+        cmocka_unit_test(drafts_take_budget_and_turn_the_step_compute_bound),
+        cmocka_unit_test(tenancy_prices_requests_in_pool_share),
+        cmocka_unit_test(config_reads_what_the_math_needs),
+        cmocka_unit_test(config_errors_name_the_field),
+        cmocka_unit_test(config_reads_moe_mla_windows_and_images),
+        cmocka_unit_test(config_files_are_read_or_refused_cleanly),
+        cmocka_unit_test(json_has_every_required_key),
+        cmocka_unit_test(json_rendering_fails_whole_under_oom),
+        cmocka_unit_test(text_has_twelve_sections_and_names_the_refusal),
+        cmocka_unit_test(random_deployments_keep_the_invariants),
+        cmocka_unit_test(mangled_configs_never_crash_the_reader),
+    };
+    return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
+}

@@ -1,0 +1,407 @@
+/* test_plan_golden.c - the planner on the real configs in ../shared/configs,
+ * against numbers derived by hand in the comments (and, where an engine
+ * published its own, against that).  Each built-in preset must also equal
+ * what its config says, and each GPU preset its sources. */
+#include "test_helpers.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GIB (UINT64_C(1) << 30)
+#define MIB (UINT64_C(1) << 20)
+
+static void load(const char *file, kvc_plan_model_t *m)
+{
+    char path[512], msg[256] = "";
+    snprintf(path, sizeof path, "%s/configs/%s", KVC_SHARED_DIR, file);
+    int rc = kvc_plan_model_load(path, m, msg, sizeof msg);
+    if (rc) fail_msg("%s: %s", path, msg);
+}
+
+static kvc_plan_gpu_t gpu(const char *name)
+{
+    kvc_plan_gpu_t g;
+    assert_ok(kvc_plan_gpu_preset(name, &g));
+    return g;
+}
+
+static kvc_plan_result_t *plan(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
+                               const kvc_plan_params_t *p)
+{
+    kvc_plan_result_t *r = malloc(sizeof *r);
+    assert_non_null(r);
+    char msg[256] = "";
+    int rc = kvc_plan_compute(m, g, p, r, msg, sizeof msg);
+    if (rc) fail_msg("kvc_plan_compute: %s", msg);
+    return r;
+}
+
+/* The preset of the same name must say what the config says, field by field. */
+static void preset_matches_config(const char *preset, const kvc_plan_model_t *cfg)
+{
+    kvc_plan_model_t m;
+    assert_ok(kvc_plan_model_preset(preset, &m));
+    assert_string_equal(m.model_type, cfg->model_type);
+#define SAME(f)                                                                             \
+    if (m.f != cfg->f)                                                                      \
+    fail_msg("%s: preset %s = %llu, config says %llu", preset, #f, (unsigned long long)m.f, \
+             (unsigned long long)cfg->f)
+    SAME(hidden_size);
+    SAME(n_layers);
+    SAME(n_heads);
+    SAME(n_kv_heads);
+    SAME(head_dim);
+    SAME(v_head_dim);
+    SAME(vocab_size);
+    SAME(intermediate_size);
+    SAME(tie_embeddings);
+    SAME(qkv_bias);
+    SAME(n_experts);
+    SAME(n_experts_active);
+    SAME(moe_intermediate_size);
+    SAME(n_shared_experts);
+    SAME(shared_expert_intermediate_size);
+    SAME(n_dense_layers);
+    SAME(mla);
+    SAME(q_lora_rank);
+    SAME(kv_lora_rank);
+    SAME(qk_rope_head_dim);
+    SAME(qk_nope_head_dim);
+    SAME(sliding_window);
+    SAME(n_sliding_layers);
+    SAME(chunked_attention);
+    SAME(image_tokens);
+    SAME(max_position_embeddings);
+#undef SAME
+}
+
+static void llama_3_1_8b(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("llama-3.1-8b.json", &m);
+    preset_matches_config("llama-3.1-8b", &m);
+    assert_string_equal(m.name, "llama-3.1-8b.json");
+    assert_int_equal(m.head_dim, 128); /* explicit in this config */
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* per layer: q 4096^2 = 16,777,216; k, v 2 x 4096 x 1024 = 8,388,608; o 16,777,216;
+     * MLP 3 x 4096 x 14336 = 176,160,768; norms 8,192: 218,112,000 x 32 = 6,979,584,000;
+     * embedding and LM head 2 x 128,256 x 4096 = 1,050,673,152; final norm 4,096 */
+    assert_int_equal(c.total, UINT64_C(8030261248));
+    assert_int_equal(c.active, c.total);
+
+    kvc_plan_gpu_t h100 = gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_result_t *r = plan(&m, &h100, &p);
+    /* 2 x 32 x 8 x 128 x 2 B = 131,072 B = 128 KiB */
+    assert_int_equal(r->kv_bytes_per_token, 131072);
+    /* weights 8,030,261,248 x 2 B = 16,060,522,496 B = 14.96 GiB: vLLM logs "model weights take
+     * 14.96GiB" for Meta-Llama-3-8B on an H100 (vllm-project/vllm pull 10511) */
+    assert_int_equal(r->weight_bytes_per_gpu, UINT64_C(16060522496));
+    /* budget floor(85,061,827,297 x 0.9) = 76,555,644,567
+     * activation: sampler 256 x 128,256 x 40 = 1,313,341,440 > forward 8,192 x 69,632 x 2
+     * graphs: 35 x 32 x 512 KiB + 256 x 69,632 x 2 = 587,202,560 + 35,651,584 = 622,854,144
+     * non-torch 256 MiB = 268,435,456
+     * pool = 76,555,644,567 - 16,060,522,496 - 1,313,341,440 - 622,854,144 - 268,435,456
+     *      = 58,290,491,031 B (54.29 GiB); blocks floor(/ (16 x 131,072)) = 27,795 */
+    assert_int_equal(r->budget_bytes, UINT64_C(76555644567));
+    assert_int_equal(r->activation_bytes, UINT64_C(1313341440));
+    assert_int_equal(r->cuda_graph_bytes, UINT64_C(622854144));
+    assert_int_equal(r->kv_pool_bytes_per_gpu, UINT64_C(58290491031));
+    assert_int_equal(r->num_blocks, 27795);
+    /* 1,200 tokens: 75 blocks x 16 x 128 KiB = 150 MiB; floor(58,290,491,031 / 157,286,400) */
+    assert_int_equal(r->kv_bytes_per_request, 150 * MIB);
+    assert_int_equal(r->max_concurrency, 370);
+    assert_true(r->fits);
+    free(r);
+    /* TP 2: 6,979,321,856 / 2 projections + vocab shards 2 x 262,668,288 + norms 266,240,
+     * x 2 B = 8,030,527,488 B = 7.48 GiB (vLLM logs "7.48GiB" at -tp 2) */
+    p.tp = 2;
+    r = plan(&m, &h100, &p);
+    assert_int_equal(r->weight_bytes_per_gpu, UINT64_C(8030527488));
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 65536);
+    free(r);
+}
+
+static void llama_3_1_70b(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("llama-3.1-70b.json", &m);
+    preset_matches_config("llama-3.1-70b", &m);
+    assert_int_equal(m.head_dim, 128); /* derived: 8192 / 64 */
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* per layer: q 67,108,864 + k,v 16,777,216 + o 67,108,864 + MLP 3 x 8192 x 28672
+     * 704,643,072 + norms 16,384 = 855,654,400; x 80 = 68,452,352,000; + 2 x 128,256 x 8192
+     * 2,101,346,304 + 8,192 = 70,553,706,496 */
+    assert_int_equal(c.total, UINT64_C(70553706496));
+
+    kvc_plan_gpu_t h100 = gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 8;
+    kvc_plan_result_t *r8 = plan(&m, &h100, &p);
+    p.tp = 16;
+    kvc_plan_result_t *r16 = plan(&m, &h100, &p);
+    /* 2 x 80 layers x 8 KV heads x 128 x 2 B = 327,680 B; 1,048,576 tokens: 320 GiB */
+    assert_int_equal(r8->kv_bytes_per_token, 327680);
+    assert_int_equal(r8->kv_bytes_per_token * 1048576, 320 * GIB);
+    /* TP 8: one KV head per GPU, 40,960 B; TP 16: still one head per GPU (each on 2 GPUs):
+     * the same 40,960 B, while the weights per GPU nearly halve */
+    assert_int_equal(r8->kv_bytes_per_token_per_gpu, 40960);
+    assert_int_equal(r16->kv_bytes_per_token_per_gpu, 40960);
+    assert_int_equal(r8->kv_head_replication, 1);
+    assert_int_equal(r16->kv_head_replication, 2);
+    assert_int_equal(r16->kv_replicated_bytes_per_token, 16 * 40960 - 327680);
+    assert_true(r16->weight_bytes_per_gpu * 1.9 < r8->weight_bytes_per_gpu);
+    free(r8);
+    free(r16);
+
+    /* The refusal: bf16 on two H100s with TP 2.
+     * weights per GPU: 80 x 427,819,008 projection params + 1,051,992,064 16-bit params
+     *   (vocab shards and norms), x 2 B = 70,555,025,408 B = 65.71 GiB
+     * activation: forward 8,192 x 84,992 values x 2 B = 1,392,508,928
+     *   (84,992 = 4 x 8192 + q 4096 + k,v 1024 + out 4096 + MLP 3 x 14,336)
+     * graphs: 35 x 80 x 512 KiB + 256 x 84,992 x 2 = 1,511,522,304
+     * non-torch: 256 MiB + 512 MiB for TP = 805,306,368
+     * pool = 76,555,644,567 - 70,555,025,408 - 1,392,508,928 - 1,511,522,304 - 805,306,368
+     *      = 2,291,281,559 B (2.13 GiB) = 874 blocks of 16 x 163,840 B = 13,984 tokens
+     * one max_model_len request: 131,072 x 163,840 B = 21,474,836,480 B = 20 GiB > 2.13 GiB:
+     * the engine refuses at check_max_model_len */
+    p.tp = 2;
+    kvc_plan_result_t *r = plan(&m, &h100, &p);
+    assert_int_equal(r->weight_bytes_per_gpu, UINT64_C(70555025408));
+    assert_int_equal(r->activation_bytes, UINT64_C(1392508928));
+    assert_int_equal(r->cuda_graph_bytes, UINT64_C(1511522304));
+    assert_int_equal(r->non_torch_bytes, UINT64_C(805306368));
+    assert_int_equal(r->kv_pool_bytes_per_gpu, UINT64_C(2291281559));
+    assert_int_equal(r->num_blocks, 874);
+    assert_false(r->fits);
+    assert_int_equal(r->failed_phase, KVC_PLAN_PHASE_CHECK_MAX_LEN);
+    assert_string_equal(kvc_plan_phase_name((kvc_plan_phase_id_t)r->failed_phase),
+                        "check_max_model_len");
+    assert_int_equal(r->phases[KVC_PLAN_PHASE_CHECK_MAX_LEN].need_bytes, 20 * GIB);
+    assert_int_equal(r->phases[KVC_PLAN_PHASE_CHECK_MAX_LEN].have_bytes, UINT64_C(2291281559));
+    assert_int_equal(r->max_model_len_that_fits, 13984);
+    assert_int_equal(r->phases[KVC_PLAN_PHASE_LOAD_WEIGHTS].status, KVC_PLAN_PHASE_OK);
+    free(r);
+    /* ...and fp8 weights start: 32.9 GiB + 0.5 GiB of 16-bit tables leave ~35 GiB of pool */
+    p.weight_dtype = KVC_PLAN_FP8;
+    r = plan(&m, &h100, &p);
+    assert_true(r->fits);
+    free(r);
+}
+
+static void mistral_7b_slides_every_layer(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("mistral-7b-v0.1.json", &m);
+    preset_matches_config("mistral-7b-v0.1", &m);
+    assert_int_equal(m.sliding_window, 4096);
+    assert_int_equal(m.n_sliding_layers, 32);
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* 32 x 218,112,000 + 2 x 32,000 x 4096 + 4096 = 7,241,732,096 */
+    assert_int_equal(c.total, UINT64_C(7241732096));
+    kvc_plan_gpu_t l40s = gpu("l40s");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.context_tokens = 32768;
+    kvc_plan_result_t *r = plan(&m, &l40s, &p);
+    assert_int_equal(r->kv_bytes_per_token, 131072);
+    /* at 32,768 tokens: without freeing 32 layers x 2,048 blocks x 16 x 4,096 B = 4 GiB; with
+     * freeing each layer keeps blocks 1,792..2,047 (the last 4,096 tokens): 256 blocks, 512 MiB;
+     * saving 7/8, and toward 100% as the context grows: every layer slides */
+    assert_int_equal(r->swa_bytes_without_freeing, 4 * GIB);
+    assert_int_equal(r->swa_bytes_with_freeing, 512 * MIB);
+    assert_true(fabs(r->sliding_window_saving - 0.875) < 1e-12);
+    assert_true(r->sliding_window_saving_limit == 1.0);
+    free(r);
+}
+
+static void mixtral_8x7b_counts_active_experts(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("mixtral-8x7b.json", &m);
+    preset_matches_config("mixtral-8x7b", &m);
+    assert_int_equal(m.sliding_window, 0); /* "sliding_window": null */
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* per layer: attention 41,943,040 + 8 experts x 176,160,768 + router 32,768 + norms 8,192
+     * = 1,451,270,144; x 32 + 262,144,000 + 4,096 = 46,702,792,704 (46.7B);
+     * active: 41,943,040 + 2 experts 352,321,536 + 32,768 + 8,192 = 394,305,536 per layer,
+     * x 32 + 262,148,096 = 12,879,925,248 (12.9B) */
+    assert_int_equal(c.total, UINT64_C(46702792704));
+    assert_int_equal(c.active, UINT64_C(12879925248));
+    kvc_plan_gpu_t a100 = gpu("a100-80gb-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 2;
+    kvc_plan_result_t *r = plan(&m, &a100, &p);
+    assert_int_equal(r->kv_bytes_per_token, 131072);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 65536);
+    /* 93.4 GB of weights over 2 GPUs: 43.5 GiB each, and it starts */
+    assert_true(r->fits);
+    assert_false(r->fp8_compute); /* A100: bf16 tensor cores only */
+    free(r);
+}
+
+static void qwen2_5_72b_has_qkv_biases(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("qwen2.5-72b.json", &m);
+    preset_matches_config("qwen2.5-72b", &m);
+    assert_true(m.qkv_bias);
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* per layer: q, k, v, o 150,994,944 + biases 8,192 + 2 x 1,024 + MLP 3 x 8192 x 29,568
+     * 726,663,168 + norms 16,384 = 877,684,736; x 80 = 70,214,778,880;
+     * + 2 x 152,064 x 8,192 = 2,491,416,576 + 8,192 = 72,706,203,648 (72.7B) */
+    assert_int_equal(c.total, UINT64_C(72706203648));
+    kvc_plan_gpu_t h200 = gpu("h200");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 2;
+    kvc_plan_result_t *r = plan(&m, &h200, &p);
+    assert_int_equal(r->kv_bytes_per_token, 327680);
+    assert_true(r->fits);
+    free(r);
+}
+
+static void gemma_2_27b_alternates_windows(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("gemma-2-27b.json", &m);
+    preset_matches_config("gemma-2-27b", &m);
+    /* head_dim 128 from the config, not 4608 / 32 = 144 */
+    assert_int_equal(m.head_dim, 128);
+    assert_true(m.tie_embeddings);
+    /* Gemma 2 alternates: 23 of 46 layers slide over 4,096 tokens */
+    assert_int_equal(m.n_sliding_layers, 23);
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* per layer: q 4608 x 4096 = 18,874,368; k, v 2 x 4608 x 2048 = 18,874,368; o 18,874,368;
+     * MLP 3 x 4608 x 36,864 = 509,607,936; norms 9,216: 566,240,256 x 46 = 26,047,051,776;
+     * one tied table 256,000 x 4,608 = 1,179,648,000; + 4,608 = 27,226,704,384 (27.2B) */
+    assert_int_equal(c.total, UINT64_C(27226704384));
+    kvc_plan_gpu_t h100 = gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.context_tokens = 8192;
+    kvc_plan_result_t *r = plan(&m, &h100, &p);
+    /* 2 x 46 x 16 x 128 x 2 B = 376,832 B */
+    assert_int_equal(r->kv_bytes_per_token, 376832);
+    /* at 8,192 tokens, windowed layers keep 256 of 512 blocks: 1 - (23 x 512 + 23 x 256) /
+     * (46 x 512) = 25%; the limit is 23/46 = 50%, whatever the window */
+    assert_true(fabs(r->sliding_window_saving - 0.25) < 1e-12);
+    assert_true(fabs(r->sliding_window_saving_limit - 0.5) < 1e-12);
+    /* TP sweep: 16 KV heads split up to TP 16, then copies (32 query heads stop it at 32) */
+    assert_int_equal(r->tp_rows[r->n_tp_rows - 1].tp, 32);
+    assert_int_equal(r->tp_rows[r->n_tp_rows - 1].replication, 2);
+    free(r);
+}
+
+static void deepseek_v3_mla_under_tp8(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("deepseek-v3.json", &m);
+    preset_matches_config("deepseek-v3", &m);
+    assert_true(m.mla);
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* attention per layer: q_a 7168 x 1536 + norm 1536 + q_b 1536 x 128 x 192 + kv_a 7168 x 576
+     *   + norm 512 + kv_b 512 x 128 x 256 + o 128 x 128 x 7168 = 187,107,328; x 61
+     * dense MLP 3 layers x 3 x 7168 x 18,432; MoE 58 layers x (256 x 3 x 7168 x 2048 routed
+     *   + 3 x 7168 x 2048 shared + 7168 x 256 router) = 58 x 11,320,164,352
+     * + tables 2 x 129,280 x 7168 + norms 61 x 14,336 + 7168:  671,026,404,352 (671B);
+     * active keeps 8 of 256 routed experts: minus 58 x 248 x 44,040,192 = 37,552,282,624 */
+    assert_int_equal(c.total, UINT64_C(671026404352));
+    assert_int_equal(c.active, UINT64_C(37552282624));
+
+    kvc_plan_gpu_t h200 = gpu("h200");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.tp = 8;
+    p.weight_dtype = KVC_PLAN_FP8;
+    kvc_plan_result_t *r = plan(&m, &h200, &p);
+    /* (512 + 64) x 61 x 2 B = 70,272 B per token, one latent, no factor 2; every GPU of TP 8
+     * holds all of it: 8 copies, 7 x 70,272 = 491,904 B per token are copies */
+    assert_int_equal(r->kv_bytes_per_token, 70272);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 70272);
+    assert_int_equal(r->kv_head_replication, 8);
+    assert_int_equal(r->kv_replicated_bytes_per_token, 491904);
+    /* fp8 weights per GPU: projections 61 x 36,634,624 (q_a, kv_a replicated) + 3 x 49,545,216
+     * + 58 x 1,414,791,168 = 84,441,235,456 x 1 B; 16-bit: norms 61 x 16,384, routers
+     * 58 x 1,835,008, vocab shards 2 x 16,160 x 7168, final 7,168 = 339,106,816 x 2 B:
+     * 85,119,449,088 B = 79.27 GiB */
+    assert_int_equal(r->weight_linear_params_per_gpu, UINT64_C(84441235456));
+    assert_int_equal(r->weight_wide_params_per_gpu, UINT64_C(339106816));
+    assert_int_equal(r->weight_bytes_per_gpu, UINT64_C(85119449088));
+    assert_true(r->fits);
+    assert_true(r->fp8_compute);
+    /* A sequence at the mean decode context (1,100) reads 1,100 x 70,272 B = 77.3 MB of latent
+     * per step for 1.33e10 FLOP: below the 412 FLOP/B ridge, decode never turns compute-bound
+     * on TP 8 (the replicated latent is read on every GPU) */
+    assert_int_equal(r->ceilings[KVC_PLAN_CEIL_COMPUTE], KVC_PLAN_UNBOUNDED);
+    free(r);
+    /* fp8 KV halves the latent: 35,136 B */
+    p.kv_dtype = KVC_PLAN_FP8;
+    r = plan(&m, &h200, &p);
+    assert_int_equal(r->kv_bytes_per_token, 35136);
+    free(r);
+    /* bf16 weights (1.22 TiB) do not load on 8 H200s: 156.7 GiB per GPU */
+    p.kv_dtype = KVC_PLAN_BF16;
+    p.weight_dtype = KVC_PLAN_BF16;
+    r = plan(&m, &h200, &p);
+    assert_int_equal(r->failed_phase, KVC_PLAN_PHASE_LOAD_WEIGHTS);
+    free(r);
+}
+
+static void gpu_presets_match_their_sources(void **state)
+{
+    (void)state;
+    const struct {
+        const char *name;
+        uint64_t mem;
+        double bw, bf16, fp8;
+        uint64_t l2;
+        double link, pcie;
+    } want[] = {
+        /* runtime totals in hundredths of a GiB; datasheet rates, dense; links per direction */
+        {"a100-80gb-sxm", 7915 * GIB / 100, 2039e9, 312e12, 0, 40 * MIB, 300e9, 32e9},
+        {"h100-sxm", 7922 * GIB / 100, 3.35e12, 989.5e12, 1979e12, 50 * MIB, 450e9, 64e9},
+        {"h100-pcie", 7922 * GIB / 100, 2.0e12, 756e12, 1513e12, 50 * MIB, 300e9, 64e9},
+        {"h200", 13980 * GIB / 100, 4.8e12, 989.5e12, 1979e12, 50 * MIB, 450e9, 64e9},
+        {"b200", 17835 * GIB / 100, 7.7e12, 2250e12, 4500e12, 126 * MIB, 900e9, 64e9},
+        {"l40s", 4440 * GIB / 100, 864e9, 362.05e12, 733e12, 96 * MIB, 0, 32e9},
+        {"mi300x", UINT64_C(201310208) * 1024, 5.3e12, 1307.4e12, 2614.9e12, 32 * MIB, 448e9, 64e9},
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(want); i++) {
+        kvc_plan_gpu_t g = gpu(want[i].name);
+        assert_int_equal(g.memory_bytes, want[i].mem);
+        assert_true(g.hbm_bytes_per_s == want[i].bw);
+        assert_true(g.bf16_flops == want[i].bf16);
+        assert_true(g.fp8_flops == want[i].fp8);
+        assert_int_equal(g.l2_bytes, want[i].l2);
+        assert_true(g.interconnect_bytes_per_s == want[i].link);
+        assert_true(g.pcie_bytes_per_s == want[i].pcie);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(llama_3_1_8b),
+        cmocka_unit_test(llama_3_1_70b),
+        cmocka_unit_test(mistral_7b_slides_every_layer),
+        cmocka_unit_test(mixtral_8x7b_counts_active_experts),
+        cmocka_unit_test(qwen2_5_72b_has_qkv_biases),
+        cmocka_unit_test(gemma_2_27b_alternates_windows),
+        cmocka_unit_test(deepseek_v3_mla_under_tp8),
+        cmocka_unit_test(gpu_presets_match_their_sources),
+    };
+    return cmocka_run_group_tests_name("plan_golden", tests, NULL, NULL);
+}
