@@ -18,6 +18,7 @@
  *
  * usage: bench_prefix [--quick]
  */
+#include "bench_util.h"
 #include "kvcache/kvcache.h"
 
 #include <stdio.h>
@@ -33,17 +34,6 @@
 
 static int reps = 9;
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void die(const char *what, int rc)
 {
@@ -76,7 +66,7 @@ static double dram_miss_ns(void)
     }
     if (p == SIZE_MAX) puts(""); /* keep the chase alive */
     free(next);
-    return median(runs, 5);
+    return kvc_bench_median(runs, 5);
 }
 
 typedef struct {
@@ -234,8 +224,8 @@ int main(int argc, char **argv)
     }
     free_cache(&c);
 
-    double fh = median(floor_hash, reps), floor_us = fh + N_FULL * miss_ns * 1e-3;
-    double bt = median(b_total, reps), ct = median(c_total, reps);
+    double fh = kvc_bench_median(floor_hash, reps), floor_us = fh + N_FULL * miss_ns * 1e-3;
+    double bt = kvc_bench_median(b_total, reps), ct = kvc_bench_median(c_total, reps);
     printf("kvcache bench_prefix: block size %d, pool %d blocks, %d-token prompts (%d blocks), "
            "medians of %d runs\n\n",
            BS, N_BLOCKS, N_TOKENS, N_FULL, reps);
@@ -243,11 +233,11 @@ int main(int argc, char **argv)
     printf("| floor: hash 2048 tokens | %.2f us | |\n", fh);
     printf("| floor: one DRAM miss (dependent load, 512 MiB) | %.0f ns | |\n", miss_ns);
     printf("| floor: hash + one miss per block (128) | %.2f us | 1.00x |\n", floor_us);
-    printf("| A1: alloc 128 + free 128 | %.1f M blocks/s | |\n", median(a1, reps) / 1e6);
-    printf("| A2: alloc 1 x 128 + free 1 x 128 | %.1f M blocks/s | |\n", median(a2, reps) / 1e6);
-    printf("| B: hash only | %.2f us | |\n", median(b_hash, reps));
-    printf("| B: lookup + pin (127 hit) | %.2f us | |\n", median(b_lookup, reps));
-    printf("| B: free in reverse | %.2f us | |\n", median(b_free, reps));
+    printf("| A1: alloc 128 + free 128 | %.1f M blocks/s | |\n", kvc_bench_median(a1, reps) / 1e6);
+    printf("| A2: alloc 1 x 128 + free 1 x 128 | %.1f M blocks/s | |\n", kvc_bench_median(a2, reps) / 1e6);
+    printf("| B: hash only | %.2f us | |\n", kvc_bench_median(b_hash, reps));
+    printf("| B: lookup + pin (127 hit) | %.2f us | |\n", kvc_bench_median(b_lookup, reps));
+    printf("| B: free in reverse | %.2f us | |\n", kvc_bench_median(b_free, reps));
     printf("| B: total per request | %.2f us | %.2fx |\n", bt, bt / floor_us);
     printf("| C: miss + evict + insert, per request (%.0f evictions each) | %.2f us | %.2fx |\n",
            evicted_per_req, ct, ct / floor_us);

@@ -10,23 +10,13 @@
  * Metadata-only pool (the block bytes are the engine's), block size 16, prefix caching on.
  * Medians of repeated runs.  usage: bench_seq [--quick]
  */
+#include "bench_util.h"
 #include "kvcache/kvcache.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 #define CHECK(expr)                                                                        \
     do {                                                                                   \
@@ -185,10 +175,10 @@ int main(int argc, char **argv)
 
     printf("kvcache bench_seq: block size 16, 1,000-token prompt, metadata-only pool, medians of %d runs\n\n", reps);
     printf("| operation | result |\n|---|---|\n");
-    printf("| fork + write one token (one CoW copy) + destroy | %.2f M/s |\n", median(fork_rate, reps) / 1e6);
-    printf("| beam step, 4 beams (2 die, 2 fork, 4 appends) | %.2f us |\n", median(beam_us[0], reps));
-    printf("| beam step, 16 beams (8 die, 8 fork, 16 appends) | %.2f us |\n", median(beam_us[1], reps));
+    printf("| fork + write one token (one CoW copy) + destroy | %.2f M/s |\n", kvc_bench_median(fork_rate, reps) / 1e6);
+    printf("| beam step, 4 beams (2 die, 2 fork, 4 appends) | %.2f us |\n", kvc_bench_median(beam_us[0], reps));
+    printf("| beam step, 16 beams (8 die, 8 fork, 16 appends) | %.2f us |\n", kvc_bench_median(beam_us[1], reps));
     printf("| 4 drafts: append + reserve + complete + roll back all + bonus | %.2f M/s |\n",
-           median(draft_rate, reps) / 1e6);
+           kvc_bench_median(draft_rate, reps) / 1e6);
     return 0;
 }

@@ -165,13 +165,13 @@ int kvc_plan_gpu_preset(const char *name, kvc_plan_gpu_t *out)
 
 int kvc_plan_gpu_check(const kvc_plan_gpu_t *g, char *msg, size_t len)
 {
-    if (!g->memory_bytes) return kvc__plan_fail(KVC_EINVAL, msg, len, "the GPU's memory is zero");
+    if (!g->memory_bytes) return kvc__msgf(KVC_EINVAL, msg, len, "the GPU's memory is zero");
     if (!(g->hbm_bytes_per_s > 0) || !isfinite(g->hbm_bytes_per_s))
-        return kvc__plan_fail(KVC_EINVAL, msg, len, "the GPU's memory bandwidth must be positive");
+        return kvc__msgf(KVC_EINVAL, msg, len, "the GPU's memory bandwidth must be positive");
     if (!(g->bf16_flops > 0) || !isfinite(g->bf16_flops))
-        return kvc__plan_fail(KVC_EINVAL, msg, len, "the GPU's bf16 FLOP/s must be positive");
+        return kvc__msgf(KVC_EINVAL, msg, len, "the GPU's bf16 FLOP/s must be positive");
     if (!(g->fp8_flops >= 0) || !(g->pcie_bytes_per_s >= 0) || !(g->interconnect_bytes_per_s >= 0))
-        return kvc__plan_fail(KVC_EINVAL, msg, len, "the GPU's rates cannot be negative");
+        return kvc__msgf(KVC_EINVAL, msg, len, "the GPU's rates cannot be negative");
     return 0;
 }
 

@@ -19,16 +19,6 @@
 #include <string.h>
 #include <strings.h>
 
-int kvc__plan_fail(int err, char *msg, size_t len, const char *fmt, ...)
-{
-    if (msg && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, len, fmt, ap);
-        va_end(ap);
-    }
-    return err;
-}
 
 /* ---- dtypes ---------------------------------------------------------------- */
 static const struct {
@@ -222,7 +212,7 @@ int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out)
 int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
 {
 #define NEED(field, cfg) \
-    if (m->field == 0) return kvc__plan_fail(KVC_EINVAL, msg, len, "%s is missing or zero", cfg)
+    if (m->field == 0) return kvc__msgf(KVC_EINVAL, msg, len, "%s is missing or zero", cfg)
     NEED(hidden_size, "hidden_size");
     NEED(n_layers, "num_hidden_layers");
     NEED(n_heads, "num_attention_heads");
@@ -234,14 +224,14 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
         NEED(qk_rope_head_dim, "qk_rope_head_dim");
         NEED(qk_nope_head_dim, "qk_nope_head_dim");
         if (m->head_dim != m->qk_nope_head_dim + m->qk_rope_head_dim)
-            return kvc__plan_fail(
+            return kvc__msgf(
                 KVC_EINVAL, msg, len,
                 "MLA head_dim %u is not qk_nope_head_dim %u + qk_rope_head_dim %u", m->head_dim,
                 m->qk_nope_head_dim, m->qk_rope_head_dim);
     } else {
         NEED(n_kv_heads, "num_key_value_heads");
         if (m->n_kv_heads > m->n_heads || m->n_heads % m->n_kv_heads)
-            return kvc__plan_fail(KVC_EINVAL, msg, len,
+            return kvc__msgf(KVC_EINVAL, msg, len,
                                   "num_key_value_heads %u does not divide num_attention_heads %u",
                                   m->n_kv_heads, m->n_heads);
     }
@@ -249,20 +239,20 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
         NEED(n_experts_active, "num_experts_per_tok");
         NEED(moe_intermediate_size, "moe_intermediate_size");
         if (m->n_experts_active > m->n_experts)
-            return kvc__plan_fail(KVC_EINVAL, msg, len,
+            return kvc__msgf(KVC_EINVAL, msg, len,
                                   "num_experts_per_tok %u exceeds the %u routed experts",
                                   m->n_experts_active, m->n_experts);
         if (m->n_dense_layers > m->n_layers)
-            return kvc__plan_fail(KVC_EINVAL, msg, len, "%u dense layers but only %u layers",
+            return kvc__msgf(KVC_EINVAL, msg, len, "%u dense layers but only %u layers",
                                   m->n_dense_layers, m->n_layers);
     }
     if ((!m->n_experts || m->n_dense_layers) && m->intermediate_size == 0)
-        return kvc__plan_fail(KVC_EINVAL, msg, len, "intermediate_size is missing or zero");
+        return kvc__msgf(KVC_EINVAL, msg, len, "intermediate_size is missing or zero");
     if (m->n_sliding_layers > m->n_layers)
-        return kvc__plan_fail(KVC_EINVAL, msg, len, "%u sliding layers but only %u layers",
+        return kvc__msgf(KVC_EINVAL, msg, len, "%u sliding layers but only %u layers",
                               m->n_sliding_layers, m->n_layers);
     if (m->n_sliding_layers && !m->sliding_window)
-        return kvc__plan_fail(KVC_EINVAL, msg, len, "sliding layers without a sliding_window");
+        return kvc__msgf(KVC_EINVAL, msg, len, "sliding layers without a sliding_window");
     return 0;
 #undef NEED
 }
@@ -347,7 +337,7 @@ static int get_uint(const cfg_t *c, const char *const *keys, uint64_t max, bool 
     double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!cJSON_IsNumber(v) || !(d >= (allow_zero ? 0 : 1)) || d > (double)max || d != floor(d)) {
         char *shown = cJSON_PrintUnformatted(v);
-        int rc = kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "%s: expected a %s integer, got %.40s",
+        int rc = kvc__msgf(KVC_EPARSE, c->msg, c->len, "%s: expected a %s integer, got %.40s",
                                 key, allow_zero ? "non-negative" : "positive", shown ? shown : "?");
         cJSON_free(shown);
         return rc;
@@ -363,7 +353,7 @@ static int get_u32(const cfg_t *c, const char *const *keys, bool required, uint3
     int rc = get_uint(c, keys, UINT32_MAX, false, &v, &present);
     if (rc) return rc;
     if (!present) {
-        if (required) return kvc__plan_fail(KVC_EINVAL, c->msg, c->len, "%s is missing", keys[0]);
+        if (required) return kvc__msgf(KVC_EINVAL, c->msg, c->len, "%s is missing", keys[0]);
         return 0;
     }
     *out = (uint32_t)v;
@@ -377,7 +367,7 @@ static int get_bool(const cfg_t *c, const char *const *keys, bool *out, bool *pr
     if (present) *present = v != NULL;
     if (!v) return 0;
     if (!cJSON_IsBool(v))
-        return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "%s: expected true or false", key);
+        return kvc__msgf(KVC_EPARSE, c->msg, c->len, "%s: expected true or false", key);
     *out = cJSON_IsTrue(v);
     return 0;
 }
@@ -394,7 +384,7 @@ static int parse_chunked(const cfg_t *c, const kvc_plan_model_t *m, uint32_t *n_
     const cJSON *rope = find(c, KEYS("no_rope_layers"), NULL);
     if (rope && cJSON_IsArray(rope) && cJSON_GetArraySize(rope) > 0) {
         if ((uint32_t)cJSON_GetArraySize(rope) < m->n_layers)
-            return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+            return kvc__msgf(KVC_EINVAL, c->msg, c->len,
                                   "no_rope_layers has %d entries but num_hidden_layers is %u",
                                   cJSON_GetArraySize(rope), m->n_layers);
         const cJSON *v;
@@ -402,14 +392,14 @@ static int parse_chunked(const cfg_t *c, const kvc_plan_model_t *m, uint32_t *n_
         cJSON_ArrayForEach(v, rope)
         {
             if (!cJSON_IsNumber(v))
-                return kvc__plan_fail(KVC_EPARSE, c->msg, c->len,
+                return kvc__msgf(KVC_EPARSE, c->msg, c->len,
                                       "no_rope_layers: expected 0 or 1 per layer");
             if (i++ < m->n_layers && v->valuedouble != 0) (*n_chunked)++;
         }
         return 0;
     }
     if (rope && !cJSON_IsArray(rope))
-        return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "no_rope_layers: expected an array");
+        return kvc__msgf(KVC_EPARSE, c->msg, c->len, "no_rope_layers: expected an array");
     uint32_t interval = 4; /* Llama4TextConfig's default */
     int rc = get_u32(c, KEYS("nope_layer_interval"), false, &interval);
     if (rc) return rc;
@@ -429,17 +419,17 @@ static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
     uint32_t n_sliding_listed = 0, n_chunked_listed = 0;
     if (types) {
         if (!cJSON_IsArray(types))
-            return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "layer_types: expected an array");
+            return kvc__msgf(KVC_EPARSE, c->msg, c->len, "layer_types: expected an array");
         int n = cJSON_GetArraySize(types);
         if ((uint32_t)n != m->n_layers)
-            return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+            return kvc__msgf(KVC_EINVAL, c->msg, c->len,
                                   "layer_types has %d entries but num_hidden_layers is %u", n,
                                   m->n_layers);
         const cJSON *t;
         cJSON_ArrayForEach(t, types)
         {
             if (!cJSON_IsString(t))
-                return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "layer_types: expected strings");
+                return kvc__msgf(KVC_EPARSE, c->msg, c->len, "layer_types: expected strings");
             if (strstr(t->valuestring, "sliding") || !strcmp(t->valuestring, "local"))
                 n_sliding_listed++;
             else if (strstr(t->valuestring, "chunked"))
@@ -464,10 +454,10 @@ static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
     }
     if (!window) {
         if (n_sliding_listed)
-            return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+            return kvc__msgf(KVC_EINVAL, c->msg, c->len,
                                   "layer_types names sliding layers but sliding_window is missing");
         if (n_chunked_listed)
-            return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+            return kvc__msgf(KVC_EINVAL, c->msg, c->len,
                                   "layer_types names chunked layers but attention_chunk_size is "
                                   "missing");
         return 0;
@@ -506,7 +496,7 @@ static int parse_moe(const cfg_t *c, kvc_plan_model_t *m)
     if ((rc = get_u32(c, KEYS("moe_intermediate_size"), false, &m->moe_intermediate_size)))
         return rc;
     if (!m->moe_intermediate_size)
-        return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
                               "moe_intermediate_size (or intermediate_size) is missing");
     if ((rc = get_u32(c, KEYS("n_shared_experts"), false, &m->n_shared_experts))) return rc;
     if ((rc = get_u32(c, KEYS("shared_expert_intermediate_size"), false,
@@ -521,12 +511,12 @@ static int parse_moe(const cfg_t *c, kvc_plan_model_t *m)
         return rc;
     const cJSON *mlp_only = find(c, KEYS("mlp_only_layers"), NULL);
     if (mlp_only && !cJSON_IsArray(mlp_only))
-        return kvc__plan_fail(KVC_EPARSE, c->msg, c->len, "mlp_only_layers: expected an array");
+        return kvc__msgf(KVC_EPARSE, c->msg, c->len, "mlp_only_layers: expected an array");
     uint32_t n_dense = first_dense;
     if (sparse_step > 1) n_dense = m->n_layers - m->n_layers / sparse_step;
     if (mlp_only) n_dense += (uint32_t)cJSON_GetArraySize(mlp_only);
     if (n_dense > m->n_layers)
-        return kvc__plan_fail(KVC_EINVAL, c->msg, c->len, "%u dense layers but only %u layers",
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len, "%u dense layers but only %u layers",
                               n_dense, m->n_layers);
     m->n_dense_layers = n_dense;
     return 0;
@@ -588,7 +578,7 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
         if ((rc = get_u32(c, KEYS("head_dim"), false, &m->head_dim))) return rc;
         if (!m->head_dim) {
             if (m->hidden_size % m->n_heads)
-                return kvc__plan_fail(KVC_EINVAL, c->msg, c->len,
+                return kvc__msgf(KVC_EINVAL, c->msg, c->len,
                                       "head_dim is missing and hidden_size %u is not a multiple of "
                                       "num_attention_heads %u",
                                       m->hidden_size, m->n_heads);
@@ -620,16 +610,16 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
 int kvc_plan_model_from_json(const char *text, size_t len, const char *name, kvc_plan_model_t *out,
                              char *msg, size_t msg_len)
 {
-    if (!text || !out) return kvc__plan_fail(KVC_EINVAL, msg, msg_len, "no config text");
+    if (!text || !out) return kvc__msgf(KVC_EINVAL, msg, msg_len, "no config text");
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
     if (!root) {
         size_t at = end && end >= text ? (size_t)(end - text) : 0;
-        return kvc__plan_fail(KVC_EPARSE, msg, msg_len, "malformed JSON at byte %zu", at);
+        return kvc__msgf(KVC_EPARSE, msg, msg_len, "malformed JSON at byte %zu", at);
     }
     int rc;
     if (!cJSON_IsObject(root)) {
-        rc = kvc__plan_fail(KVC_EPARSE, msg, msg_len, "expected a JSON object at the top");
+        rc = kvc__msgf(KVC_EPARSE, msg, msg_len, "expected a JSON object at the top");
     } else {
         cfg_t c = {.root = root, .msg = msg, .len = msg_len};
         static const char *const nested[] = {"text_config", "llm_config", "language_config"};
@@ -651,18 +641,18 @@ int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size
     enum { MAX_CONFIG = 16 << 20 };
     FILE *f = fopen(path, "rb");
     if (!f)
-        return kvc__plan_fail(KVC_EIO, msg, msg_len, "cannot open %s: %s", path, strerror(errno));
+        return kvc__msgf(KVC_EIO, msg, msg_len, "cannot open %s: %s", path, strerror(errno));
     char *buf = malloc(MAX_CONFIG + 1);
     if (!buf) {
         fclose(f);
-        return kvc__plan_fail(KVC_ENOMEM, msg, msg_len, "out of memory");
+        return kvc__msgf(KVC_ENOMEM, msg, msg_len, "out of memory");
     }
     size_t n = fread(buf, 1, MAX_CONFIG + 1, f);
     int rc = 0;
     if (ferror(f))
-        rc = kvc__plan_fail(KVC_EIO, msg, msg_len, "cannot read %s: %s", path, strerror(errno));
+        rc = kvc__msgf(KVC_EIO, msg, msg_len, "cannot read %s: %s", path, strerror(errno));
     else if (n > MAX_CONFIG)
-        rc = kvc__plan_fail(KVC_EOVERFLOW, msg, msg_len, "%s: larger than 16 MiB", path);
+        rc = kvc__msgf(KVC_EOVERFLOW, msg, msg_len, "%s: larger than 16 MiB", path);
     fclose(f);
     if (!rc) {
         /* Name it after the file, or after its folder for a hub snapshot's config.json. */
@@ -677,7 +667,7 @@ int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size
         }
         char local[256] = "";
         rc = kvc_plan_model_from_json(buf, n, name, out, local, sizeof local);
-        if (rc) kvc__plan_fail(rc, msg, msg_len, "%s: %s", path, local);
+        if (rc) kvc__msgf(rc, msg, msg_len, "%s: %s", path, local);
     }
     free(buf);
     return rc;

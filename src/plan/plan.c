@@ -379,7 +379,7 @@ static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
     int rc = kvc_plan_model_check(m, msg, len);
     if (rc) return rc;
     if ((rc = kvc_plan_gpu_check(g, msg, len))) return rc;
-#define BAD(...) return kvc__plan_fail(KVC_EINVAL, msg, len, __VA_ARGS__)
+#define BAD(...) return kvc__msgf(KVC_EINVAL, msg, len, __VA_ARGS__)
     if (p->tp < 1 || p->tp > 1024) BAD("--tp %u: expected 1..1024", p->tp);
     if (p->pp < 1 || p->pp > KVC__MAX_STAGES)
         BAD("--pp %u: expected 1..%d", p->pp, KVC__MAX_STAGES);
@@ -475,23 +475,23 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
     if (rc) return rc;
     uint64_t max_len = p->max_model_len ? p->max_model_len : m->max_position_embeddings;
     if (!max_len)
-        return kvc__plan_fail(KVC_EINVAL, msg, len,
+        return kvc__msgf(KVC_EINVAL, msg, len,
                               "the model gives no max_position_embeddings: set --max-model-len");
     if (m->max_position_embeddings && max_len > m->max_position_embeddings)
-        return kvc__plan_fail(
+        return kvc__msgf(
             KVC_EINVAL, msg, len,
             "--max-model-len %llu exceeds the model's max_position_embeddings %llu",
             (unsigned long long)max_len, (unsigned long long)m->max_position_embeddings);
     const uint64_t req = p->prompt_tokens + p->output_tokens;
     if (req > max_len)
-        return kvc__plan_fail(KVC_EINVAL, msg, len,
+        return kvc__msgf(KVC_EINVAL, msg, len,
                               "the request (--prompt %llu + --output %llu) is longer than "
                               "max_model_len %llu",
                               (unsigned long long)p->prompt_tokens,
                               (unsigned long long)p->output_tokens, (unsigned long long)max_len);
     const uint64_t ctx_tokens = p->context_tokens ? p->context_tokens : req;
     if (ctx_tokens > max_len)
-        return kvc__plan_fail(KVC_EINVAL, msg, len, "--context %llu exceeds max_model_len %llu",
+        return kvc__msgf(KVC_EINVAL, msg, len, "--context %llu exceeds max_model_len %llu",
                               (unsigned long long)ctx_tokens, (unsigned long long)max_len);
 
     memset(r, 0, sizeof *r);
@@ -995,7 +995,7 @@ static void suggest(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
 int kvc_plan_compute(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kvc_plan_params_t *p,
                      kvc_plan_result_t *r, char *msg, size_t len)
 {
-    if (!m || !g || !p || !r) return kvc__plan_fail(KVC_EINVAL, msg, len, "missing argument");
+    if (!m || !g || !p || !r) return kvc__msgf(KVC_EINVAL, msg, len, "missing argument");
     int rc = compute_core(m, g, p, r, msg, len);
     if (!rc && !r->fits) suggest(m, g, p, r);
     return rc;

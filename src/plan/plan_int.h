@@ -4,6 +4,7 @@
 #ifndef KVC_PLAN_INT_H
 #define KVC_PLAN_INT_H
 
+#include "util/msg.h"
 #include "kvcache/plan.h"
 
 #include <stdarg.h>
@@ -12,10 +13,6 @@
 #define KVC__KIB (UINT64_C(1) << 10)
 #define KVC__MIB (UINT64_C(1) << 20)
 #define KVC__GIB (UINT64_C(1) << 30)
-
-/* Write one formatted line into msg[0..len) (NULL or 0: nothing); returns err. */
-int kvc__plan_fail(int err, char *msg, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 
 /* A growable NUL-terminated string.  Once an append fails, `failed` stays set
  * and later appends do nothing, so callers check once at the end. */

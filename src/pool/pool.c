@@ -2,6 +2,7 @@
  * storage behind the blocks.  See include/kvcache/pool.h for the queue's
  * shape; the prefix layer above decides identity through the evictor hook. */
 #include "kvcache/pool.h"
+#include "util/msg.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -403,16 +404,7 @@ int kvc_pool_copy_block(kvc_pool_t *pool, uint32_t dst, uint32_t src)
 }
 
 /* ---- invariants ---------------------------------------------------------- */
-__attribute__((format(printf, 3, 4))) static int fail(char *msg, size_t cap, const char *fmt, ...)
-{
-    if (msg && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, cap, fmt, ap);
-        va_end(ap);
-    }
-    return KVC_ECORRUPT;
-}
+#define fail(msg, cap, ...) kvc__msgf(KVC_ECORRUPT, msg, cap, __VA_ARGS__)
 
 int kvc_pool_check(const kvc_pool_t *pool, char *msg, size_t cap)
 {

@@ -7,6 +7,7 @@
  * every candidate, so the hash function only affects speed, never results.
  */
 #include "kvcache/prefix.h"
+#include "util/msg.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -759,16 +760,7 @@ void kvc_prefix_stats(const kvc_prefix_t *pc, kvc_prefix_stats_t *out)
 }
 
 /* ---- invariants ------------------------------------------------------------- */
-__attribute__((format(printf, 3, 4))) static int fail(char *msg, size_t cap, const char *fmt, ...)
-{
-    if (msg && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, cap, fmt, ap);
-        va_end(ap);
-    }
-    return KVC_ECORRUPT;
-}
+#define fail(msg, cap, ...) kvc__msgf(KVC_ECORRUPT, msg, cap, __VA_ARGS__)
 
 /* The hash block b's stored identity chains to, from its stored parent hash. */
 static kvc_hash128_t recompute(const kvc_prefix_t *pc, uint32_t b)

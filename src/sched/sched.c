@@ -2,6 +2,7 @@
  * priority classes, tenant quotas and fairness, long-request caps, drafts.
  * See include/kvcache/sched.h.  Time is always passed in. */
 #include "kvcache/sched.h"
+#include "util/msg.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -891,16 +892,7 @@ const char *kvc_sched_trace(const kvc_sched_t *s)
     return s->trace ? s->trace : "";
 }
 
-__attribute__((format(printf, 3, 4))) static int fail(char *msg, size_t cap, const char *fmt, ...)
-{
-    if (msg && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, cap, fmt, ap);
-        va_end(ap);
-    }
-    return KVC_ECORRUPT;
-}
+#define fail(msg, cap, ...) kvc__msgf(KVC_ECORRUPT, msg, cap, __VA_ARGS__)
 
 int kvc_sched_check(const kvc_sched_t *s, char *msg, size_t cap)
 {

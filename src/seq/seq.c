@@ -3,6 +3,7 @@
  * sliding-window release, and the step launch/completion contract.
  * See include/kvcache/seq.h for the model. */
 #include "kvcache/seq.h"
+#include "util/msg.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -957,16 +958,7 @@ void kvc_seqs_stats(const kvc_seqs_t *s, kvc_seqs_stats_t *out)
 }
 
 /* ---- invariants ----------------------------------------------------------------------------- */
-__attribute__((format(printf, 3, 4))) static int fail(char *msg, size_t cap, const char *fmt, ...)
-{
-    if (msg && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, cap, fmt, ap);
-        va_end(ap);
-    }
-    return KVC_ECORRUPT;
-}
+#define fail(msg, cap, ...) kvc__msgf(KVC_ECORRUPT, msg, cap, __VA_ARGS__)
 
 int kvc_seqs_check(const kvc_seqs_t *s, char *msg, size_t cap)
 {

@@ -1,6 +1,9 @@
 /* util.c - errors, assertions, allocators, hashing, PRNG and clock.
  * The bottom layer: everything above may use it, it uses nothing above. */
 #include "kvcache/util.h"
+#include "util/msg.h"
+
+#include <stdarg.h>
 
 #include <errno.h>
 #include <stdalign.h>
@@ -43,6 +46,17 @@ const char *kvc_errname(int err)
     if (err == 0) return "OK";
     int i = err_index(err);
     return i < 0 ? "EUNKNOWN" : err_names[i];
+}
+
+int kvc__msgf(int err, char *msg, size_t cap, const char *fmt, ...)
+{
+    if (msg && cap) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, cap, fmt, ap);
+        va_end(ap);
+    }
+    return err;
 }
 
 void kvc__assert_fail(const char *expr, const char *file, int line, const char *func)
