@@ -17,4 +17,40 @@ int kvc_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(p
 /* Parse a whole decimal number into [min, max]; false on junk or out of range. */
 bool kvc_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
 
+/* ---- the deployment options kvcache plan and kvcache sim share (deploy.c) ---- */
+#include <getopt.h>
+#include <stddef.h>
+#include "kvcache/plan.h"
+
+enum {
+    KVC_CLI_DEPLOY_FIRST = 256, /* option values of the shared table */
+    KVC_CLI_PLAN_FIRST = 512,   /* a command's own options start here */
+    KVC_CLI_MAX_OPTIONS = 128,
+};
+
+typedef struct {
+    kvc_plan_params_t p;
+    const char *model_arg, *gpu_arg;
+    /* explicit GPU numbers; 0 / NAN / UINT64_MAX: not given */
+    uint64_t g_mem, g_l2;
+    double g_bw, g_flops, g_fp8, g_link, g_pcie;
+} kvc_cli_deploy_t;
+
+/* The getopt_long table of the shared options, NULL-terminated. */
+extern const struct option kvc_cli_deploy_options[];
+void kvc_cli_deploy_init(kvc_cli_deploy_t *d);
+/* Handle option ch if it is a shared one: 1 handled, 0 not ours, -1 bad value (the one-line
+ * error is printed). */
+int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *cmd, int ch, const char *opt_name,
+                          const char *optarg);
+/* After parsing: the model (preset or config.json) and the GPU (preset or numbers).  0, or
+ * 1 with the one-line error printed. */
+int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *cmd, kvc_plan_model_t *model,
+                           kvc_plan_gpu_t *gpu);
+/* Concatenate two NULL-terminated option tables into out (cap entries); -1 if too many. */
+int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a, const struct option *b);
+bool kvc_cli_parse_double(const char *s, double min, double max, double *out);
+int kvc_cli_presets_line(char *buf, size_t len, bool models);
+void kvc_cli_list_presets(void);
+
 #endif

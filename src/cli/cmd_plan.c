@@ -22,42 +22,12 @@
 #define CMD "plan"
 
 enum {
-    O_MODEL = 256,
-    O_GPU,
-    O_GPU_MEMORY,
-    O_GPU_BANDWIDTH,
-    O_GPU_FLOPS,
-    O_GPU_FP8_FLOPS,
-    O_GPU_L2,
-    O_GPU_INTERCONNECT,
-    O_GPU_PCIE,
-    O_TP,
-    O_PP,
-    O_DP,
-    O_WEIGHT_DTYPE,
-    O_KV_DTYPE,
-    O_BLOCK_SIZE,
-    O_UTIL,
-    O_MAX_MODEL_LEN,
-    O_MAX_NUM_SEQS,
-    O_MAX_BATCHED,
-    O_PROMPT,
+    O_PROMPT = KVC_CLI_PLAN_FIRST,
     O_OUTPUT,
     O_CONTEXT,
-    O_WEIGHT_MEM,
-    O_ACT_MEM,
-    O_GRAPH_MEM,
-    O_NON_TORCH_MEM,
-    O_CTX_MEM,
-    O_KV_MEM,
-    O_EAGER,
-    O_GRAPHS_OUTSIDE,
-    O_NO_WINDOW_FREEING,
     O_N,
     O_BEAMS,
     O_ARRIVAL,
-    O_MFU,
-    O_MBU,
     O_LINK,
     O_PREFILL_RATE,
     O_HOST_BW,
@@ -65,8 +35,6 @@ enum {
     O_NET_BW,
     O_SSD_TBW,
     O_SSD_RATE,
-    O_SPEC_TOKENS,
-    O_SPEC_ACCEPT,
     O_TENANT,
     O_JSON,
     O_LIST,
@@ -138,105 +106,15 @@ static void help(FILE *f)
         "exit status: 0 when the deployment starts, 3 when it does not, 1 for bad input.\n");
 }
 
-static bool parse_double(const char *s, double min, double max, double *out)
-{
-    if (!s || !*s) return false;
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v) || v < min || v > max) return false;
-    *out = v;
-    return true;
-}
-
-static void list_presets(void)
-{
-    printf("models:\n");
-    for (size_t i = 0; i < kvc_plan_model_preset_count(); i++) {
-        kvc_plan_model_t m;
-        kvc_plan_model_preset(kvc_plan_model_preset_name(i), &m);
-        kvc_plan_param_count_t pc;
-        kvc_plan_model_params(&m, &pc);
-        printf("  %-16s %3u layers, %3u heads, %s%s, %.1f billion parameters\n", m.name, m.n_layers,
-               m.n_heads, m.mla ? "MLA" : "GQA", m.n_experts ? " MoE" : "", (double)pc.total / 1e9);
-    }
-    printf("gpus:\n");
-    for (size_t i = 0; i < kvc_plan_gpu_preset_count(); i++) {
-        kvc_plan_gpu_t g;
-        kvc_plan_gpu_preset(kvc_plan_gpu_preset_name(i), &g);
-        printf("  %-16s %-14s %7.2f GiB, %5.2f TB/s, %6.1f TFLOP/s bf16\n",
-               kvc_plan_gpu_preset_name(i), g.name, (double)g.memory_bytes / 1073741824.0,
-               g.hbm_bytes_per_s / 1e12, g.bf16_flops / 1e12);
-    }
-}
-
-static int presets_line(char *buf, size_t len, bool models)
-{
-    size_t o = 0, n = models ? kvc_plan_model_preset_count() : kvc_plan_gpu_preset_count();
-    buf[0] = '\0';
-    for (size_t i = 0; i < n && o < len; i++) {
-        int w = snprintf(buf + o, len - o, "%s%s", i ? ", " : "",
-                         models ? kvc_plan_model_preset_name(i) : kvc_plan_gpu_preset_name(i));
-        if (w < 0) break;
-        o += (size_t)w;
-    }
-    return 0;
-}
-
-static int load_model(const char *arg, kvc_plan_model_t *m)
-{
-    if (!kvc_plan_model_preset(arg, m)) return 0;
-    const size_t n = strlen(arg);
-    const bool looks_like_path = strchr(arg, '/') || (n > 5 && !strcmp(arg + n - 5, ".json"));
-    if (!looks_like_path && access(arg, F_OK) != 0) {
-        char names[512];
-        presets_line(names, sizeof names, true);
-        return kvc_cli_error(CMD, "--model '%s': not a preset (%s) and no such file", arg, names);
-    }
-    char msg[512];
-    if (kvc_plan_model_load(arg, m, msg, sizeof msg)) return kvc_cli_error(CMD, "--model: %s", msg);
-    return 0;
-}
-
 int kvc_cmd_plan(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, O_MODEL},
-        {"gpu", required_argument, NULL, O_GPU},
-        {"gpu-memory", required_argument, NULL, O_GPU_MEMORY},
-        {"gpu-bandwidth", required_argument, NULL, O_GPU_BANDWIDTH},
-        {"gpu-flops", required_argument, NULL, O_GPU_FLOPS},
-        {"gpu-fp8-flops", required_argument, NULL, O_GPU_FP8_FLOPS},
-        {"gpu-l2", required_argument, NULL, O_GPU_L2},
-        {"gpu-interconnect", required_argument, NULL, O_GPU_INTERCONNECT},
-        {"gpu-pcie", required_argument, NULL, O_GPU_PCIE},
-        {"tp", required_argument, NULL, O_TP},
-        {"pp", required_argument, NULL, O_PP},
-        {"dp", required_argument, NULL, O_DP},
-        {"weight-dtype", required_argument, NULL, O_WEIGHT_DTYPE},
-        {"kv-dtype", required_argument, NULL, O_KV_DTYPE},
-        {"block-size", required_argument, NULL, O_BLOCK_SIZE},
-        {"gpu-memory-utilization", required_argument, NULL, O_UTIL},
-        {"max-model-len", required_argument, NULL, O_MAX_MODEL_LEN},
-        {"max-num-seqs", required_argument, NULL, O_MAX_NUM_SEQS},
-        {"max-num-batched-tokens", required_argument, NULL, O_MAX_BATCHED},
+    static const struct option own[] = {
         {"prompt", required_argument, NULL, O_PROMPT},
         {"output", required_argument, NULL, O_OUTPUT},
         {"context", required_argument, NULL, O_CONTEXT},
-        {"weight-memory", required_argument, NULL, O_WEIGHT_MEM},
-        {"activation-memory", required_argument, NULL, O_ACT_MEM},
-        {"cuda-graph-memory", required_argument, NULL, O_GRAPH_MEM},
-        {"non-torch-memory", required_argument, NULL, O_NON_TORCH_MEM},
-        {"cuda-context-memory", required_argument, NULL, O_CTX_MEM},
-        {"kv-cache-memory", required_argument, NULL, O_KV_MEM},
-        {"enforce-eager", no_argument, NULL, O_EAGER},
-        {"graphs-outside-budget", no_argument, NULL, O_GRAPHS_OUTSIDE},
-        {"no-window-freeing", no_argument, NULL, O_NO_WINDOW_FREEING},
         {"n", required_argument, NULL, O_N},
         {"beams", required_argument, NULL, O_BEAMS},
         {"arrival-rate", required_argument, NULL, O_ARRIVAL},
-        {"mfu", required_argument, NULL, O_MFU},
-        {"mbu", required_argument, NULL, O_MBU},
         {"link-bandwidth", required_argument, NULL, O_LINK},
         {"prefill-tokens-per-s", required_argument, NULL, O_PREFILL_RATE},
         {"host-bandwidth", required_argument, NULL, O_HOST_BW},
@@ -244,19 +122,17 @@ int kvc_cmd_plan(int argc, char **argv)
         {"network-bandwidth", required_argument, NULL, O_NET_BW},
         {"ssd-tbw", required_argument, NULL, O_SSD_TBW},
         {"ssd-write-rate", required_argument, NULL, O_SSD_RATE},
-        {"spec-tokens", required_argument, NULL, O_SPEC_TOKENS},
-        {"spec-acceptance", required_argument, NULL, O_SPEC_ACCEPT},
         {"tenant-tokens", required_argument, NULL, O_TENANT},
         {"json", no_argument, NULL, O_JSON},
         {"list", no_argument, NULL, O_LIST},
         {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+{NULL, 0, NULL, 0}};
+    struct option opts[KVC_CLI_MAX_OPTIONS];
+    kvc_cli_join_options(opts, KVC_CLI_MAX_OPTIONS, kvc_cli_deploy_options, own);
 
-    kvc_plan_params_t p = kvc_plan_params_default();
-    const char *model_arg = NULL, *gpu_arg = NULL;
-    /* Explicit GPU numbers; NAN / 0 / UINT64_MAX: not given. */
-    uint64_t g_mem = 0, g_l2 = UINT64_MAX;
-    double g_bw = NAN, g_flops = NAN, g_fp8 = NAN, g_link = NAN, g_pcie = NAN;
+    kvc_cli_deploy_t dep;
+    kvc_cli_deploy_init(&dep);
+    kvc_plan_params_t *pp = &dep.p;
     bool json = false, list = false;
     uint64_t u;
     double d;
@@ -286,7 +162,7 @@ int kvc_cmd_plan(int argc, char **argv)
     } while (0)
 #define DBL(lo, hi, field)                                                                    \
     do {                                                                                      \
-        if (!parse_double(optarg, lo, hi, &d))                                                \
+        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                                \
             return kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, optarg, \
                                  (double)(lo), (double)(hi));                                 \
         field = d;                                                                            \
@@ -305,157 +181,58 @@ int kvc_cmd_plan(int argc, char **argv)
                                  opt_name, optarg);                                              \
         field = d;                                                                               \
     } while (0)
+        int handled = kvc_cli_deploy_option(&dep, CMD, ch, opt_name, optarg);
+        if (handled < 0) return 1;
+        if (handled) continue;
         switch (ch) {
-        case O_MODEL:
-            model_arg = optarg;
-            break;
-        case O_GPU:
-            gpu_arg = optarg;
-            break;
-        case O_GPU_MEMORY:
-            SIZE(g_mem);
-            if (!g_mem) return kvc_cli_error(CMD, "--gpu-memory: must be positive");
-            break;
-        case O_GPU_BANDWIDTH:
-            RATE(g_bw);
-            break;
-        case O_GPU_FLOPS:
-            DBL(1e-3, 1e7, g_flops);
-            break;
-        case O_GPU_FP8_FLOPS:
-            DBL(0, 1e7, g_fp8);
-            break;
-        case O_GPU_L2:
-            SIZE(g_l2);
-            break;
-        case O_GPU_INTERCONNECT:
-            RATE(g_link);
-            break;
-        case O_GPU_PCIE:
-            RATE(g_pcie);
-            break;
-        case O_TP:
-            U64(1, 1024, p.tp);
-            break;
-        case O_PP:
-            U64(1, 64, p.pp);
-            break;
-        case O_DP:
-            U64(1, 65536, p.dp);
-            break;
-        case O_WEIGHT_DTYPE:
-            if (kvc_plan_dtype_parse(optarg, &p.weight_dtype))
-                return kvc_cli_error(CMD, "--weight-dtype: '%s' is not bf16, fp16, fp8 or int4",
-                                     optarg);
-            break;
-        case O_KV_DTYPE:
-            if (kvc_plan_dtype_parse(optarg, &p.kv_dtype) || p.kv_dtype == KVC_PLAN_INT4)
-                return kvc_cli_error(CMD, "--kv-dtype: '%s' is not bf16, fp16 or fp8", optarg);
-            break;
-        case O_BLOCK_SIZE:
-            U64(1, 1024, p.block_size);
-            if (p.block_size & (p.block_size - 1))
-                return kvc_cli_error(CMD, "--block-size: '%s' is not a power of two", optarg);
-            break;
-        case O_UTIL:
-            DBL(1e-6, 1, p.gpu_memory_utilization);
-            break;
-        case O_MAX_MODEL_LEN:
-            U64(1, UINT64_C(1) << 40, p.max_model_len);
-            break;
-        case O_MAX_NUM_SEQS:
-            U64(1, 1u << 24, p.max_num_seqs);
-            break;
-        case O_MAX_BATCHED:
-            U64(1, 1u << 30, p.max_num_batched_tokens);
-            break;
         case O_PROMPT:
-            U64(1, UINT64_C(1) << 40, p.prompt_tokens);
+            U64(1, UINT64_C(1) << 40, pp->prompt_tokens);
             break;
         case O_OUTPUT:
-            U64(1, UINT64_C(1) << 40, p.output_tokens);
+            U64(1, UINT64_C(1) << 40, pp->output_tokens);
             break;
         case O_CONTEXT:
-            U64(1, UINT64_C(1) << 40, p.context_tokens);
-            break;
-        case O_WEIGHT_MEM:
-            SIZE(p.weight_bytes);
-            break;
-        case O_ACT_MEM:
-            SIZE(p.activation_bytes);
-            break;
-        case O_GRAPH_MEM:
-            SIZE(p.cuda_graph_bytes);
-            break;
-        case O_NON_TORCH_MEM:
-            SIZE(p.non_torch_bytes);
-            break;
-        case O_CTX_MEM:
-            SIZE(p.cuda_context_bytes);
-            break;
-        case O_KV_MEM:
-            SIZE(p.kv_cache_bytes);
-            break;
-        case O_EAGER:
-            p.enforce_eager = true;
-            break;
-        case O_GRAPHS_OUTSIDE:
-            p.graphs_outside_budget = true;
-            break;
-        case O_NO_WINDOW_FREEING:
-            p.window_freeing = false;
+            U64(1, UINT64_C(1) << 40, pp->context_tokens);
             break;
         case O_N:
-            U64(1, 1024, p.n_samples);
+            U64(1, 1024, pp->n_samples);
             break;
         case O_BEAMS:
-            U64(1, 1024, p.beams);
+            U64(1, 1024, pp->beams);
             break;
         case O_ARRIVAL:
-            DBL(0, 1e9, p.arrival_rate);
-            break;
-        case O_MFU:
-            DBL(1e-6, 1, p.mfu);
-            break;
-        case O_MBU:
-            DBL(1e-6, 1, p.mbu);
+            DBL(0, 1e9, pp->arrival_rate);
             break;
         case O_LINK:
-            RATE(p.link_bytes_per_s);
+            RATE(pp->link_bytes_per_s);
             break;
         case O_PREFILL_RATE:
-            DBL(1e-9, 1e12, p.prefill_tokens_per_s);
+            DBL(1e-9, 1e12, pp->prefill_tokens_per_s);
             break;
         case O_HOST_BW:
-            RATE(p.host_bytes_per_s);
+            RATE(pp->host_bytes_per_s);
             break;
         case O_NVME_BW:
-            RATE(p.nvme_bytes_per_s);
+            RATE(pp->nvme_bytes_per_s);
             break;
         case O_NET_BW:
-            RATE(p.network_bytes_per_s);
+            RATE(pp->network_bytes_per_s);
             break;
         case O_SSD_TBW:
             /* A bare number is terabytes written, as drives are rated. */
-            if (parse_double(optarg, 1e-6, 1e9, &d)) {
-                p.ssd_endurance_bytes = d * 1e12;
+            if (kvc_cli_parse_double(optarg, 1e-6, 1e9, &d)) {
+                pp->ssd_endurance_bytes = d * 1e12;
             } else {
                 SIZE(u);
                 if (!u) return kvc_cli_error(CMD, "--ssd-tbw: must be positive");
-                p.ssd_endurance_bytes = (double)u;
+                pp->ssd_endurance_bytes = (double)u;
             }
             break;
         case O_SSD_RATE:
-            RATE(p.ssd_write_bytes_per_s);
-            break;
-        case O_SPEC_TOKENS:
-            U64(0, 64, p.spec_tokens);
-            break;
-        case O_SPEC_ACCEPT:
-            DBL(0, 0.999999, p.spec_acceptance);
+            RATE(pp->ssd_write_bytes_per_s);
             break;
         case O_TENANT:
-            U64(1, UINT64_C(1) << 40, p.tenant_tokens);
+            U64(1, UINT64_C(1) << 40, pp->tenant_tokens);
             break;
         case O_JSON:
             json = true;
@@ -470,7 +247,7 @@ int kvc_cmd_plan(int argc, char **argv)
             return kvc_cli_error(CMD, "%s needs a value", opt_name);
         default:
             /* getopt_long reports "--json=x" with optopt set to the option it matched. */
-            if (optopt >= O_MODEL) return kvc_cli_error(CMD, "%s takes no value", opt_name);
+            if (optopt >= KVC_CLI_DEPLOY_FIRST) return kvc_cli_error(CMD, "%s takes no value", opt_name);
             return kvc_cli_error(CMD, "unknown option '%s' (try --help)", opt_name);
         }
 #undef U64
@@ -481,49 +258,17 @@ int kvc_cmd_plan(int argc, char **argv)
     if (optind < argc)
         return kvc_cli_error(CMD, "unexpected argument '%s' (try --help)", argv[optind]);
     if (list) {
-        list_presets();
+        kvc_cli_list_presets();
         return 0;
     }
-    if (!model_arg) {
-        char names[512];
-        presets_line(names, sizeof names, true);
-        return kvc_cli_error(CMD, "no --model: give a preset (%s) or a config.json path", names);
-    }
-
-    kvc_plan_gpu_t gpu = {0};
-    if (gpu_arg) {
-        if (kvc_plan_gpu_preset(gpu_arg, &gpu)) {
-            char names[512];
-            presets_line(names, sizeof names, false);
-            return kvc_cli_error(CMD, "--gpu '%s': unknown preset (presets: %s)", gpu_arg, names);
-        }
-    } else {
-        if (!g_mem || isnan(g_bw) || isnan(g_flops)) {
-            char names[512];
-            presets_line(names, sizeof names, false);
-            return kvc_cli_error(CMD,
-                                 "no --gpu: give a preset (%s) or --gpu-memory, --gpu-bandwidth "
-                                 "and --gpu-flops",
-                                 names);
-        }
-        snprintf(gpu.name, sizeof gpu.name, "custom GPU");
-        gpu.pcie_bytes_per_s = 32e9; /* PCIe Gen4 x16, one direction, unless given */
-    }
-    if (g_mem) gpu.memory_bytes = g_mem;
-    if (!isnan(g_bw)) gpu.hbm_bytes_per_s = g_bw;
-    if (!isnan(g_flops)) gpu.bf16_flops = g_flops * 1e12;
-    if (!isnan(g_fp8)) gpu.fp8_flops = g_fp8 * 1e12;
-    if (g_l2 != UINT64_MAX) gpu.l2_bytes = g_l2;
-    if (!isnan(g_link)) gpu.interconnect_bytes_per_s = g_link;
-    if (!isnan(g_pcie)) gpu.pcie_bytes_per_s = g_pcie;
-
     kvc_plan_model_t model;
-    if (load_model(model_arg, &model)) return 1;
+    kvc_plan_gpu_t gpu;
+    if (kvc_cli_deploy_resolve(&dep, CMD, &model, &gpu)) return 1;
 
     kvc_plan_result_t *r = malloc(sizeof *r);
     if (!r) return kvc_cli_error(CMD, "out of memory");
     char msg[512];
-    int rc = kvc_plan_compute(&model, &gpu, &p, r, msg, sizeof msg);
+    int rc = kvc_plan_compute(&model, &gpu, pp, r, msg, sizeof msg);
     if (rc) {
         free(r);
         return kvc_cli_error(CMD, "%s", msg);

@@ -1,0 +1,342 @@
+/* deploy.c - the deployment options `kvcache plan` and `kvcache sim` share:
+ * the model, the GPU, parallelism, dtypes, engine limits and measurements.
+ * One table, one parser, one resolver, so the two commands cannot drift. */
+#include "cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum {
+    KVC_CLI_MODEL = KVC_CLI_DEPLOY_FIRST,
+    KVC_CLI_GPU,
+    KVC_CLI_GPU_MEMORY,
+    KVC_CLI_GPU_BANDWIDTH,
+    KVC_CLI_GPU_FLOPS,
+    KVC_CLI_GPU_FP8_FLOPS,
+    KVC_CLI_GPU_L2,
+    KVC_CLI_GPU_INTERCONNECT,
+    KVC_CLI_GPU_PCIE,
+    KVC_CLI_TP,
+    KVC_CLI_PP,
+    KVC_CLI_DP,
+    KVC_CLI_WEIGHT_DTYPE,
+    KVC_CLI_KV_DTYPE,
+    KVC_CLI_BLOCK_SIZE,
+    KVC_CLI_UTIL,
+    KVC_CLI_MAX_MODEL_LEN,
+    KVC_CLI_MAX_NUM_SEQS,
+    KVC_CLI_MAX_BATCHED,
+    KVC_CLI_WEIGHT_MEM,
+    KVC_CLI_ACT_MEM,
+    KVC_CLI_GRAPH_MEM,
+    KVC_CLI_NON_TORCH_MEM,
+    KVC_CLI_CTX_MEM,
+    KVC_CLI_KV_MEM,
+    KVC_CLI_EAGER,
+    KVC_CLI_GRAPHS_OUTSIDE,
+    KVC_CLI_NO_WINDOW_FREEING,
+    KVC_CLI_MFU,
+    KVC_CLI_MBU,
+    KVC_CLI_SPEC_TOKENS,
+    KVC_CLI_SPEC_ACCEPT,
+};
+
+int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a, const struct option *b)
+{
+    size_t n = 0;
+    for (const struct option *lists[2] = {a, b}, **l = lists; l < lists + 2; l++)
+        for (const struct option *o = *l; o->name; o++) {
+            if (n + 1 >= cap) return -1;
+            out[n++] = *o;
+        }
+    out[n] = (struct option){NULL, 0, NULL, 0};
+    return 0;
+}
+
+const struct option kvc_cli_deploy_options[] = {
+        {"model", required_argument, NULL, KVC_CLI_MODEL},
+        {"gpu", required_argument, NULL, KVC_CLI_GPU},
+        {"gpu-memory", required_argument, NULL, KVC_CLI_GPU_MEMORY},
+        {"gpu-bandwidth", required_argument, NULL, KVC_CLI_GPU_BANDWIDTH},
+        {"gpu-flops", required_argument, NULL, KVC_CLI_GPU_FLOPS},
+        {"gpu-fp8-flops", required_argument, NULL, KVC_CLI_GPU_FP8_FLOPS},
+        {"gpu-l2", required_argument, NULL, KVC_CLI_GPU_L2},
+        {"gpu-interconnect", required_argument, NULL, KVC_CLI_GPU_INTERCONNECT},
+        {"gpu-pcie", required_argument, NULL, KVC_CLI_GPU_PCIE},
+        {"tp", required_argument, NULL, KVC_CLI_TP},
+        {"pp", required_argument, NULL, KVC_CLI_PP},
+        {"dp", required_argument, NULL, KVC_CLI_DP},
+        {"weight-dtype", required_argument, NULL, KVC_CLI_WEIGHT_DTYPE},
+        {"kv-dtype", required_argument, NULL, KVC_CLI_KV_DTYPE},
+        {"block-size", required_argument, NULL, KVC_CLI_BLOCK_SIZE},
+        {"gpu-memory-utilization", required_argument, NULL, KVC_CLI_UTIL},
+        {"max-model-len", required_argument, NULL, KVC_CLI_MAX_MODEL_LEN},
+        {"max-num-seqs", required_argument, NULL, KVC_CLI_MAX_NUM_SEQS},
+        {"max-num-batched-tokens", required_argument, NULL, KVC_CLI_MAX_BATCHED},
+        {"weight-memory", required_argument, NULL, KVC_CLI_WEIGHT_MEM},
+        {"activation-memory", required_argument, NULL, KVC_CLI_ACT_MEM},
+        {"cuda-graph-memory", required_argument, NULL, KVC_CLI_GRAPH_MEM},
+        {"non-torch-memory", required_argument, NULL, KVC_CLI_NON_TORCH_MEM},
+        {"cuda-context-memory", required_argument, NULL, KVC_CLI_CTX_MEM},
+        {"kv-cache-memory", required_argument, NULL, KVC_CLI_KV_MEM},
+        {"enforce-eager", no_argument, NULL, KVC_CLI_EAGER},
+        {"graphs-outside-budget", no_argument, NULL, KVC_CLI_GRAPHS_OUTSIDE},
+        {"no-window-freeing", no_argument, NULL, KVC_CLI_NO_WINDOW_FREEING},
+        {"mfu", required_argument, NULL, KVC_CLI_MFU},
+        {"mbu", required_argument, NULL, KVC_CLI_MBU},
+        {"spec-tokens", required_argument, NULL, KVC_CLI_SPEC_TOKENS},
+        {"spec-acceptance", required_argument, NULL, KVC_CLI_SPEC_ACCEPT},
+    {NULL, 0, NULL, 0}};
+
+void kvc_cli_deploy_init(kvc_cli_deploy_t *d)
+{
+    *d = (kvc_cli_deploy_t){.p = kvc_plan_params_default(),
+                            .g_l2 = UINT64_MAX,
+                            .g_bw = NAN,
+                            .g_flops = NAN,
+                            .g_fp8 = NAN,
+                            .g_link = NAN,
+                            .g_pcie = NAN};
+}
+
+bool kvc_cli_parse_double(const char *s, double min, double max, double *out)
+{
+    if (!s || !*s) return false;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v) || v < min || v > max) return false;
+    *out = v;
+    return true;
+}
+
+int kvc_cli_presets_line(char *buf, size_t len, bool models)
+{
+    size_t o = 0, n = models ? kvc_plan_model_preset_count() : kvc_plan_gpu_preset_count();
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && o < len; i++) {
+        int w = snprintf(buf + o, len - o, "%s%s", i ? ", " : "",
+                         models ? kvc_plan_model_preset_name(i) : kvc_plan_gpu_preset_name(i));
+        if (w < 0) break;
+        o += (size_t)w;
+    }
+    return 0;
+}
+
+void kvc_cli_list_presets(void)
+{
+    printf("models:\n");
+    for (size_t i = 0; i < kvc_plan_model_preset_count(); i++) {
+        kvc_plan_model_t m;
+        kvc_plan_model_preset(kvc_plan_model_preset_name(i), &m);
+        kvc_plan_param_count_t pc;
+        kvc_plan_model_params(&m, &pc);
+        printf("  %-16s %3u layers, %3u heads, %s%s, %.1f billion parameters\n", m.name, m.n_layers,
+               m.n_heads, m.mla ? "MLA" : "GQA", m.n_experts ? " MoE" : "", (double)pc.total / 1e9);
+    }
+    printf("gpus:\n");
+    for (size_t i = 0; i < kvc_plan_gpu_preset_count(); i++) {
+        kvc_plan_gpu_t g;
+        kvc_plan_gpu_preset(kvc_plan_gpu_preset_name(i), &g);
+        printf("  %-16s %-14s %7.2f GiB, %5.2f TB/s, %6.1f TFLOP/s bf16\n",
+               kvc_plan_gpu_preset_name(i), g.name, (double)g.memory_bytes / 1073741824.0,
+               g.hbm_bytes_per_s / 1e12, g.bf16_flops / 1e12);
+    }
+}
+
+int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const char *opt_name, const char *optarg)
+{
+    kvc_plan_params_t *pp = &d->p;
+    uint64_t u;
+    double dv;
+#define U64(lo, hi, field)                                                                      \
+    do {                                                                                        \
+        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                             \
+            return -kvc_cli_error(CMD, "%s: '%s' is not a whole number in %llu..%llu", opt_name, \
+                                 optarg, (unsigned long long)(lo), (unsigned long long)(hi));   \
+        field = u;                                                                              \
+    } while (0)
+#define DBL(lo, hi, field)                                                                    \
+    do {                                                                                      \
+        if (!kvc_cli_parse_double(optarg, lo, hi, &dv))                                                \
+            return -kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, optarg, \
+                                 (double)(lo), (double)(hi));                                 \
+        field = dv;                                                                            \
+    } while (0)
+#define SIZE(field)                                                                         \
+    do {                                                                                    \
+        if (kvc_plan_parse_bytes(optarg, &u))                                               \
+            return -kvc_cli_error(CMD, "%s: '%s' is not a size (e.g. 80GiB, 512MiB, 1.5e9)", \
+                                 opt_name, optarg);                                         \
+        field = u;                                                                          \
+    } while (0)
+#define RATE(field)                                                                              \
+    do {                                                                                         \
+        if (kvc_plan_parse_rate(optarg, &dv) || !(dv > 0))                                         \
+            return -kvc_cli_error(CMD, "%s: '%s' is not a positive rate (e.g. 3.35TB/s, 64GB/s)", \
+                                 opt_name, optarg);                                              \
+        field = dv;                                                                               \
+    } while (0)
+    switch (ch) {
+        case KVC_CLI_MODEL:
+            d->model_arg = optarg;
+            break;
+        case KVC_CLI_GPU:
+            d->gpu_arg = optarg;
+            break;
+        case KVC_CLI_GPU_MEMORY:
+            SIZE(d->g_mem);
+            if (!d->g_mem) return -kvc_cli_error(CMD, "--gpu-memory: must be positive");
+            break;
+        case KVC_CLI_GPU_BANDWIDTH:
+            RATE(d->g_bw);
+            break;
+        case KVC_CLI_GPU_FLOPS:
+            DBL(1e-3, 1e7, d->g_flops);
+            break;
+        case KVC_CLI_GPU_FP8_FLOPS:
+            DBL(0, 1e7, d->g_fp8);
+            break;
+        case KVC_CLI_GPU_L2:
+            SIZE(d->g_l2);
+            break;
+        case KVC_CLI_GPU_INTERCONNECT:
+            RATE(d->g_link);
+            break;
+        case KVC_CLI_GPU_PCIE:
+            RATE(d->g_pcie);
+            break;
+        case KVC_CLI_TP:
+            U64(1, 1024, pp->tp);
+            break;
+        case KVC_CLI_PP:
+            U64(1, 64, pp->pp);
+            break;
+        case KVC_CLI_DP:
+            U64(1, 65536, pp->dp);
+            break;
+        case KVC_CLI_WEIGHT_DTYPE:
+            if (kvc_plan_dtype_parse(optarg, &pp->weight_dtype))
+                return -kvc_cli_error(CMD, "--weight-dtype: '%s' is not bf16, fp16, fp8 or int4",
+                                     optarg);
+            break;
+        case KVC_CLI_KV_DTYPE:
+            if (kvc_plan_dtype_parse(optarg, &pp->kv_dtype) || pp->kv_dtype == KVC_PLAN_INT4)
+                return -kvc_cli_error(CMD, "--kv-dtype: '%s' is not bf16, fp16 or fp8", optarg);
+            break;
+        case KVC_CLI_BLOCK_SIZE:
+            U64(1, 1024, pp->block_size);
+            if (pp->block_size & (pp->block_size - 1))
+                return -kvc_cli_error(CMD, "--block-size: '%s' is not a power of two", optarg);
+            break;
+        case KVC_CLI_UTIL:
+            DBL(1e-6, 1, pp->gpu_memory_utilization);
+            break;
+        case KVC_CLI_MAX_MODEL_LEN:
+            U64(1, UINT64_C(1) << 40, pp->max_model_len);
+            break;
+        case KVC_CLI_MAX_NUM_SEQS:
+            U64(1, 1u << 24, pp->max_num_seqs);
+            break;
+        case KVC_CLI_MAX_BATCHED:
+            U64(1, 1u << 30, pp->max_num_batched_tokens);
+            break;
+        case KVC_CLI_WEIGHT_MEM:
+            SIZE(pp->weight_bytes);
+            break;
+        case KVC_CLI_ACT_MEM:
+            SIZE(pp->activation_bytes);
+            break;
+        case KVC_CLI_GRAPH_MEM:
+            SIZE(pp->cuda_graph_bytes);
+            break;
+        case KVC_CLI_NON_TORCH_MEM:
+            SIZE(pp->non_torch_bytes);
+            break;
+        case KVC_CLI_CTX_MEM:
+            SIZE(pp->cuda_context_bytes);
+            break;
+        case KVC_CLI_KV_MEM:
+            SIZE(pp->kv_cache_bytes);
+            break;
+        case KVC_CLI_EAGER:
+            pp->enforce_eager = true;
+            break;
+        case KVC_CLI_GRAPHS_OUTSIDE:
+            pp->graphs_outside_budget = true;
+            break;
+        case KVC_CLI_NO_WINDOW_FREEING:
+            pp->window_freeing = false;
+            break;
+        case KVC_CLI_MFU:
+            DBL(1e-6, 1, pp->mfu);
+            break;
+        case KVC_CLI_MBU:
+            DBL(1e-6, 1, pp->mbu);
+            break;
+        case KVC_CLI_SPEC_TOKENS:
+            U64(0, 64, pp->spec_tokens);
+            break;
+        case KVC_CLI_SPEC_ACCEPT:
+            DBL(0, 0.999999, pp->spec_acceptance);
+            break;
+    default:
+        return 0;
+    }
+    return 1;
+}
+
+static int load_model(const char *CMD, const char *arg, kvc_plan_model_t *m)
+{
+    if (!kvc_plan_model_preset(arg, m)) return 0;
+    const size_t n = strlen(arg);
+    const bool looks_like_path = strchr(arg, '/') || (n > 5 && !strcmp(arg + n - 5, ".json"));
+    if (!looks_like_path && access(arg, F_OK) != 0) {
+        char names[512];
+        kvc_cli_presets_line(names, sizeof names, true);
+        return kvc_cli_error(CMD, "--model '%s': not a preset (%s) and no such file", arg, names);
+    }
+    char msg[512];
+    if (kvc_plan_model_load(arg, m, msg, sizeof msg)) return kvc_cli_error(CMD, "--model: %s", msg);
+    return 0;
+}
+
+int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *CMD, kvc_plan_model_t *model, kvc_plan_gpu_t *gpu)
+{
+    if (!d->model_arg) {
+        char names[512];
+        kvc_cli_presets_line(names, sizeof names, true);
+        return kvc_cli_error(CMD, "no --model: give a preset (%s) or a config.json path", names);
+    }
+    *gpu = (kvc_plan_gpu_t){0};
+    if (d->gpu_arg) {
+        if (kvc_plan_gpu_preset(d->gpu_arg, gpu)) {
+            char names[512];
+            kvc_cli_presets_line(names, sizeof names, false);
+            return kvc_cli_error(CMD, "--gpu '%s': unknown preset (presets: %s)", d->gpu_arg, names);
+        }
+    } else {
+        if (!d->g_mem || isnan(d->g_bw) || isnan(d->g_flops)) {
+            char names[512];
+            kvc_cli_presets_line(names, sizeof names, false);
+            return kvc_cli_error(CMD,
+                                 "no --gpu: give a preset (%s) or --gpu-memory, --gpu-bandwidth "
+                                 "and --gpu-flops",
+                                 names);
+        }
+        snprintf(gpu->name, sizeof gpu->name, "custom GPU");
+        gpu->pcie_bytes_per_s = 32e9; /* PCIe Gen4 x16, one direction, unless given */
+    }
+    if (d->g_mem) gpu->memory_bytes = d->g_mem;
+    if (!isnan(d->g_bw)) gpu->hbm_bytes_per_s = d->g_bw;
+    if (!isnan(d->g_flops)) gpu->bf16_flops = d->g_flops * 1e12;
+    if (!isnan(d->g_fp8)) gpu->fp8_flops = d->g_fp8 * 1e12;
+    if (d->g_l2 != UINT64_MAX) gpu->l2_bytes = d->g_l2;
+    if (!isnan(d->g_link)) gpu->interconnect_bytes_per_s = d->g_link;
+    if (!isnan(d->g_pcie)) gpu->pcie_bytes_per_s = d->g_pcie;
+    return load_model(CMD, d->model_arg, model);
+}
