@@ -7,6 +7,7 @@
 #include "kvcache/pool.h"
 #include "kvcache/prefix.h"
 #include "kvcache/seq.h"
+#include "kvcache/sim.h"
 
 #define KVC_VERSION "0.1.0"
 
