@@ -36,8 +36,7 @@ static kvc_workload_t *spec_ok(const char *spec, const kvc_workload_params_t *p)
 }
 
 /* The load fails with `code` and a one-line message containing `want`. */
-static void load_fails(const char *text, const kvc_workload_params_t *p, int code,
-                       const char *want)
+static void load_fails(const char *text, const kvc_workload_params_t *p, int code, const char *want)
 {
     char err[512] = "untouched";
     kvc_workload_t *w = (kvc_workload_t *)&err; /* must be reset to NULL */
@@ -149,7 +148,8 @@ static void mooncake_ids_materialise_by_id_alone(void **state)
     kvc_workload_params_t p = small_blocks(4);
     kvc_workload_t *w = load_ok(
         "{\"timestamp\": 0, \"input_length\": 8, \"output_length\": 2, \"hash_ids\": [1, 2]}\n"
-        "{\"timestamp\": 1000, \"input_length\": 11, \"output_length\": 3, \"hash_ids\": [1, 2, 3]}\n"
+        "{\"timestamp\": 1000, \"input_length\": 11, \"output_length\": 3, \"hash_ids\": [1, 2, "
+        "3]}\n"
         "{\"timestamp\": 1500, \"input_length\": 6, \"output_length\": 1, \"hash_ids\": [7, 1]}\n"
         "{\"timestamp\": 2000, \"input_length\": 3, \"output_length\": 1, \"hash_ids\": [3]}\n",
         &p);
@@ -169,7 +169,8 @@ static void mooncake_ids_materialise_by_id_alone(void **state)
     assert_memory_not_equal(r2->tokens, r0->tokens, 4 * sizeof(kvc_token_t));
     for (size_t i = 0; i < 4; i++) {
         const kvc_sim_request_t *r = kvc_workload_request(w, i);
-        for (uint32_t k = 0; k < r->n_prompt; k++) assert_true(r->tokens[k] >= 0 && r->tokens[k] < 32000);
+        for (uint32_t k = 0; k < r->n_prompt; k++)
+            assert_true(r->tokens[k] >= 0 && r->tokens[k] < 32000);
         assert_non_null(r->output_tokens);
     }
     kvc_workload_stats_t s;
@@ -185,7 +186,8 @@ static void mooncake_ids_materialise_by_id_alone(void **state)
     p2.seed = 12345;
     kvc_workload_t *w2 = load_ok(
         "{\"timestamp\": 0, \"input_length\": 8, \"output_length\": 2, \"hash_ids\": [1, 2]}\n"
-        "{\"timestamp\": 1000, \"input_length\": 11, \"output_length\": 3, \"hash_ids\": [1, 2, 3]}\n"
+        "{\"timestamp\": 1000, \"input_length\": 11, \"output_length\": 3, \"hash_ids\": [1, 2, "
+        "3]}\n"
         "{\"timestamp\": 1500, \"input_length\": 6, \"output_length\": 1, \"hash_ids\": [7, 1]}\n"
         "{\"timestamp\": 2000, \"input_length\": 3, \"output_length\": 1, \"hash_ids\": [3]}\n",
         &p2);
@@ -201,10 +203,10 @@ static void mooncake_errors_name_line_and_field(void **state)
     const char *ok = "{\"timestamp\": 0, \"input_length\": 4, \"output_length\": 1, "
                      "\"hash_ids\": [1]}\n";
     char buf[512];
-#define BAD(line2, want)                                                                   \
-    do {                                                                                   \
-        snprintf(buf, sizeof buf, "%s\n%s\n", ok, line2);                                  \
-        load_fails(buf, &p, KVC_EPARSE, want);                                             \
+#define BAD(line2, want)                                  \
+    do {                                                  \
+        snprintf(buf, sizeof buf, "%s\n%s\n", ok, line2); \
+        load_fails(buf, &p, KVC_EPARSE, want);            \
     } while (0)
     /* the blank line between them still counts: the bad record is on line 3 */
     BAD("{\"timestamp\": 0, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [1]",
@@ -246,7 +248,8 @@ static void mooncake_errors_name_line_and_field(void **state)
 #undef BAD
     /* a length past max_tokens */
     p.max_tokens = 3;
-    load_fails(ok, &p, KVC_EPARSE, "t.jsonl:1: field 'input_length': expected an integer in [1, 3]");
+    load_fails(ok, &p, KVC_EPARSE,
+               "t.jsonl:1: field 'input_length': expected an integer in [1, 3]");
 }
 
 static void trace_edge_cases(void **state)
@@ -266,12 +269,13 @@ static void trace_edge_cases(void **state)
     kvc_workload_destroy(w);
 
     /* out-of-order timestamps: sorted stably, counted */
-    w = load_ok("{\"timestamp\": 300, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [1]}\n"
-                "{\"timestamp\": 100, \"input_length\": 4, \"output_length\": 2, \"hash_ids\": [2]}\n"
-                "{\"timestamp\": 300, \"input_length\": 4, \"output_length\": 3, \"hash_ids\": [3]}\n"
-                "{\"timestamp\": 100, \"input_length\": 4, \"output_length\": 4, \"hash_ids\": [4]}\n"
-                "{\"timestamp\": 200, \"input_length\": 4, \"output_length\": 5, \"hash_ids\": [5]}\n",
-                &p);
+    w = load_ok(
+        "{\"timestamp\": 300, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [1]}\n"
+        "{\"timestamp\": 100, \"input_length\": 4, \"output_length\": 2, \"hash_ids\": [2]}\n"
+        "{\"timestamp\": 300, \"input_length\": 4, \"output_length\": 3, \"hash_ids\": [3]}\n"
+        "{\"timestamp\": 100, \"input_length\": 4, \"output_length\": 4, \"hash_ids\": [4]}\n"
+        "{\"timestamp\": 200, \"input_length\": 4, \"output_length\": 5, \"hash_ids\": [5]}\n",
+        &p);
     const uint32_t want_out[] = {2, 4, 5, 1, 3};
     for (size_t i = 0; i < 5; i++)
         assert_int_equal(kvc_workload_request(w, i)->n_output, want_out[i]);
@@ -284,10 +288,11 @@ static void trace_edge_cases(void **state)
     /* max_requests keeps the first lines; time_scale compresses time */
     p.max_requests = 2;
     p.time_scale = 0.5;
-    w = load_ok("{\"timestamp\": 1000, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [1]}\n"
-                "{\"timestamp\": 3000, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [2]}\n"
-                "this line is never read\n",
-                &p);
+    w = load_ok(
+        "{\"timestamp\": 1000, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [1]}\n"
+        "{\"timestamp\": 3000, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [2]}\n"
+        "this line is never read\n",
+        &p);
     assert_int_equal(kvc_workload_size(w), 2);
     assert_true(kvc_workload_request(w, 0)->arrival_s == 0.5);
     assert_true(kvc_workload_request(w, 1)->arrival_s == 1.5);
@@ -357,10 +362,13 @@ static void mooncake_sample_loads_with_its_sharing(void **state)
     kvc_prefix_t *pc;
     assert_ok(kvc_prefix_create(pool, &cp, &pc));
     size_t na, nb;
-    kvc_hash128_t *ha = malloc((a->n_prompt / 16) * sizeof *ha), *hb = malloc((b->n_prompt / 16) * sizeof *hb);
-    assert_ok(kvc_prefix_hash(pc, &(kvc_prefix_query_t){.tokens = a->tokens, .n_tokens = a->n_prompt},
+    kvc_hash128_t *ha = malloc((a->n_prompt / 16) * sizeof *ha),
+                  *hb = malloc((b->n_prompt / 16) * sizeof *hb);
+    assert_ok(kvc_prefix_hash(pc,
+                              &(kvc_prefix_query_t){.tokens = a->tokens, .n_tokens = a->n_prompt},
                               ha, a->n_prompt / 16, &na));
-    assert_ok(kvc_prefix_hash(pc, &(kvc_prefix_query_t){.tokens = b->tokens, .n_tokens = b->n_prompt},
+    assert_ok(kvc_prefix_hash(pc,
+                              &(kvc_prefix_query_t){.tokens = b->tokens, .n_tokens = b->n_prompt},
                               hb, b->n_prompt / 16, &nb));
     size_t common = 0;
     while (common < KVC_MIN(na, nb) && kvc_hash128_eq(ha[common], hb[common])) common++;
@@ -384,7 +392,8 @@ static void mooncake_on_demand_matches_contiguous(void **state)
     assert_int_equal(kvc_workload_size(eager), kvc_workload_size(lazy));
     kvc_token_t *buf = malloc(200000 * sizeof *buf);
     for (size_t i = 0; i < kvc_workload_size(eager); i++) {
-        const kvc_sim_request_t *e = kvc_workload_request(eager, i), *l = kvc_workload_request(lazy, i);
+        const kvc_sim_request_t *e = kvc_workload_request(eager, i),
+                                *l = kvc_workload_request(lazy, i);
         assert_null(l->tokens);
         assert_int_equal(e->n_prompt, l->n_prompt);
         assert_ok(kvc_workload_prompt(lazy, i, buf, 200000));
@@ -428,8 +437,10 @@ static void jsonl_records_with_header_and_defaults(void **state)
 {
     (void)state;
     kvc_workload_t *w = load_ok(
-        "{\"kvcache_workload\": 1, \"tenants\": [\"alice\", \"bob\"], \"classes\": [\"interactive\", \"batch\"]}\n"
-        "{\"arrival_s\": 0.5, \"tokens\": [1, 2, 3], \"output\": 2, \"tenant\": \"bob\", \"class\": \"batch\", "
+        "{\"kvcache_workload\": 1, \"tenants\": [\"alice\", \"bob\"], \"classes\": "
+        "[\"interactive\", \"batch\"]}\n"
+        "{\"arrival_s\": 0.5, \"tokens\": [1, 2, 3], \"output\": 2, \"tenant\": \"bob\", "
+        "\"class\": \"batch\", "
         "\"conversation\": 9, \"turn\": 1, \"max_output\": 10, \"think_s\": 2.5}\n"
         "{\"arrival_s\": 0.25, \"tokens\": [7], \"output_tokens\": [4, 5, 6], \"ignored\": true}\n",
         NULL);
@@ -457,20 +468,22 @@ static void jsonl_records_with_header_and_defaults(void **state)
     kvc_workload_destroy(w);
 
     /* no header: names in order of first appearance, "default" when absent */
-    w = load_ok("{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1, \"tenant\": \"x\"}\n"
-                "{\"arrival_s\": 1, \"tokens\": [1], \"output\": 1}\n"
-                "{\"arrival_s\": 2, \"tokens\": [1], \"output\": 1, \"tenant\": \"x\", \"class\": \"c\"}\n",
-                NULL);
+    w = load_ok(
+        "{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1, \"tenant\": \"x\"}\n"
+        "{\"arrival_s\": 1, \"tokens\": [1], \"output\": 1}\n"
+        "{\"arrival_s\": 2, \"tokens\": [1], \"output\": 1, \"tenant\": \"x\", \"class\": \"c\"}\n",
+        NULL);
     assert_int_equal(kvc_workload_n_tenants(w), 2);
     assert_string_equal(kvc_workload_tenant_name(w, 0), "x");
     assert_string_equal(kvc_workload_tenant_name(w, 1), "default");
     assert_int_equal(kvc_workload_request(w, 1)->tenant, 1);
     assert_string_equal(kvc_workload_class_name(w, kvc_workload_request(w, 2)->priority), "c");
     /* generated output tokens are deterministic and within the vocabulary */
-    kvc_workload_t *w2 = load_ok("{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1, \"tenant\": \"x\"}\n"
-                                 "{\"arrival_s\": 1, \"tokens\": [1], \"output\": 1}\n"
-                                 "{\"arrival_s\": 2, \"tokens\": [1], \"output\": 1, \"tenant\": \"x\", \"class\": \"c\"}\n",
-                                 NULL);
+    kvc_workload_t *w2 = load_ok(
+        "{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1, \"tenant\": \"x\"}\n"
+        "{\"arrival_s\": 1, \"tokens\": [1], \"output\": 1}\n"
+        "{\"arrival_s\": 2, \"tokens\": [1], \"output\": 1, \"tenant\": \"x\", \"class\": \"c\"}\n",
+        NULL);
     assert_true(kvc_hash128_eq(digest(w), digest(w2)));
     kvc_workload_destroy(w);
     kvc_workload_destroy(w2);
@@ -483,10 +496,10 @@ static void jsonl_errors_name_line_and_field(void **state)
                "unknown record"); /* neither tokens nor hash_ids on line 1 */
     const char *ok = "{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1}\n";
     char buf[512];
-#define BAD(line2, want)                                                                   \
-    do {                                                                                   \
-        snprintf(buf, sizeof buf, "%s%s\n", ok, line2);                                    \
-        load_fails(buf, NULL, KVC_EPARSE, want);                                           \
+#define BAD(line2, want)                                \
+    do {                                                \
+        snprintf(buf, sizeof buf, "%s%s\n", ok, line2); \
+        load_fails(buf, NULL, KVC_EPARSE, want);        \
     } while (0)
     BAD("{\"arrival_s\": 0, \"output\": 1}", "t.jsonl:2: field 'tokens': missing");
     BAD("{\"arrival_s\": 0, \"tokens\": [], \"output\": 1}", "t.jsonl:2: field 'tokens'");
@@ -504,15 +517,16 @@ static void jsonl_errors_name_line_and_field(void **state)
     BAD("{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1, \"turn\": -1}", "field 'turn'");
     BAD("{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1, \"tenant\": 3}", "field 'tenant'");
     BAD("{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1, \"think_s\": -1}", "field 'think_s'");
-    BAD("{\"kvcache_workload\": 1}", "t.jsonl:2: the kvcache_workload header must be the first line");
+    BAD("{\"kvcache_workload\": 1}",
+        "t.jsonl:2: the kvcache_workload header must be the first line");
 #undef BAD
-    load_fails("{\"kvcache_workload\": 2}\n" "{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1}\n",
+    load_fails("{\"kvcache_workload\": 2}\n"
+               "{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1}\n",
                NULL, KVC_EPARSE, "t.jsonl:1: field 'kvcache_workload': unsupported version");
     load_fails("{\"kvcache_workload\": 1, \"tenants\": [\"a\"]}\n"
                "{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1, \"tenant\": \"b\"}\n",
                NULL, KVC_EPARSE, "t.jsonl:2: field 'tenant': 'b' is not declared");
-    load_fails("{\"kvcache_workload\": 1, \"classes\": []}\n", NULL, KVC_EPARSE,
-               "field 'classes'");
+    load_fails("{\"kvcache_workload\": 1, \"classes\": []}\n", NULL, KVC_EPARSE, "field 'classes'");
     load_fails("{\"kvcache_workload\": 1}\n", NULL, KVC_EPARSE, "no requests");
 }
 
@@ -525,7 +539,8 @@ static void files_and_inline_specs(void **state)
     char path[256];
     snprintf(path, sizeof path, "%s/trace.jsonl", dir);
     FILE *f = fopen(path, "w");
-    fputs("{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1, 2]}\n", f);
+    fputs("{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1, 2]}\n",
+          f);
     fclose(f);
     char err[512];
     kvc_workload_t *w = NULL;
@@ -558,7 +573,8 @@ static void files_and_inline_specs(void **state)
     rmdir(dir);
 
     /* inline specs */
-    w = spec_ok("poisson:rate=4,n=50,prompt=100..200,output=7,tenant=t1,class=batch,max_output=64", NULL);
+    w = spec_ok("poisson:rate=4,n=50,prompt=100..200,output=7,tenant=t1,class=batch,max_output=64",
+                NULL);
     assert_int_equal(kvc_workload_size(w), 50);
     assert_int_equal(kvc_workload_format(w), KVC_WORKLOAD_SPEC);
     assert_string_equal(kvc_workload_tenant_name(w, 0), "t1");
@@ -574,7 +590,8 @@ static void files_and_inline_specs(void **state)
     assert_int_equal(kvc_workload_size(w), 25);
     kvc_workload_destroy(w);
     spec_fails("poisson:rate=4,n=5,prompt=1,output=1,bogus=1", KVC_EPARSE, "unknown key 'bogus'");
-    spec_fails("poisson:rate=x,n=5,prompt=1,output=1", KVC_EPARSE, "key 'rate': 'x' is not a number");
+    spec_fails("poisson:rate=x,n=5,prompt=1,output=1", KVC_EPARSE,
+               "key 'rate': 'x' is not a number");
     spec_fails("poisson:rate=1..3,n=5,prompt=1,output=1", KVC_EPARSE, "key 'rate'");
     spec_fails("poisson:rate=4,n=5,prompt=1,output", KVC_EPARSE, "'output' is not key=value");
     spec_fails("poisson:rate=4,n=5,n=6,prompt=1,output=1", KVC_EPARSE, "given twice");
@@ -793,10 +810,11 @@ static void check_prompt_dist(const char *dist, double want_mean, double want_sd
 {
     size_t n = 100000 / KVC_TEST_SANITIZER_DIVISOR;
     char spec[512];
-    snprintf(spec, sizeof spec,
-             "{\"streams\": [{\"requests\": %zu, \"arrival\": {\"process\": \"poisson\", \"rate\": 10},"
-             " \"prompt\": %s, \"output\": 1}]}",
-             n, dist);
+    snprintf(
+        spec, sizeof spec,
+        "{\"streams\": [{\"requests\": %zu, \"arrival\": {\"process\": \"poisson\", \"rate\": 10},"
+        " \"prompt\": %s, \"output\": 1}]}",
+        n, dist);
     kvc_workload_t *w = load_ok(spec, NULL);
     assert_int_equal(kvc_workload_size(w), n);
     double *v = malloc(n * sizeof *v), *gap = malloc(n * sizeof *gap);
@@ -856,7 +874,9 @@ static void distributions_match_their_parameters(void **state)
 static void spec_errors_name_the_field(void **state)
 {
     (void)state;
-#define SPEC(body) "{\"streams\": [{\"requests\": 5, \"arrival\": {\"process\": \"poisson\", \"rate\": 1}, " body "}]}"
+#define SPEC(body)                                                                                 \
+    "{\"streams\": [{\"requests\": 5, \"arrival\": {\"process\": \"poisson\", \"rate\": 1}, " body \
+    "}]}"
     load_fails(SPEC("\"prompt\": 10, \"output\": 5, \"rat\": 3"), NULL, KVC_EPARSE,
                "t.jsonl: streams[0]: unknown key 'rat'");
     load_fails(SPEC("\"output\": 5"), NULL, KVC_EPARSE, "streams[0].prompt: missing");
@@ -873,10 +893,12 @@ static void spec_errors_name_the_field(void **state)
                KVC_EPARSE, "streams[0].prompt.max: missing");
     load_fails(SPEC("\"prompt\": {\"dist\": \"normal\", \"mean\": 9}, \"output\": 5"), NULL,
                KVC_EPARSE, "streams[0].prompt.stddev: missing");
-    load_fails(SPEC("\"prompt\": {\"dist\": \"normal\", \"mean\": 9, \"stddev\": -1}, \"output\": 5"),
-               NULL, KVC_EPARSE, "streams[0].prompt.stddev");
-    load_fails(SPEC("\"prompt\": {\"dist\": \"lognormal\", \"mean\": 0, \"stddev\": 1}, \"output\": 5"),
-               NULL, KVC_EPARSE, "streams[0].prompt.mean");
+    load_fails(
+        SPEC("\"prompt\": {\"dist\": \"normal\", \"mean\": 9, \"stddev\": -1}, \"output\": 5"),
+        NULL, KVC_EPARSE, "streams[0].prompt.stddev");
+    load_fails(
+        SPEC("\"prompt\": {\"dist\": \"lognormal\", \"mean\": 0, \"stddev\": 1}, \"output\": 5"),
+        NULL, KVC_EPARSE, "streams[0].prompt.mean");
     load_fails(SPEC("\"prompt\": {\"dist\": \"fixed\", \"value\": 3, \"mean\": 2}, \"output\": 5"),
                NULL, KVC_EPARSE, "streams[0].prompt: unknown key 'mean'");
     load_fails(SPEC("\"prompt\": 10, \"output\": 5, \"max_output\": 0"), NULL, KVC_EPARSE,
@@ -885,40 +907,51 @@ static void spec_errors_name_the_field(void **state)
                KVC_EPARSE, "streams[0].shared_prefix.tokens: missing");
     load_fails(SPEC("\"prompt\": 10, \"output\": 5, \"conversation\": {\"think_s\": 1}"), NULL,
                KVC_EPARSE, "streams[0].conversation.turns: missing");
-    load_fails(SPEC("\"prompt\": 10, \"output\": 5, \"conversation\": {\"turns\": 2, \"think_s\": -1}"),
-               NULL, KVC_EPARSE, "streams[0].conversation.think_s");
+    load_fails(
+        SPEC("\"prompt\": 10, \"output\": 5, \"conversation\": {\"turns\": 2, \"think_s\": -1}"),
+        NULL, KVC_EPARSE, "streams[0].conversation.think_s");
     load_fails(SPEC("\"prompt\": 10, \"output\": 5, \"class\": \"\""), NULL, KVC_EPARSE,
                "streams[0].class: expected a non-empty string");
 #undef SPEC
     load_fails("{\"streams\": []}", NULL, KVC_EPARSE, "streams: expected a non-empty array");
     load_fails("{\"streams\": [3]}", NULL, KVC_EPARSE, "streams[0]: expected an object");
-    load_fails("{\"streams\": [{\"arrival\": {\"process\": \"poisson\", \"rate\": 1}, \"prompt\": 1, \"output\": 1}]}",
+    load_fails("{\"streams\": [{\"arrival\": {\"process\": \"poisson\", \"rate\": 1}, \"prompt\": "
+               "1, \"output\": 1}]}",
                NULL, KVC_EPARSE, "streams[0]: give 'requests' or 'duration_s'");
-    load_fails("{\"streams\": [{\"requests\": 1, \"arrival\": {\"process\": \"gamma\"}, \"prompt\": 1, \"output\": 1}]}",
+    load_fails("{\"streams\": [{\"requests\": 1, \"arrival\": {\"process\": \"gamma\"}, "
+               "\"prompt\": 1, \"output\": 1}]}",
                NULL, KVC_EPARSE, "streams[0].arrival.process: expected");
-    load_fails("{\"streams\": [{\"requests\": 1, \"arrival\": {\"process\": \"poisson\", \"rate\": 0}, \"prompt\": 1, \"output\": 1}]}",
+    load_fails("{\"streams\": [{\"requests\": 1, \"arrival\": {\"process\": \"poisson\", \"rate\": "
+               "0}, \"prompt\": 1, \"output\": 1}]}",
                NULL, KVC_EPARSE, "streams[0].arrival.rate: expected a number > 0");
-    load_fails("{\"streams\": [{\"requests\": 1, \"arrival\": {\"process\": \"burst\", \"size\": 2}, \"prompt\": 1, \"output\": 1}]}",
+    load_fails("{\"streams\": [{\"requests\": 1, \"arrival\": {\"process\": \"burst\", \"size\": "
+               "2}, \"prompt\": 1, \"output\": 1}]}",
                NULL, KVC_EPARSE, "streams[0].arrival.interval_s: missing");
-    load_fails("{\"classes\": [\"a\"], \"streams\": [{\"requests\": 1, \"class\": \"b\", \"arrival\": {\"process\": \"poisson\", \"rate\": 1}, \"prompt\": 1, \"output\": 1}]}",
-               NULL, KVC_EPARSE, "streams[0].class: 'b' is not listed in 'classes'");
+    load_fails(
+        "{\"classes\": [\"a\"], \"streams\": [{\"requests\": 1, \"class\": \"b\", \"arrival\": "
+        "{\"process\": \"poisson\", \"rate\": 1}, \"prompt\": 1, \"output\": 1}]}",
+        NULL, KVC_EPARSE, "streams[0].class: 'b' is not listed in 'classes'");
     load_fails("{\"streams\": [{\"requests\": 1}], \"seeds\": 3}", NULL, KVC_EPARSE,
                "spec: unknown key 'seeds'");
-    load_fails("{\"streams\": [{\"requests\": 1, \"arrival\": {\"process\": \"poisson\", \"rate\": 1}, \"prompt\": 1, \"output\": 1}]} {}",
+    load_fails("{\"streams\": [{\"requests\": 1, \"arrival\": {\"process\": \"poisson\", \"rate\": "
+               "1}, \"prompt\": 1, \"output\": 1}]} {}",
                NULL, KVC_EPARSE, "unexpected text after the spec object");
     /* a duration too short for any arrival gives no requests */
-    load_fails("{\"streams\": [{\"duration_s\": 1, \"arrival\": {\"process\": \"poisson\", \"rate\": 1e-9}, \"prompt\": 1, \"output\": 1}]}",
+    load_fails("{\"streams\": [{\"duration_s\": 1, \"arrival\": {\"process\": \"poisson\", "
+               "\"rate\": 1e-9}, \"prompt\": 1, \"output\": 1}]}",
                NULL, KVC_EPARSE, "t.jsonl: no requests");
 }
 
 static void declared_classes_fix_the_priority_order(void **state)
 {
     (void)state;
-    kvc_workload_t *w = load_ok(
-        "{\"classes\": [\"interactive\", \"batch\"], \"streams\": ["
-        " {\"class\": \"batch\", \"requests\": 2, \"arrival\": {\"process\": \"fixed\", \"rate\": 1}, \"prompt\": 4, \"output\": 1},"
-        " {\"class\": \"interactive\", \"tenant\": \"t\", \"requests\": 2, \"arrival\": {\"process\": \"fixed\", \"rate\": 1}, \"prompt\": 4, \"output\": 1}]}",
-        NULL);
+    kvc_workload_t *w =
+        load_ok("{\"classes\": [\"interactive\", \"batch\"], \"streams\": ["
+                " {\"class\": \"batch\", \"requests\": 2, \"arrival\": {\"process\": \"fixed\", "
+                "\"rate\": 1}, \"prompt\": 4, \"output\": 1},"
+                " {\"class\": \"interactive\", \"tenant\": \"t\", \"requests\": 2, \"arrival\": "
+                "{\"process\": \"fixed\", \"rate\": 1}, \"prompt\": 4, \"output\": 1}]}",
+                NULL);
     assert_int_equal(kvc_workload_n_classes(w), 2);
     assert_string_equal(kvc_workload_class_name(w, 0), "interactive");
     /* equal arrivals keep stream order: batch first */
@@ -945,8 +978,14 @@ static void built_workloads_round_trip_through_jsonl(void **state)
     assert_ok(kvc_workload_add_class(w, "hi", &hi));
     assert_int_equal(kvc_workload_add_class(w, "", &hi), KVC_EINVAL);
     kvc_token_t toks[5] = {5, 6, 7, 8, 9}, outs[2] = {1, 2};
-    kvc_sim_request_t r = {.arrival_s = 1.0 / 3, .tokens = toks, .n_prompt = 5, .n_output = 2,
-                           .tenant = bob, .output_tokens = outs, .conversation = 3, .turn = 2,
+    kvc_sim_request_t r = {.arrival_s = 1.0 / 3,
+                           .tokens = toks,
+                           .n_prompt = 5,
+                           .n_output = 2,
+                           .tenant = bob,
+                           .output_tokens = outs,
+                           .conversation = 3,
+                           .turn = 2,
                            .think_s = 0.7};
     assert_ok(kvc_workload_add(w, &r));
     r.output_tokens = NULL;
@@ -974,7 +1013,8 @@ static void built_workloads_round_trip_through_jsonl(void **state)
     assert_int_equal(q->max_output, 9);
     assert_int_equal(q->tokens[4], 9);
     assert_ptr_not_equal(q->tokens, toks); /* copied */
-    for (int i = 0; i < 2; i++) assert_true(q->output_tokens[i] >= 0 && q->output_tokens[i] < 32000);
+    for (int i = 0; i < 2; i++)
+        assert_true(q->output_tokens[i] >= 0 && q->output_tokens[i] < 32000);
     assert_int_equal(kvc_workload_format(w), KVC_WORKLOAD_BUILT);
 
     char *buf = NULL;
@@ -1027,7 +1067,8 @@ static void fault_each_allocation(const char *text, bool on_demand, size_t max_r
             snprintf(err, sizeof err, "stats");
         }
         if (st.n_failed) {
-            if (rc != KVC_ENOMEM) fail_msg("allocation %llu: %s (%s)", (unsigned long long)n, kvc_errname(rc), err);
+            if (rc != KVC_ENOMEM)
+                fail_msg("allocation %llu: %s (%s)", (unsigned long long)n, kvc_errname(rc), err);
             assert_null(w);
             assert_true(err[0] != '\0');
         } else {
@@ -1050,10 +1091,11 @@ static void loaders_leak_nothing_under_allocation_faults(void **state)
         "{\"timestamp\": 2, \"input_length\": 6, \"output_length\": 1, \"hash_ids\": [7, 1]}\n";
     fault_each_allocation(mooncake, false, 0);
     fault_each_allocation(mooncake, true, 0);
-    fault_each_allocation("{\"kvcache_workload\": 1, \"tenants\": [\"a\", \"b\"]}\n"
-                          "{\"arrival_s\": 2, \"tokens\": [1, 2], \"output\": 2, \"tenant\": \"b\"}\n"
-                          "{\"arrival_s\": 1, \"tokens\": [3], \"output_tokens\": [4], \"class\": \"x\"}\n",
-                          false, 0);
+    fault_each_allocation(
+        "{\"kvcache_workload\": 1, \"tenants\": [\"a\", \"b\"]}\n"
+        "{\"arrival_s\": 2, \"tokens\": [1, 2], \"output\": 2, \"tenant\": \"b\"}\n"
+        "{\"arrival_s\": 1, \"tokens\": [3], \"output_tokens\": [4], \"class\": \"x\"}\n",
+        false, 0);
     fault_each_allocation(two_stream_spec, false, 40);
 
     /* the builder */
@@ -1067,10 +1109,12 @@ static void loaders_leak_nothing_under_allocation_faults(void **state)
         uint32_t idx;
         if (!rc) rc = kvc_workload_add_tenant(w, "x", &idx);
         for (int i = 0; i < 3 && !rc; i++)
-            rc = kvc_workload_add(w, &(kvc_sim_request_t){.arrival_s = i, .tokens = t, .n_prompt = 3,
-                                                          .n_output = 2});
-        if (st.n_failed) assert_int_equal(rc, KVC_ENOMEM);
-        else assert_ok(rc);
+            rc = kvc_workload_add(
+                w, &(kvc_sim_request_t){.arrival_s = i, .tokens = t, .n_prompt = 3, .n_output = 2});
+        if (st.n_failed)
+            assert_int_equal(rc, KVC_ENOMEM);
+        else
+            assert_ok(rc);
         kvc_workload_destroy(w);
         assert_int_equal(st.n_live, 0);
         if (!st.n_failed) break;

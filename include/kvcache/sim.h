@@ -37,7 +37,7 @@ extern "C" {
  * ==================================================================== */
 
 /* Longest prompt (conversation history included) or output a workload may hold, in tokens. */
-#define KVC_SIM_MAX_TOKENS (1u << 24)
+#define KVC_SIM_MAX_TOKENS   (1u << 24)
 /* Most requests one workload may hold. */
 #define KVC_SIM_MAX_REQUESTS ((size_t)UINT32_MAX - 1)
 
@@ -58,11 +58,11 @@ typedef struct {
                                          generated tokens, owned by the workload; in a
                                          conversation they are exactly the tokens the next
                                          turn resends after this turn's prompt */
-    double think_s;            /* multi-turn, turn > 0: the user's think time after the
-                                  previous turn.  arrival_s is open-loop (the previous
-                                  turn's arrival + think_s); a closed-loop engine may
-                                  instead release the turn think_s after the previous
-                                  turn finished.  0 otherwise */
+    double think_s;                   /* multi-turn, turn > 0: the user's think time after the
+                                         previous turn.  arrival_s is open-loop (the previous
+                                         turn's arrival + think_s); a closed-loop engine may
+                                         instead release the turn think_s after the previous
+                                         turn finished.  0 otherwise */
 } kvc_sim_request_t;
 
 typedef enum {
@@ -74,18 +74,18 @@ typedef enum {
 } kvc_workload_format_t;
 
 typedef struct {
-    uint64_t seed;          /* synthetic generation (traces never depend on it); default 1 */
-    size_t max_requests;    /* keep only the first N requests (by arrival for specs, by line
-                               for traces); 0 = all */
-    double time_scale;      /* multiplies arrival and think times (0.5 replays twice as
-                               fast); > 0, default 1 */
-    uint32_t vocab;         /* generated token ids lie in [0, vocab); >= 2, default 32000 */
-    uint32_t block_tokens;  /* tokens per Mooncake hash id; default 512 */
-    uint32_t max_tokens;    /* longest prompt or output accepted or generated, >= 1,
-                               <= KVC_SIM_MAX_TOKENS (the default) */
-    bool tokens_on_demand;  /* Mooncake only: keep one copy of each hash id's block instead of
-                               a contiguous prompt per request; requests' tokens is then NULL
-                               and kvc_workload_prompt assembles prompts.  Default false */
+    uint64_t seed;                /* synthetic generation (traces never depend on it); default 1 */
+    size_t max_requests;          /* keep only the first N requests (by arrival for specs, by line
+                                     for traces); 0 = all */
+    double time_scale;            /* multiplies arrival and think times (0.5 replays twice as
+                                     fast); > 0, default 1 */
+    uint32_t vocab;               /* generated token ids lie in [0, vocab); >= 2, default 32000 */
+    uint32_t block_tokens;        /* tokens per Mooncake hash id; default 512 */
+    uint32_t max_tokens;          /* longest prompt or output accepted or generated, >= 1,
+                                     <= KVC_SIM_MAX_TOKENS (the default) */
+    bool tokens_on_demand;        /* Mooncake only: keep one copy of each hash id's block instead of
+                                     a contiguous prompt per request; requests' tokens is then NULL
+                                     and kvc_workload_prompt assembles prompts.  Default false */
     kvc_workload_format_t format; /* default KVC_WORKLOAD_AUTO */
     kvc_allocator_t allocator;    /* zeroed: the C library */
 } kvc_workload_params_t;
@@ -115,8 +115,8 @@ int kvc_workload_load(const char *path_or_spec, const kvc_workload_params_t *par
  * `name` labels error messages.  An inline spec string is not recognised
  * here: pass format KVC_WORKLOAD_SPEC and a JSON object, or AUTO. */
 int kvc_workload_load_buffer(const char *data, size_t len, const char *name,
-                             const kvc_workload_params_t *params, kvc_workload_t **out,
-                             char *err, size_t err_cap);
+                             const kvc_workload_params_t *params, kvc_workload_t **out, char *err,
+                             size_t err_cap);
 
 /* Free the workload, its requests, tokens and names.  NULL is a no-op. */
 void kvc_workload_destroy(kvc_workload_t *w);
@@ -149,15 +149,15 @@ const char *kvc_workload_format_name(kvc_workload_format_t f);
 
 typedef struct {
     size_t n_requests;
-    size_t n_conversations;  /* distinct non-zero conversation ids */
-    uint64_t prompt_tokens;  /* sum of n_prompt */
-    uint64_t output_tokens;  /* sum of n_output */
-    uint64_t stored_tokens;  /* token ids held in memory (shared storage counted once) */
-    uint64_t unique_blocks;  /* Mooncake: distinct hash ids; 0 otherwise */
-    size_t n_reordered;      /* trace records whose arrival was earlier than a previous
-                                record's (moved by the stable sort) */
-    size_t bytes;            /* memory the workload holds, all of it */
-    double duration_s;       /* the last arrival */
+    size_t n_conversations; /* distinct non-zero conversation ids */
+    uint64_t prompt_tokens; /* sum of n_prompt */
+    uint64_t output_tokens; /* sum of n_output */
+    uint64_t stored_tokens; /* token ids held in memory (shared storage counted once) */
+    uint64_t unique_blocks; /* Mooncake: distinct hash ids; 0 otherwise */
+    size_t n_reordered;     /* trace records whose arrival was earlier than a previous
+                               record's (moved by the stable sort) */
+    size_t bytes;           /* memory the workload holds, all of it */
+    double duration_s;      /* the last arrival */
 } kvc_workload_stats_t;
 
 /* Totals over the workload: O(n log n) (conversations are counted by
@@ -212,7 +212,7 @@ typedef struct {
     uint64_t prompt_tokens, hit_tokens; /* for prefix_hit_rate; prompt_tokens 0: summed
                                            from the records */
     uint32_t peak_kv_blocks;
-    double simulated_s;                 /* 0: the last record's finish_s */
+    double simulated_s; /* 0: the last record's finish_s */
     uint64_t steps;
 } kvc_report_totals_t;
 
@@ -222,12 +222,12 @@ typedef struct {
     const char *const *tenant_names; /* (n_tenants) borrowed, copied at create; indices past
                                         them are named "tenant<i>" */
     uint32_t n_tenants;
-    const char *const *class_names;  /* (n_classes) likewise, "class<i>" */
+    const char *const *class_names; /* (n_classes) likewise, "class<i>" */
     uint32_t n_classes;
-    double sample_interval_s;        /* > 0: one time-series row per interval; 0: adaptive
-                                        (starts at 1 ms, doubles to keep <= max_rows) */
-    uint32_t max_rows;               /* adaptive mode's bound, >= 16; default 4096 */
-    kvc_allocator_t allocator;       /* zeroed: the C library */
+    double sample_interval_s;  /* > 0: one time-series row per interval; 0: adaptive
+                                  (starts at 1 ms, doubles to keep <= max_rows) */
+    uint32_t max_rows;         /* adaptive mode's bound, >= 16; default 4096 */
+    kvc_allocator_t allocator; /* zeroed: the C library */
 } kvc_report_params_t;
 
 /* No SLOs, no names, adaptive sampling with at most 4096 rows, libc. */
@@ -277,7 +277,7 @@ int kvc_report_write_svg(const kvc_report_t *r, const char *dir);
 typedef enum { KVC_REPORT_ALL, KVC_REPORT_TENANT, KVC_REPORT_CLASS } kvc_report_scope_t;
 
 typedef struct {
-    uint64_t count;                /* samples (TPOT: requests with n_output > 1) */
+    uint64_t count;                       /* samples (TPOT: requests with n_output > 1) */
     double mean, p50, p90, p95, p99, max; /* ms; all 0 when count is 0 */
 } kvc_latency_summary_t;
 
@@ -309,10 +309,10 @@ double kvc_percentile_sorted(const double *sorted, size_t n, double p);
  * replace now_ns, now_ctx and start_ns to drive a fake clock). */
 typedef struct {
     FILE *f;
-    const char *label;  /* borrowed */
-    bool force;         /* draw even when f is not a terminal */
-    bool enabled;       /* f is a terminal or force */
-    bool drawn;         /* something is on the line */
+    const char *label; /* borrowed */
+    bool force;        /* draw even when f is not a terminal */
+    bool enabled;      /* f is a terminal or force */
+    bool drawn;        /* something is on the line */
     uint64_t start_ns, last_draw_ns;
     uint64_t (*now_ns)(void *ctx); /* the clock; kvc_now_ns when NULL (tests set it) */
     void *now_ctx;

@@ -52,14 +52,21 @@ static double dist_sample(const dist_t *d, kvc_rng_t *r)
 {
     double x;
     switch (d->kind) {
-    case D_FIXED: return d->a;
+    case D_FIXED:
+        return d->a;
     case D_UNIFORM:
         if (d->integer) return d->a + (double)kvc_rng_below(r, (uint64_t)(d->b - d->a) + 1);
         x = d->a + (d->b - d->a) * u01(r);
         break;
-    case D_NORMAL: x = d->a + d->b * std_normal(r); break;
-    case D_LOGNORMAL: x = exp(d->a + d->b * std_normal(r)); break;
-    default: x = -d->a * log(1.0 - u01(r)); break;
+    case D_NORMAL:
+        x = d->a + d->b * std_normal(r);
+        break;
+    case D_LOGNORMAL:
+        x = exp(d->a + d->b * std_normal(r));
+        break;
+    default:
+        x = -d->a * log(1.0 - u01(r));
+        break;
     }
     if (d->integer) x = floor(x + 0.5);
     if (x < d->lo) x = d->lo;
@@ -105,8 +112,7 @@ static bool key_allowed(const char *k, const char *const *allowed)
 static int check_keys(ctx_t *c, const cJSON *o, const char *path, const char *const *allowed)
 {
     for (const cJSON *it = o->child; it; it = it->next)
-        if (!key_allowed(it->string, allowed))
-            return bad(c, path, "unknown key '%s'", it->string);
+        if (!key_allowed(it->string, allowed)) return bad(c, path, "unknown key '%s'", it->string);
     return 0;
 }
 
@@ -117,8 +123,10 @@ static void want_text(char *buf, size_t cap, bool integer, double lo, double hi)
     snprintf(a, sizeof a, lo == floor(lo) && fabs(lo) < 1e15 ? "%.0f" : "%g", lo);
     snprintf(b, sizeof b, hi == floor(hi) && fabs(hi) < 1e15 ? "%.0f" : "%g", hi);
     const char *what = integer ? "an integer" : "a number";
-    if (hi >= 1e300) snprintf(buf, cap, "%s >= %s", what, a);
-    else snprintf(buf, cap, "%s in [%s, %s]", what, a, b);
+    if (hi >= 1e300)
+        snprintf(buf, cap, "%s >= %s", what, a);
+    else
+        snprintf(buf, cap, "%s in [%s, %s]", what, a, b);
 }
 
 /* A number at obj[key] in [lo, hi] (integral if `integer`).  Absent:
@@ -154,8 +162,8 @@ static int get_pos(ctx_t *c, const cJSON *obj, const char *path, const char *key
 
 /* A distribution: a bare number (fixed) or {"dist": ..., ...}.  Values lie
  * in [lo, hi]; `integer` rounds draws to the nearest integer. */
-static int get_dist(ctx_t *c, const cJSON *v, const char *path, bool integer, double lo,
-                    double hi, dist_t *d)
+static int get_dist(ctx_t *c, const cJSON *v, const char *path, bool integer, double lo, double hi,
+                    dist_t *d)
 {
     memset(d, 0, sizeof *d);
     d->integer = integer;
@@ -172,8 +180,7 @@ static int get_dist(ctx_t *c, const cJSON *v, const char *path, bool integer, do
         d->a = x;
         return 0;
     }
-    if (!cJSON_IsObject(v))
-        return bad(c, path, "%s", "expected a number or a distribution object");
+    if (!cJSON_IsObject(v)) return bad(c, path, "%s", "expected a number or a distribution object");
     const cJSON *k = cJSON_GetObjectItemCaseSensitive(v, "dist");
     if (!cJSON_IsString(k)) {
         char where[192];
@@ -240,7 +247,9 @@ static int get_dist(ctx_t *c, const cJSON *v, const char *path, bool integer, do
         d->b = sqrt(s2);
         break;
     }
-    default: d->a = mean; break;
+    default:
+        d->a = mean;
+        break;
     }
     return 0;
 }
@@ -294,10 +303,9 @@ static int stream_name(ctx_t *c, kvc_workload_t *w, kvc__names_t *t, const cJSON
 
 static int parse_stream(ctx_t *c, kvc_workload_t *w, const cJSON *s, size_t index, stream_t *st)
 {
-    static const char *const keys[] = {"name",   "tenant",      "class",         "requests",
-                                       "duration_s", "start_s", "arrival",       "prompt",
-                                       "output", "max_output",  "shared_prefix", "conversation",
-                                       NULL};
+    static const char *const keys[] = {
+        "name",   "tenant", "class",      "requests",      "duration_s",   "start_s", "arrival",
+        "prompt", "output", "max_output", "shared_prefix", "conversation", NULL};
     static const char *const k_arrival[] = {"process", "rate", "size", "interval_s", NULL};
     static const char *const k_prefix[] = {"groups", "tokens", "fraction", NULL};
     static const char *const k_conv[] = {"turns", "think_s", "user_tokens", NULL};
@@ -332,9 +340,12 @@ static int parse_stream(ctx_t *c, kvc_workload_t *w, const cJSON *s, size_t inde
     if ((rc = check_keys(c, arr, sub, k_arrival))) return rc;
     const cJSON *proc = cJSON_GetObjectItemCaseSensitive(arr, "process");
     const char *pname = cJSON_IsString(proc) ? proc->valuestring : "";
-    if (!strcmp(pname, "poisson")) st->process = P_POISSON;
-    else if (!strcmp(pname, "burst")) st->process = P_BURST;
-    else if (!strcmp(pname, "fixed") || !strcmp(pname, "uniform")) st->process = P_FIXED;
+    if (!strcmp(pname, "poisson"))
+        st->process = P_POISSON;
+    else if (!strcmp(pname, "burst"))
+        st->process = P_BURST;
+    else if (!strcmp(pname, "fixed") || !strcmp(pname, "uniform"))
+        st->process = P_FIXED;
     else {
         snprintf(sub, sizeof sub, "%s.arrival.process", path);
         return bad(c, sub, "%s", "expected \"poisson\", \"burst\", \"fixed\" or \"uniform\"");
@@ -375,8 +386,10 @@ static int parse_stream(ctx_t *c, kvc_workload_t *w, const cJSON *s, size_t inde
             return rc;
         if (dist_min(&st->prompt) <= (double)st->prefix) {
             char msg[128];
-            snprintf(msg, sizeof msg, "the shortest prompt (%.0f) must exceed shared_prefix.tokens "
-                     "(%llu)", dist_min(&st->prompt), (unsigned long long)st->prefix);
+            snprintf(msg, sizeof msg,
+                     "the shortest prompt (%.0f) must exceed shared_prefix.tokens "
+                     "(%llu)",
+                     dist_min(&st->prompt), (unsigned long long)st->prefix);
             snprintf(sub, sizeof sub, "%s.prompt", path);
             return bad(c, sub, "%s", msg);
         }
@@ -406,8 +419,19 @@ static int parse_stream(ctx_t *c, kvc_workload_t *w, const cJSON *s, size_t inde
 }
 
 /* ---- generation ---------------------------------------------------------------------- */
-enum { R_ARRIVAL, R_PROMPT, R_OUTPUT, R_USER, R_TURNS, R_THINK, R_GROUP, R_TAIL, R_PREFIX,
-       R_CONV, R_TAPE = 1000 };
+enum {
+    R_ARRIVAL,
+    R_PROMPT,
+    R_OUTPUT,
+    R_USER,
+    R_TURNS,
+    R_THINK,
+    R_GROUP,
+    R_TAIL,
+    R_PREFIX,
+    R_CONV,
+    R_TAPE = 1000
+};
 
 static uint64_t stream_seed(uint64_t seed, size_t stream, unsigned purpose)
 {
@@ -415,10 +439,10 @@ static uint64_t stream_seed(uint64_t seed, size_t stream, unsigned purpose)
 }
 
 typedef struct {
-    uint64_t local;  /* index of the request within its stream */
-    uint64_t conv;   /* conversation slot + 1 (0: none) */
+    uint64_t local;      /* index of the request within its stream */
+    uint64_t conv;       /* conversation slot + 1 (0: none) */
     uint64_t conv_local; /* index of the conversation within its stream */
-    uint32_t group;  /* shared-prefix group, KVC_NONE for none */
+    uint32_t group;      /* shared-prefix group, KVC_NONE for none */
     uint32_t stream;
 } recipe_t;
 
@@ -473,9 +497,12 @@ static int generate_stream(ctx_t *c, kvc_workload_t *w, recipes_t *rs, const str
     uint64_t made = 0, c0 = 0;
     for (; made < cap && c0 < conv_cap; c0++) {
         double t0;
-        if (st->process == P_POISSON) t0 = t += -log(1.0 - u01(&ra)) / st->rate;
-        else if (st->process == P_FIXED) t0 = st->start + (double)c0 / st->rate;
-        else t0 = st->start + (double)(c0 / st->burst) * st->interval;
+        if (st->process == P_POISSON)
+            t0 = t += -log(1.0 - u01(&ra)) / st->rate;
+        else if (st->process == P_FIXED)
+            t0 = st->start + (double)c0 / st->rate;
+        else
+            t0 = st->start + (double)(c0 / st->burst) * st->interval;
         if (st->has_duration && t0 >= end) break;
         uint64_t turns = st->multi ? (uint64_t)dist_sample(&st->turns, &rt) : 1;
         uint32_t group = KVC_NONE;
@@ -624,8 +651,7 @@ out:
     return rc;
 }
 
-static int declare(ctx_t *c, kvc_workload_t *w, kvc__names_t *t, const cJSON *spec,
-                   const char *key)
+static int declare(ctx_t *c, kvc_workload_t *w, kvc__names_t *t, const cJSON *spec, const char *key)
 {
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(spec, key);
     if (!arr) return 0;
@@ -773,7 +799,7 @@ typedef struct {
     const char *key;
     const char *obj; /* NULL: the stream; else a sub-object */
     const char *field;
-    char type;       /* 'n' number, 'd' number or range, 's' string */
+    char type; /* 'n' number, 'd' number or range, 's' string */
 } inline_key_t;
 
 static const inline_key_t inline_keys[] = {

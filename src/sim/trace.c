@@ -17,8 +17,8 @@
 #include <string.h>
 
 #define MOONCAKE_SEED 0x6d6f6f6e63616b65ULL /* "mooncake": block content */
-#define OUTPUT_SEED 0x6f75747075747321ULL   /* trace output filler */
-#define MAX_HASH_ID 9007199254740992.0      /* 2^53: exact in a JSON number */
+#define OUTPUT_SEED   0x6f75747075747321ULL /* trace output filler */
+#define MAX_HASH_ID   9007199254740992.0    /* 2^53: exact in a JSON number */
 
 /* ---- lines ---------------------------------------------------------------------- */
 typedef struct {
@@ -203,8 +203,9 @@ static int mooncake_line(kvc_workload_t *w, mc_t *mc, const cJSON *o, const char
     for (const cJSON *it = ids->child; it; it = it->next, k++) {
         double v = it->valuedouble;
         if (!cJSON_IsNumber(it) || !(v >= 0) || v >= MAX_HASH_ID || v != floor(v)) {
-            kvc__errf(err, err_cap, "%s:%zu: field 'hash_ids': element %zu is not an integer in "
-                                    "[0, 2^53)",
+            kvc__errf(err, err_cap,
+                      "%s:%zu: field 'hash_ids': element %zu is not an integer in "
+                      "[0, 2^53)",
                       name, lineno, k);
             return KVC_EPARSE;
         }
@@ -267,8 +268,8 @@ static int mooncake_materialise(kvc_workload_t *w, mc_t *mc)
         if ((size_t)n_unique > SIZE_MAX / sizeof(kvc_token_t) / bt) goto out;
         w->store = kvc__wl_alloc(w, (size_t)n_unique * bt * sizeof *w->store);
         if (!w->store) goto out;
-        for (uint32_t u = 0; u < n_unique; u++) fill_block(w->store + u * bt, bt, store_ids[u],
-                                                           w->params.vocab);
+        for (uint32_t u = 0; u < n_unique; u++)
+            fill_block(w->store + u * bt, bt, store_ids[u], w->params.vocab);
         w->stored_tokens += (uint64_t)n_unique * bt;
         memcpy(w->lists, mc->spans, n * sizeof *w->lists);
         w->blocks = blocks;
@@ -324,8 +325,8 @@ out:
     return rc;
 }
 
-int kvc__load_mooncake(kvc_workload_t *w, const char *data, size_t len, const char *name,
-                       char *err, size_t err_cap)
+int kvc__load_mooncake(kvc_workload_t *w, const char *data, size_t len, const char *name, char *err,
+                       size_t err_cap)
 {
     mc_t mc = {0};
     lines_t L = {.p = data, .end = data + len};
@@ -367,8 +368,7 @@ static int declare_names(kvc_workload_t *w, kvc__names_t *t, const cJSON *o, con
         uint32_t idx;
         int rc = kvc__names_intern(w, t, it->valuestring, strlen(it->valuestring), &idx);
         if (rc) {
-            kvc__errf(err, err_cap, "%s:%zu: field '%s': %s", name, lineno, key,
-                      kvc_strerror(rc));
+            kvc__errf(err, err_cap, "%s:%zu: field '%s': %s", name, lineno, key, kvc_strerror(rc));
             return rc == KVC_ENOMEM ? rc : KVC_EPARSE;
         }
     }
@@ -379,8 +379,7 @@ static int declare_names(kvc_workload_t *w, kvc__names_t *t, const cJSON *o, con
 /* The index of a record's tenant or class: the named one, else the first
  * declared, else "default". */
 static int record_name(kvc_workload_t *w, kvc__names_t *t, const cJSON *o, const char *key,
-                       const char *name, size_t lineno, uint32_t *index, char *err,
-                       size_t err_cap)
+                       const char *name, size_t lineno, uint32_t *index, char *err, size_t err_cap)
 {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
     const char *s = "default";
@@ -437,8 +436,8 @@ static void copy_tokens(kvc_token_t *dst, const cJSON *arr)
     for (const cJSON *it = arr->child; it; it = it->next) dst[i++] = (kvc_token_t)it->valuedouble;
 }
 
-static int jsonl_line(kvc_workload_t *w, const cJSON *o, const char *name, size_t lineno,
-                      char *err, size_t err_cap)
+static int jsonl_line(kvc_workload_t *w, const cJSON *o, const char *name, size_t lineno, char *err,
+                      size_t err_cap)
 {
     const kvc_workload_params_t *p = &w->params;
     double arrival, think = 0;
@@ -450,24 +449,25 @@ static int jsonl_line(kvc_workload_t *w, const cJSON *o, const char *name, size_
     if ((rc = token_array(toks, "tokens", p->max_tokens, name, lineno, &n_prompt, err, err_cap)))
         return rc;
     const cJSON *outs = cJSON_GetObjectItemCaseSensitive(o, "output_tokens");
-    if (outs && (rc = token_array(outs, "output_tokens", p->max_tokens, name, lineno,
-                                  &n_out_tokens, err, err_cap)))
+    if (outs && (rc = token_array(outs, "output_tokens", p->max_tokens, name, lineno, &n_out_tokens,
+                                  err, err_cap)))
         return rc;
     uint64_t n_output = 0, max_output = 0, conv = 0, turn = 0;
     rc = kvc__json_int(o, "output", 1, p->max_tokens, &n_output);
     if (rc == KVC_ENOENT && outs) {
         n_output = n_out_tokens;
     } else if (rc) {
-        kvc__errf(err, err_cap, "%s:%zu: field 'output': %s an integer in [1, %u]", name,
-                  lineno, rc == KVC_ENOENT ? "missing, expected" : "expected", p->max_tokens);
+        kvc__errf(err, err_cap, "%s:%zu: field 'output': %s an integer in [1, %u]", name, lineno,
+                  rc == KVC_ENOENT ? "missing, expected" : "expected", p->max_tokens);
         return KVC_EPARSE;
     } else if (outs && n_output != n_out_tokens) {
-        kvc__errf(err, err_cap, "%s:%zu: field 'output' is %llu but 'output_tokens' holds %u",
-                  name, lineno, (unsigned long long)n_output, n_out_tokens);
+        kvc__errf(err, err_cap, "%s:%zu: field 'output' is %llu but 'output_tokens' holds %u", name,
+                  lineno, (unsigned long long)n_output, n_out_tokens);
         return KVC_EPARSE;
     }
     rc = kvc__json_int(o, "max_output", (double)n_output, UINT32_MAX, &max_output);
-    if (rc == KVC_ENOENT) max_output = n_output;
+    if (rc == KVC_ENOENT)
+        max_output = n_output;
     else if (rc)
         return field_error(rc, name, lineno, "max_output", "an integer >= output", err, err_cap);
     rc = kvc__json_int(o, "conversation", 0, MAX_HASH_ID, &conv);
@@ -491,8 +491,10 @@ static int jsonl_line(kvc_workload_t *w, const cJSON *o, const char *name, size_
         return rc;
     }
     copy_tokens(t, toks);
-    if (outs) copy_tokens(t + n_prompt, outs);
-    else kvc__fill_tokens(t + n_prompt, n_output, kvc__mix64(JSONL_FILLER_SEED, w->n), p->vocab);
+    if (outs)
+        copy_tokens(t + n_prompt, outs);
+    else
+        kvc__fill_tokens(t + n_prompt, n_output, kvc__mix64(JSONL_FILLER_SEED, w->n), p->vocab);
     w->req[w->n++] = (kvc_sim_request_t){
         .arrival_s = arrival * p->time_scale,
         .tokens = t,
@@ -524,13 +526,15 @@ int kvc__load_jsonl(kvc_workload_t *w, const char *data, size_t len, const char 
         if (cJSON_HasObjectItem(o, "kvcache_workload")) {
             uint64_t version;
             if (!first) {
-                kvc__errf(err, err_cap, "%s:%zu: the kvcache_workload header must be the first "
-                                        "line",
+                kvc__errf(err, err_cap,
+                          "%s:%zu: the kvcache_workload header must be the first "
+                          "line",
                           name, lineno);
                 rc = KVC_EPARSE;
             } else if (kvc__json_int(o, "kvcache_workload", 1, 1, &version)) {
-                kvc__errf(err, err_cap, "%s:%zu: field 'kvcache_workload': unsupported version "
-                                        "(this reader knows 1)",
+                kvc__errf(err, err_cap,
+                          "%s:%zu: field 'kvcache_workload': unsupported version "
+                          "(this reader knows 1)",
                           name, lineno);
                 rc = KVC_EPARSE;
             } else {

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TOK_CHUNK_TOKENS ((size_t)1 << 18) /* 1 MiB chunks for small allocations */
-#define FILLER_SEED 0x6b7663616368656fULL  /* output filler of built workloads */
-#define MAX_NAMES 65536u
+#define TOK_CHUNK_TOKENS ((size_t)1 << 18)     /* 1 MiB chunks for small allocations */
+#define FILLER_SEED      0x6b7663616368656fULL /* output filler of built workloads */
+#define MAX_NAMES        65536u
 
 /* ---- small helpers ----------------------------------------------------------- */
 void kvc__errf(char *err, size_t cap, const char *fmt, ...)
@@ -270,13 +270,16 @@ int kvc__wl_params(const kvc_workload_params_t *in, kvc_workload_params_t *out, 
 {
     *out = in ? *in : kvc_workload_params_default();
     const char *bad = NULL;
-    if (!(out->time_scale > 0) || !isfinite(out->time_scale)) bad = "time_scale must be > 0";
-    else if (out->vocab < 2 || out->vocab > (uint32_t)INT32_MAX) bad = "vocab must be in [2, 2^31)";
+    if (!(out->time_scale > 0) || !isfinite(out->time_scale))
+        bad = "time_scale must be > 0";
+    else if (out->vocab < 2 || out->vocab > (uint32_t)INT32_MAX)
+        bad = "vocab must be in [2, 2^31)";
     else if (out->block_tokens < 1 || out->block_tokens > (1u << 20))
         bad = "block_tokens must be in [1, 2^20]";
     else if (out->max_tokens < 1 || out->max_tokens > KVC_SIM_MAX_TOKENS)
         bad = "max_tokens must be in [1, KVC_SIM_MAX_TOKENS]";
-    else if ((unsigned)out->format > KVC_WORKLOAD_SPEC) bad = "format must be a loadable format";
+    else if ((unsigned)out->format > KVC_WORKLOAD_SPEC)
+        bad = "format must be a loadable format";
     if (bad) {
         kvc__errf(err, err_cap, "workload parameters: %s", bad);
         return KVC_EINVAL;
@@ -314,15 +317,17 @@ void kvc_workload_destroy(kvc_workload_t *w)
 }
 
 /* ---- the stable arrival sort ------------------------------------------------------- */
-int kvc__arrival_perm(kvc_workload_t *w, const kvc_sim_request_t *req, size_t n,
-                      uint32_t **perm, size_t *n_moved)
+int kvc__arrival_perm(kvc_workload_t *w, const kvc_sim_request_t *req, size_t n, uint32_t **perm,
+                      size_t *n_moved)
 {
     *perm = NULL;
     double hi = -INFINITY;
     size_t moved = 0;
     for (size_t i = 0; i < n; i++) {
-        if (req[i].arrival_s < hi) moved++;
-        else hi = req[i].arrival_s;
+        if (req[i].arrival_s < hi)
+            moved++;
+        else
+            hi = req[i].arrival_s;
     }
     if (n_moved) *n_moved = moved;
     if (moved == 0) return 0;
@@ -449,11 +454,16 @@ kvc_workload_format_t kvc_workload_format(const kvc_workload_t *w)
 const char *kvc_workload_format_name(kvc_workload_format_t f)
 {
     switch (f) {
-    case KVC_WORKLOAD_AUTO: return "auto";
-    case KVC_WORKLOAD_MOONCAKE: return "mooncake";
-    case KVC_WORKLOAD_JSONL: return "jsonl";
-    case KVC_WORKLOAD_SPEC: return "spec";
-    case KVC_WORKLOAD_BUILT: return "built";
+    case KVC_WORKLOAD_AUTO:
+        return "auto";
+    case KVC_WORKLOAD_MOONCAKE:
+        return "mooncake";
+    case KVC_WORKLOAD_JSONL:
+        return "jsonl";
+    case KVC_WORKLOAD_SPEC:
+        return "spec";
+    case KVC_WORKLOAD_BUILT:
+        return "built";
     }
     return "unknown";
 }
@@ -502,14 +512,26 @@ void kvc__json_string(FILE *f, const char *s)
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         switch (*p) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
+        case '"':
+            fputs("\\\"", f);
+            break;
+        case '\\':
+            fputs("\\\\", f);
+            break;
+        case '\n':
+            fputs("\\n", f);
+            break;
+        case '\r':
+            fputs("\\r", f);
+            break;
+        case '\t':
+            fputs("\\t", f);
+            break;
         default:
-            if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-            else fputc(*p, f);
+            if (*p < 0x20)
+                fprintf(f, "\\u%04x", *p);
+            else
+                fputc(*p, f);
         }
     }
     fputc('"', f);
@@ -571,8 +593,9 @@ int kvc_workload_write_jsonl(const kvc_workload_t *w, FILE *f)
         kvc__json_string(f, w->tenants.names[r->tenant]);
         fputs(",\"class\":", f);
         kvc__json_string(f, w->classes.names[r->priority]);
-        fprintf(f, ",\"conversation\":%llu,\"turn\":%u,\"think_s\":%.17g,\"output\":%u,"
-                   "\"max_output\":%u,\"tokens\":",
+        fprintf(f,
+                ",\"conversation\":%llu,\"turn\":%u,\"think_s\":%.17g,\"output\":%u,"
+                "\"max_output\":%u,\"tokens\":",
                 (unsigned long long)r->conversation, r->turn, r->think_s, r->n_output,
                 r->max_output);
         const kvc_token_t *t = r->tokens;
@@ -737,8 +760,10 @@ static int load_spec_buffer(kvc_workload_t *w, const char *data, size_t len, con
         return KVC_EPARSE;
     }
     int rc = KVC_EPARSE;
-    if (!cJSON_IsObject(spec)) kvc__errf(err, err_cap, "%s: a spec must be a JSON object", name);
-    else rc = kvc__load_spec(w, spec, name, err, err_cap);
+    if (!cJSON_IsObject(spec))
+        kvc__errf(err, err_cap, "%s: a spec must be a JSON object", name);
+    else
+        rc = kvc__load_spec(w, spec, name, err, err_cap);
     cJSON_Delete(spec);
     return rc;
 }
@@ -756,8 +781,8 @@ static int finish_load(kvc_workload_t *w, const char *name, char *err, size_t er
 }
 
 int kvc_workload_load_buffer(const char *data, size_t len, const char *name,
-                             const kvc_workload_params_t *params, kvc_workload_t **out,
-                             char *err, size_t err_cap)
+                             const kvc_workload_params_t *params, kvc_workload_t **out, char *err,
+                             size_t err_cap)
 {
     *out = NULL;
     if (err && err_cap) err[0] = '\0';
@@ -780,9 +805,15 @@ int kvc_workload_load_buffer(const char *data, size_t len, const char *name,
         return KVC_ENOMEM;
     }
     switch (fmt) {
-    case KVC_WORKLOAD_MOONCAKE: rc = kvc__load_mooncake(w, data, len, name, err, err_cap); break;
-    case KVC_WORKLOAD_JSONL: rc = kvc__load_jsonl(w, data, len, name, err, err_cap); break;
-    default: rc = load_spec_buffer(w, data ? data : "", len, name, err, err_cap); break;
+    case KVC_WORKLOAD_MOONCAKE:
+        rc = kvc__load_mooncake(w, data, len, name, err, err_cap);
+        break;
+    case KVC_WORKLOAD_JSONL:
+        rc = kvc__load_jsonl(w, data, len, name, err, err_cap);
+        break;
+    default:
+        rc = load_spec_buffer(w, data ? data : "", len, name, err, err_cap);
+        break;
     }
     if (!rc) rc = finish_load(w, name, err, err_cap);
     if (rc) {

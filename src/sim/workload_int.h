@@ -19,11 +19,11 @@ typedef struct kvc__tok_chunk {
 
 /* Names in declaration order, with a hash index for interning. */
 typedef struct {
-    char **names;    /* (n) */
+    char **names; /* (n) */
     uint32_t n, cap;
     uint32_t *index; /* (index_cap) open addressing, KVC_NONE = empty */
     uint32_t index_cap;
-    bool closed;     /* declared up front: unknown names are an error */
+    bool closed; /* declared up front: unknown names are an error */
 } kvc__names_t;
 
 /* On-demand Mooncake prompts: request i's blocks are
@@ -43,7 +43,7 @@ struct kvc_workload {
     kvc_token_t *store;      /* on-demand: unique_blocks * block_tokens tokens */
     kvc__tok_chunk_t *chunks;
     kvc__names_t tenants, classes;
-    size_t bytes;            /* bytes held, through kvc__wl_alloc */
+    size_t bytes; /* bytes held, through kvc__wl_alloc */
     uint64_t stored_tokens, unique_blocks;
     size_t n_reordered;
 };
@@ -75,8 +75,8 @@ int kvc__wl_default_names(kvc_workload_t *w);
 /* The stable arrival order of req[0..n): *perm (n indices, free with
  * kvc__wl_free) or NULL when already in order; *n_moved (if not NULL) counts
  * the requests earlier than an earlier record's arrival.  KVC_ENOMEM. */
-int kvc__arrival_perm(kvc_workload_t *w, const kvc_sim_request_t *req, size_t n,
-                      uint32_t **perm, size_t *n_moved);
+int kvc__arrival_perm(kvc_workload_t *w, const kvc_sim_request_t *req, size_t n, uint32_t **perm,
+                      size_t *n_moved);
 /* Sort requests stably by arrival (a no-op when already sorted), counting in
  * w->n_reordered the requests that arrived before an earlier record's
  * arrival.  KVC_ENOMEM. */
@@ -96,10 +96,10 @@ void kvc__errf(char *err, size_t cap, const char *fmt, ...) __attribute__((forma
 
 /* Loaders (trace.c, synth.c).  `name` labels errors.  They fill w, which the
  * caller destroys on failure. */
-int kvc__load_mooncake(kvc_workload_t *w, const char *data, size_t len, const char *name,
-                       char *err, size_t err_cap);
-int kvc__load_jsonl(kvc_workload_t *w, const char *data, size_t len, const char *name,
-                    char *err, size_t err_cap);
+int kvc__load_mooncake(kvc_workload_t *w, const char *data, size_t len, const char *name, char *err,
+                       size_t err_cap);
+int kvc__load_jsonl(kvc_workload_t *w, const char *data, size_t len, const char *name, char *err,
+                    size_t err_cap);
 /* A spec already parsed into JSON (`what` labels errors: the file name or
  * the inline string). */
 int kvc__load_spec(kvc_workload_t *w, const cJSON *spec, const char *what, char *err,
