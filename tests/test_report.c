@@ -240,6 +240,19 @@ static void summary_matches_hand_computation(void **state)
     assert_ok(kvc_report_summary(r2, KVC_REPORT_ALL, 0, &s));
     assert_int_equal(s.good, 2); /* R3 (31.25) and R4 (250) */
     kvc_report_destroy(r2);
+    /* a TPOT SLO alone: 30 ms passes R1 (25) and R3 (no TPOT); 55 ms also R2 (50) */
+    const double tpot_slo[2] = {30, 55};
+    const uint64_t want_good[2] = {2, 3};
+    for (int k = 0; k < 2; k++) {
+        p = kvc_report_params_default();
+        p.tpot_ms = tpot_slo[k];
+        assert_ok(kvc_report_create(&p, &r2));
+        for (int i = 0; i < 4; i++) assert_ok(kvc_report_add(r2, &recs[i]));
+        assert_ok(kvc_report_finish(r2, &totals));
+        assert_ok(kvc_report_summary(r2, KVC_REPORT_ALL, 0, &s));
+        assert_int_equal(s.good, want_good[k]);
+        kvc_report_destroy(r2);
+    }
 }
 
 static void misuse_is_refused(void **state)

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 
 #define MOONCAKE_SAMPLE KVC_SHARED_DIR "/traces/mooncake_synthetic_trace.jsonl"
 
@@ -194,6 +195,36 @@ static void mooncake_ids_materialise_by_id_alone(void **state)
     assert_true(kvc_hash128_eq(digest(w), digest(w2)));
     kvc_workload_destroy(w);
     kvc_workload_destroy(w2);
+}
+
+/* Golden values: the token materialisation is part of what makes a replay
+ * reproducible (the README's numbers depend on it), so a change must be
+ * deliberate.  Both paths use integer arithmetic only. */
+static void token_materialisation_is_pinned(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load_ok("{\"timestamp\": 0, \"input_length\": 520, \"output_length\": 3, "
+                                "\"hash_ids\": [0, 1]}\n",
+                                NULL);
+    const kvc_sim_request_t *r = kvc_workload_request(w, 0);
+    const kvc_token_t id0[] = {7258, 13512, 31886, 17276, 5185, 29960};
+    const kvc_token_t id1[] = {21245, 17515, 7377, 844, 26048, 8470};
+    const kvc_token_t out[] = {14402, 12887, 24511};
+    assert_memory_equal(r->tokens, id0, sizeof id0);
+    assert_memory_equal(r->tokens + 512, id1, sizeof id1);
+    assert_memory_equal(r->output_tokens, out, sizeof out);
+    kvc_workload_destroy(w);
+
+    /* unstructured synthetic prompts are windows of the seed's tape */
+    w = spec_ok("fixed:rate=1,n=3,prompt=4,output=2", NULL);
+    const kvc_token_t tape[] = {9336, 27480, 16458, 16311, 20807, 20845, 28707, 18631};
+    for (size_t i = 0; i < 3; i++) {
+        r = kvc_workload_request(w, i);
+        assert_true(r->arrival_s == (double)i);
+        assert_memory_equal(r->tokens, tape + i, 4 * sizeof(kvc_token_t));
+        assert_memory_equal(r->output_tokens, tape + i + 4, 2 * sizeof(kvc_token_t));
+    }
+    kvc_workload_destroy(w);
 }
 
 static void mooncake_errors_name_line_and_field(void **state)
@@ -1046,6 +1077,30 @@ static void built_workloads_round_trip_through_jsonl(void **state)
     kvc_workload_destroy(NULL);
 }
 
+/* The shipped example specs load (bounded: one of them has a million requests). */
+static void example_specs_load(void **state)
+{
+    (void)state;
+    DIR *d = opendir(KVC_SOURCE_DIR "/examples/workloads");
+    assert_non_null(d);
+    size_t n_specs = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".json")) continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/examples/workloads/%s", KVC_SOURCE_DIR, e->d_name);
+        kvc_workload_params_t p = kvc_workload_params_default();
+        p.max_requests = 2000;
+        kvc_workload_t *w = spec_ok(path, &p);
+        assert_int_equal(kvc_workload_format(w), KVC_WORKLOAD_SPEC);
+        assert_true(kvc_workload_size(w) > 100);
+        kvc_workload_destroy(w);
+        n_specs++;
+    }
+    closedir(d);
+    assert_true(n_specs >= 4);
+}
+
 /* ---- allocation faults ------------------------------------------------------------------- */
 static void fault_each_allocation(const char *text, bool on_demand, size_t max_requests)
 {
@@ -1126,6 +1181,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(params_are_validated),
         cmocka_unit_test(mooncake_ids_materialise_by_id_alone),
+        cmocka_unit_test(token_materialisation_is_pinned),
         cmocka_unit_test(mooncake_errors_name_line_and_field),
         cmocka_unit_test(trace_edge_cases),
         cmocka_unit_test(mooncake_sample_loads_with_its_sharing),
@@ -1142,6 +1198,7 @@ int main(void)
         cmocka_unit_test(spec_errors_name_the_field),
         cmocka_unit_test(declared_classes_fix_the_priority_order),
         cmocka_unit_test(built_workloads_round_trip_through_jsonl),
+        cmocka_unit_test(example_specs_load),
         cmocka_unit_test(loaders_leak_nothing_under_allocation_faults),
     };
     return cmocka_run_group_tests_name("workload", tests, NULL, NULL);
