@@ -9,6 +9,7 @@
 #include "kvcache/seq.h"
 #include "kvcache/sched.h"
 #include "kvcache/plan.h"
+#include "kvcache/sim.h"
 
 #define KVC_VERSION "0.1.0"
 

@@ -1,0 +1,330 @@
+/* kvcache/sim.h - the simulator: workloads in, reports out, and the engine
+ * that runs the real pool, prefix cache, sequences and scheduler against a
+ * cost model and a virtual clock.
+ *
+ * Workloads are arrays of requests in arrival order, loaded from a trace
+ * (Mooncake JSONL, kvcache JSONL), generated from a synthetic spec (a JSON
+ * file or an inline string), or built by hand.  Every request carries real
+ * prompt tokens, so the simulator's prefix cache hashes and matches exactly
+ * what a server would: equal prefixes give equal tokens, nothing else does.
+ *
+ * Reports accumulate one record per finished request and a thinned time
+ * series of the engine's state, then compute percentiles, goodput and the
+ * per-tenant and per-class breakdowns, and write them as text, JSON, CSV and
+ * SVG.  Every output is byte-for-byte deterministic: fixed number formats,
+ * no timestamps, names in index order.
+ *
+ * The formats are described in docs/sim-io.md.
+ *
+ * Thread-safety: a workload is immutable once loaded (the builder calls
+ * excepted) and its const functions may run on any number of threads at
+ * once.  A report is owned by one thread.  Nothing here reads the wall clock
+ * except the progress bar, which is for command-line front ends.
+ */
+#ifndef KVCACHE_SIM_H
+#define KVCACHE_SIM_H
+
+#include <stdio.h>
+
+#include "kvcache/prefix.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ======================================================================
+ * workloads
+ * ==================================================================== */
+
+/* Longest prompt (conversation history included) or output a workload may hold, in tokens. */
+#define KVC_SIM_MAX_TOKENS   (1u << 24)
+/* Most requests one workload may hold. */
+#define KVC_SIM_MAX_REQUESTS ((size_t)UINT32_MAX - 1)
+
+typedef struct {
+    double arrival_s;          /* seconds from the start of the run, non-decreasing in a workload */
+    const kvc_token_t *tokens; /* (n_prompt) the prompt, owned by the workload; NULL only for
+                                  Mooncake traces loaded with tokens_on_demand (use
+                                  kvc_workload_prompt) */
+    uint32_t n_prompt;         /* >= 1 */
+    uint32_t n_output;         /* output tokens to generate, >= 1 */
+    uint32_t tenant;           /* index into the workload's tenant names */
+    uint32_t priority;         /* class index: 0 is the most urgent */
+    uint64_t conversation;     /* multi-turn: conversation id (0 = none) */
+    uint32_t turn;             /* multi-turn: 0, 1, ... */
+    uint32_t max_output;       /* the request's declared cap (>= n_output), for
+                                  reserve-for-max admission */
+    const kvc_token_t *output_tokens; /* (n_output) what the simulator appends as the
+                                         generated tokens, owned by the workload; in a
+                                         conversation they are exactly the tokens the next
+                                         turn resends after this turn's prompt */
+    double think_s;                   /* multi-turn, turn > 0: the user's think time after the
+                                         previous turn.  arrival_s is open-loop (the previous
+                                         turn's arrival + think_s); a closed-loop engine may
+                                         instead release the turn think_s after the previous
+                                         turn finished.  0 otherwise */
+} kvc_sim_request_t;
+
+typedef enum {
+    KVC_WORKLOAD_AUTO = 0, /* detect from the content (see kvc_workload_load) */
+    KVC_WORKLOAD_MOONCAKE, /* JSONL: timestamp (ms), input_length, output_length, hash_ids */
+    KVC_WORKLOAD_JSONL,    /* the kvcache JSONL: explicit tokens, one request a line */
+    KVC_WORKLOAD_SPEC,     /* a synthetic spec: a JSON object, or an inline string */
+    KVC_WORKLOAD_BUILT,    /* built with kvc_workload_create / kvc_workload_add */
+} kvc_workload_format_t;
+
+typedef struct {
+    uint64_t seed;                /* synthetic generation (traces never depend on it); default 1 */
+    size_t max_requests;          /* keep only the first N requests (by arrival for specs, by line
+                                     for traces); 0 = all */
+    double time_scale;            /* multiplies arrival and think times (0.5 replays twice as
+                                     fast); > 0, default 1 */
+    uint32_t vocab;               /* generated token ids lie in [0, vocab); >= 2, default 32000 */
+    uint32_t block_tokens;        /* tokens per Mooncake hash id; default 512 */
+    uint32_t max_tokens;          /* longest prompt or output accepted or generated, >= 1,
+                                     <= KVC_SIM_MAX_TOKENS (the default) */
+    bool tokens_on_demand;        /* Mooncake only: keep one copy of each hash id's block instead of
+                                     a contiguous prompt per request; requests' tokens is then NULL
+                                     and kvc_workload_prompt assembles prompts.  Default false */
+    kvc_workload_format_t format; /* default KVC_WORKLOAD_AUTO */
+    kvc_allocator_t allocator;    /* zeroed: the C library */
+} kvc_workload_params_t;
+
+/* seed 1, all requests, time_scale 1, vocab 32000, block_tokens 512,
+ * max_tokens KVC_SIM_MAX_TOKENS, contiguous prompts, format detected, libc. */
+kvc_workload_params_t kvc_workload_params_default(void);
+
+typedef struct kvc_workload kvc_workload_t; /* opaque: owns requests, tokens, names */
+
+/* Load a workload from `path_or_spec`: a file (any supported format), or,
+ * when no such file exists, an inline synthetic spec such as
+ * "poisson:rate=5,n=1000,prompt=1024,output=300".  With format AUTO a file
+ * holding one JSON object with "streams" is a spec; otherwise it is JSONL,
+ * Mooncake if its first record has "hash_ids", kvcache JSONL if it has
+ * "tokens" (or is the kvcache header line).  Trace records are sorted stably
+ * by arrival (kvc_workload_stats counts the records that moved).
+ * params NULL: the defaults.  On success *out is a new workload the caller
+ * frees with kvc_workload_destroy.  On failure *out is NULL and, if err is
+ * not NULL, err holds one line naming the file, the line (JSONL) and the
+ * field: KVC_EIO (unreadable), KVC_EPARSE (malformed or inconsistent
+ * input, no requests), KVC_EINVAL (bad params), KVC_ENOMEM. */
+int kvc_workload_load(const char *path_or_spec, const kvc_workload_params_t *params,
+                      kvc_workload_t **out, char *err, size_t err_cap);
+
+/* The same from bytes in memory (`data` need not be NUL-terminated);
+ * `name` labels error messages.  An inline spec string is not recognised
+ * here: pass format KVC_WORKLOAD_SPEC and a JSON object, or AUTO. */
+int kvc_workload_load_buffer(const char *data, size_t len, const char *name,
+                             const kvc_workload_params_t *params, kvc_workload_t **out, char *err,
+                             size_t err_cap);
+
+/* Free the workload, its requests, tokens and names.  NULL is a no-op. */
+void kvc_workload_destroy(kvc_workload_t *w);
+
+/* Number of requests. */
+size_t kvc_workload_size(const kvc_workload_t *w);
+/* Request i (i < size), borrowed until the workload is destroyed (or, while
+ * building, until the next kvc_workload_add). */
+const kvc_sim_request_t *kvc_workload_request(const kvc_workload_t *w, size_t i);
+/* Copy request i's prompt into buf (cap tokens): works whether or not
+ * tokens is materialised.  KVC_EINVAL (i out of range), KVC_ERANGE (cap <
+ * n_prompt; buf untouched). */
+int kvc_workload_prompt(const kvc_workload_t *w, size_t i, kvc_token_t *buf, size_t cap);
+
+/* Tenants and classes: at least one each ("default" when the source names
+ * none).  Names are borrowed; index order is the order of declaration (or
+ * first appearance).  Class 0 is the most urgent.  Out-of-range: NULL. */
+uint32_t kvc_workload_n_tenants(const kvc_workload_t *w);
+const char *kvc_workload_tenant_name(const kvc_workload_t *w, uint32_t t);
+uint32_t kvc_workload_n_classes(const kvc_workload_t *w);
+const char *kvc_workload_class_name(const kvc_workload_t *w, uint32_t c);
+/* The name arrays themselves (n_tenants / n_classes entries), for kvc_report_params_t. */
+const char *const *kvc_workload_tenant_names(const kvc_workload_t *w);
+const char *const *kvc_workload_class_names(const kvc_workload_t *w);
+
+/* Where the workload came from. */
+kvc_workload_format_t kvc_workload_format(const kvc_workload_t *w);
+/* "mooncake", "jsonl", "spec", "built" ("auto" for KVC_WORKLOAD_AUTO). */
+const char *kvc_workload_format_name(kvc_workload_format_t f);
+
+typedef struct {
+    size_t n_requests;
+    size_t n_conversations; /* distinct non-zero conversation ids */
+    uint64_t prompt_tokens; /* sum of n_prompt */
+    uint64_t output_tokens; /* sum of n_output */
+    uint64_t stored_tokens; /* token ids held in memory (shared storage counted once) */
+    uint64_t unique_blocks; /* Mooncake: distinct hash ids; 0 otherwise */
+    size_t n_reordered;     /* trace records whose arrival was earlier than a previous
+                               record's (moved by the stable sort) */
+    size_t bytes;           /* memory the workload holds, all of it */
+    double duration_s;      /* the last arrival */
+} kvc_workload_stats_t;
+
+/* Totals over the workload: O(n log n) (conversations are counted by
+ * sorting their ids).  KVC_ENOMEM (out is then zeroed). */
+int kvc_workload_stats(const kvc_workload_t *w, kvc_workload_stats_t *out);
+
+/* Write the workload in the kvcache JSONL format: a header line naming the
+ * tenants and classes, then one request a line with every field, tokens
+ * included.  Loading the output gives the same workload.  KVC_EIO on a
+ * write error, KVC_ENOMEM. */
+int kvc_workload_write_jsonl(const kvc_workload_t *w, FILE *f);
+
+/* ---- building a workload by hand (tests, embedders) ---------------------
+ * kvc_workload_create makes an empty workload; names and requests are then
+ * added in arrival order.  A built workload is then used like a loaded one. */
+int kvc_workload_create(const kvc_workload_params_t *params, kvc_workload_t **out);
+/* Index of tenant (or class) `name`, declaring it if new.  KVC_EINVAL (NULL
+ * or empty name), KVC_ENOMEM. */
+int kvc_workload_add_tenant(kvc_workload_t *w, const char *name, uint32_t *index);
+int kvc_workload_add_class(kvc_workload_t *w, const char *name, uint32_t *index);
+/* Append a copy of *req (its tokens and output_tokens are copied; NULL
+ * output_tokens get deterministic filler; max_output 0 means n_output).
+ * A request naming tenant or class 0 when none is declared declares
+ * "default".  KVC_EINVAL (empty prompt or output, n_prompt or n_output > max_tokens,
+ * max_output < n_output, an undeclared tenant or class, an arrival that is
+ * negative, not finite or earlier than the previous request's), KVC_ENOMEM;
+ * no request is added on failure. */
+int kvc_workload_add(kvc_workload_t *w, const kvc_sim_request_t *req);
+
+/* ======================================================================
+ * reports
+ * ==================================================================== */
+
+typedef struct { /* one finished request, filled by the simulator */
+    double arrival_s, first_token_s, finish_s;
+    uint32_t n_prompt, n_output, n_hit_tokens; /* n_hit_tokens: prompt tokens from the
+                                                  prefix cache */
+    uint32_t tenant, priority;
+    uint32_t n_preemptions;
+    uint64_t recomputed_tokens;
+} kvc_sim_record_t;
+
+typedef struct { /* one time-series sample: the engine's state after a step */
+    double t_s;
+    uint32_t kv_blocks_used, kv_blocks_total, running, waiting, swapped;
+    uint32_t batch_tokens; /* tokens computed in the step */
+} kvc_sim_sample_t;
+
+/* Counters the simulator owns and passes in at the end. */
+typedef struct {
+    uint64_t preemptions, recomputed_tokens, swapped_bytes;
+    uint64_t prompt_tokens, hit_tokens; /* for prefix_hit_rate; prompt_tokens 0: summed
+                                           from the records */
+    uint32_t peak_kv_blocks;
+    double simulated_s; /* 0: the last record's finish_s */
+    uint64_t steps;
+} kvc_report_totals_t;
+
+typedef struct {
+    double ttft_ms, tpot_ms, e2e_ms; /* SLOs; 0 = none.  A request is good when it meets
+                                        every SLO given (TPOT only binds n_output > 1) */
+    const char *const *tenant_names; /* (n_tenants) borrowed, copied at create; indices past
+                                        them are named "tenant<i>" */
+    uint32_t n_tenants;
+    const char *const *class_names; /* (n_classes) likewise, "class<i>" */
+    uint32_t n_classes;
+    double sample_interval_s;  /* > 0: one time-series row per interval; 0: adaptive
+                                  (starts at 1 ms, doubles to keep <= max_rows) */
+    uint32_t max_rows;         /* adaptive mode's bound, >= 16; default 4096 */
+    kvc_allocator_t allocator; /* zeroed: the C library */
+} kvc_report_params_t;
+
+/* No SLOs, no names, adaptive sampling with at most 4096 rows, libc. */
+kvc_report_params_t kvc_report_params_default(void);
+
+typedef struct kvc_report kvc_report_t; /* accumulates records and samples */
+
+/* Create an empty report.  KVC_EINVAL (negative or non-finite SLOs or
+ * interval, max_rows < 16, NULL or empty names), KVC_ENOMEM.  The caller
+ * frees it with kvc_report_destroy. */
+int kvc_report_create(const kvc_report_params_t *p, kvc_report_t **out);
+/* Free the report.  NULL is a no-op. */
+void kvc_report_destroy(kvc_report_t *r);
+
+/* Record one finished request (copied).  KVC_EINVAL for an inconsistent
+ * record (times not finite, not arrival <= first_token <= finish, n_prompt or
+ * n_output 0, n_hit_tokens > n_prompt, tenant or priority >= 65536) or after
+ * kvc_report_finish; KVC_ENOMEM.  Amortised O(1). */
+int kvc_report_add(kvc_report_t *r, const kvc_sim_record_t *rec);
+/* Add a time-series sample.  Samples fold into rows of one interval each:
+ * a row keeps the maxima of the counts, the last kv_blocks_total, and the
+ * sum and maximum of batch_tokens.  KVC_EINVAL (t_s not finite or earlier
+ * than the previous sample, or after finish), KVC_ENOMEM.  O(1) amortised. */
+int kvc_report_sample(kvc_report_t *r, const kvc_sim_sample_t *s);
+/* Compute the percentiles, goodput and breakdowns; after this the report
+ * takes no more records or samples (KVC_EINVAL), and a second call is
+ * KVC_EINVAL.  KVC_ENOMEM (the report stays unfinished and may be retried). */
+int kvc_report_finish(kvc_report_t *r, const kvc_report_totals_t *t);
+
+/* Add a named setting shown in the text report and under "config" in the
+ * JSON (the cost model's constants, the policies): a string or a number.
+ * Settings keep their order; a repeated key is KVC_EEXIST.  KVC_EINVAL
+ * (NULL/empty key, non-finite number), KVC_ENOMEM. */
+int kvc_report_add_config(kvc_report_t *r, const char *key, const char *value);
+int kvc_report_add_config_num(kvc_report_t *r, const char *key, double value);
+
+/* Writers: KVC_EINVAL before kvc_report_finish, KVC_EIO on a write error.
+ * They write nothing else to f and do not close it. */
+int kvc_report_write_text(const kvc_report_t *r, FILE *f); /* human report */
+int kvc_report_write_json(const kvc_report_t *r, FILE *f); /* one JSON object and '\n' */
+int kvc_report_write_csv(const kvc_report_t *r, FILE *f);  /* the time series */
+/* Write kv_usage.svg, batch.svg and latency_cdf.svg into dir (created if
+ * missing, one level).  KVC_EIO (cannot create or write), KVC_ENOMEM. */
+int kvc_report_write_svg(const kvc_report_t *r, const char *dir);
+
+/* ---- reading a finished report back (tests, sweeps) --------------------- */
+typedef enum { KVC_REPORT_ALL, KVC_REPORT_TENANT, KVC_REPORT_CLASS } kvc_report_scope_t;
+
+typedef struct {
+    uint64_t count;                       /* samples (TPOT: requests with n_output > 1) */
+    double mean, p50, p90, p95, p99, max; /* ms; all 0 when count is 0 */
+} kvc_latency_summary_t;
+
+typedef struct {
+    uint64_t completed, good; /* good: met every SLO */
+    uint64_t prompt_tokens, output_tokens, hit_tokens, preemptions, recomputed_tokens;
+    kvc_latency_summary_t ttft_ms, tpot_ms, e2e_ms;
+    double throughput_tokens_per_s; /* output tokens per simulated second */
+    double goodput_requests_per_s;  /* good requests per simulated second */
+    double prefix_hit_rate;         /* hit / prompt tokens (ALL: from the totals) */
+} kvc_report_summary_t;
+
+/* The figures of one scope: everything (index ignored), tenant `index` or
+ * class `index`.  KVC_EINVAL before finish, KVC_ENOENT for an index the
+ * report has never seen or been named. */
+int kvc_report_summary(const kvc_report_t *r, kvc_report_scope_t scope, uint32_t index,
+                       kvc_report_summary_t *out);
+
+/* Nearest-rank percentile of sorted[0..n) (ascending): the value at
+ * 1-based rank ceil(p / 100 * n), p in [0, 100] taken to 0.01; rank 0 is
+ * read as 1.  0 when n is 0. */
+double kvc_percentile_sorted(const double *sorted, size_t n, double p);
+
+/* ---- progress bar ---------------------------------------------------------
+ * For command-line front ends: a one-line bar redrawn in place.  Nothing is
+ * drawn until the run has lasted a second, nothing at all when f is not a
+ * terminal unless `force`, and at most ten redraws a second.  The caller
+ * owns the struct; kvc_progress_start sets every field (a test may then
+ * replace now_ns, now_ctx and start_ns to drive a fake clock). */
+typedef struct {
+    FILE *f;
+    const char *label; /* borrowed */
+    bool force;        /* draw even when f is not a terminal */
+    bool enabled;      /* f is a terminal or force */
+    bool drawn;        /* something is on the line */
+    uint64_t start_ns, last_draw_ns;
+    uint64_t (*now_ns)(void *ctx); /* the clock; kvc_now_ns when NULL (tests set it) */
+    void *now_ctx;
+} kvc_progress_t;
+
+void kvc_progress_start(kvc_progress_t *p, FILE *f, const char *label, bool force);
+/* Note progress (done of total, in any unit); draws when due.  Cheap. */
+void kvc_progress_update(kvc_progress_t *p, uint64_t done, uint64_t total);
+/* Draw the final state and end the line, if anything was drawn. */
+void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t total);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVCACHE_SIM_H */
