@@ -45,8 +45,9 @@ typedef enum {
 typedef enum {
     KVC_PREEMPT_RECOMPUTE = 0, /* free the victim's blocks and requeue it; its prefix may hit */
     KVC_PREEMPT_SWAP,          /* copy its computed KV to host memory, bring it back later */
-    KVC_PREEMPT_BACKPRESSURE,  /* never preempt: a request that cannot grow waits, and new
-                                  admissions wait (a deadlock is broken by recompute) */
+    KVC_PREEMPT_BACKPRESSURE,  /* never preempt: a request that cannot grow waits; new
+                                  admissions wait while fewer than one free block per running
+                                  request remains; a deadlock is broken by recompute */
 } kvc_preemption_t;
 
 const char *kvc_admission_name(kvc_admission_t a);   /* "greedy", "reserve-max", "reserve-expected" */

@@ -108,8 +108,9 @@ int kvc_seq_destroy(kvc_seqs_t *seqs, kvc_seq_t h);
  * recompute can hit them).  KVC_EBUSY while a step that uses it is in flight. */
 int kvc_seq_reset(kvc_seqs_t *seqs, kvc_seq_t h);
 
-/* The table's KV groups (its params.n_groups). */
+/* The table's KV groups (its params.n_groups), and whether any has a sliding window. */
 uint32_t kvc_seqs_n_groups(const kvc_seqs_t *seqs);
+bool kvc_seqs_has_sliding(const kvc_seqs_t *seqs);
 
 /* True if h names a live sequence. */
 bool kvc_seq_valid(const kvc_seqs_t *seqs, kvc_seq_t h);
@@ -220,6 +221,11 @@ typedef struct {
 } kvc_seq_info_t;
 
 int kvc_seq_info(const kvc_seqs_t *seqs, kvc_seq_t h, kvc_seq_info_t *out);
+
+/* The counts a scheduler reads every step, cheaply: tokens known, tokens
+ * computed, blocks held (all groups).  Any pointer may be NULL. */
+int kvc_seq_progress(const kvc_seqs_t *seqs, kvc_seq_t h, size_t *n_tokens, size_t *n_computed,
+                     uint32_t *n_blocks);
 
 /* The sequence's tokens (borrowed until the next call that changes it). */
 int kvc_seq_tokens(const kvc_seqs_t *seqs, kvc_seq_t h, const kvc_token_t **tokens, size_t *n);

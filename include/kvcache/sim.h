@@ -27,6 +27,8 @@
 #include <stdio.h>
 
 #include "kvcache/prefix.h"
+#include "kvcache/sched.h"
+#include "kvcache/plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -323,6 +325,118 @@ void kvc_progress_start(kvc_progress_t *p, FILE *f, const char *label, bool forc
 void kvc_progress_update(kvc_progress_t *p, uint64_t done, uint64_t total);
 /* Draw the final state and end the line, if anything was drawn. */
 void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t total);
+
+/* ======================================================================
+ * the engine: the real scheduler, pool, prefix cache and sequences in
+ * virtual time, with a cost model in place of the forward pass
+ * ==================================================================== */
+
+/* The cost of one step, from the planner's descriptors.  Per GPU of one
+ * pipeline stage; stages run one after another (no overlap), as the planner
+ * assumes:
+ *
+ *   compute = linear FLOPs of the step's tokens / (peak x mfu)
+ *           + attention FLOPs of its (query, key) pairs / (bf16 peak x mfu)
+ *   memory  = (weights read once + KV read by attention + KV written)
+ *             / (HBM bandwidth x mbu)
+ *   comm    = TP: 2 all-reduces per layer of the step's activations over the
+ *             GPU link, ring algorithm, plus a latency per all-reduce
+ *   step    = pp x (max(compute, memory) + comm) + overhead
+ *             + swapped bytes / host link
+ *
+ * MoE: the routed experts a step touches are read, 1 - (1 - k/E)^T of them
+ * for T tokens choosing k of E.  Every constant is printed in the report. */
+typedef struct {
+    double flops_per_s;            /* per GPU, achieved, for linear layers */
+    double attn_flops_per_s;       /* per GPU, achieved, for attention (bf16 rate) */
+    double bytes_per_s;            /* per GPU, achieved HBM bandwidth */
+    double linear_flops_per_token; /* per GPU of a stage */
+    double attn_flops_per_pair;    /* per GPU of a stage, per (query, key) pair */
+    double dense_weight_bytes;     /* per GPU of a stage, read every step */
+    double expert_weight_bytes;    /* per GPU of a stage: all routed experts */
+    double experts_per_token_share; /* k / E (0: dense) */
+    double kv_bytes_per_token;     /* per GPU of a stage */
+    double comm_bytes_per_token;   /* per all-reduce, per GPU (activations) */
+    uint32_t n_allreduce;          /* per step per stage: 2 per layer when TP > 1 */
+    double link_bytes_per_s;       /* GPU to GPU */
+    double allreduce_latency_s;
+    uint32_t tp, pp;
+    double step_overhead_s;        /* scheduling, launch and sampling per step */
+    double host_link_bytes_per_s;  /* swap traffic */
+} kvc_sim_cost_model_t;
+
+/* The cost model of a planned deployment (kvc_plan_compute's result and its
+ * inputs).  step_overhead_s and allreduce_latency_s come from the caller. */
+int kvc_sim_cost_model(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
+                       const kvc_plan_params_t *plan, const kvc_plan_result_t *result,
+                       double step_overhead_s, double allreduce_latency_s, kvc_sim_cost_model_t *out);
+
+typedef struct {
+    double compute_s, memory_s, comm_s, swap_s, total_s;
+    double linear_flops, attn_flops, bytes_read;
+} kvc_sim_step_cost_t;
+
+/* Seconds one planned step takes; detail (may be NULL) gets the parts. */
+double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t *plan,
+                         kvc_sim_step_cost_t *detail);
+
+typedef struct {
+    /* the deployment, as for kvcache plan */
+    kvc_plan_model_t model;
+    kvc_plan_gpu_t gpu;
+    kvc_plan_params_t plan;
+    uint32_t num_blocks;          /* KV blocks per replica; 0: what the planner derives */
+    /* the scheduler (max_num_seqs / max_num_batched_tokens / block size follow plan) */
+    kvc_sched_params_t sched;
+    bool prefix_caching;          /* default true */
+    bool tenant_salts;            /* each tenant's cache salt is its name: no sharing across
+                                     tenants (default: one shared cache) */
+    uint64_t seed;                /* hash seed and draft acceptance draws (default 1) */
+    /* the executor */
+    double step_overhead_s;       /* default 0.002 */
+    double allreduce_latency_s;   /* default 8e-6 */
+    double spec_acceptance;       /* probability each draft is accepted (default 0.7) */
+    bool closed_loop;             /* multi-turn: a turn arrives think_s after the previous
+                                     turn finished, not at its trace time */
+    double sample_interval_s;     /* time series; 0: adaptive */
+    /* the report */
+    double slo_ttft_ms, slo_tpot_ms, slo_e2e_ms; /* 0: none */
+    /* progress: called about every 1% of requests (may be NULL) */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
+    /* debug trace of every step's decisions (NULL: none) */
+    FILE *trace;
+    /* check every invariant after every step (kvc_sched_check: blocks balanced, refcounts,
+     * caps; and the step's token budget and running cap); slow, for tests */
+    bool check_every_step;
+} kvc_sim_config_t;
+
+kvc_sim_config_t kvc_sim_config_default(void);
+
+typedef struct {
+    kvc_plan_result_t planned;    /* the planner's view of the deployment */
+    kvc_sim_cost_model_t cost;
+    uint32_t num_blocks, n_replicas, n_groups;
+    uint64_t requests, completed, steps;
+    uint64_t rejected;            /* refused: over max_model_len, or never fitting the pool or a cap */
+    uint64_t preemptions, recomputed_tokens, swapped_out_bytes, swapped_in_bytes;
+    uint64_t prompt_tokens, hit_tokens, resume_hit_tokens;
+    uint32_t peak_kv_blocks, peak_running;
+    double simulated_s;
+    double wall_s;                /* real seconds the run took */
+} kvc_sim_result_t;
+
+/* Run the workload through the deployment and fill `report` (created by the
+ * caller; finished here).  Deterministic: the same config, workload and seed
+ * give the same report, byte for byte.  Data parallelism: request i goes to
+ * replica i mod dp; replicas are simulated one after another; the time
+ * series is replica 0's.  A request whose prompt reaches max_model_len, or
+ * that could never fit the pool or a cap that applies to it, is refused and
+ * counted (out->rejected), as a server would answer it with an error; its
+ * output stops at max_model_len.  Fails with KVC_EINVAL and a one-line message
+ * (a deployment that does not start, bad parameters), or KVC_ENOMEM. */
+int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report_t *report,
+                kvc_sim_result_t *out, char *err, size_t err_cap);
 
 #ifdef __cplusplus
 }

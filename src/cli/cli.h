@@ -9,6 +9,7 @@
 
 /* Each subcommand: argv[0] is the subcommand's name; returns the exit status. */
 int kvc_cmd_explain(int argc, char **argv);
+int kvc_cmd_sim(int argc, char **argv);
 int kvc_cmd_plan(int argc, char **argv);
 
 /* Print "kvcache <cmd>: <message>" on one line to stderr; returns 1 (the exit status). */

@@ -15,6 +15,8 @@ static const struct {
     {"explain", kvc_cmd_explain,
      "walk prompts through the prefix cache: per block hash, hit or miss and why, evictions"},
     {"plan", kvc_cmd_plan, "size a deployment's KV cache and startup memory, with the derivation"},
+    {"sim", kvc_cmd_sim,
+     "simulate the scheduler and block manager in virtual time on a trace or a synthetic workload"},
 };
 
 static void usage(FILE *f)

@@ -36,6 +36,8 @@ struct kvc_sched {
     kvc_seqs_t *seqs;
     kvc_pool_t *pool;
     uint32_t bs, n_groups, pool_blocks;
+    bool sliding; /* some KV group has a sliding window (blocks leave as requests decode) */
+    uint32_t class_running[KVC_MAX_CLASSES], class_waiting[KVC_MAX_CLASSES];
     req_t *reqs;
     size_t n_reqs, reqs_cap;
     queue_t waiting[KVC_MAX_CLASSES][KVC_MAX_TENANTS][2]; /* [.][.][is_long]: a long request
@@ -90,9 +92,8 @@ int kvc_preemption_parse(const char *s, kvc_preemption_t *out)
 }
 
 /* ---- small helpers --------------------------------------------------------------------- */
-static int grow(const kvc_sched_t *s, void **p, size_t size, size_t *cap, size_t need)
+static int grow_slow(const kvc_sched_t *s, void **p, size_t size, size_t *cap, size_t need)
 {
-    if (need <= *cap) return 0;
     size_t c = *cap ? *cap : 16;
     while (c < need) c *= 2;
     void *np = kvc_alloc(&s->p.allocator, c * size, 0);
@@ -102,6 +103,11 @@ static int grow(const kvc_sched_t *s, void **p, size_t size, size_t *cap, size_t
     *p = np;
     *cap = c;
     return 0;
+}
+
+static inline int grow(const kvc_sched_t *s, void **p, size_t size, size_t *cap, size_t need)
+{
+    return need <= *cap ? 0 : grow_slow(s, p, size, cap, need);
 }
 
 __attribute__((format(printf, 2, 3))) static void trace(kvc_sched_t *s, const char *fmt, ...)
@@ -119,6 +125,11 @@ __attribute__((format(printf, 2, 3))) static void trace(kvc_sched_t *s, const ch
     s->trace[s->trace_len++] = '\n';
     s->trace[s->trace_len] = 0;
 }
+
+#define TRACE(s, ...)                                                                      \
+    do {                                                                                   \
+        if ((s)->p.trace) trace(s, __VA_ARGS__);                                           \
+    } while (0)
 
 static inline uint32_t blocks_for(const kvc_sched_t *s, uint64_t tokens)
 {
@@ -179,11 +190,8 @@ static int queue_push(kvc_sched_t *s, queue_t *q, uint32_t id, bool front)
 /* ---- block accounting ------------------------------------------------------------------- */
 static uint32_t seq_blocks(const kvc_sched_t *s, const req_t *r)
 {
-    if (!r->has_seq) return 0;
-    kvc_seq_info_t info;
-    if (kvc_seq_info(s->seqs, r->seq, &info)) return 0;
     uint32_t n = 0;
-    for (uint32_t g = 0; g < s->n_groups; g++) n += info.n_blocks[g];
+    if (r->has_seq) (void)kvc_seq_progress(s->seqs, r->seq, NULL, NULL, &n);
     return n;
 }
 
@@ -254,6 +262,7 @@ int kvc_sched_create(kvc_seqs_t *seqs, kvc_pool_t *pool, const kvc_sched_params_
     s->bs = kvc_pool_block_size(pool);
     s->pool_blocks = kvc_pool_n_blocks(pool);
     s->n_groups = kvc_seqs_n_groups(seqs);
+    s->sliding = kvc_seqs_has_sliding(seqs);
     *out = s;
     return 0;
 }
@@ -316,6 +325,7 @@ int kvc_sched_add(kvc_sched_t *s, const kvc_sched_req_t *q, double now, uint32_t
     if ((rc = queue_push(s, &s->waiting[q->priority][q->tenant][is_long], rid, false))) return rc;
     s->n_reqs++;
     s->st.n_waiting++;
+    s->class_waiting[r->priority]++;
     *id = rid;
     return 0;
 }
@@ -343,11 +353,13 @@ static void finish(kvc_sched_t *s, uint32_t id, double now, bool aborted)
         list_remove(s->running, &s->n_running, id);
         s->tenant_running[r->tenant]--;
         s->st.n_running--;
+        s->class_running[r->priority]--;
     } else if (r->state == R_SWAPPED) {
         list_remove(s->swapped, &s->n_swapped, id);
         s->st.n_swapped--;
     } else if (r->state == R_WAITING) {
         s->st.n_waiting--; /* removed from its queue lazily (skipped when popped) */
+        s->class_waiting[r->priority]--;
     }
     if (r->has_seq) {
         (void)kvc_seq_destroy(s->seqs, r->seq);
@@ -391,6 +403,7 @@ static void preempt(kvc_sched_t *s, uint32_t id, const char *why, bool force_rec
     list_remove(s->running, &s->n_running, id);
     s->tenant_running[r->tenant]--;
     s->st.n_running--;
+    s->class_running[r->priority]--;
     r->n_preempt++;
     s->st.preemptions++;
     s->plan.n_preempted++;
@@ -401,13 +414,14 @@ static void preempt(kvc_sched_t *s, uint32_t id, const char *why, bool force_rec
         s->st.n_swapped++;
         s->plan.swap_out_bytes += bytes;
         s->st.swapped_out_bytes += bytes;
-        trace(s, "  preempt r%u (%s): swap out %u computed tokens, %llu bytes", id, why, computed,
+        TRACE(s, "  preempt r%u (%s): swap out %u computed tokens, %llu bytes", id, why, computed,
               (unsigned long long)bytes);
     } else {
         r->state = R_WAITING;
         (void)queue_push(s, &s->waiting[r->priority][r->tenant][r->is_long], id, true); /* keeps its place */
         s->st.n_waiting++;
-        trace(s, "  preempt r%u (%s): recompute, %u computed tokens dropped", id, why, computed);
+        s->class_waiting[r->priority]++;
+        TRACE(s, "  preempt r%u (%s): recompute, %u computed tokens dropped", id, why, computed);
     }
 }
 
@@ -471,7 +485,7 @@ static bool make_room(kvc_sched_t *s, uint32_t id, uint32_t need, bool *waited)
             return true;
         }
         if (s->p.preemption == KVC_PREEMPT_BACKPRESSURE) {
-            trace(s, "  r%u waits: needs %u blocks (%s)", id, need, why);
+            TRACE(s, "  r%u waits: needs %u blocks (%s)", id, need, why);
             *waited = true;
             return false;
         }
@@ -511,8 +525,10 @@ static uint32_t schedule_running(kvc_sched_t *s, uint32_t id, uint32_t budget, u
                                  bool *waited)
 {
     req_t *r = &s->reqs[id];
-    kvc_seq_info_t info;
-    if (kvc_seq_info(s->seqs, r->seq, &info)) return 0;
+    struct {
+        size_t n_tokens, n_computed;
+    } info;
+    if (kvc_seq_progress(s->seqs, r->seq, &info.n_tokens, &info.n_computed, NULL)) return 0;
     uint32_t remaining = (uint32_t)(info.n_tokens - info.n_computed);
     bool prefill = remaining > 1; /* catching up on known tokens: a prompt, or a recompute */
     uint32_t n, drafts = 0;
@@ -544,14 +560,14 @@ static uint32_t schedule_running(kvc_sched_t *s, uint32_t id, uint32_t budget, u
     int rc = kvc_seq_reserve(s->seqs, r->seq, n + drafts, NULL);
     if (rc) {
         if (drafts) (void)kvc_seq_rollback(s->seqs, r->seq, drafts);
-        trace(s, "  r%u cannot reserve: %s", id, kvc_strerror(rc));
+        TRACE(s, "  r%u cannot reserve: %s", id, kvc_strerror(rc));
         *waited = true;
         return 0;
     }
-    account(s, r);
+    if (need) account(s, r); /* no new block, no change (a copy replaces one it held) */
     bool samples = info.n_computed + n == info.n_tokens; /* every known token computed */
     if (add_entry(s, id, (uint32_t)info.n_computed, n + drafts, drafts, prefill, samples)) return 0;
-    trace(s, "  run r%u: %s %u tokens at %u%s", id, prefill ? "prefill" : "decode", n, (uint32_t)info.n_computed,
+    TRACE(s, "  run r%u: %s %u tokens at %u%s", id, prefill ? "prefill" : "decode", n, (uint32_t)info.n_computed,
           drafts ? " + drafts" : "");
     return n + drafts;
 }
@@ -582,8 +598,9 @@ static void swap_in(kvc_sched_t *s, int cls)
         (void)sorted_insert(s, &s->running, &s->n_running, &s->running_cap, id);
         s->tenant_running[r->tenant]++;
         s->st.n_running++;
+        s->class_running[r->priority]++;
         account(s, r);
-        trace(s, "  swap in r%u: %zu tokens hit the prefix cache, %u restored (%llu bytes)", id, hit, rest,
+        TRACE(s, "  swap in r%u: %zu tokens hit the prefix cache, %u restored (%llu bytes)", id, hit, rest,
               (unsigned long long)bytes);
     }
 }
@@ -682,6 +699,9 @@ static uint32_t admit(kvc_sched_t *s, uint32_t id, uint32_t budget, bool *queue_
             uint64_t free_blocks = kvc_pool_n_free(s->pool);
             uint32_t tgt = target_blocks(s, r);
             uint64_t want = tgt ? (tgt > r->blocks ? tgt - r->blocks : 0) + outstanding(s) : need;
+            /* Without preemption nobody can take memory back: keep one block of headroom per
+             * running request so that they can all grow a block before new ones get in. */
+            if (s->p.preemption == KVC_PREEMPT_BACKPRESSURE) want += (uint64_t)s->n_running * s->n_groups;
             if (want <= free_blocks) break;
             /* A more urgent request may take the memory of less urgent running ones. */
             uint32_t v = s->p.preemption == KVC_PREEMPT_BACKPRESSURE ? KVC_NONE : lower_class_victim(s, r->priority);
@@ -701,7 +721,7 @@ static uint32_t admit(kvc_sched_t *s, uint32_t id, uint32_t budget, bool *queue_
             (void)kvc_seq_reset(s->seqs, r->seq);
             account(s, r);
         }
-        if (why) trace(s, "  r%u waits: %s", id, why);
+        if (why) TRACE(s, "  r%u waits: %s", id, why);
         *queue_blocked = !stop_all;
         return stop_all ? UINT32_MAX : 0;
     }
@@ -712,10 +732,12 @@ static uint32_t admit(kvc_sched_t *s, uint32_t id, uint32_t budget, bool *queue_
     }
     pop_waiting(s, id);
     s->st.n_waiting--;
+    s->class_waiting[r->priority]--;
     r->state = R_RUNNING;
     (void)sorted_insert(s, &s->running, &s->n_running, &s->running_cap, id);
     s->tenant_running[r->tenant]++;
     s->st.n_running++;
+    s->class_running[r->priority]++;
     account(s, r);
     if (looked) {
         if (!r->admitted_once) {
@@ -730,7 +752,7 @@ static uint32_t admit(kvc_sched_t *s, uint32_t id, uint32_t budget, bool *queue_
     r->admitted_once = true;
     s->plan.n_admitted++;
     (void)add_entry(s, id, computed, n, 0, known - computed > 1, computed + n == known);
-    trace(s, "  admit r%u (class %u, tenant %u): %zu tokens hit, computing %u", id, r->priority, r->tenant, hit, n);
+    TRACE(s, "  admit r%u (class %u, tenant %u): %zu tokens hit, computing %u", id, r->priority, r->tenant, hit, n);
     return n;
 }
 
@@ -746,7 +768,7 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
     s->plan = (kvc_sched_plan_t){0};
     s->trace_len = 0;
     if (s->trace) s->trace[0] = 0;
-    trace(s, "step %llu at %.6f s: %zu running, %u waiting, %zu swapped, %u free blocks",
+    TRACE(s, "step %llu at %.6f s: %zu running, %u waiting, %zu swapped, %u free blocks",
           (unsigned long long)s->st.steps, now, s->n_running, s->st.n_waiting, s->n_swapped,
           kvc_pool_n_free(s->pool));
     uint32_t budget = s->p.max_num_batched_tokens;
@@ -776,7 +798,8 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
     uint32_t tenant_used[KVC_MAX_TENANTS] = {0};
     bool stop_admitting = false;
     for (int c = 0; c < KVC_MAX_CLASSES; c++) {
-        for (size_t i = 0; i < s->n_running && budget; i++) {
+        if (!s->class_running[c] && !s->class_waiting[c] && !s->n_swapped) continue;
+        for (size_t i = 0; i < s->n_running && budget && s->class_running[c]; i++) {
             uint32_t id = s->running[i];
             if (s->reqs[id].planned || s->reqs[id].priority != c) continue;
             size_t before_n = s->n_running;
@@ -792,7 +815,7 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
             swap_in(s, c);
             for (size_t i = 0; i < s->n_swapped; i++) stop_admitting |= s->reqs[s->swapped[i]].priority == c;
         }
-        while (!stop_admitting && budget && s->n_running < s->p.max_num_seqs) {
+        while (!stop_admitting && budget && s->n_running < s->p.max_num_seqs && s->class_waiting[c]) {
             uint32_t id = next_waiting(s, c, (const bool(*)[2])blocked[c]);
             if (id == KVC_NONE) break;
             req_t *r = &s->reqs[id];
@@ -822,7 +845,7 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
     s->st.steps++;
     s->plan.entries = s->entries;
     s->plan_open = s->plan.n_entries > 0;
-    trace(s, "  plan: %u rows, %u prefill + %u decode tokens, %u admitted, %u preempted", s->plan.n_entries,
+    TRACE(s, "  plan: %u rows, %u prefill + %u decode tokens, %u admitted, %u preempted", s->plan.n_entries,
           s->plan.n_prefill_tokens, s->plan.n_decode_tokens, s->plan.n_admitted, s->plan.n_preempted);
     *plan = &s->plan;
     return 0;
@@ -866,7 +889,8 @@ int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *res, uint32_t n
             rc = kvc_seq_append(s->seqs, r->seq, &res[i].token, 1);
             KVC_ASSERT(rc == 0);
         }
-        account(s, r);
+        /* blocks change here only by rollback or by sliding-window release */
+        if (e->n_drafts || s->sliding) account(s, r);
     }
     s->plan_open = false; /* the plan stays readable until the next step */
     return 0;

@@ -32,6 +32,8 @@ typedef struct {
     size_t n_tokens, tok_cap;
     size_t n_prompt, n_draft, n_reserved, n_computed, n_accepted, n_emitted, n_hit;
     bool looked_up;
+    size_t next_work; /* insert_ready has nothing to do while min(computed, committed) is below */
+    size_t next_hash; /* update_hashes has nothing to do while the committed tokens are below */
     kvc_namespace_t ns;
     kvc_mm_input_t *mm;
     size_t n_mm, mm_cap;
@@ -67,9 +69,8 @@ static const kvc_allocator_t *alloc_of(const kvc_seqs_t *s)
 }
 
 /* Grow *p (elements of `size` bytes, *cap of them) to hold at least `need`. */
-static int grow(const kvc_seqs_t *s, void **p, size_t size, size_t *cap, size_t need)
+static int grow_slow(const kvc_seqs_t *s, void **p, size_t size, size_t *cap, size_t need)
 {
-    if (need <= *cap) return 0;
     size_t c = *cap ? *cap : 16;
     while (c < need) c *= 2;
     void *np = kvc_alloc(alloc_of(s), c * size, 0);
@@ -79,6 +80,11 @@ static int grow(const kvc_seqs_t *s, void **p, size_t size, size_t *cap, size_t 
     *p = np;
     *cap = c;
     return 0;
+}
+
+static inline int grow(const kvc_seqs_t *s, void **p, size_t size, size_t *cap, size_t need)
+{
+    return need <= *cap ? 0 : grow_slow(s, p, size, cap, need);
 }
 
 static int grow32(const kvc_seqs_t *s, uint32_t **p, uint32_t *cap, size_t need)
@@ -115,6 +121,27 @@ static const seq_t *get_const(const kvc_seqs_t *s, kvc_seq_t h)
     if (h.slot >= s->params.max_seqs) return NULL;
     const seq_t *q = &s->slots[h.slot];
     return q->state == SLOT_LIVE && q->gen == h.gen ? q : NULL;
+}
+
+int kvc_seq_progress(const kvc_seqs_t *s, kvc_seq_t h, size_t *n_tokens, size_t *n_computed, uint32_t *n_blocks)
+{
+    const seq_t *q = get_const(s, h);
+    if (!q) return KVC_ESTALE;
+    if (n_tokens) *n_tokens = q->n_tokens;
+    if (n_computed) *n_computed = q->n_computed;
+    if (n_blocks) {
+        uint32_t nb = 0;
+        for (uint32_t g = 0; g < s->params.n_groups; g++) nb += q->g[g].n - q->g[g].n_released;
+        *n_blocks = nb;
+    }
+    return 0;
+}
+
+bool kvc_seqs_has_sliding(const kvc_seqs_t *seqs)
+{
+    for (uint32_t g = 0; g < seqs->params.n_groups; g++)
+        if (seqs->params.window[g]) return true;
+    return false;
 }
 
 uint32_t kvc_seqs_n_groups(const kvc_seqs_t *seqs)
@@ -200,6 +227,7 @@ static void release_blocks(kvc_seqs_t *s, seq_t *q)
         gr->n = gr->n_released = gr->n_inserted = gr->n_hashed = 0;
         gr->insert_blocked = false;
     }
+    q->next_work = q->next_hash = 0;
 }
 
 static void free_slot_memory(kvc_seqs_t *s, seq_t *q)
@@ -254,6 +282,7 @@ static int reserve_capacity(kvc_seqs_t *s, seq_t *q, size_t n_blocks)
 static int update_hashes(kvc_seqs_t *s, seq_t *q)
 {
     if (!s->pc) return 0;
+    if (committed(q) < q->next_hash) return 0; /* the common case: no block filled */
     size_t n_full = committed(q) / s->bs;
     int rc = reserve_capacity(s, q, n_full);
     if (rc) return rc;
@@ -269,6 +298,7 @@ static int update_hashes(kvc_seqs_t *s, seq_t *q)
             gr->n_hashed = (uint32_t)i + 1;
         }
     }
+    q->next_hash = (n_full + 1) * s->bs;
     return 0;
 }
 
@@ -289,6 +319,7 @@ int kvc_seq_create(kvc_seqs_t *s, const kvc_seq_desc_t *d, kvc_seq_t *out)
     q->n_draft = q->n_reserved = q->n_computed = q->n_accepted = q->n_emitted = q->n_hit = 0;
     q->n_inflight = 0;
     q->looked_up = false;
+    q->next_work = q->next_hash = 0;
     for (uint32_t g = 0; g < KVC_MAX_GROUPS; g++) {
         group_t *gr = &q->g[g];
         gr->n = gr->n_released = gr->n_inserted = gr->n_hashed = 0;
@@ -417,6 +448,7 @@ int kvc_seq_lookup(kvc_seqs_t *s, kvc_seq_t h, size_t *n_hit_tokens)
         gr->n_inserted = (uint32_t)hit;
     }
     q->n_hit = q->n_computed = q->n_reserved = hit * bs;
+    q->next_work = 0;
     s->stats.n_hit_tokens += q->n_hit;
     if (n_hit_tokens) *n_hit_tokens = q->n_hit;
     return 0;
@@ -443,6 +475,12 @@ int kvc_seq_blocks_needed(const kvc_seqs_t *s, kvc_seq_t h, uint32_t n, uint32_t
     const seq_t *q = get_const(s, h);
     if (!q) return KVC_ESTALE;
     if (!n_blocks || q->n_reserved + n > q->n_tokens) return n_blocks ? KVC_ERANGE : KVC_EINVAL;
+    size_t off = q->n_reserved % s->bs;
+    if (off && off + n <= s->bs && s->params.n_groups == 1 &&
+        kvc_pool_refcount(s->pool, q->g[0].v[q->n_reserved / s->bs]) == 1) {
+        *n_blocks = 0; /* a decode step inside a block we alone hold */
+        return 0;
+    }
     uint32_t total = 0;
     for (uint32_t g = 0; g < s->params.n_groups; g++) {
         uint32_t n_new;
@@ -478,6 +516,19 @@ int kvc_seq_reserve(kvc_seqs_t *s, kvc_seq_t h, uint32_t n, int64_t *slots)
     if (!q) return KVC_ESTALE;
     if (q->n_reserved + n > q->n_tokens) return KVC_ERANGE;
     if (n == 0) return 0;
+    /* Fast path (a decode step): the positions fit in the last block, which we alone hold. */
+    size_t off = q->n_reserved % s->bs;
+    if (off && off + n <= s->bs) {
+        bool alone = true;
+        for (uint32_t g = 0; g < s->params.n_groups && alone; g++)
+            alone = kvc_pool_refcount(s->pool, q->g[g].v[q->n_reserved / s->bs]) == 1;
+        if (alone) {
+            size_t first = q->n_reserved;
+            q->n_reserved += n;
+            if (slots) write_slots(s, q, first, n, slots);
+            return 0;
+        }
+    }
     const uint32_t G = s->params.n_groups;
     size_t end = q->n_reserved + n;
     uint32_t n_new[KVC_MAX_GROUPS], total = 0;
@@ -529,6 +580,7 @@ int kvc_seq_slots(const kvc_seqs_t *s, kvc_seq_t h, uint32_t group, size_t first
 static void insert_ready(kvc_seqs_t *s, seq_t *q)
 {
     size_t limit = KVC_MIN(q->n_computed, committed(q));
+    if (limit < q->next_work) return; /* the common case: no block filled, nothing slid out */
     if (s->pc) {
         size_t ready = limit / s->bs;
         for (uint32_t g = 0; g < s->params.n_groups; g++) {
@@ -575,6 +627,14 @@ static void insert_ready(kvc_seqs_t *s, seq_t *q)
         }
         if (upto > gr->n_released) gr->n_released = (uint32_t)upto;
     }
+    /* The next limit at which something can happen: a block to insert, or one to release. */
+    size_t next = SIZE_MAX;
+    for (uint32_t g = 0; g < s->params.n_groups; g++) {
+        const group_t *gr = &q->g[g];
+        if (s->pc && !gr->insert_blocked) next = KVC_MIN(next, ((size_t)gr->n_inserted + 1) * s->bs);
+        if (s->params.window[g]) next = KVC_MIN(next, ((size_t)gr->n_released + 1) * s->bs + s->params.window[g] - 1);
+    }
+    q->next_work = next;
 }
 
 int kvc_seq_complete(kvc_seqs_t *s, kvc_seq_t h, uint32_t n)
@@ -698,6 +758,7 @@ static int fork_into(kvc_seqs_t *s, seq_t *p, kvc_seq_t *child)
     c->n_hit = p->n_hit;
     c->looked_up = true;
     c->n_inflight = 0;
+    c->next_work = c->next_hash = 0;
     for (uint32_t g = 0; g < s->params.n_groups; g++) {
         group_t *cg = &c->g[g];
         const group_t *pg = &p->g[g];

@@ -1,0 +1,605 @@
+/* cmd_sim.c - `kvcache sim`: the scheduler and block manager in virtual time.
+ *
+ * Takes the planner's deployment options (model, GPU, parallelism, engine
+ * limits), a workload (a trace or a synthetic spec), the scheduling
+ * policies and the SLOs; runs the real pool, prefix cache, sequences and
+ * scheduler against the cost model (src/sim/engine.c) and prints the report
+ * (text or --json), optionally a CSV time series and SVG charts.
+ *
+ * `--scenario FILE` answers one question with one command: the file names
+ * the question, the common arguments, the variants to compare and the
+ * metrics to tabulate; each variant is parsed and run exactly as its
+ * command line would be.
+ */
+#include "cli.h"
+#include "kvcache/kvcache.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CMD "sim"
+#define MAX_CAPS 8
+
+enum {
+    O_WORKLOAD = KVC_CLI_PLAN_FIRST,
+    O_NUM_BLOCKS,
+    O_ADMISSION,
+    O_EXPECTED_OUTPUT,
+    O_EXPECTED_MARGIN,
+    O_PREEMPTION,
+    O_SWAP_SPACE,
+    O_CLASS_CAP,
+    O_TENANT_SHARE,
+    O_TENANT_MAX_RUNNING,
+    O_TENANT_FAIR,
+    O_TENANT_SALTS,
+    O_LONG_THRESHOLD,
+    O_LONG_CAP,
+    O_PREFILL_CHUNK,
+    O_NO_PREFIX,
+    O_STEP_OVERHEAD,
+    O_CLOSED_LOOP,
+    O_SLO_TTFT,
+    O_SLO_TPOT,
+    O_SLO_E2E,
+    O_SEED,
+    O_MAX_REQUESTS,
+    O_TIME_SCALE,
+    O_JSON,
+    O_CSV,
+    O_SVG,
+    O_TRACE,
+    O_QUIET,
+    O_SCENARIO,
+};
+
+static const struct option own_options[] = {
+    {"workload", required_argument, NULL, O_WORKLOAD},
+    {"num-blocks", required_argument, NULL, O_NUM_BLOCKS},
+    {"admission", required_argument, NULL, O_ADMISSION},
+    {"expected-output", required_argument, NULL, O_EXPECTED_OUTPUT},
+    {"expected-margin", required_argument, NULL, O_EXPECTED_MARGIN},
+    {"preemption", required_argument, NULL, O_PREEMPTION},
+    {"swap-space", required_argument, NULL, O_SWAP_SPACE},
+    {"class-kv-cap", required_argument, NULL, O_CLASS_CAP},
+    {"tenant-kv-share", required_argument, NULL, O_TENANT_SHARE},
+    {"tenant-max-running", required_argument, NULL, O_TENANT_MAX_RUNNING},
+    {"tenant-fair", no_argument, NULL, O_TENANT_FAIR},
+    {"tenant-salts", no_argument, NULL, O_TENANT_SALTS},
+    {"long-threshold", required_argument, NULL, O_LONG_THRESHOLD},
+    {"long-kv-cap", required_argument, NULL, O_LONG_CAP},
+    {"max-prefill-chunk", required_argument, NULL, O_PREFILL_CHUNK},
+    {"no-prefix-caching", no_argument, NULL, O_NO_PREFIX},
+    {"step-overhead-ms", required_argument, NULL, O_STEP_OVERHEAD},
+    {"closed-loop", no_argument, NULL, O_CLOSED_LOOP},
+    {"slo-ttft-ms", required_argument, NULL, O_SLO_TTFT},
+    {"slo-tpot-ms", required_argument, NULL, O_SLO_TPOT},
+    {"slo-e2e-ms", required_argument, NULL, O_SLO_E2E},
+    {"seed", required_argument, NULL, O_SEED},
+    {"max-requests", required_argument, NULL, O_MAX_REQUESTS},
+    {"time-scale", required_argument, NULL, O_TIME_SCALE},
+    {"json", no_argument, NULL, O_JSON},
+    {"csv", required_argument, NULL, O_CSV},
+    {"svg", required_argument, NULL, O_SVG},
+    {"trace", required_argument, NULL, O_TRACE},
+    {"quiet", no_argument, NULL, O_QUIET},
+    {"scenario", required_argument, NULL, O_SCENARIO},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}};
+
+typedef struct {
+    kvc_cli_deploy_t dep;
+    kvc_sim_config_t cfg;
+    kvc_workload_params_t wp;
+    const char *workload, *csv, *svg, *trace, *scenario;
+    bool json, quiet, num_blocks_set;
+    struct {
+        const char *cls; /* a class name or index, resolved once the workload is loaded */
+        double share;
+    } caps[MAX_CAPS];
+    int n_caps;
+} opts_t;
+
+static void help(FILE *f)
+{
+    fprintf(f,
+            "usage: kvcache sim --model NAME|config.json --gpu NAME --workload FILE|SPEC [options]\n"
+            "       kvcache sim --scenario FILE [--json]\n"
+            "\n"
+            "Runs the real scheduler, pool, prefix cache and sequences in virtual time against a\n"
+            "cost model of the GPU: step time = max(compute, memory) + TP communication + a fixed\n"
+            "overhead (+ swap traffic), from the planner's descriptors.  Reports TTFT, time per\n"
+            "output token and end-to-end latency percentiles, throughput, goodput under SLOs,\n"
+            "preemptions, recomputed tokens, swapped bytes, prefix hit rate and KV usage.\n"
+            "Same inputs and seed, same report, byte for byte.\n"
+            "\n"
+            "deployment: the options of `kvcache plan` (--model, --gpu, --tp, --pp, --dp,\n"
+            "  --weight-dtype, --kv-dtype, --block-size, --gpu-memory-utilization,\n"
+            "  --max-model-len, --max-num-seqs, --max-num-batched-tokens, --mfu, --mbu, ...)\n"
+            "  --num-blocks N            KV blocks per replica (default: what the planner derives)\n"
+            "workload:\n"
+            "  --workload FILE|SPEC      a Mooncake or kvcache JSONL trace, a synthetic spec file,\n"
+            "                            or an inline spec like poisson:rate=5,n=1000,prompt=1024,output=300\n"
+            "  --seed N                  synthetic generation, hashing and draft draws (default 1)\n"
+            "  --max-requests N          only the first N requests\n"
+            "  --time-scale F            multiply arrival times (0.5: twice as fast)\n"
+            "  --closed-loop             a conversation's next turn arrives think time after the\n"
+            "                            previous turn finished (default: at its trace time)\n"
+            "scheduling:\n"
+            "  --admission P             greedy (default), reserve-max, reserve-expected\n"
+            "  --expected-output N       reserve-expected: the output estimate (default 256)\n"
+            "  --expected-margin F       reserve-expected: added fraction (default 0.2)\n"
+            "  --preemption P            recompute (default), swap, backpressure\n"
+            "  --swap-space SIZE         host memory for swapped KV (default: unlimited)\n"
+            "  --class-kv-cap C=F        class C (name or index) may hold share F of the pool\n"
+            "  --tenant-kv-share F       each tenant may hold share F of the pool (a KV quota)\n"
+            "  --tenant-max-running N    each tenant may run N requests at once (a count limit)\n"
+            "  --tenant-fair             admit the least-consuming tenant first; split the budget\n"
+            "  --tenant-salts            isolate tenants' prefix caches (salt = tenant name)\n"
+            "  --long-threshold N        prompt + max output >= N tokens is a long request\n"
+            "  --long-kv-cap F           long requests may hold share F of the pool together\n"
+            "  --max-prefill-chunk N     prompt tokens per request per step (default: the budget)\n"
+            "  --spec-tokens N           draft tokens per decode step (default 0)\n"
+            "  --spec-acceptance F       probability a draft is accepted (default 0.7)\n"
+            "  --no-prefix-caching       turn the prefix cache off\n"
+            "  --step-overhead-ms F      fixed cost per step (default 2)\n"
+            "SLOs (for goodput):\n"
+            "  --slo-ttft-ms F, --slo-tpot-ms F, --slo-e2e-ms F\n"
+            "output:\n"
+            "  --json                    one JSON object instead of the text report\n"
+            "  --csv PATH                the time series (KV usage, batch, queues) as CSV\n"
+            "  --svg DIR                 kv_usage.svg, batch.svg, latency_cdf.svg\n"
+            "  --trace PATH              every step's decisions, in words ('-': stderr)\n"
+            "  --quiet                   no progress bar\n"
+            "  --scenario FILE           run a scenario file's variants and compare them\n"
+            "  -h, --help                this help\n");
+}
+
+static int parse(int argc, char **argv, opts_t *o)
+{
+    struct option opts[KVC_CLI_MAX_OPTIONS];
+    if (kvc_cli_join_options(opts, KVC_CLI_MAX_OPTIONS, kvc_cli_deploy_options, own_options))
+        return kvc_cli_error(CMD, "internal: too many options");
+    memset(o, 0, sizeof *o);
+    kvc_cli_deploy_init(&o->dep);
+    o->cfg = kvc_sim_config_default();
+    o->cfg.sched.expected_output = 256;
+    o->wp = kvc_workload_params_default();
+    optind = 1;
+    opterr = 0;
+    int ch, li = -1;
+    uint64_t u;
+    double d;
+    while ((ch = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
+        char opt_name[64];
+        if (li >= 0 && ch != ':' && ch != '?')
+            snprintf(opt_name, sizeof opt_name, "--%s", opts[li].name);
+        else
+            snprintf(opt_name, sizeof opt_name, "%s", optind > 0 && optind <= argc ? argv[optind - 1] : "option");
+        char *eq = strchr(opt_name, '=');
+        if (eq) *eq = '\0';
+        li = -1;
+        int handled = kvc_cli_deploy_option(&o->dep, CMD, ch, opt_name, optarg);
+        if (handled < 0) return 1;
+        if (handled) continue;
+#define U64(lo, hi, field)                                                                           \
+    do {                                                                                             \
+        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                                  \
+            return kvc_cli_error(CMD, "%s: '%s' is not a whole number in %llu..%llu", opt_name, optarg, \
+                                 (unsigned long long)(lo), (unsigned long long)(hi));                \
+        field = u;                                                                                   \
+    } while (0)
+#define DBL(lo, hi, field)                                                                                 \
+    do {                                                                                                   \
+        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                                     \
+            return kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, optarg, (double)(lo), \
+                                 (double)(hi));                                                            \
+        field = d;                                                                                         \
+    } while (0)
+        switch (ch) {
+        case O_WORKLOAD: o->workload = optarg; break;
+        case O_NUM_BLOCKS:
+            U64(1, 1u << 30, o->cfg.num_blocks);
+            break;
+        case O_ADMISSION:
+            if (kvc_admission_parse(optarg, &o->cfg.sched.admission))
+                return kvc_cli_error(CMD, "--admission: '%s' is not greedy, reserve-max or reserve-expected", optarg);
+            break;
+        case O_EXPECTED_OUTPUT: U64(1, 1u << 30, o->cfg.sched.expected_output); break;
+        case O_EXPECTED_MARGIN: DBL(0, 100, o->cfg.sched.expected_margin); break;
+        case O_PREEMPTION:
+            if (kvc_preemption_parse(optarg, &o->cfg.sched.preemption))
+                return kvc_cli_error(CMD, "--preemption: '%s' is not recompute, swap or backpressure", optarg);
+            break;
+        case O_SWAP_SPACE:
+            if (kvc_plan_parse_bytes(optarg, &u) || !u)
+                return kvc_cli_error(CMD, "--swap-space: '%s' is not a size (e.g. 64GiB)", optarg);
+            o->cfg.sched.swap_space_bytes = u;
+            break;
+        case O_CLASS_CAP: {
+            const char *eqs = strchr(optarg, '=');
+            if (!eqs || eqs == optarg || !kvc_cli_parse_double(eqs + 1, 0, 1, &d) || !(d > 0))
+                return kvc_cli_error(CMD, "--class-kv-cap: '%s' is not CLASS=SHARE with 0 < SHARE <= 1", optarg);
+            if (o->n_caps == MAX_CAPS) return kvc_cli_error(CMD, "--class-kv-cap: at most %d", MAX_CAPS);
+            o->caps[o->n_caps].cls = optarg;
+            o->caps[o->n_caps++].share = d;
+            break;
+        }
+        case O_TENANT_SHARE: DBL(1e-6, 1, o->cfg.sched.tenant_kv_share); break;
+        case O_TENANT_MAX_RUNNING: U64(1, 1u << 24, o->cfg.sched.tenant_max_running); break;
+        case O_TENANT_FAIR: o->cfg.sched.tenant_fair = true; break;
+        case O_TENANT_SALTS: o->cfg.tenant_salts = true; break;
+        case O_LONG_THRESHOLD: U64(1, 1u << 31, o->cfg.sched.long_threshold); break;
+        case O_LONG_CAP: DBL(1e-6, 1, o->cfg.sched.long_kv_cap); break;
+        case O_PREFILL_CHUNK: U64(1, 1u << 30, o->cfg.sched.max_prefill_chunk); break;
+        case O_NO_PREFIX: o->cfg.prefix_caching = false; break;
+        case O_STEP_OVERHEAD:
+            DBL(0, 1e6, d);
+            o->cfg.step_overhead_s = d * 1e-3;
+            break;
+        case O_CLOSED_LOOP: o->cfg.closed_loop = true; break;
+        case O_SLO_TTFT: DBL(1e-9, 1e12, o->cfg.slo_ttft_ms); break;
+        case O_SLO_TPOT: DBL(1e-9, 1e12, o->cfg.slo_tpot_ms); break;
+        case O_SLO_E2E: DBL(1e-9, 1e12, o->cfg.slo_e2e_ms); break;
+        case O_SEED:
+            U64(1, UINT64_MAX, o->cfg.seed);
+            o->wp.seed = o->cfg.seed;
+            break;
+        case O_MAX_REQUESTS: U64(1, UINT64_C(1) << 40, o->wp.max_requests); break;
+        case O_TIME_SCALE: DBL(1e-9, 1e9, o->wp.time_scale); break;
+        case O_JSON: o->json = true; break;
+        case O_CSV: o->csv = optarg; break;
+        case O_SVG: o->svg = optarg; break;
+        case O_TRACE: o->trace = optarg; break;
+        case O_QUIET: o->quiet = true; break;
+        case O_SCENARIO: o->scenario = optarg; break;
+        case 'h': help(stdout); return 2;
+        case ':': return kvc_cli_error(CMD, "%s needs a value", opt_name);
+        default:
+            if (optopt >= KVC_CLI_DEPLOY_FIRST) return kvc_cli_error(CMD, "%s takes no value", opt_name);
+            return kvc_cli_error(CMD, "unknown option '%s' (try --help)", opt_name);
+        }
+#undef U64
+#undef DBL
+    }
+    if (optind < argc) return kvc_cli_error(CMD, "unexpected argument '%s' (try --help)", argv[optind]);
+    /* the scheduler follows the deployment's engine limits; speculation from the shared options */
+    o->cfg.sched.spec_tokens = o->dep.p.spec_tokens;
+    if (o->dep.p.spec_acceptance > 0) o->cfg.spec_acceptance = o->dep.p.spec_acceptance;
+    return 0;
+}
+
+static void progress(void *ctx, uint64_t done, uint64_t total)
+{
+    kvc_progress_update(ctx, done, total);
+}
+
+/* Load, run, and (if print) write the outputs.  On success *report is the finished report. */
+static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_t *res)
+{
+    *report_out = NULL;
+    if (!o->workload) return kvc_cli_error(CMD, "no --workload (a trace file or a spec; try --help)");
+    if (kvc_cli_deploy_resolve(&o->dep, CMD, &o->cfg.model, &o->cfg.gpu)) return 1;
+    o->cfg.plan = o->dep.p;
+    char err[512];
+    kvc_workload_t *w = NULL;
+    if (kvc_workload_load(o->workload, &o->wp, &w, err, sizeof err)) return kvc_cli_error(CMD, "%s", err);
+    for (int i = 0; i < o->n_caps; i++) { /* class caps by name or index */
+        const char *eqs = strchr(o->caps[i].cls, '=');
+        size_t len = (size_t)(eqs - o->caps[i].cls);
+        int found = -1;
+        for (uint32_t c = 0; c < kvc_workload_n_classes(w); c++) {
+            const char *name = kvc_workload_class_name(w, c);
+            if (strlen(name) == len && !strncmp(name, o->caps[i].cls, len)) found = (int)c;
+        }
+        char idx[16];
+        if (found < 0 && len < sizeof idx) {
+            memcpy(idx, o->caps[i].cls, len);
+            idx[len] = 0;
+            uint64_t u;
+            if (kvc_cli_parse_u64(idx, 0, KVC_MAX_CLASSES - 1, &u)) found = (int)u;
+        }
+        if (found < 0 || found >= KVC_MAX_CLASSES) {
+            kvc_workload_destroy(w);
+            return kvc_cli_error(CMD, "--class-kv-cap: the workload has no class '%.*s'", (int)len, o->caps[i].cls);
+        }
+        o->cfg.sched.class_kv_cap[found] = o->caps[i].share;
+    }
+    FILE *trace = NULL;
+    if (o->trace) {
+        trace = strcmp(o->trace, "-") ? fopen(o->trace, "w") : stderr;
+        if (!trace) {
+            kvc_workload_destroy(w);
+            return kvc_cli_error(CMD, "--trace: cannot write %s: %s", o->trace, strerror(errno));
+        }
+    }
+    o->cfg.trace = trace;
+    kvc_report_params_t rp = kvc_report_params_default();
+    rp.ttft_ms = o->cfg.slo_ttft_ms;
+    rp.tpot_ms = o->cfg.slo_tpot_ms;
+    rp.e2e_ms = o->cfg.slo_e2e_ms;
+    rp.tenant_names = kvc_workload_tenant_names(w);
+    rp.n_tenants = kvc_workload_n_tenants(w);
+    rp.class_names = kvc_workload_class_names(w);
+    rp.n_classes = kvc_workload_n_classes(w);
+    kvc_report_t *report = NULL;
+    int rc = kvc_report_create(&rp, &report);
+    kvc_progress_t bar;
+    kvc_progress_start(&bar, stderr, "simulating", false);
+    if (print && !o->quiet) {
+        o->cfg.progress = progress;
+        o->cfg.progress_ctx = &bar;
+    }
+    if (!rc) rc = kvc_sim_run(&o->cfg, w, report, res, err, sizeof err);
+    if (print && !o->quiet) kvc_progress_finish(&bar, res->completed, res->requests);
+    if (trace && trace != stderr) fclose(trace);
+    kvc_workload_destroy(w);
+    if (rc) {
+        kvc_report_destroy(report);
+        return kvc_cli_error(CMD, "%s", err[0] ? err : kvc_strerror(rc));
+    }
+    *report_out = report;
+    if (!print) return 0;
+    rc = o->json ? kvc_report_write_json(report, stdout) : kvc_report_write_text(report, stdout);
+    if (!rc && o->csv) {
+        FILE *f = fopen(o->csv, "w");
+        if (!f) return kvc_cli_error(CMD, "--csv: cannot write %s: %s", o->csv, strerror(errno));
+        rc = kvc_report_write_csv(report, f);
+        if (fclose(f)) rc = KVC_EIO;
+        if (rc) return kvc_cli_error(CMD, "--csv: cannot write %s", o->csv);
+    }
+    if (!rc && o->svg && (rc = kvc_report_write_svg(report, o->svg)))
+        return kvc_cli_error(CMD, "--svg: cannot write into %s: %s", o->svg, kvc_strerror(rc));
+    if (rc) return kvc_cli_error(CMD, "cannot write the report: %s", kvc_strerror(rc));
+    return 0;
+}
+
+/* ---- scenarios ----------------------------------------------------------------------- */
+/* One metric of a finished run by name: "ttft_ms.p99", "tenant:NAME.e2e_ms.p50",
+ * "class:NAME.tpot_ms.p90", "preemptions", ...  false if unknown. */
+static bool metric(const kvc_report_t *r, const kvc_sim_result_t *res, const kvc_workload_t *w, const char *name,
+                   double *out)
+{
+    kvc_report_scope_t scope = KVC_REPORT_ALL;
+    uint32_t index = 0;
+    const char *key = name;
+    if (!strncmp(name, "tenant:", 7) || !strncmp(name, "class:", 6)) {
+        bool tenant = name[0] == 't';
+        const char *nm = name + (tenant ? 7 : 6), *dot = strchr(nm, '.');
+        if (!dot) return false;
+        size_t len = (size_t)(dot - nm);
+        uint32_t n = tenant ? kvc_workload_n_tenants(w) : kvc_workload_n_classes(w);
+        bool found = false;
+        for (uint32_t i = 0; i < n && !found; i++) {
+            const char *s = tenant ? kvc_workload_tenant_name(w, i) : kvc_workload_class_name(w, i);
+            if (strlen(s) == len && !strncmp(s, nm, len)) index = i, found = true;
+        }
+        if (!found) return false;
+        scope = tenant ? KVC_REPORT_TENANT : KVC_REPORT_CLASS;
+        key = dot + 1;
+    }
+    kvc_report_summary_t s;
+    if (kvc_report_summary(r, scope, index, &s)) return false;
+    static const struct {
+        const char *prefix;
+        size_t off;
+    } lat[] = {{"ttft_ms.", offsetof(kvc_report_summary_t, ttft_ms)},
+               {"tpot_ms.", offsetof(kvc_report_summary_t, tpot_ms)},
+               {"e2e_ms.", offsetof(kvc_report_summary_t, e2e_ms)}};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(lat); i++) {
+        size_t pl = strlen(lat[i].prefix);
+        if (strncmp(key, lat[i].prefix, pl)) continue;
+        const kvc_latency_summary_t *l = (const kvc_latency_summary_t *)((const char *)&s + lat[i].off);
+        const char *q = key + pl;
+        if (!strcmp(q, "p50")) *out = l->p50;
+        else if (!strcmp(q, "p90")) *out = l->p90;
+        else if (!strcmp(q, "p95")) *out = l->p95;
+        else if (!strcmp(q, "p99")) *out = l->p99;
+        else if (!strcmp(q, "mean")) *out = l->mean;
+        else if (!strcmp(q, "max")) *out = l->max;
+        else return false;
+        return true;
+    }
+    if (!strcmp(key, "completed")) *out = (double)s.completed;
+    else if (!strcmp(key, "good")) *out = (double)s.good;
+    else if (!strcmp(key, "throughput_tokens_per_s")) *out = s.throughput_tokens_per_s;
+    else if (!strcmp(key, "goodput_requests_per_s")) *out = s.goodput_requests_per_s;
+    else if (!strcmp(key, "prefix_hit_rate")) *out = s.prefix_hit_rate;
+    else if (!strcmp(key, "preemptions")) *out = (double)s.preemptions;
+    else if (!strcmp(key, "recomputed_tokens")) *out = (double)s.recomputed_tokens;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "swapped_bytes")) *out = (double)(res->swapped_out_bytes + res->swapped_in_bytes);
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_kv_blocks")) *out = res->peak_kv_blocks;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "simulated_seconds")) *out = res->simulated_s;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_running")) *out = res->peak_running;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "rejected")) *out = (double)res->rejected;
+    else return false;
+    return true;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n + 4096 > cap) {
+            cap = cap ? 2 * cap : 65536;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) break;
+            buf = nb;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad || !buf) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static int scenario(const char *path, bool json)
+{
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) return kvc_cli_error(CMD, "--scenario: cannot read %s: %s", path, strerror(errno));
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    int rc = 0;
+    const cJSON *question = cJSON_GetObjectItemCaseSensitive(root, "question");
+    const cJSON *common = cJSON_GetObjectItemCaseSensitive(root, "args");
+    const cJSON *variants = cJSON_GetObjectItemCaseSensitive(root, "variants");
+    const cJSON *metrics = cJSON_GetObjectItemCaseSensitive(root, "metrics");
+    if (!cJSON_IsObject(root) || !cJSON_IsString(question) || !cJSON_IsArray(common) || !cJSON_IsArray(variants) ||
+        !cJSON_IsArray(metrics) || cJSON_GetArraySize(variants) < 1 || cJSON_GetArraySize(metrics) < 1) {
+        cJSON_Delete(root);
+        return kvc_cli_error(CMD, "--scenario %s: needs \"question\", \"args\", \"variants\" and \"metrics\"", path);
+    }
+    /* relative paths in the arguments (workloads, configs) are taken from the scenario's folder */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    int n_metrics = cJSON_GetArraySize(metrics), n_var = cJSON_GetArraySize(variants);
+    double *values = calloc((size_t)n_metrics * (size_t)n_var, sizeof(double));
+    bool *have = calloc((size_t)n_metrics * (size_t)n_var, sizeof(bool));
+    const char **names = calloc((size_t)n_var, sizeof(char *));
+    char **argv = calloc(256, sizeof(char *));
+    char **owned = calloc(256, sizeof(char *));
+    if (!values || !have || !names || !argv || !owned) rc = kvc_cli_error(CMD, "out of memory");
+    for (int v = 0; !rc && v < n_var; v++) {
+        const cJSON *var = cJSON_GetArrayItem(variants, v);
+        const cJSON *vname = cJSON_GetObjectItemCaseSensitive(var, "name");
+        const cJSON *vargs = cJSON_GetObjectItemCaseSensitive(var, "args");
+        if (!cJSON_IsString(vname) || !cJSON_IsArray(vargs)) {
+            rc = kvc_cli_error(CMD, "--scenario %s: variant %d needs \"name\" and \"args\"", path, v + 1);
+            break;
+        }
+        names[v] = vname->valuestring;
+        int argc = 0, n_owned = 0;
+        argv[argc++] = (char *)"sim";
+        const cJSON *lists[2] = {common, vargs};
+
+        for (int l = 0; l < 2 && !rc; l++) {
+            const cJSON *a;
+            cJSON_ArrayForEach(a, lists[l])
+            {
+                if (!cJSON_IsString(a) || argc >= 250) {
+                    rc = kvc_cli_error(CMD, "--scenario %s: arguments must be strings (at most 250)", path);
+                    break;
+                }
+                char *arg = a->valuestring;
+                /* a value naming a file next to the scenario (a workload, a config.json) */
+                if (arg[0] != '-' && arg[0] != '/' && n_owned < 256) {
+                    size_t need = strlen(dir) + strlen(arg) + 2;
+                    char *p = malloc(need);
+                    if (p) {
+                        snprintf(p, need, "%s/%s", dir, arg);
+                        if (access(p, R_OK) == 0) arg = owned[n_owned++] = p;
+                        else free(p);
+                    }
+                }
+                argv[argc++] = arg;
+            }
+        }
+        argv[argc] = NULL;
+        opts_t o;
+        kvc_report_t *report = NULL;
+        kvc_sim_result_t res;
+        if (!rc) {
+            int prc = parse(argc, argv, &o);
+            if (prc) rc = 1;
+        }
+        if (!rc) {
+            o.quiet = true;
+            if (!json) fprintf(stderr, "kvcache sim: scenario %s: running '%s'\n", path, names[v]);
+            if (run(&o, false, &report, &res)) rc = 1;
+        }
+        if (!rc) {
+            kvc_workload_t *w = NULL;
+            char err[256];
+            if (kvc_workload_load(o.workload, &o.wp, &w, err, sizeof err)) rc = kvc_cli_error(CMD, "%s", err);
+            for (int m = 0; !rc && m < n_metrics; m++) {
+                const cJSON *mn = cJSON_GetArrayItem(metrics, m);
+                if (!cJSON_IsString(mn)) {
+                    rc = kvc_cli_error(CMD, "--scenario %s: metric %d is not a string", path, m + 1);
+                    break;
+                }
+                have[v * n_metrics + m] = metric(report, &res, w, mn->valuestring, &values[v * n_metrics + m]);
+                if (!have[v * n_metrics + m])
+                    rc = kvc_cli_error(CMD, "--scenario %s: unknown metric '%s'", path, mn->valuestring);
+            }
+            kvc_workload_destroy(w);
+        }
+        kvc_report_destroy(report);
+        for (int i = 0; i < n_owned; i++) free(owned[i]);
+    }
+    if (!rc) {
+        if (json) {
+            cJSON *out = cJSON_CreateObject();
+            cJSON_AddStringToObject(out, "scenario", path);
+            cJSON_AddStringToObject(out, "question", question->valuestring);
+            cJSON *vs = cJSON_AddArrayToObject(out, "variants");
+            for (int v = 0; v < n_var; v++) {
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddStringToObject(o, "name", names[v]);
+                cJSON *mo = cJSON_AddObjectToObject(o, "metrics");
+                for (int m = 0; m < n_metrics; m++)
+                    cJSON_AddNumberToObject(mo, cJSON_GetArrayItem(metrics, m)->valuestring, values[v * n_metrics + m]);
+                cJSON_AddItemToArray(vs, o);
+            }
+            char *s = cJSON_PrintUnformatted(out);
+            if (s) puts(s);
+            free(s);
+            cJSON_Delete(out);
+        } else {
+            printf("scenario: %s\nquestion: %s\n\n%-22s", path, question->valuestring, "variant");
+            for (int m = 0; m < n_metrics; m++) printf(" %16s", cJSON_GetArrayItem(metrics, m)->valuestring);
+            putchar('\n');
+            for (int v = 0; v < n_var; v++) {
+                printf("%-22s", names[v]);
+                for (int m = 0; m < n_metrics; m++) {
+                    double x = values[v * n_metrics + m];
+                    if (x == floor(x) && fabs(x) < 1e15)
+                        printf(" %16.0f", x);
+                    else
+                        printf(" %16.3f", x);
+                }
+                putchar('\n');
+            }
+        }
+    }
+    free(values);
+    free(have);
+    free(names);
+    free(argv);
+    free(owned);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int kvc_cmd_sim(int argc, char **argv)
+{
+    opts_t o;
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc == 2 ? 0 : 1;
+    if (o.scenario) return scenario(o.scenario, o.json);
+    kvc_report_t *report = NULL;
+    kvc_sim_result_t res;
+    rc = run(&o, true, &report, &res);
+    kvc_report_destroy(report);
+    if (!rc && fflush(stdout) != 0) return kvc_cli_error(CMD, "cannot write the output: %s", strerror(errno));
+    return rc;
+}
