@@ -524,7 +524,7 @@ static int scenario(const char *path, bool json)
         }
         if (!rc) {
             o.quiet = true;
-            if (!json) fprintf(stderr, "kvcache sim: scenario %s: running '%s'\n", path, names[v]);
+            if (!json && isatty(2)) fprintf(stderr, "kvcache sim: scenario %s: running '%s'\n", path, names[v]);
             if (run(&o, false, &report, &res)) rc = 1;
         }
         if (!rc) {

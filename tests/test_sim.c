@@ -1,0 +1,400 @@
+/* test_sim.c - the simulator: the cost model against hand arithmetic, the
+ * invariants after every simulated step under every policy, determinism
+ * byte for byte, refusals, closed-loop conversations, data parallelism,
+ * and the scenarios' effects in the direction they must have. */
+#include "test_helpers.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kvc_sim_config_t config(uint32_t num_blocks)
+{
+    kvc_sim_config_t c = kvc_sim_config_default();
+    assert_ok(kvc_plan_model_preset("llama-3.1-8b", &c.model));
+    assert_ok(kvc_plan_gpu_preset("h100-sxm", &c.gpu));
+    c.num_blocks = num_blocks;
+    return c;
+}
+
+static kvc_workload_t *load_scaled(const char *spec, size_t max_requests, double time_scale)
+{
+    kvc_workload_params_t wp = kvc_workload_params_default();
+    wp.max_requests = max_requests;
+    wp.time_scale = time_scale;
+    kvc_workload_t *w = NULL;
+    char err[256];
+    if (kvc_workload_load(spec, &wp, &w, err, sizeof err)) fail_msg("workload %s: %s", spec, err);
+    return w;
+}
+
+static kvc_workload_t *load(const char *spec, size_t max_requests)
+{
+    return load_scaled(spec, max_requests, 1.0);
+}
+
+static kvc_report_t *new_report(const kvc_workload_t *w)
+{
+    kvc_report_params_t rp = kvc_report_params_default();
+    rp.tenant_names = kvc_workload_tenant_names(w);
+    rp.n_tenants = kvc_workload_n_tenants(w);
+    rp.class_names = kvc_workload_class_names(w);
+    rp.n_classes = kvc_workload_n_classes(w);
+    kvc_report_t *r;
+    assert_ok(kvc_report_create(&rp, &r));
+    return r;
+}
+
+/* Run and return the summary of a scope (tenant/class by name, or all). */
+static kvc_report_summary_t run(kvc_sim_config_t *c, kvc_workload_t *w, const char *tenant, const char *cls,
+                                kvc_sim_result_t *res)
+{
+    kvc_report_t *r = new_report(w);
+    char err[256];
+    int rc = kvc_sim_run(c, w, r, res, err, sizeof err);
+    if (rc) fail_msg("kvc_sim_run: %s", err);
+    kvc_report_summary_t s;
+    kvc_report_scope_t scope = KVC_REPORT_ALL;
+    uint32_t index = 0;
+    const char *name = tenant ? tenant : cls;
+    if (name) {
+        bool is_tenant = tenant != NULL;
+        uint32_t n = is_tenant ? kvc_workload_n_tenants(w) : kvc_workload_n_classes(w);
+        for (index = 0; index < n; index++)
+            if (!strcmp(is_tenant ? kvc_workload_tenant_name(w, index) : kvc_workload_class_name(w, index), name)) break;
+        assert_true(index < n);
+        scope = is_tenant ? KVC_REPORT_TENANT : KVC_REPORT_CLASS;
+    }
+    assert_ok(kvc_report_summary(r, scope, index, &s));
+    kvc_report_destroy(r);
+    return s;
+}
+
+/* ---- the cost model --------------------------------------------------------------------- */
+static void the_cost_model_matches_hand_arithmetic(void **state)
+{
+    (void)state;
+    kvc_sim_config_t c = config(0);
+    kvc_plan_result_t *pr = malloc(sizeof *pr);
+    char msg[256];
+    assert_ok(kvc_plan_compute(&c.model, &c.gpu, &c.plan, pr, msg, sizeof msg));
+    kvc_sim_cost_model_t cm;
+    assert_ok(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, pr, 0.002, 8e-6, &cm));
+    /* Llama-3.1-8B: per (query, key) pair, QK^T and PV over 128 dims for 32 heads in 32 layers,
+     * 2 FLOPs a multiply-add: 2 x (128 + 128) x 32 x 32 = 524,288. */
+    assert_true(cm.attn_flops_per_pair == 524288.0);
+    /* KV per token: 2 x 32 layers x 8 heads x 128 x 2 B = 131,072 */
+    assert_true(cm.kv_bytes_per_token == 131072.0);
+    /* linear: 2 FLOPs per active parameter except the embedding table */
+    double linear = 2.0 * (double)(pr->counts.active - pr->counts.embedding);
+    assert_true(fabs(cm.linear_flops_per_token - linear) < 1);
+    assert_true(cm.n_allreduce == 0); /* TP 1 */
+    /* One decode row at position 999 and one 4-token prefill chunk at 100..103:
+     * pairs = 1 x 1000 + (4 x 100 + 4 x 5 / 2) = 1410; context read = 1000 + 104. */
+    kvc_sched_entry_t e[2] = {{.first_pos = 999, .n_tokens = 1, .n_context = 1000},
+                              {.first_pos = 100, .n_tokens = 4, .n_context = 104, .prefill = true}};
+    kvc_sched_plan_t plan = {.entries = e, .n_entries = 2};
+    kvc_sim_step_cost_t d;
+    double t = kvc_sim_step_time(&cm, &plan, &d);
+    double compute = 5 * cm.linear_flops_per_token / cm.flops_per_s + 1410 * 524288.0 / cm.attn_flops_per_s;
+    double memory = (cm.dense_weight_bytes + 131072.0 * (1104 + 5)) / cm.bytes_per_s;
+    assert_true(fabs(d.compute_s - compute) < 1e-12);
+    assert_true(fabs(d.memory_s - memory) < 1e-12);
+    assert_true(fabs(t - (KVC_MAX(compute, memory) + 0.002)) < 1e-12);
+    assert_true(memory > compute); /* a small batch is bandwidth-bound */
+    /* swap traffic adds bytes / host link */
+    plan.swap_out_bytes = 64000000000ULL;
+    t = kvc_sim_step_time(&cm, &plan, &d);
+    assert_true(fabs(d.swap_s - 64e9 / cm.host_link_bytes_per_s) < 1e-9);
+    /* TP 2: two all-reduces per layer, ring: 2 (tp - 1) / tp x bytes / link + latency */
+    c.plan.tp = 2;
+    assert_ok(kvc_plan_compute(&c.model, &c.gpu, &c.plan, pr, msg, sizeof msg));
+    assert_ok(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, pr, 0.002, 8e-6, &cm));
+    assert_int_equal(cm.n_allreduce, 64);
+    plan.swap_out_bytes = 0;
+    (void)kvc_sim_step_time(&cm, &plan, &d);
+    double comm = 64 * (8e-6 + 1.0 * 8192 * 5 / cm.link_bytes_per_s);
+    assert_true(fabs(d.comm_s - comm) < 1e-12);
+    /* MoE: the share of experts a step reads grows with its tokens */
+    kvc_sim_config_t m = config(0);
+    assert_ok(kvc_plan_model_preset("mixtral-8x7b", &m.model));
+    m.plan.tp = 2;
+    assert_ok(kvc_plan_compute(&m.model, &m.gpu, &m.plan, pr, msg, sizeof msg));
+    assert_ok(kvc_sim_cost_model(&m.model, &m.gpu, &m.plan, pr, 0, 0, &cm));
+    assert_true(cm.experts_per_token_share == 0.25); /* 2 of 8 */
+    kvc_sched_entry_t one = {.first_pos = 0, .n_tokens = 1, .n_context = 1};
+    kvc_sched_plan_t p1 = {.entries = &one, .n_entries = 1};
+    (void)kvc_sim_step_time(&cm, &p1, &d);
+    double b1 = d.bytes_read;
+    one.n_tokens = 64;
+    (void)kvc_sim_step_time(&cm, &p1, &d);
+    assert_true(d.bytes_read > b1 + 0.9 * 0.75 * cm.expert_weight_bytes); /* nearly all read */
+    assert_int_equal(kvc_sim_cost_model(NULL, &c.gpu, &c.plan, pr, 0, 0, &cm), KVC_EINVAL);
+    free(pr);
+}
+
+/* ---- whole runs ------------------------------------------------------------------------------ */
+static void every_policy_keeps_the_invariants_at_every_step(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=30,n=400,prompt=600,output=80", 0);
+    for (int adm = 0; adm < 3; adm++)
+        for (int pre = 0; pre < 3; pre++)
+            for (int spec = 0; spec < 2; spec++) {
+                kvc_sim_config_t c = config(300); /* tight: preemptions happen */
+                c.sched.admission = (kvc_admission_t)adm;
+                c.sched.preemption = (kvc_preemption_t)pre;
+                c.sched.expected_output = 100;
+                c.sched.spec_tokens = spec ? 3 : 0;
+                c.check_every_step = true; /* kvc_sched_check, the budget, the running cap */
+                kvc_sim_result_t res;
+                kvc_report_summary_t s = run(&c, w, NULL, NULL, &res); /* checks every step */
+                assert_int_equal(s.completed, 400);
+                assert_int_equal(res.completed + res.rejected, 400);
+                if (pre == KVC_PREEMPT_SWAP) assert_int_equal(res.recomputed_tokens, 0);
+            }
+    kvc_workload_destroy(w);
+}
+
+static char *run_json(kvc_sim_config_t *c, kvc_workload_t *w)
+{
+    kvc_report_t *r = new_report(w);
+    kvc_sim_result_t res;
+    char err[256];
+    assert_ok(kvc_sim_run(c, w, r, &res, err, sizeof err));
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_ok(kvc_report_write_json(r, f));
+    assert_ok(kvc_report_write_csv(r, f));
+    fclose(f);
+    kvc_report_destroy(r);
+    return buf;
+}
+
+static void same_seed_same_report_byte_for_byte(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/chat_multiturn.json", 600);
+    kvc_sim_config_t c = config(2000);
+    c.sched.spec_tokens = 2;
+    c.closed_loop = true;
+    char *a = run_json(&c, w), *b = run_json(&c, w);
+    assert_string_equal(a, b);
+    c.seed = 2; /* another seed: other draft acceptances and hashes, another report */
+    char *d = run_json(&c, w);
+    assert_string_not_equal(a, d);
+    for (const char *k = "\"completed\"\0\"ttft_ms\"\0\"tpot_ms\"\0\"e2e_ms\"\0\"p50\"\0\"p90\"\0\"p99\"\0"
+                         "\"throughput_tokens_per_s\"\0\"goodput_requests_per_s\"\0\"prefix_hit_rate\"\0"
+                         "\"preemptions\"\0\"recomputed_tokens\"\0\"swapped_bytes\"\0\"peak_kv_blocks\"\0"
+                         "\"simulated_seconds\"\0";
+         *k; k += strlen(k) + 1)
+        if (!strstr(a, k)) fail_msg("the JSON report lacks %s", k);
+    free(a);
+    free(b);
+    free(d);
+    kvc_workload_destroy(w);
+}
+
+static void over_long_requests_are_refused_and_counted(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=5,n=20,prompt=2000,output=10", 0);
+    kvc_sim_config_t c = config(50); /* 800 tokens: every 2,000-token prompt can never fit */
+    kvc_report_t *r = new_report(w);
+    kvc_sim_result_t res;
+    char err[256];
+    assert_ok(kvc_sim_run(&c, w, r, &res, err, sizeof err));
+    assert_int_equal(res.rejected, 20);
+    assert_int_equal(res.completed, 0);
+    kvc_report_destroy(r);
+    /* over max_model_len */
+    c = config(1000);
+    c.plan.max_model_len = 1024;
+    c.plan.prompt_tokens = 500; /* the planner's typical request must fit max_model_len too */
+    c.plan.output_tokens = 100;
+    r = new_report(w);
+    assert_ok(kvc_sim_run(&c, w, r, &res, err, sizeof err));
+    assert_int_equal(res.rejected, 20);
+    kvc_report_destroy(r);
+    /* a deployment that does not start, and no pool given: a clear error */
+    c = config(0);
+    assert_ok(kvc_plan_model_preset("llama-3.1-70b", &c.model));
+    c.plan.tp = 2;
+    r = new_report(w);
+    assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_EINVAL);
+    assert_non_null(strstr(err, "does not start"));
+    kvc_report_destroy(r);
+    kvc_workload_destroy(w);
+}
+
+static void closed_loop_turns_wait_for_the_previous_turn(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/chat_multiturn.json", 300);
+    kvc_sim_config_t c = config(3000);
+    c.closed_loop = true;
+    kvc_sim_result_t open_res, closed_res;
+    kvc_report_summary_t closed = run(&c, w, NULL, NULL, &closed_res);
+    c.closed_loop = false;
+    kvc_report_summary_t open = run(&c, w, NULL, NULL, &open_res);
+    assert_int_equal(closed.completed, open.completed);
+    /* a turn that waits for its predecessor starts later: the run lasts longer */
+    assert_true(closed_res.simulated_s > open_res.simulated_s);
+    kvc_workload_destroy(w);
+}
+
+static void data_parallel_replicas_split_the_work(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=40,n=600,prompt=500,output=100", 0);
+    kvc_sim_config_t c = config(2000);
+    kvc_sim_result_t r1, r2;
+    kvc_report_summary_t one = run(&c, w, NULL, NULL, &r1);
+    c.plan.dp = 2;
+    kvc_report_summary_t two = run(&c, w, NULL, NULL, &r2);
+    assert_int_equal(one.completed, 600);
+    assert_int_equal(two.completed, 600);
+    assert_int_equal(r2.n_replicas, 2);
+    assert_true(two.e2e_ms.p50 < one.e2e_ms.p50); /* half the load per replica */
+    kvc_workload_destroy(w);
+}
+
+/* ---- the scenarios' effects, on smaller runs ---------------------------------------------------- */
+static void reserve_for_max_output_admits_fewer_than_greedy(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/scenarios/reserve.workload.json", 600);
+    kvc_sim_config_t c = config(2000);
+    kvc_sim_result_t g, m;
+    kvc_report_summary_t sg = run(&c, w, NULL, NULL, &g);
+    c.sched.admission = KVC_ADMIT_RESERVE_MAX;
+    kvc_report_summary_t sm = run(&c, w, NULL, NULL, &m);
+    assert_true(m.peak_running < g.peak_running);
+    assert_int_equal(m.preemptions, 0); /* a started request never waits */
+    assert_true(sm.throughput_tokens_per_s < sg.throughput_tokens_per_s);
+    kvc_workload_destroy(w);
+}
+
+static void swap_moves_bytes_where_recompute_redoes_work(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/scenarios/victim.workload.json", 300);
+    kvc_sim_config_t c = config(1100);
+    kvc_sim_result_t rec, swp;
+    run(&c, w, NULL, NULL, &rec);
+    c.sched.preemption = KVC_PREEMPT_SWAP;
+    run(&c, w, NULL, NULL, &swp);
+    assert_true(rec.preemptions > 0 && swp.preemptions > 0);
+    assert_true(rec.recomputed_tokens > 0 && rec.swapped_out_bytes == 0);
+    assert_true(swp.recomputed_tokens == 0 && swp.swapped_out_bytes > 0);
+    kvc_workload_destroy(w);
+}
+
+static void a_batch_kv_cap_protects_interactive_tokens(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/interactive_and_batch.json", 1500);
+    kvc_sim_config_t c = config(6000);
+    kvc_sim_result_t a, b;
+    kvc_report_summary_t free_ = run(&c, w, NULL, "interactive", &a);
+    c.sched.class_kv_cap[1] = 0.3;
+    kvc_report_summary_t capped = run(&c, w, NULL, "interactive", &b);
+    assert_true(capped.tpot_ms.p50 < free_.tpot_ms.p50);
+    kvc_workload_destroy(w);
+}
+
+static void kv_quotas_protect_a_tenant_where_count_limits_do_not(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/scenarios/tenant_quota.workload.json", 500);
+    kvc_sim_config_t c = config(16000);
+    kvc_sim_result_t r;
+    c.sched.tenant_max_running = 2;
+    kvc_report_summary_t count = run(&c, w, "web", NULL, &r);
+    c.sched.tenant_max_running = 0;
+    c.sched.tenant_kv_share = 0.55;
+    kvc_report_summary_t quota = run(&c, w, "web", NULL, &r);
+    assert_true(quota.ttft_ms.p50 < count.ttft_ms.p50 / 10);
+    kvc_workload_destroy(w);
+}
+
+static void a_long_request_cap_protects_regular_traffic(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/scenarios/long_cap.workload.json", 0);
+    kvc_sim_config_t c = config(0);
+    char msg[256];
+    assert_ok(kvc_plan_model_load(KVC_SOURCE_DIR "/examples/scenarios/llama-3-8b-262k.config.json", &c.model, msg,
+                                  sizeof msg));
+    kvc_sim_result_t a, b;
+    kvc_report_summary_t free_ = run(&c, w, "regular", NULL, &a);
+    c.sched.long_threshold = 32768;
+    c.sched.long_kv_cap = 0.5;
+    kvc_report_summary_t capped = run(&c, w, "regular", NULL, &b);
+    assert_true(capped.ttft_ms.p50 < free_.ttft_ms.p50 / 4);
+    assert_int_equal(b.rejected, 0);
+    kvc_workload_destroy(w);
+}
+
+static void prefix_caching_hits_the_conversation_history(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/chat_multiturn.json", 800);
+    kvc_sim_config_t c = config(8000);
+    c.closed_loop = true;
+    kvc_sim_result_t a, b;
+    kvc_report_summary_t on = run(&c, w, NULL, NULL, &a);
+    c.prefix_caching = false;
+    kvc_report_summary_t off = run(&c, w, NULL, NULL, &b);
+    assert_true(on.prefix_hit_rate > 0.3);
+    assert_true(off.prefix_hit_rate == 0);
+    assert_true(on.ttft_ms.p50 < off.ttft_ms.p50);
+    kvc_workload_destroy(w);
+}
+
+static void a_bigger_pool_hits_more_of_the_mooncake_trace(void **state)
+{
+    (void)state;
+    /* arrivals stretched 3x, so that one replica keeps up (as in examples/scenarios/mooncake.json) */
+    kvc_workload_t *w = load_scaled(KVC_SHARED_DIR "/traces/mooncake_synthetic_trace.jsonl",
+                                    KVC_TEST_SANITIZED ? 400 : 1200, 3.0);
+    kvc_sim_config_t c = config(0);
+    char msg[256];
+    assert_ok(kvc_plan_model_load(KVC_SOURCE_DIR "/examples/scenarios/llama-3-8b-262k.config.json", &c.model, msg,
+                                  sizeof msg));
+    double prev = -1, first = -1;
+    for (uint32_t nb = 13000; nb <= 104000; nb *= 2) {
+        c.num_blocks = nb;
+        kvc_sim_result_t r;
+        kvc_report_summary_t s = run(&c, w, NULL, NULL, &r);
+        print_message("mooncake, %u blocks: prefix hit rate %.3f\n", nb, s.prefix_hit_rate);
+        assert_true(s.prefix_hit_rate >= prev);
+        prev = s.prefix_hit_rate;
+        if (first < 0) first = prev;
+    }
+    assert_true(prev > 2 * first && prev > 0.02);
+    kvc_workload_destroy(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(the_cost_model_matches_hand_arithmetic),
+        cmocka_unit_test(every_policy_keeps_the_invariants_at_every_step),
+        cmocka_unit_test(same_seed_same_report_byte_for_byte),
+        cmocka_unit_test(over_long_requests_are_refused_and_counted),
+        cmocka_unit_test(closed_loop_turns_wait_for_the_previous_turn),
+        cmocka_unit_test(data_parallel_replicas_split_the_work),
+        cmocka_unit_test(reserve_for_max_output_admits_fewer_than_greedy),
+        cmocka_unit_test(swap_moves_bytes_where_recompute_redoes_work),
+        cmocka_unit_test(a_batch_kv_cap_protects_interactive_tokens),
+        cmocka_unit_test(kv_quotas_protect_a_tenant_where_count_limits_do_not),
+        cmocka_unit_test(a_long_request_cap_protects_regular_traffic),
+        cmocka_unit_test(prefix_caching_hits_the_conversation_history),
+        cmocka_unit_test(a_bigger_pool_hits_more_of_the_mooncake_trace),
+    };
+    return cmocka_run_group_tests_name("sim", tests, NULL, NULL);
+}
