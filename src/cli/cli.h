@@ -43,7 +43,7 @@ void kvc_cli_deploy_init(kvc_cli_deploy_t *d);
 /* Handle option ch if it is a shared one: 1 handled, 0 not ours, -1 bad value (the one-line
  * error is printed). */
 int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *cmd, int ch, const char *opt_name,
-                          const char *optarg);
+                          const char *value);
 /* After parsing: the model (preset or config.json) and the GPU (preset or numbers).  0, or
  * 1 with the one-line error printed. */
 int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *cmd, kvc_plan_model_t *model,

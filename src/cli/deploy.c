@@ -148,45 +148,45 @@ void kvc_cli_list_presets(void)
     }
 }
 
-int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const char *opt_name, const char *optarg)
+int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const char *opt_name, const char *value)
 {
     kvc_plan_params_t *pp = &d->p;
     uint64_t u;
     double dv;
 #define U64(lo, hi, field)                                                                      \
     do {                                                                                        \
-        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                             \
+        if (!kvc_cli_parse_u64(value, lo, hi, &u))                                             \
             return -kvc_cli_error(CMD, "%s: '%s' is not a whole number in %llu..%llu", opt_name, \
-                                 optarg, (unsigned long long)(lo), (unsigned long long)(hi));   \
+                                 value, (unsigned long long)(lo), (unsigned long long)(hi));   \
         field = u;                                                                              \
     } while (0)
 #define DBL(lo, hi, field)                                                                    \
     do {                                                                                      \
-        if (!kvc_cli_parse_double(optarg, lo, hi, &dv))                                                \
-            return -kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, optarg, \
+        if (!kvc_cli_parse_double(value, lo, hi, &dv))                                                \
+            return -kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, value, \
                                  (double)(lo), (double)(hi));                                 \
         field = dv;                                                                            \
     } while (0)
 #define SIZE(field)                                                                         \
     do {                                                                                    \
-        if (kvc_plan_parse_bytes(optarg, &u))                                               \
+        if (kvc_plan_parse_bytes(value, &u))                                               \
             return -kvc_cli_error(CMD, "%s: '%s' is not a size (e.g. 80GiB, 512MiB, 1.5e9)", \
-                                 opt_name, optarg);                                         \
+                                 opt_name, value);                                         \
         field = u;                                                                          \
     } while (0)
 #define RATE(field)                                                                              \
     do {                                                                                         \
-        if (kvc_plan_parse_rate(optarg, &dv) || !(dv > 0))                                         \
+        if (kvc_plan_parse_rate(value, &dv) || !(dv > 0))                                         \
             return -kvc_cli_error(CMD, "%s: '%s' is not a positive rate (e.g. 3.35TB/s, 64GB/s)", \
-                                 opt_name, optarg);                                              \
+                                 opt_name, value);                                              \
         field = dv;                                                                               \
     } while (0)
     switch (ch) {
         case KVC_CLI_MODEL:
-            d->model_arg = optarg;
+            d->model_arg = value;
             break;
         case KVC_CLI_GPU:
-            d->gpu_arg = optarg;
+            d->gpu_arg = value;
             break;
         case KVC_CLI_GPU_MEMORY:
             SIZE(d->g_mem);
@@ -220,18 +220,18 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const ch
             U64(1, 65536, pp->dp);
             break;
         case KVC_CLI_WEIGHT_DTYPE:
-            if (kvc_plan_dtype_parse(optarg, &pp->weight_dtype))
+            if (kvc_plan_dtype_parse(value, &pp->weight_dtype))
                 return -kvc_cli_error(CMD, "--weight-dtype: '%s' is not bf16, fp16, fp8 or int4",
-                                     optarg);
+                                     value);
             break;
         case KVC_CLI_KV_DTYPE:
-            if (kvc_plan_dtype_parse(optarg, &pp->kv_dtype) || pp->kv_dtype == KVC_PLAN_INT4)
-                return -kvc_cli_error(CMD, "--kv-dtype: '%s' is not bf16, fp16 or fp8", optarg);
+            if (kvc_plan_dtype_parse(value, &pp->kv_dtype) || pp->kv_dtype == KVC_PLAN_INT4)
+                return -kvc_cli_error(CMD, "--kv-dtype: '%s' is not bf16, fp16 or fp8", value);
             break;
         case KVC_CLI_BLOCK_SIZE:
             U64(1, 1024, pp->block_size);
             if (pp->block_size & (pp->block_size - 1))
-                return -kvc_cli_error(CMD, "--block-size: '%s' is not a power of two", optarg);
+                return -kvc_cli_error(CMD, "--block-size: '%s' is not a power of two", value);
             break;
         case KVC_CLI_UTIL:
             DBL(1e-6, 1, pp->gpu_memory_utilization);

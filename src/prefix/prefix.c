@@ -197,7 +197,7 @@ static inline kvc_token_t *entry_tokens(const kvc_prefix_t *pc, uint32_t b)
 
 static inline extra_t *entry_extras(const kvc_prefix_t *pc, uint32_t b)
 {
-    return pc->extras + (size_t)b * pc->params.max_extra_keys;
+    return pc->extras ? pc->extras + (size_t)b * pc->params.max_extra_keys : NULL; /* none kept */
 }
 
 /* What a candidate must equal besides its hash: for full-attention groups the exact parent
