@@ -475,7 +475,7 @@ int kvc_plan_compute(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
 uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n_tokens);
 
 /* Render the derivation as text (twelve sections: formula, numbers
- * substituted, result, kind) or as one JSON object (keys in docs/plan.md).
+ * substituted, result, kind) or as one JSON object (keys in the README).
  * *out is a NUL-terminated string the caller frees with kvc_plan_string_free.
  * Returns 0 or KVC_ENOMEM. */
 int kvc_plan_render_text(const kvc_plan_result_t *r, char **out);
