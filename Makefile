@@ -34,8 +34,15 @@ test: build build-asan
 test-fast: build
 	@ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
+# A short tour: one request's path through the prefix cache, a deployment that
+# does not start and why, and a scheduling question answered by the simulator.
 demo: build
-	@./$(BUILD)/kvcache explain --pool-blocks 12 --block-size 4 examples/prompts.txt
+	@echo "== kvcache explain: prompts through a 12-block prefix cache =="
+	@./$(BUILD)/kvcache explain --seed 7 --pool-blocks 12 --block-size 4 examples/prompts.txt
+	@echo "== kvcache plan: Llama-3.1-70B in bf16 on two H100s (TP 2) =="
+	@./$(BUILD)/kvcache plan --model llama-3.1-70b --gpu h100-sxm --tp 2 | sed -n '/^3\. Does it start/,/^4\./p' | head -n -1 || true
+	@echo "== kvcache sim: what does prefix caching save on multi-turn chat? =="
+	@./$(BUILD)/kvcache sim --scenario examples/scenarios/multiturn.json
 
 bench: build
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b; done
