@@ -30,10 +30,10 @@
 #define N_TOKENS 2048
 #define N_FULL   (N_TOKENS / BS)
 #define VOCAB    128000
-#define BANK     256 /* fresh prompts for C: 256 * 128 blocks >> the pool, so none is cached when reused */
+#define BANK \
+    256 /* fresh prompts for C: 256 * 128 blocks >> the pool, so none is cached when reused */
 
 static int reps = 9;
-
 
 static void die(const char *what, int rc)
 {
@@ -191,7 +191,8 @@ int main(int argc, char **argv)
     /* Warm up: fill the pool with cached blocks so every allocation below evicts. */
     int next_prompt = 0;
     for (int p = 0; p < N_BLOCKS / N_FULL + 2; p++, next_prompt++) {
-        kvc_prefix_query_t qc = {.tokens = bank + (size_t)(next_prompt % BANK) * N_TOKENS, .n_tokens = N_TOKENS};
+        kvc_prefix_query_t qc = {.tokens = bank + (size_t)(next_prompt % BANK) * N_TOKENS,
+                                 .n_tokens = N_TOKENS};
         if (kvc_pool_alloc(c.pool, N_FULL, table)) die("alloc", KVC_ENOSPC);
         insert_all(&c, &qc, table, 0);
         kvc_pool_release(c.pool, table, N_FULL);
@@ -203,7 +204,8 @@ int main(int argc, char **argv)
     for (int k = 0; k < reps; k++) {
         uint64_t t0 = kvc_now_ns();
         for (int i = 0; i < c_iters; i++, next_prompt++) {
-            kvc_prefix_query_t qc = {.tokens = bank + (size_t)(next_prompt % BANK) * N_TOKENS, .n_tokens = N_TOKENS};
+            kvc_prefix_query_t qc = {.tokens = bank + (size_t)(next_prompt % BANK) * N_TOKENS,
+                                     .n_tokens = N_TOKENS};
             kvc_prefix_hash(c.pc, &qc, hashes, N_FULL, &n);
             qc.hashes = hashes;
             kvc_prefix_hit_t hit;
@@ -234,7 +236,8 @@ int main(int argc, char **argv)
     printf("| floor: one DRAM miss (dependent load, 512 MiB) | %.0f ns | |\n", miss_ns);
     printf("| floor: hash + one miss per block (128) | %.2f us | 1.00x |\n", floor_us);
     printf("| A1: alloc 128 + free 128 | %.1f M blocks/s | |\n", kvc_bench_median(a1, reps) / 1e6);
-    printf("| A2: alloc 1 x 128 + free 1 x 128 | %.1f M blocks/s | |\n", kvc_bench_median(a2, reps) / 1e6);
+    printf("| A2: alloc 1 x 128 + free 1 x 128 | %.1f M blocks/s | |\n",
+           kvc_bench_median(a2, reps) / 1e6);
     printf("| B: hash only | %.2f us | |\n", kvc_bench_median(b_hash, reps));
     printf("| B: lookup + pin (127 hit) | %.2f us | |\n", kvc_bench_median(b_lookup, reps));
     printf("| B: free in reverse | %.2f us | |\n", kvc_bench_median(b_free, reps));

@@ -17,14 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-
-#define CHECK(expr)                                                                        \
-    do {                                                                                   \
-        int rc_ = (expr);                                                                  \
-        if (rc_) {                                                                         \
-            fprintf(stderr, "bench_seq: %s: %s\n", #expr, kvc_strerror(rc_));             \
-            exit(1);                                                                       \
-        }                                                                                  \
+#define CHECK(expr)                                                           \
+    do {                                                                      \
+        int rc_ = (expr);                                                     \
+        if (rc_) {                                                            \
+            fprintf(stderr, "bench_seq: %s: %s\n", #expr, kvc_strerror(rc_)); \
+            exit(1);                                                          \
+        }                                                                     \
     } while (0)
 
 typedef struct {
@@ -113,7 +112,8 @@ int main(int argc, char **argv)
             while (nb < W) {
                 kvc_beam_choice_t ch[16];
                 uint32_t n2 = KVC_MIN(2 * nb, W);
-                for (uint32_t j = 0; j < n2; j++) ch[j] = (kvc_beam_choice_t){.parent = j % nb, .token = (kvc_token_t)j};
+                for (uint32_t j = 0; j < n2; j++)
+                    ch[j] = (kvc_beam_choice_t){.parent = j % nb, .token = (kvc_token_t)j};
                 CHECK(kvc_seq_beam_step(e.seqs, beams, nb, ch, n2, next, NULL));
                 nb = n2;
                 memcpy(beams, next, nb * sizeof *beams);
@@ -124,7 +124,8 @@ int main(int argc, char **argv)
                 /* the typical shape: the best half of the beams each spawn two */
                 kvc_beam_choice_t ch[16];
                 for (uint32_t j = 0; j < W; j++)
-                    ch[j] = (kvc_beam_choice_t){.parent = j / 2, .token = (kvc_token_t)kvc_rng_below(&r, 128000)};
+                    ch[j] = (kvc_beam_choice_t){.parent = j / 2,
+                                                .token = (kvc_token_t)kvc_rng_below(&r, 128000)};
                 uint64_t t0 = kvc_now_ns();
                 CHECK(kvc_seq_beam_step(e.seqs, beams, W, ch, W, next, NULL));
                 total += kvc_now_ns() - t0;
@@ -133,7 +134,8 @@ int main(int argc, char **argv)
                 if (s % 200 == 199) { /* keep the sequences short: restart from the prompt */
                     for (uint32_t j = 1; j < W; j++) CHECK(kvc_seq_destroy(e.seqs, beams[j]));
                     kvc_beam_choice_t grow_ch[16];
-                    for (uint32_t j = 0; j < W; j++) grow_ch[j] = (kvc_beam_choice_t){.parent = 0, .token = (kvc_token_t)j};
+                    for (uint32_t j = 0; j < W; j++)
+                        grow_ch[j] = (kvc_beam_choice_t){.parent = 0, .token = (kvc_token_t)j};
                     CHECK(kvc_seq_beam_step(e.seqs, beams, 1, grow_ch, W, next, NULL));
                     memcpy(beams, next, W * sizeof *beams);
                     for (uint32_t j = 0; j < W; j++) CHECK(kvc_seq_complete(e.seqs, beams[j], 1));
@@ -173,11 +175,16 @@ int main(int argc, char **argv)
     }
     free_env(&e);
 
-    printf("kvcache bench_seq: block size 16, 1,000-token prompt, metadata-only pool, medians of %d runs\n\n", reps);
+    printf("kvcache bench_seq: block size 16, 1,000-token prompt, metadata-only pool, medians of "
+           "%d runs\n\n",
+           reps);
     printf("| operation | result |\n|---|---|\n");
-    printf("| fork + write one token (one CoW copy) + destroy | %.2f M/s |\n", kvc_bench_median(fork_rate, reps) / 1e6);
-    printf("| beam step, 4 beams (2 die, 2 fork, 4 appends) | %.2f us |\n", kvc_bench_median(beam_us[0], reps));
-    printf("| beam step, 16 beams (8 die, 8 fork, 16 appends) | %.2f us |\n", kvc_bench_median(beam_us[1], reps));
+    printf("| fork + write one token (one CoW copy) + destroy | %.2f M/s |\n",
+           kvc_bench_median(fork_rate, reps) / 1e6);
+    printf("| beam step, 4 beams (2 die, 2 fork, 4 appends) | %.2f us |\n",
+           kvc_bench_median(beam_us[0], reps));
+    printf("| beam step, 16 beams (8 die, 8 fork, 16 appends) | %.2f us |\n",
+           kvc_bench_median(beam_us[1], reps));
     printf("| 4 drafts: append + reserve + complete + roll back all + bonus | %.2f M/s |\n",
            kvc_bench_median(draft_rate, reps) / 1e6);
     return 0;

@@ -94,8 +94,7 @@ static inline int harness_step(harness_t *h, kvc_seq_t s, uint32_t n)
     size_t nt;
     assert_ok(kvc_seq_tokens(h->seqs, s, &tok, &nt));
     for (uint32_t g = 0; g < h->n_groups; g++)
-        for (uint32_t i = 0; i < n; i++)
-            h->kv[slots[(size_t)g * n + i]] = tok[info.n_reserved + i];
+        for (uint32_t i = 0; i < n; i++) h->kv[slots[(size_t)g * n + i]] = tok[info.n_reserved + i];
     free(slots);
     assert_ok(kvc_seq_complete(h->seqs, s, n));
     return 0;
@@ -115,13 +114,16 @@ static inline void harness_readback(const harness_t *h, kvc_seq_t s, const uint3
         uint32_t n;
         assert_ok(kvc_seq_table(h->seqs, s, g, &table, &n));
         size_t from = 0;
-        if (window && window[g] && info.n_computed + 1 > window[g]) from = info.n_computed + 1 - window[g];
+        if (window && window[g] && info.n_computed + 1 > window[g])
+            from = info.n_computed + 1 - window[g];
         for (size_t pos = from; pos < info.n_computed; pos++) {
             uint32_t b = table[pos / h->bs];
-            if (b == KVC_NONE) fail_msg("group %u position %zu: block released inside the window", g, pos);
+            if (b == KVC_NONE)
+                fail_msg("group %u position %zu: block released inside the window", g, pos);
             int32_t got = h->kv[(size_t)b * h->bs + pos % h->bs];
             if (got != tok[pos])
-                fail_msg("group %u position %zu reads token %d, the sequence has %d", g, pos, got, tok[pos]);
+                fail_msg("group %u position %zu reads token %d, the sequence has %d", g, pos, got,
+                         tok[pos]);
         }
     }
 }

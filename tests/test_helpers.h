@@ -25,16 +25,16 @@
 /* Randomized tests run this many times fewer iterations under the sanitizers. */
 #define KVC_TEST_SANITIZER_DIVISOR (KVC_TEST_SANITIZED ? 8 : 1)
 
-#define assert_ok(expr)                                                                    \
-    do {                                                                                   \
-        int rc_ = (expr);                                                                  \
-        if (rc_ != 0) fail_msg("%s failed: %s (%d)", #expr, kvc_strerror(rc_), rc_);        \
+#define assert_ok(expr)                                                              \
+    do {                                                                             \
+        int rc_ = (expr);                                                            \
+        if (rc_ != 0) fail_msg("%s failed: %s (%d)", #expr, kvc_strerror(rc_), rc_); \
     } while (0)
 
-#define assert_pool_ok(pool)                                                               \
-    do {                                                                                   \
-        char msg_[256];                                                                    \
-        if (kvc_pool_check((pool), msg_, sizeof msg_)) fail_msg("pool check: %s", msg_);  \
+#define assert_pool_ok(pool)                                                             \
+    do {                                                                                 \
+        char msg_[256];                                                                  \
+        if (kvc_pool_check((pool), msg_, sizeof msg_)) fail_msg("pool check: %s", msg_); \
     } while (0)
 
 #define assert_prefix_ok(pc)                                                               \

@@ -20,7 +20,8 @@ static kvc_pool_t *make_pool(uint32_t n_blocks, uint32_t block_size)
 static uint32_t queue(const kvc_pool_t *pool, uint32_t *out, uint32_t cap)
 {
     uint32_t n = 0;
-    for (uint32_t b = kvc_pool_free_next(pool, KVC_NONE); b != KVC_NONE; b = kvc_pool_free_next(pool, b)) {
+    for (uint32_t b = kvc_pool_free_next(pool, KVC_NONE); b != KVC_NONE;
+         b = kvc_pool_free_next(pool, b)) {
         assert_true(n < cap);
         out[n++] = b;
     }
@@ -53,7 +54,8 @@ static void create_rejects_bad_parameters(void **state)
     p.storage = (kvc_storage_desc_t){.n_layers = 2, .n_kv_heads = 2, .head_dim = 64, .n_kv = 3};
     assert_int_equal(kvc_pool_create(&p, &pool), KVC_EINVAL);
     /* sizes that overflow are refused, not wrapped */
-    p.storage = (kvc_storage_desc_t){.n_layers = UINT32_MAX, .n_kv_heads = UINT32_MAX, .head_dim = UINT32_MAX};
+    p.storage = (kvc_storage_desc_t){
+        .n_layers = UINT32_MAX, .n_kv_heads = UINT32_MAX, .head_dim = UINT32_MAX};
     assert_int_equal(kvc_pool_create(&p, &pool), KVC_EOVERFLOW);
     p.n_blocks = 1u << 31;
     p.storage = (kvc_storage_desc_t){.n_layers = 1024, .n_kv_heads = 1024, .head_dim = 1024};
@@ -90,8 +92,8 @@ static void storage_layout_is_block_major_and_aligned(void **state)
     kvc_pool_params_t p = kvc_pool_params_default();
     p.n_blocks = 3;
     p.block_size = 16;
-    p.storage = (kvc_storage_desc_t){.n_layers = 2, .n_kv_heads = 4, .head_dim = 8,
-                                     .dtype = KVC_DTYPE_BF16, .scale_bytes = 10};
+    p.storage = (kvc_storage_desc_t){
+        .n_layers = 2, .n_kv_heads = 4, .head_dim = 8, .dtype = KVC_DTYPE_BF16, .scale_bytes = 10};
     kvc_pool_t *pool;
     assert_ok(kvc_pool_create(&p, &pool));
     /* (layers 2, kv 2, heads 4, tokens 16, dim 8) * 2 bytes = 4096, + 10 scale bytes, padded to
@@ -120,8 +122,8 @@ static void storage_layout_is_block_major_and_aligned(void **state)
     kvc_pool_destroy(pool);
 
     /* MLA: one latent per layer (n_kv = 1), fp8 */
-    p.storage = (kvc_storage_desc_t){.n_layers = 3, .n_kv_heads = 1, .head_dim = 576, .n_kv = 1,
-                                     .dtype = KVC_DTYPE_FP8_E4M3};
+    p.storage = (kvc_storage_desc_t){
+        .n_layers = 3, .n_kv_heads = 1, .head_dim = 576, .n_kv = 1, .dtype = KVC_DTYPE_FP8_E4M3};
     assert_ok(kvc_pool_create(&p, &pool));
     assert_int_equal(kvc_pool_block_bytes(pool), 3 * 16 * 576);
     assert_null(kvc_pool_kv_data(pool, 0, 0, 1));

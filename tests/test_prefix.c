@@ -42,7 +42,8 @@ static void free_cache(cache_t *c)
 /* Run a request as a server would: look up (pin), allocate the rest, insert the full blocks
  * (sharing an already-cached copy when insert reports one), return the table in `table` and
  * its length.  The caller releases it. */
-static size_t run_request(cache_t *c, const kvc_prefix_query_t *q, uint32_t *table, kvc_prefix_hit_t *hit)
+static size_t run_request(cache_t *c, const kvc_prefix_query_t *q, uint32_t *table,
+                          kvc_prefix_hit_t *hit)
 {
     uint32_t bs = kvc_pool_block_size(c->pool);
     size_t n_all = (q->n_tokens + bs - 1) / bs, n_full = q->n_tokens / bs;
@@ -200,7 +201,8 @@ static void multimodal_inputs_key_the_blocks_they_overlap(void **state)
     for (int i = 0; i < 3; i++) assert_true(kvc_hash128_eq(img_a[i], img_b[i]));
     /* too many inputs in one block: ERANGE (max_extra_keys = 4) */
     kvc_mm_input_t many[5];
-    for (int i = 0; i < 5; i++) many[i] = (kvc_mm_input_t){.hash = {(uint64_t)i, 0}, .start = 0, .length = 1};
+    for (int i = 0; i < 5; i++)
+        many[i] = (kvc_mm_input_t){.hash = {(uint64_t)i, 0}, .start = 0, .length = 1};
     q.mm = many;
     q.n_mm = 5;
     assert_int_equal(kvc_prefix_hash(c.pc, &q, h, 3, &n), KVC_ERANGE);
@@ -349,7 +351,8 @@ static void namespaces_isolate_tenants_adapters_and_epochs(void **state)
     (void)state;
     cache_t c = make_cache(32);
     kvc_token_t t[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-    kvc_namespace_t tenant_a = {0}, tenant_b = {0}, lora = {.lora_id = 5}, epoch = {.weight_epoch = 2};
+    kvc_namespace_t tenant_a = {0}, tenant_b = {0}, lora = {.lora_id = 5},
+                    epoch = {.weight_epoch = 2};
     kvc_namespace_set_salt(&tenant_a, "a");
     kvc_namespace_set_salt(&tenant_b, "b");
     kvc_prefix_query_t q = {.ns = &tenant_a, .tokens = t, .n_tokens = 9};
@@ -380,11 +383,15 @@ static void insert_checks_its_arguments(void **state)
     uint32_t b[3], canon;
     assert_ok(kvc_pool_alloc(c.pool, 3, b));
     assert_int_equal(kvc_prefix_insert(c.pc, &q, 2, b[1], b[2], &canon), KVC_EINVAL); /* partial */
-    assert_int_equal(kvc_prefix_insert(c.pc, &q, 0, b[1], b[0], &canon), KVC_EINVAL); /* root w/ parent */
-    assert_int_equal(kvc_prefix_insert(c.pc, &q, 1, KVC_NONE, b[1], &canon), KVC_EINVAL); /* no parent */
-    assert_int_equal(kvc_prefix_insert(c.pc, &q, 1, b[0], b[1], &canon), KVC_EINVAL); /* parent uncached */
+    assert_int_equal(kvc_prefix_insert(c.pc, &q, 0, b[1], b[0], &canon),
+                     KVC_EINVAL); /* root w/ parent */
+    assert_int_equal(kvc_prefix_insert(c.pc, &q, 1, KVC_NONE, b[1], &canon),
+                     KVC_EINVAL); /* no parent */
+    assert_int_equal(kvc_prefix_insert(c.pc, &q, 1, b[0], b[1], &canon),
+                     KVC_EINVAL); /* parent uncached */
     assert_int_equal(kvc_prefix_insert(c.pc, &q, 0, KVC_NONE, 99, &canon), KVC_EINVAL); /* bad id */
-    assert_int_equal(kvc_prefix_insert(c.pc, &q, 0, KVC_NONE, 5, &canon), KVC_EINVAL);  /* free block */
+    assert_int_equal(kvc_prefix_insert(c.pc, &q, 0, KVC_NONE, 5, &canon),
+                     KVC_EINVAL); /* free block */
     assert_int_equal(kvc_prefix_insert(c.pc, NULL, 0, KVC_NONE, b[0], &canon), KVC_EINVAL);
     assert_ok(kvc_prefix_insert(c.pc, &q, 0, KVC_NONE, b[0], &canon));
     assert_int_equal(canon, b[0]);
@@ -737,8 +744,8 @@ static void forced_collisions_never_hand_out_foreign_kv(void **state)
     kvc_prefix_stats_t sw, ss;
     kvc_prefix_stats(w.pc, &sw);
     kvc_prefix_stats(s.pc, &ss);
-    print_message("weak hash: %llu collisions, %llu hit blocks\n", (unsigned long long)sw.n_collisions,
-                  (unsigned long long)total_hits);
+    print_message("weak hash: %llu collisions, %llu hit blocks\n",
+                  (unsigned long long)sw.n_collisions, (unsigned long long)total_hits);
     /* The test is not vacuous: the weak hash collided all the time, and hits happened. */
     assert_true(sw.n_collisions > 4000 / KVC_TEST_SANITIZER_DIVISOR);
     assert_true(total_hits > 1000 / KVC_TEST_SANITIZER_DIVISOR);
@@ -806,7 +813,6 @@ static void a_constant_hash_still_gives_exact_hits(void **state)
     assert_prefix_ok(c.pc);
     free_cache(&c);
 }
-
 
 /* ---- sliding-window groups ------------------------------------------------------- */
 static kvc_prefix_params_t sliding_params(uint32_t window, kvc_hash_fn fn)

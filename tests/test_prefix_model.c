@@ -15,9 +15,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MAXB 64   /* blocks in the pool, at most */
-#define MAXT 48   /* tokens in a prompt, at most */
-#define MAXLIVE 8 /* live requests at once */
+#define MAXB    64 /* blocks in the pool, at most */
+#define MAXT    48 /* tokens in a prompt, at most */
+#define MAXLIVE 8  /* live requests at once */
 
 /* ---- the reference model ------------------------------------------------ */
 typedef struct {
@@ -249,7 +249,8 @@ static void compare(world_t *w)
         assert_int_equal(kvc_pool_is_cached(w->pool, b), w->m.b[b].cached);
         if (w->m.b[b].cached) {
             const mblock_t *mb = &w->m.b[b];
-            assert_memory_equal(kvc_prefix_block_tokens(w->pc, b), mb->prefix + mb->plen - (int)w->m.bs,
+            assert_memory_equal(kvc_prefix_block_tokens(w->pc, b),
+                                mb->prefix + mb->plen - (int)w->m.bs,
                                 w->m.bs * sizeof(kvc_token_t));
         }
     }
@@ -294,16 +295,19 @@ static void op_request(world_t *w, kvc_rng_t *r, bool pin_only_match)
         assert_memory_equal(rt, mt, mh * sizeof(uint32_t));
         if (ns == SLIDING_NS) {
             for (size_t i = 0; i < n_all; i++) {
-                if (i >= n_full) assert_int_equal(st[i], KVC_BLOCK_PARTIAL);
-                else if (i < first) assert_int_equal(st[i], KVC_BLOCK_OUT_OF_WINDOW);
-                else if (i < mh) assert_int_equal(st[i], KVC_BLOCK_HIT);
+                if (i >= n_full)
+                    assert_int_equal(st[i], KVC_BLOCK_PARTIAL);
+                else if (i < first)
+                    assert_int_equal(st[i], KVC_BLOCK_OUT_OF_WINDOW);
+                else if (i < mh)
+                    assert_int_equal(st[i], KVC_BLOCK_HIT);
             }
             return;
         }
         for (size_t i = 0; i < n_all; i++) {
-            kvc_block_status_t want = i >= n_full ? KVC_BLOCK_PARTIAL
-                                      : i < mh    ? KVC_BLOCK_HIT
-                                      : i < matched ? KVC_BLOCK_LAST_TOKEN
+            kvc_block_status_t want = i >= n_full    ? KVC_BLOCK_PARTIAL
+                                      : i < mh       ? KVC_BLOCK_HIT
+                                      : i < matched  ? KVC_BLOCK_LAST_TOKEN
                                       : i == matched ? KVC_BLOCK_MISS
                                                      : KVC_BLOCK_AFTER_MISS;
             assert_int_equal(st[i], want);
@@ -336,7 +340,8 @@ static void op_request(world_t *w, kvc_rng_t *r, bool pin_only_match)
     uint32_t parent = mh ? rt[mh - 1] : KVC_NONE;
     for (size_t i = mh; i < n_full; i++) {
         uint32_t canon;
-        assert_ok(kvc_prefix_insert(w->pc, &q, i, ns == SLIDING_NS ? KVC_NONE : parent, rt[i], &canon));
+        assert_ok(
+            kvc_prefix_insert(w->pc, &q, i, ns == SLIDING_NS ? KVC_NONE : parent, rt[i], &canon));
         uint32_t mcanon = m_insert(&w->m, ns, t, i, mt[i]);
         w->ops++;
         assert_int_equal(canon, mcanon);
@@ -474,7 +479,8 @@ static void model_agrees_over_a_million_operations(void **state)
     const int n_seeds = 41;
     uint64_t total = 0;
     for (int s = 0; s < n_seeds; s++) total += run_seed(0x5eed0000u + (uint64_t)s, per_seed);
-    print_message("model-based test: %llu operations over %d seeds\n", (unsigned long long)total, n_seeds);
+    print_message("model-based test: %llu operations over %d seeds\n", (unsigned long long)total,
+                  n_seeds);
     assert_true(total >= 1000000 / KVC_TEST_SANITIZER_DIVISOR);
 }
 

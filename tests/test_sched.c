@@ -51,15 +51,18 @@ static void world_free(world_t *w)
     kvc_pool_destroy(w->pool);
 }
 
-static uint32_t add(world_t *w, uint32_t n_prompt, uint32_t out_len, uint32_t max_output, uint32_t prio,
-                    uint32_t tenant, int base)
+static uint32_t add(world_t *w, uint32_t n_prompt, uint32_t out_len, uint32_t max_output,
+                    uint32_t prio, uint32_t tenant, int base)
 {
     assert_true(w->s != NULL);
     static uint32_t next_slot;
     uint32_t slot = next_slot++ % MAXR;
     for (uint32_t i = 0; i < n_prompt && i < 64; i++) w->prompts[slot][i] = base + (int)i;
-    kvc_sched_req_t r = {.prompt = w->prompts[slot], .n_prompt = n_prompt, .max_output = max_output,
-                         .priority = prio, .tenant = tenant};
+    kvc_sched_req_t r = {.prompt = w->prompts[slot],
+                         .n_prompt = n_prompt,
+                         .max_output = max_output,
+                         .priority = prio,
+                         .tenant = tenant};
     uint32_t id;
     assert_ok(kvc_sched_add(w->s, &r, w->now, &id));
     assert_true(id < MAXR);
@@ -70,7 +73,8 @@ static uint32_t add(world_t *w, uint32_t n_prompt, uint32_t out_len, uint32_t ma
 static void check(world_t *w)
 {
     char msg[256];
-    if (kvc_sched_check(w->s, msg, sizeof msg)) fail_msg("sched check: %s\n%s", msg, kvc_sched_trace(w->s));
+    if (kvc_sched_check(w->s, msg, sizeof msg))
+        fail_msg("sched check: %s\n%s", msg, kvc_sched_trace(w->s));
 }
 
 /* One step: plan, execute (1 time unit), complete.  Returns the plan (valid until next step). */
@@ -88,7 +92,8 @@ static const kvc_sched_plan_t *step(world_t *w)
         uint32_t acc = KVC_MIN(e->n_drafts, w->accept_drafts);
         /* EOS can come inside the drafts: accept only up to the request's end */
         if (e->samples && w->n_out[e->id] + 1 + acc > w->out_len[e->id])
-            acc = w->out_len[e->id] > w->n_out[e->id] + 1 ? w->out_len[e->id] - w->n_out[e->id] - 1 : 0;
+            acc = w->out_len[e->id] > w->n_out[e->id] + 1 ? w->out_len[e->id] - w->n_out[e->id] - 1
+                                                          : 0;
         res[i] = (kvc_sched_result_t){.id = e->id, .token = 7, .n_accepted = acc};
         if (e->samples) {
             w->n_out[e->id] += 1 + acc;
@@ -143,7 +148,7 @@ static void chunked_prefill_mixes_with_decodes(void **state)
     world_t w;
     world_init(&w, 64, 4, params(8, 8));
     uint32_t a = add(&w, 10, 3, 10, 0, 0, 100); /* 10-token prompt, 3 outputs */
-    const kvc_sched_plan_t *p = step(&w);      /* step 1: a's first chunk, the whole budget */
+    const kvc_sched_plan_t *p = step(&w);       /* step 1: a's first chunk, the whole budget */
     assert_int_equal(p->n_entries, 1);
     assert_int_equal(p->entries[0].n_tokens, 8);
     assert_false(p->entries[0].samples);
@@ -370,7 +375,8 @@ static void a_class_kv_cap_keeps_batch_from_taking_the_pool(void **state)
     world_free(&w);
 }
 
-/* ---- tenants ----------------------------------------------------------------------------------- */
+/* ---- tenants -----------------------------------------------------------------------------------
+ */
 static void a_kv_quota_stops_one_tenant_from_taking_the_pool(void **state)
 {
     (void)state;
@@ -462,7 +468,8 @@ static void a_long_request_cap_protects_short_traffic(void **state)
     world_free(&w);
 }
 
-/* ---- speculative decoding ------------------------------------------------------------------------ */
+/* ---- speculative decoding
+ * ------------------------------------------------------------------------ */
 static void drafts_count_against_the_budget_and_roll_back(void **state)
 {
     (void)state;
@@ -494,7 +501,8 @@ static void drafts_count_against_the_budget_and_roll_back(void **state)
     world_free(&w);
 }
 
-/* ---- API contract ----------------------------------------------------------------------------------- */
+/* ---- API contract
+ * ----------------------------------------------------------------------------------- */
 static void the_api_refuses_misuse(void **state)
 {
     (void)state;
@@ -540,12 +548,15 @@ static void the_api_refuses_misuse(void **state)
     world_free(&w);
 }
 
-/* ---- randomized: every policy, invariants every step, no starvation, determinism ---------------------- */
-static uint64_t random_run(uint64_t seed, kvc_admission_t adm, kvc_preemption_t pre, bool fair, uint64_t *fingerprint)
+/* ---- randomized: every policy, invariants every step, no starvation, determinism
+ * ---------------------- */
+static uint64_t random_run(uint64_t seed, kvc_admission_t adm, kvc_preemption_t pre, bool fair,
+                           uint64_t *fingerprint)
 {
     kvc_rng_t r;
     kvc_rng_seed(&r, seed);
-    kvc_sched_params_t p = params(16 + (uint32_t)kvc_rng_below(&r, 64), 4 + (uint32_t)kvc_rng_below(&r, 12));
+    kvc_sched_params_t p =
+        params(16 + (uint32_t)kvc_rng_below(&r, 64), 4 + (uint32_t)kvc_rng_below(&r, 12));
     p.admission = adm;
     p.preemption = pre;
     p.tenant_fair = fair;
@@ -566,7 +577,8 @@ static uint64_t random_run(uint64_t seed, kvc_admission_t adm, kvc_preemption_t 
             n_req++;
         }
         const kvc_sched_plan_t *pl = step(&w);
-        for (uint32_t i = 0; i < pl->n_entries; i++) fp = fp * 1000003 + pl->entries[i].id * 31 + pl->entries[i].n_tokens;
+        for (uint32_t i = 0; i < pl->n_entries; i++)
+            fp = fp * 1000003 + pl->entries[i].id * 31 + pl->entries[i].n_tokens;
     }
     uint64_t steps = drain(&w, 5000);
     assert_true(steps < 5000); /* everything finishes */
@@ -595,8 +607,10 @@ static void every_policy_keeps_the_books_and_finishes_everything(void **state)
             for (int fair = 0; fair < 2; fair++)
                 for (int sd = 0; sd < seeds; sd++) {
                     uint64_t f1, f2;
-                    random_run(1000 + (uint64_t)sd, (kvc_admission_t)adm, (kvc_preemption_t)pre, fair, &f1);
-                    random_run(1000 + (uint64_t)sd, (kvc_admission_t)adm, (kvc_preemption_t)pre, fair, &f2);
+                    random_run(1000 + (uint64_t)sd, (kvc_admission_t)adm, (kvc_preemption_t)pre,
+                               fair, &f1);
+                    random_run(1000 + (uint64_t)sd, (kvc_admission_t)adm, (kvc_preemption_t)pre,
+                               fair, &f2);
                     assert_true(f1 == f2); /* same seed, same decisions */
                 }
 }

@@ -144,7 +144,7 @@ static void lookup_reuses_computed_prompts_and_keeps_the_last_token(void **state
     assert_ok(kvc_seq_lookup(h.seqs, a, &hit));
     assert_int_equal(hit, 0);
     assert_int_equal(kvc_seq_lookup(h.seqs, a, &hit), KVC_EBUSY); /* once */
-    assert_ok(harness_step(&h, a, 7)); /* chunked prefill: 7 then 5 */
+    assert_ok(harness_step(&h, a, 7));                            /* chunked prefill: 7 then 5 */
     assert_ok(harness_step(&h, a, 5));
     harness_check(&h);
     /* b has the same 12-token prompt: 2 blocks hit, the block holding the last token is
@@ -340,7 +340,8 @@ static void fork_refuses_pending_work(void **state)
     harness_free(&h);
 }
 
-/* ---- beam search ------------------------------------------------------------------------------ */
+/* ---- beam search ------------------------------------------------------------------------------
+ */
 typedef struct {
     kvc_token_t hist[512];
     size_t n;
@@ -422,7 +423,8 @@ static void dead_beams_are_freed_first_so_survivors_write_in_place(void **state)
     assert_false(kvc_seq_valid(h.seqs, beams[1]));
     assert_true(kvc_seq_eq(next[0], beams[0]));
     /* errors: a beam with pending work, a bad parent, a beam listed twice */
-    assert_int_equal(kvc_seq_beam_step(h.seqs, next, 1, ch, 1, beams, NULL), KVC_EBUSY); /* reserved */
+    assert_int_equal(kvc_seq_beam_step(h.seqs, next, 1, ch, 1, beams, NULL),
+                     KVC_EBUSY); /* reserved */
     assert_ok(kvc_seq_complete(h.seqs, next[0], 1));
     kvc_beam_choice_t bad[1] = {{.parent = 3, .token = 1}};
     assert_int_equal(kvc_seq_beam_step(h.seqs, next, 1, bad, 1, beams, NULL), KVC_EINVAL);
@@ -439,7 +441,8 @@ static void beam_memory_matches_the_worked_example(void **state)
      * (e.g. 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes), block size 16: each beam
      * holds 1,200 tokens = 75 blocks of 2 MiB.  Unshared: 4 x 75 = 300 blocks = 600 MiB.  Shared
      * every block but the last: 74 + 4 = 78 blocks = 156 MiB. */
-    kvc_storage_desc_t llama = {.n_layers = 32, .n_kv_heads = 8, .head_dim = 128, .dtype = KVC_DTYPE_BF16};
+    kvc_storage_desc_t llama = {
+        .n_layers = 32, .n_kv_heads = 8, .head_dim = 128, .dtype = KVC_DTYPE_BF16};
     size_t block_bytes;
     assert_ok(kvc_storage_block_bytes(&llama, 16, &block_bytes));
     assert_int_equal(block_bytes, 2u << 20);
@@ -493,7 +496,8 @@ static void beam_memory_matches_the_worked_example(void **state)
     harness_free(&h);
 }
 
-/* ---- speculative decoding ----------------------------------------------------------------------- */
+/* ---- speculative decoding -----------------------------------------------------------------------
+ */
 typedef struct {
     harness_t h;
     kvc_seq_t s;
@@ -545,7 +549,8 @@ static void spec_round(spec_t *x, uint32_t k, uint32_t accept, bool bonus)
     harness_init(&t, (harness_cfg_t){.n_blocks = 32, .bs = x->h.bs});
     kvc_seq_t tw = harness_create(&t, twin_tokens, mine.n_prompt);
     assert_ok(harness_step(&t, tw, (uint32_t)mine.n_prompt));
-    assert_ok(kvc_seq_append(t.seqs, tw, twin_tokens + mine.n_prompt, (uint32_t)(nt - mine.n_prompt)));
+    assert_ok(
+        kvc_seq_append(t.seqs, tw, twin_tokens + mine.n_prompt, (uint32_t)(nt - mine.n_prompt)));
     assert_ok(harness_step(&t, tw, (uint32_t)(mine.n_computed - mine.n_prompt)));
     kvc_seq_info_t twin;
     assert_ok(kvc_seq_info(t.seqs, tw, &twin));
@@ -691,7 +696,8 @@ static void drafts_never_evict_cached_prefixes_for_slack(void **state)
         assert_ok(kvc_seq_draft(h.seqs, s, d, k));
         uint32_t need;
         assert_ok(kvc_seq_blocks_needed(h.seqs, s, k + 1, &need));
-        assert_int_equal(need, (uint32_t)((info.n_tokens + k + 7) / 8 - info.n_blocks[0])); /* exact */
+        assert_int_equal(need,
+                         (uint32_t)((info.n_tokens + k + 7) / 8 - info.n_blocks[0])); /* exact */
         assert_ok(harness_step(&h, s, k + 1));
         assert_ok(kvc_seq_info(h.seqs, s, &info));
         draft_block_rounds += info.n_draft_blocks > 0;
@@ -720,7 +726,8 @@ static void drafts_never_evict_cached_prefixes_for_slack(void **state)
     harness_free(&h);
 }
 
-/* ---- sliding windows and hybrid models ------------------------------------------------------------ */
+/* ---- sliding windows and hybrid models
+ * ------------------------------------------------------------ */
 static void sliding_window_gives_memory_back_as_it_slides(void **state)
 {
     (void)state;
@@ -747,7 +754,7 @@ static void sliding_window_gives_memory_back_as_it_slides(void **state)
     assert_int_equal(info.n_computed, 128);
     assert_int_equal(info.n_blocks[0], 32); /* full attention keeps everything */
     assert_true(info.n_blocks[1] <= 5);     /* the window: 16 tokens, 4-5 blocks */
-    assert_true(rises >= 20); /* the free count actually rose, block after block */
+    assert_true(rises >= 20);               /* the free count actually rose, block after block */
     kvc_seqs_stats_t st;
     kvc_seqs_stats(h.seqs, &st);
     assert_true(st.n_window_released >= 27);
@@ -805,7 +812,8 @@ static void hybrid_hits_need_the_whole_prefix_and_the_last_window(void **state)
     harness_free(&h);
 }
 
-/* ---- the step contract --------------------------------------------------------------------------- */
+/* ---- the step contract
+ * --------------------------------------------------------------------------- */
 static void permuted_late_and_duplicate_completions_are_rejected(void **state)
 {
     (void)state;
@@ -819,7 +827,7 @@ static void permuted_late_and_duplicate_completions_are_rejected(void **state)
     assert_ok(kvc_step_launch(h.seqs, rows, 2, &id));
     bool live[2];
     assert_int_equal(kvc_step_complete(h.seqs, id, permuted, 2, live), KVC_ESTALE); /* permuted */
-    assert_int_equal(kvc_step_complete(h.seqs, id, rows, 1, live), KVC_ESTALE);     /* a row short */
+    assert_int_equal(kvc_step_complete(h.seqs, id, rows, 1, live), KVC_ESTALE); /* a row short */
     assert_int_equal(kvc_step_complete(h.seqs, id + 7, rows, 2, live), KVC_ESTALE); /* unknown */
     assert_int_equal(kvc_step_complete(h.seqs, 0, rows, 2, live), KVC_ESTALE);
     kvc_seq_info_t info;
@@ -839,7 +847,8 @@ static void permuted_late_and_duplicate_completions_are_rejected(void **state)
     kvc_step_id_t ids[4];
     for (int i = 0; i < 4; i++) assert_ok(kvc_step_launch(h.seqs, &a, 1, &ids[i]));
     assert_int_equal(kvc_step_launch(h.seqs, &a, 1, &id), KVC_EBUSY);
-    for (int i = 3; i >= 0; i--) assert_ok(kvc_step_complete(h.seqs, ids[i], &a, 1, NULL)); /* any order */
+    for (int i = 3; i >= 0; i--)
+        assert_ok(kvc_step_complete(h.seqs, ids[i], &a, 1, NULL)); /* any order */
     harness_check(&h);
     harness_free(&h);
 }

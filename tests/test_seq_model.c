@@ -15,7 +15,7 @@
 
 #include <stdio.h>
 
-#define MAXS 12
+#define MAXS   12
 #define MAXTOK 256
 
 typedef struct {
@@ -80,7 +80,8 @@ static void op_create(world_t *w)
     ref_t *r = &w->r[w->n];
     size_t n = 1 + kvc_rng_below(&w->rng, 40);
     memcpy(r->tok, w->families[kvc_rng_below(&w->rng, 4)], n * sizeof(kvc_token_t));
-    if (kvc_rng_below(&w->rng, 2)) r->tok[kvc_rng_below(&w->rng, n)] = (kvc_token_t)kvc_rng_below(&w->rng, 5);
+    if (kvc_rng_below(&w->rng, 2))
+        r->tok[kvc_rng_below(&w->rng, n)] = (kvc_token_t)kvc_rng_below(&w->rng, 5);
     kvc_seq_desc_t d = {.prompt = r->tok, .n_prompt = n};
     if (kvc_seq_create(w->h.seqs, &d, &r->h)) return;
     size_t hit;
@@ -201,7 +202,8 @@ static void op_beam(world_t *w)
         *r = old[ch[j].parent];
         r->h = next[j];
         r->tok[r->n++] = ch[j].token;
-        for (uint32_t g = 0; g < w->h.n_groups; g++) w->h.kv[slots[(size_t)g * n_ch + j]] = ch[j].token;
+        for (uint32_t g = 0; g < w->h.n_groups; g++)
+            w->h.kv[slots[(size_t)g * n_ch + j]] = ch[j].token;
         assert_ok(kvc_seq_complete(w->h.seqs, next[j], 1));
         r->n_computed = r->n;
     }
@@ -230,11 +232,13 @@ static void op_inflight_abort(world_t *w)
             kvc_seq_t tmp = rows[0];
             rows[0] = rows[1];
             rows[1] = tmp;
-            assert_int_equal(kvc_step_complete(w->h.seqs, id, rows, (uint32_t)n_rows, NULL), KVC_ESTALE);
+            assert_int_equal(kvc_step_complete(w->h.seqs, id, rows, (uint32_t)n_rows, NULL),
+                             KVC_ESTALE);
             rows[1] = rows[0];
             rows[0] = tmp;
         }
-        assert_int_equal(kvc_step_complete(w->h.seqs, id, rows, (uint32_t)n_rows - 1, NULL), KVC_ESTALE);
+        assert_int_equal(kvc_step_complete(w->h.seqs, id, rows, (uint32_t)n_rows - 1, NULL),
+                         KVC_ESTALE);
     }
     bool live[MAXS];
     assert_ok(kvc_step_complete(w->h.seqs, id, rows, (uint32_t)n_rows, live));
@@ -261,7 +265,9 @@ static uint64_t run(uint64_t seed, uint64_t target)
     kvc_rng_seed(&w.rng, seed);
     uint32_t bs = 1u << kvc_rng_below(&w.rng, 4);
     bool hybrid = kvc_rng_below(&w.rng, 2);
-    harness_cfg_t cfg = {.n_blocks = 24 + (uint32_t)kvc_rng_below(&w.rng, 200), .bs = bs, .max_seqs = MAXS,
+    harness_cfg_t cfg = {.n_blocks = 24 + (uint32_t)kvc_rng_below(&w.rng, 200),
+                         .bs = bs,
+                         .max_seqs = MAXS,
                          .n_groups = hybrid ? 2 : 1};
     if (hybrid) cfg.window[1] = 1 + (uint32_t)kvc_rng_below(&w.rng, 4 * bs + 8);
     memcpy(w.window, cfg.window, sizeof w.window);
@@ -323,14 +329,18 @@ static void model_agrees_under_random_interleavings(void **state)
                   "%llu duplicates shared, %llu bad completions\n",
                   (unsigned long long)total, n_seeds, (unsigned long long)totals.n_forks,
                   (unsigned long long)totals.n_cow_copies, (unsigned long long)totals.n_drafted,
-                  (unsigned long long)totals.n_rolled_back, (unsigned long long)totals.n_window_released,
+                  (unsigned long long)totals.n_rolled_back,
+                  (unsigned long long)totals.n_window_released,
                   (unsigned long long)totals.n_deferred, (unsigned long long)totals.n_hit_tokens,
                   (unsigned long long)totals.n_duplicates_shared,
                   (unsigned long long)totals.n_rejected_completions);
     /* every feature was exercised, many times */
-    assert_true(totals.n_forks > 1000 / KVC_TEST_SANITIZER_DIVISOR && totals.n_cow_copies > 200 / KVC_TEST_SANITIZER_DIVISOR);
-    assert_true(totals.n_rolled_back > 1000 / KVC_TEST_SANITIZER_DIVISOR && totals.n_window_released > 100 / KVC_TEST_SANITIZER_DIVISOR);
-    assert_true(totals.n_deferred > 100 / KVC_TEST_SANITIZER_DIVISOR && totals.n_hit_tokens > 1000 / KVC_TEST_SANITIZER_DIVISOR);
+    assert_true(totals.n_forks > 1000 / KVC_TEST_SANITIZER_DIVISOR &&
+                totals.n_cow_copies > 200 / KVC_TEST_SANITIZER_DIVISOR);
+    assert_true(totals.n_rolled_back > 1000 / KVC_TEST_SANITIZER_DIVISOR &&
+                totals.n_window_released > 100 / KVC_TEST_SANITIZER_DIVISOR);
+    assert_true(totals.n_deferred > 100 / KVC_TEST_SANITIZER_DIVISOR &&
+                totals.n_hit_tokens > 1000 / KVC_TEST_SANITIZER_DIVISOR);
 }
 
 int main(void)

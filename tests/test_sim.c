@@ -47,8 +47,8 @@ static kvc_report_t *new_report(const kvc_workload_t *w)
 }
 
 /* Run and return the summary of a scope (tenant/class by name, or all). */
-static kvc_report_summary_t run(kvc_sim_config_t *c, kvc_workload_t *w, const char *tenant, const char *cls,
-                                kvc_sim_result_t *res)
+static kvc_report_summary_t run(kvc_sim_config_t *c, kvc_workload_t *w, const char *tenant,
+                                const char *cls, kvc_sim_result_t *res)
 {
     kvc_report_t *r = new_report(w);
     char err[256];
@@ -62,7 +62,10 @@ static kvc_report_summary_t run(kvc_sim_config_t *c, kvc_workload_t *w, const ch
         bool is_tenant = tenant != NULL;
         uint32_t n = is_tenant ? kvc_workload_n_tenants(w) : kvc_workload_n_classes(w);
         for (index = 0; index < n; index++)
-            if (!strcmp(is_tenant ? kvc_workload_tenant_name(w, index) : kvc_workload_class_name(w, index), name)) break;
+            if (!strcmp(is_tenant ? kvc_workload_tenant_name(w, index)
+                                  : kvc_workload_class_name(w, index),
+                        name))
+                break;
         assert_true(index < n);
         scope = is_tenant ? KVC_REPORT_TENANT : KVC_REPORT_CLASS;
     }
@@ -97,7 +100,8 @@ static void the_cost_model_matches_hand_arithmetic(void **state)
     kvc_sched_plan_t plan = {.entries = e, .n_entries = 2};
     kvc_sim_step_cost_t d;
     double t = kvc_sim_step_time(&cm, &plan, &d);
-    double compute = 5 * cm.linear_flops_per_token / cm.flops_per_s + 1410 * 524288.0 / cm.attn_flops_per_s;
+    double compute =
+        5 * cm.linear_flops_per_token / cm.flops_per_s + 1410 * 524288.0 / cm.attn_flops_per_s;
     double memory = (cm.dense_weight_bytes + 131072.0 * (1104 + 5)) / cm.bytes_per_s;
     assert_true(fabs(d.compute_s - compute) < 1e-12);
     assert_true(fabs(d.memory_s - memory) < 1e-12);
@@ -186,10 +190,11 @@ static void same_seed_same_report_byte_for_byte(void **state)
     c.seed = 2; /* another seed: other draft acceptances and hashes, another report */
     char *d = run_json(&c, w);
     assert_string_not_equal(a, d);
-    for (const char *k = "\"completed\"\0\"ttft_ms\"\0\"tpot_ms\"\0\"e2e_ms\"\0\"p50\"\0\"p90\"\0\"p99\"\0"
-                         "\"throughput_tokens_per_s\"\0\"goodput_requests_per_s\"\0\"prefix_hit_rate\"\0"
-                         "\"preemptions\"\0\"recomputed_tokens\"\0\"swapped_bytes\"\0\"peak_kv_blocks\"\0"
-                         "\"simulated_seconds\"\0";
+    for (const char *k =
+             "\"completed\"\0\"ttft_ms\"\0\"tpot_ms\"\0\"e2e_ms\"\0\"p50\"\0\"p90\"\0\"p99\"\0"
+             "\"throughput_tokens_per_s\"\0\"goodput_requests_per_s\"\0\"prefix_hit_rate\"\0"
+             "\"preemptions\"\0\"recomputed_tokens\"\0\"swapped_bytes\"\0\"peak_kv_blocks\"\0"
+             "\"simulated_seconds\"\0";
          *k; k += strlen(k) + 1)
         if (!strstr(a, k)) fail_msg("the JSON report lacks %s", k);
     free(a);
@@ -262,7 +267,8 @@ static void data_parallel_replicas_split_the_work(void **state)
     kvc_workload_destroy(w);
 }
 
-/* ---- the scenarios' effects, on smaller runs ---------------------------------------------------- */
+/* ---- the scenarios' effects, on smaller runs ----------------------------------------------------
+ */
 static void reserve_for_max_output_admits_fewer_than_greedy(void **state)
 {
     (void)state;
@@ -327,8 +333,8 @@ static void a_long_request_cap_protects_regular_traffic(void **state)
     kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/scenarios/long_cap.workload.json", 0);
     kvc_sim_config_t c = config(0);
     char msg[256];
-    assert_ok(kvc_plan_model_load(KVC_SOURCE_DIR "/examples/scenarios/llama-3-8b-262k.config.json", &c.model, msg,
-                                  sizeof msg));
+    assert_ok(kvc_plan_model_load(KVC_SOURCE_DIR "/examples/scenarios/llama-3-8b-262k.config.json",
+                                  &c.model, msg, sizeof msg));
     kvc_sim_result_t a, b;
     kvc_report_summary_t free_ = run(&c, w, "regular", NULL, &a);
     c.sched.long_threshold = 32768;
@@ -358,13 +364,14 @@ static void prefix_caching_hits_the_conversation_history(void **state)
 static void a_bigger_pool_hits_more_of_the_mooncake_trace(void **state)
 {
     (void)state;
-    /* arrivals stretched 3x, so that one replica keeps up (as in examples/scenarios/mooncake.json) */
+    /* arrivals stretched 3x, so that one replica keeps up (as in examples/scenarios/mooncake.json)
+     */
     kvc_workload_t *w = load_scaled(KVC_SHARED_DIR "/traces/mooncake_synthetic_trace.jsonl",
                                     KVC_TEST_SANITIZED ? 400 : 1200, 3.0);
     kvc_sim_config_t c = config(0);
     char msg[256];
-    assert_ok(kvc_plan_model_load(KVC_SOURCE_DIR "/examples/scenarios/llama-3-8b-262k.config.json", &c.model, msg,
-                                  sizeof msg));
+    assert_ok(kvc_plan_model_load(KVC_SOURCE_DIR "/examples/scenarios/llama-3-8b-262k.config.json",
+                                  &c.model, msg, sizeof msg));
     double prev = -1, first = -1;
     for (uint32_t nb = 13000; nb <= 104000; nb *= 2) {
         c.num_blocks = nb;

@@ -89,7 +89,8 @@ static void hash128_is_xxh3_and_seeded(void **state)
 {
     (void)state;
     const char data[] = "kvcache";
-    kvc_hash128_t a = kvc_hash128(data, 7, 1), b = kvc_hash128(data, 7, 1), c = kvc_hash128(data, 7, 2);
+    kvc_hash128_t a = kvc_hash128(data, 7, 1), b = kvc_hash128(data, 7, 1),
+                  c = kvc_hash128(data, 7, 2);
     assert_true(kvc_hash128_eq(a, b));
     assert_false(kvc_hash128_eq(a, c));
     char hex[33];

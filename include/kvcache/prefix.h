@@ -72,13 +72,13 @@ typedef struct {
 
 /* A request's key: what lookup, match and insert read.  Borrowed. */
 typedef struct {
-    const kvc_namespace_t *ns;   /* NULL: the default namespace (all zero) */
-    const kvc_token_t *tokens;   /* (n_tokens) */
+    const kvc_namespace_t *ns; /* NULL: the default namespace (all zero) */
+    const kvc_token_t *tokens; /* (n_tokens) */
     size_t n_tokens;
-    const kvc_mm_input_t *mm;    /* (n_mm), any order; NULL when n_mm = 0 */
+    const kvc_mm_input_t *mm; /* (n_mm), any order; NULL when n_mm = 0 */
     size_t n_mm;
-    const kvc_hash128_t *hashes; /* optional: the full blocks' hashes from
-                                    kvc_prefix_hash; NULL: computed on demand */
+    const kvc_hash128_t *hashes;       /* optional: the full blocks' hashes from
+                                          kvc_prefix_hash; NULL: computed on demand */
     const kvc_hash128_t *fingerprints; /* optional, sliding-window groups only: from
                                     kvc_prefix_fingerprint; NULL: computed on demand */
 } kvc_prefix_query_t;
@@ -104,17 +104,17 @@ typedef void (*kvc_prefix_event_fn)(void *ctx, const kvc_prefix_event_t *ev);
 typedef kvc_hash128_t (*kvc_hash_fn)(const void *data, size_t len, uint64_t seed);
 
 typedef struct {
-    uint64_t hash_seed;          /* 0: random per process (kvc_random_seed); set it
-                                    to share block hashes across processes */
-    uint32_t max_extra_keys;     /* extra keys one block may carry (0..16); default 4 */
+    uint64_t hash_seed;           /* 0: random per process (kvc_random_seed); set it
+                                     to share block hashes across processes */
+    uint32_t max_extra_keys;      /* extra keys one block may carry (0..16); default 4 */
     kvc_prefix_event_fn on_event; /* NULL: no events */
     void *event_ctx;
     uint32_t group_window[KVC_MAX_GROUPS]; /* per KV group: 0 = full attention (the
                                     default), else the sliding window in tokens */
-    kvc_hash_fn hash_fn;         /* TEST HOOK: replaces XXH3-128 for the index hash (e.g. a
-                                    deliberately weak hash to force collisions); never used
-                                    for fingerprints; NULL in production */
-    kvc_allocator_t allocator;   /* zeroed: the C library */
+    kvc_hash_fn hash_fn;       /* TEST HOOK: replaces XXH3-128 for the index hash (e.g. a
+                                  deliberately weak hash to force collisions); never used
+                                  for fingerprints; NULL in production */
+    kvc_allocator_t allocator; /* zeroed: the C library */
 } kvc_prefix_params_t;
 
 /* Random seed, 4 extra keys per block, no events, XXH3-128, libc. */
@@ -149,20 +149,20 @@ typedef struct {
 } kvc_prefix_hit_t;
 
 typedef struct {
-    uint64_t n_lookups;           /* kvc_prefix_lookup calls */
-    uint64_t n_lookups_hit;       /* ... that hit at least one block */
-    uint64_t n_query_tokens;      /* tokens in the queries */
-    uint64_t n_query_blocks;      /* full blocks in the queries */
-    uint64_t n_hit_blocks;        /* blocks returned as hits */
+    uint64_t n_lookups;      /* kvc_prefix_lookup calls */
+    uint64_t n_lookups_hit;  /* ... that hit at least one block */
+    uint64_t n_query_tokens; /* tokens in the queries */
+    uint64_t n_query_blocks; /* full blocks in the queries */
+    uint64_t n_hit_blocks;   /* blocks returned as hits */
     uint64_t n_hit_tokens;
-    uint64_t n_miss_blocks;       /* full blocks not hit (n_query_blocks - n_hit_blocks) */
-    uint64_t n_collisions;        /* candidates whose hash matched but identity did not */
-    uint64_t n_inserts;           /* blocks inserted */
-    uint64_t n_duplicates;        /* inserts that found the identity already cached */
-    uint64_t n_evictions;         /* cached blocks dropped */
-    uint32_t n_cached_blocks;     /* current: blocks with an identity */
-    uint32_t n_cached_free;       /* current: cached blocks in the free queue (hittable,
-                                     reclaimable) */
+    uint64_t n_miss_blocks;   /* full blocks not hit (n_query_blocks - n_hit_blocks) */
+    uint64_t n_collisions;    /* candidates whose hash matched but identity did not */
+    uint64_t n_inserts;       /* blocks inserted */
+    uint64_t n_duplicates;    /* inserts that found the identity already cached */
+    uint64_t n_evictions;     /* cached blocks dropped */
+    uint32_t n_cached_blocks; /* current: blocks with an identity */
+    uint32_t n_cached_free;   /* current: cached blocks in the free queue (hittable,
+                                 reclaimable) */
 } kvc_prefix_stats_t;
 
 /* Create a prefix cache over `pool` (borrowed: it must outlive the cache)
@@ -219,9 +219,9 @@ int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *bl
 
 /* Look up the query's longest cached prefix and pin it: the hit blocks get
  * one reference each (they leave the free queue if they were in it) and are
- * written to blocks[0..n_hit_blocks) (KVC_NONE before a sliding window).  The hit never covers the last token
- * and never exceeds cap blocks.  The caller owns the references (release
- * them with kvc_pool_release).  Counts in the stats. */
+ * written to blocks[0..n_hit_blocks) (KVC_NONE before a sliding window).  The hit never covers the
+ * last token and never exceeds cap blocks.  The caller owns the references (release them with
+ * kvc_pool_release).  Counts in the stats. */
 int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
                       kvc_prefix_hit_t *hit);
 

@@ -30,7 +30,7 @@
 extern "C" {
 #endif
 
-#define KVC_MAX_CLASSES 4  /* priority classes: 0 is the most urgent */
+#define KVC_MAX_CLASSES 4 /* priority classes: 0 is the most urgent */
 #define KVC_MAX_TENANTS 16
 
 typedef enum {
@@ -50,7 +50,7 @@ typedef enum {
                                   request remains; a deadlock is broken by recompute */
 } kvc_preemption_t;
 
-const char *kvc_admission_name(kvc_admission_t a);   /* "greedy", "reserve-max", "reserve-expected" */
+const char *kvc_admission_name(kvc_admission_t a); /* "greedy", "reserve-max", "reserve-expected" */
 const char *kvc_preemption_name(kvc_preemption_t p); /* "recompute", "swap", "backpressure" */
 int kvc_admission_parse(const char *s, kvc_admission_t *out);
 int kvc_preemption_parse(const char *s, kvc_preemption_t *out);
@@ -63,24 +63,24 @@ typedef struct {
     uint32_t max_num_batched_tokens; /* tokens computed per step at most (default 8192) */
     uint32_t max_prefill_chunk;      /* prompt tokens per request per step (0: the budget) */
     kvc_admission_t admission;
-    uint32_t expected_output;        /* reserve-expected: the estimate of output tokens */
-    double expected_margin;          /* reserve-expected: added fraction (0.2 = 20%) */
+    uint32_t expected_output; /* reserve-expected: the estimate of output tokens */
+    double expected_margin;   /* reserve-expected: added fraction (0.2 = 20%) */
     kvc_preemption_t preemption;
-    size_t block_bytes;              /* bytes per block, for swap accounting */
-    uint64_t swap_space_bytes;       /* host memory for swapped KV (0: unlimited) */
+    size_t block_bytes;                   /* bytes per block, for swap accounting */
+    uint64_t swap_space_bytes;            /* host memory for swapped KV (0: unlimited) */
     double class_kv_cap[KVC_MAX_CLASSES]; /* share of the pool's blocks a class may hold
                                              (0: no cap) */
-    uint32_t tenant_max_running;     /* request-count limit per tenant (0: none) */
-    double tenant_kv_share;          /* KV quota per tenant: share of the pool's blocks it may
-                                        hold (0: none) */
-    bool tenant_fair;                /* admit the tenant that consumed least first, and split
-                                        the step's prompt budget fairly among tenants */
-    uint32_t long_threshold;         /* prompt + max output >= this is a long request (0: off) */
-    double long_kv_cap;              /* share of the pool long requests may hold together */
-    uint32_t spec_tokens;            /* drafts per decode step (0: no speculation) */
-    kvc_draft_fn draft;              /* NULL: drafts are token 0 (the simulator's choice) */
+    uint32_t tenant_max_running;          /* request-count limit per tenant (0: none) */
+    double tenant_kv_share;               /* KV quota per tenant: share of the pool's blocks it may
+                                             hold (0: none) */
+    bool tenant_fair;                     /* admit the tenant that consumed least first, and split
+                                             the step's prompt budget fairly among tenants */
+    uint32_t long_threshold; /* prompt + max output >= this is a long request (0: off) */
+    double long_kv_cap;      /* share of the pool long requests may hold together */
+    uint32_t spec_tokens;    /* drafts per decode step (0: no speculation) */
+    kvc_draft_fn draft;      /* NULL: drafts are token 0 (the simulator's choice) */
     void *draft_ctx;
-    bool trace;                      /* keep a readable account of each step's decisions */
+    bool trace; /* keep a readable account of each step's decisions */
     kvc_allocator_t allocator;
 } kvc_sched_params_t;
 
@@ -118,12 +118,12 @@ int kvc_sched_abort(kvc_sched_t *s, uint32_t id);
 typedef struct {
     uint32_t id;
     kvc_seq_t seq;
-    uint32_t first_pos;  /* position of the first token computed */
-    uint32_t n_tokens;   /* tokens computed this step (queries), drafts included */
-    uint32_t n_drafts;   /* of which draft tokens */
-    uint32_t n_context;  /* keys attended by the last query: first_pos + n_tokens */
-    bool prefill;        /* computing prompt tokens */
-    bool samples;        /* a token is sampled after this step (prompt finished, or decode) */
+    uint32_t first_pos; /* position of the first token computed */
+    uint32_t n_tokens;  /* tokens computed this step (queries), drafts included */
+    uint32_t n_drafts;  /* of which draft tokens */
+    uint32_t n_context; /* keys attended by the last query: first_pos + n_tokens */
+    bool prefill;       /* computing prompt tokens */
+    bool samples;       /* a token is sampled after this step (prompt finished, or decode) */
 } kvc_sched_entry_t;
 
 typedef struct {
@@ -141,9 +141,9 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan);
 
 typedef struct {
     uint32_t id;
-    kvc_token_t token;    /* the sampled token (entries with samples), else ignored */
-    uint32_t n_accepted;  /* drafts accepted (speculative entries) */
-    bool finished;        /* EOS or the output cap: the request is done */
+    kvc_token_t token;   /* the sampled token (entries with samples), else ignored */
+    uint32_t n_accepted; /* drafts accepted (speculative entries) */
+    bool finished;       /* EOS or the output cap: the request is done */
 } kvc_sched_result_t;
 
 /* The executor ran the last plan; results[i] belongs to plan->entries[i]
@@ -157,7 +157,7 @@ typedef struct {
     uint32_t priority, tenant;
     double arrival_s, first_token_s, finish_s;
     uint32_t n_prompt, n_output;
-    uint32_t n_hit_tokens;      /* prompt tokens from the prefix cache at first admission */
+    uint32_t n_hit_tokens;        /* prompt tokens from the prefix cache at first admission */
     uint32_t n_resume_hit_tokens; /* tokens re-hit after its own preemptions (not counted as
                                      prefix hits) */
     uint32_t n_preemptions;
@@ -171,14 +171,14 @@ int kvc_sched_take_finished(kvc_sched_t *s, const kvc_sched_done_t **done, uint3
 
 typedef struct {
     uint32_t n_waiting, n_running, n_swapped;
-    uint32_t blocks_used;            /* pool blocks referenced */
+    uint32_t blocks_used; /* pool blocks referenced */
     uint64_t steps, preemptions, recomputed_tokens, swapped_out_bytes, swapped_in_bytes;
     uint64_t prompt_tokens_admitted, hit_tokens, resume_hit_tokens;
-    uint64_t forced_preemptions;     /* backpressure deadlocks broken */
+    uint64_t forced_preemptions; /* backpressure deadlocks broken */
     uint32_t class_blocks[KVC_MAX_CLASSES];
     uint32_t tenant_blocks[KVC_MAX_TENANTS];
-    double tenant_kv_token_s[KVC_MAX_TENANTS];  /* KV tokens held over time */
-    uint64_t tenant_computed[KVC_MAX_TENANTS];  /* tokens computed */
+    double tenant_kv_token_s[KVC_MAX_TENANTS]; /* KV tokens held over time */
+    uint64_t tenant_computed[KVC_MAX_TENANTS]; /* tokens computed */
 } kvc_sched_stats_t;
 
 void kvc_sched_stats(const kvc_sched_t *s, kvc_sched_stats_t *out);

@@ -55,13 +55,13 @@ static inline bool kvc_seq_eq(kvc_seq_t a, kvc_seq_t b)
 typedef void (*kvc_copy_fn)(void *ctx, uint32_t dst, uint32_t src);
 
 typedef struct {
-    uint32_t max_seqs;                     /* live sequences at once (default 256) */
-    uint32_t n_groups;                     /* KV groups, 1..KVC_MAX_GROUPS (default 1) */
-    uint32_t window[KVC_MAX_GROUPS];       /* per group: 0 = full attention, else the sliding
-                                              window in tokens; must agree with the prefix
-                                              cache's group_window */
-    uint32_t max_inflight_steps;           /* steps launched and not completed (default 4) */
-    uint32_t max_batch;                    /* rows in one step (default: max_seqs) */
+    uint32_t max_seqs;               /* live sequences at once (default 256) */
+    uint32_t n_groups;               /* KV groups, 1..KVC_MAX_GROUPS (default 1) */
+    uint32_t window[KVC_MAX_GROUPS]; /* per group: 0 = full attention, else the sliding
+                                        window in tokens; must agree with the prefix
+                                        cache's group_window */
+    uint32_t max_inflight_steps;     /* steps launched and not completed (default 4) */
+    uint32_t max_batch;              /* rows in one step (default: max_seqs) */
     kvc_copy_fn on_copy;
     void *copy_ctx;
     kvc_allocator_t allocator;
@@ -212,12 +212,12 @@ int kvc_step_complete(kvc_seqs_t *seqs, kvc_step_id_t id, const kvc_seq_t *rows,
 /* ---- what kernels and schedulers read ------------------------------------------ */
 typedef struct {
     size_t n_prompt, n_tokens, n_draft, n_reserved, n_computed;
-    size_t n_accepted;   /* drafts accepted, in total */
-    size_t n_emitted;    /* output tokens the user received */
-    size_t n_hit_tokens; /* prompt tokens that came from the prefix cache */
-    uint32_t n_blocks[KVC_MAX_GROUPS];      /* blocks held per group */
-    uint32_t n_draft_blocks;                /* blocks (all groups) held only for draft positions */
-    uint32_t n_inflight;                    /* launched steps not yet completed */
+    size_t n_accepted;                 /* drafts accepted, in total */
+    size_t n_emitted;                  /* output tokens the user received */
+    size_t n_hit_tokens;               /* prompt tokens that came from the prefix cache */
+    uint32_t n_blocks[KVC_MAX_GROUPS]; /* blocks held per group */
+    uint32_t n_draft_blocks;           /* blocks (all groups) held only for draft positions */
+    uint32_t n_inflight;               /* launched steps not yet completed */
 } kvc_seq_info_t;
 
 int kvc_seq_info(const kvc_seqs_t *seqs, kvc_seq_t h, kvc_seq_info_t *out);
@@ -250,16 +250,16 @@ int kvc_seqs_csr(const kvc_seqs_t *seqs, const kvc_seq_t *rows, uint32_t n_rows,
                  uint32_t *indptr, uint32_t *indices, size_t indices_cap, uint32_t *last_page_len);
 
 typedef struct {
-    uint32_t n_live;            /* live sequences */
-    uint32_t n_zombies;         /* destroyed, waiting for an in-flight step */
+    uint32_t n_live;    /* live sequences */
+    uint32_t n_zombies; /* destroyed, waiting for an in-flight step */
     uint32_t n_steps_inflight;
     uint64_t n_created, n_destroyed, n_deferred;
     uint64_t n_forks, n_cow_copies;
-    uint64_t n_drafted, n_accepted, n_rolled_back;  /* draft tokens */
-    uint64_t n_hit_tokens;      /* prompt tokens served from the prefix cache */
-    uint64_t n_window_released; /* sliding-window blocks released */
-    uint64_t n_duplicates_shared; /* blocks swapped for an identical cached copy */
-    uint64_t n_stale;           /* calls refused for a stale handle */
+    uint64_t n_drafted, n_accepted, n_rolled_back; /* draft tokens */
+    uint64_t n_hit_tokens;                         /* prompt tokens served from the prefix cache */
+    uint64_t n_window_released;                    /* sliding-window blocks released */
+    uint64_t n_duplicates_shared;                  /* blocks swapped for an identical cached copy */
+    uint64_t n_stale;                              /* calls refused for a stale handle */
     uint64_t n_rejected_completions;
 } kvc_seqs_stats_t;
 

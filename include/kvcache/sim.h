@@ -347,29 +347,30 @@ void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t total);
  * MoE: the routed experts a step touches are read, 1 - (1 - k/E)^T of them
  * for T tokens choosing k of E.  Every constant is printed in the report. */
 typedef struct {
-    double flops_per_s;            /* per GPU, achieved, for linear layers */
-    double attn_flops_per_s;       /* per GPU, achieved, for attention (bf16 rate) */
-    double bytes_per_s;            /* per GPU, achieved HBM bandwidth */
-    double linear_flops_per_token; /* per GPU of a stage */
-    double attn_flops_per_pair;    /* per GPU of a stage, per (query, key) pair */
-    double dense_weight_bytes;     /* per GPU of a stage, read every step */
-    double expert_weight_bytes;    /* per GPU of a stage: all routed experts */
+    double flops_per_s;             /* per GPU, achieved, for linear layers */
+    double attn_flops_per_s;        /* per GPU, achieved, for attention (bf16 rate) */
+    double bytes_per_s;             /* per GPU, achieved HBM bandwidth */
+    double linear_flops_per_token;  /* per GPU of a stage */
+    double attn_flops_per_pair;     /* per GPU of a stage, per (query, key) pair */
+    double dense_weight_bytes;      /* per GPU of a stage, read every step */
+    double expert_weight_bytes;     /* per GPU of a stage: all routed experts */
     double experts_per_token_share; /* k / E (0: dense) */
-    double kv_bytes_per_token;     /* per GPU of a stage */
-    double comm_bytes_per_token;   /* per all-reduce, per GPU (activations) */
-    uint32_t n_allreduce;          /* per step per stage: 2 per layer when TP > 1 */
-    double link_bytes_per_s;       /* GPU to GPU */
+    double kv_bytes_per_token;      /* per GPU of a stage */
+    double comm_bytes_per_token;    /* per all-reduce, per GPU (activations) */
+    uint32_t n_allreduce;           /* per step per stage: 2 per layer when TP > 1 */
+    double link_bytes_per_s;        /* GPU to GPU */
     double allreduce_latency_s;
     uint32_t tp, pp;
-    double step_overhead_s;        /* scheduling, launch and sampling per step */
-    double host_link_bytes_per_s;  /* swap traffic */
+    double step_overhead_s;       /* scheduling, launch and sampling per step */
+    double host_link_bytes_per_s; /* swap traffic */
 } kvc_sim_cost_model_t;
 
 /* The cost model of a planned deployment (kvc_plan_compute's result and its
  * inputs).  step_overhead_s and allreduce_latency_s come from the caller. */
 int kvc_sim_cost_model(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
                        const kvc_plan_params_t *plan, const kvc_plan_result_t *result,
-                       double step_overhead_s, double allreduce_latency_s, kvc_sim_cost_model_t *out);
+                       double step_overhead_s, double allreduce_latency_s,
+                       kvc_sim_cost_model_t *out);
 
 typedef struct {
     double compute_s, memory_s, comm_s, swap_s, total_s;
@@ -385,20 +386,20 @@ typedef struct {
     kvc_plan_model_t model;
     kvc_plan_gpu_t gpu;
     kvc_plan_params_t plan;
-    uint32_t num_blocks;          /* KV blocks per replica; 0: what the planner derives */
+    uint32_t num_blocks; /* KV blocks per replica; 0: what the planner derives */
     /* the scheduler (max_num_seqs / max_num_batched_tokens / block size follow plan) */
     kvc_sched_params_t sched;
-    bool prefix_caching;          /* default true */
-    bool tenant_salts;            /* each tenant's cache salt is its name: no sharing across
-                                     tenants (default: one shared cache) */
-    uint64_t seed;                /* hash seed and draft acceptance draws (default 1) */
+    bool prefix_caching; /* default true */
+    bool tenant_salts;   /* each tenant's cache salt is its name: no sharing across
+                            tenants (default: one shared cache) */
+    uint64_t seed;       /* hash seed and draft acceptance draws (default 1) */
     /* the executor */
-    double step_overhead_s;       /* default 0.002 */
-    double allreduce_latency_s;   /* default 8e-6 */
-    double spec_acceptance;       /* probability each draft is accepted (default 0.7) */
-    bool closed_loop;             /* multi-turn: a turn arrives think_s after the previous
-                                     turn finished, not at its trace time */
-    double sample_interval_s;     /* time series; 0: adaptive */
+    double step_overhead_s;     /* default 0.002 */
+    double allreduce_latency_s; /* default 8e-6 */
+    double spec_acceptance;     /* probability each draft is accepted (default 0.7) */
+    bool closed_loop;           /* multi-turn: a turn arrives think_s after the previous
+                                   turn finished, not at its trace time */
+    double sample_interval_s;   /* time series; 0: adaptive */
     /* the report */
     double slo_ttft_ms, slo_tpot_ms, slo_e2e_ms; /* 0: none */
     /* progress: called about every 1% of requests (may be NULL) */
@@ -414,16 +415,16 @@ typedef struct {
 kvc_sim_config_t kvc_sim_config_default(void);
 
 typedef struct {
-    kvc_plan_result_t planned;    /* the planner's view of the deployment */
+    kvc_plan_result_t planned; /* the planner's view of the deployment */
     kvc_sim_cost_model_t cost;
     uint32_t num_blocks, n_replicas, n_groups;
     uint64_t requests, completed, steps;
-    uint64_t rejected;            /* refused: over max_model_len, or never fitting the pool or a cap */
+    uint64_t rejected; /* refused: over max_model_len, or never fitting the pool or a cap */
     uint64_t preemptions, recomputed_tokens, swapped_out_bytes, swapped_in_bytes;
     uint64_t prompt_tokens, hit_tokens, resume_hit_tokens;
     uint32_t peak_kv_blocks, peak_running;
     double simulated_s;
-    double wall_s;                /* real seconds the run took */
+    double wall_s; /* real seconds the run took */
 } kvc_sim_result_t;
 
 /* Run the workload through the deployment and fill `report` (created by the

@@ -21,21 +21,21 @@ extern "C" {
  * Functions return 0 on success or a negative KVC_E* code.  One table makes
  * the enum and kvc_strerror() / kvc_errname(), so they cannot drift apart.
  */
-#define KVC_ERRNO_MAP(XX)                                                                  \
-    XX(EINVAL, "invalid argument")                                                         \
-    XX(ENOMEM, "out of memory")                                                            \
-    XX(ENOSPC, "not enough free blocks in the pool")                                       \
-    XX(EBUSY, "resource is busy")                                                          \
-    XX(EEXIST, "already exists")                                                           \
-    XX(ENOENT, "not found")                                                                \
-    XX(ESTALE, "stale handle")                                                             \
-    XX(EUNDERFLOW, "reference count underflow")                                            \
-    XX(ECORRUPT, "invariant violated")                                                     \
-    XX(ERANGE, "value out of range")                                                       \
-    XX(EIO, "input/output error")                                                          \
-    XX(EPARSE, "malformed input")                                                          \
-    XX(ENOTSUP, "not supported")                                                           \
-    XX(ECHECKSUM, "checksum mismatch")                                                     \
+#define KVC_ERRNO_MAP(XX)                            \
+    XX(EINVAL, "invalid argument")                   \
+    XX(ENOMEM, "out of memory")                      \
+    XX(ENOSPC, "not enough free blocks in the pool") \
+    XX(EBUSY, "resource is busy")                    \
+    XX(EEXIST, "already exists")                     \
+    XX(ENOENT, "not found")                          \
+    XX(ESTALE, "stale handle")                       \
+    XX(EUNDERFLOW, "reference count underflow")      \
+    XX(ECORRUPT, "invariant violated")               \
+    XX(ERANGE, "value out of range")                 \
+    XX(EIO, "input/output error")                    \
+    XX(EPARSE, "malformed input")                    \
+    XX(ENOTSUP, "not supported")                     \
+    XX(ECHECKSUM, "checksum mismatch")               \
     XX(EOVERFLOW, "value too large")
 
 typedef enum {
@@ -59,15 +59,14 @@ const char *kvc_errname(int err);
  */
 void kvc__assert_fail(const char *expr, const char *file, int line, const char *func)
     __attribute__((noreturn, cold));
-#define KVC_ASSERT(expr)                                                                   \
-    ((expr) ? (void)0 : kvc__assert_fail(#expr, __FILE__, __LINE__, __func__))
+#define KVC_ASSERT(expr) ((expr) ? (void)0 : kvc__assert_fail(#expr, __FILE__, __LINE__, __func__))
 
-#define KVC_LIKELY(x)   __builtin_expect(!!(x), 1)
-#define KVC_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define KVC_LIKELY(x)    __builtin_expect(!!(x), 1)
+#define KVC_UNLIKELY(x)  __builtin_expect(!!(x), 0)
 #define KVC_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define KVC_MIN(a, b)   ((a) < (b) ? (a) : (b))
-#define KVC_MAX(a, b)   ((a) > (b) ? (a) : (b))
-#define KVC_NONE        UINT32_MAX /* "no block", "no index" */
+#define KVC_MIN(a, b)    ((a) < (b) ? (a) : (b))
+#define KVC_MAX(a, b)    ((a) > (b) ? (a) : (b))
+#define KVC_NONE         UINT32_MAX /* "no block", "no index" */
 
 /* 128-bit unsigned integer for overflow-checked size arithmetic (GCC and clang). */
 __extension__ typedef unsigned __int128 kvc__u128;
@@ -141,11 +140,11 @@ void kvc_free(const kvc_allocator_t *a, void *p);
 /* A counting allocator that fails the Nth allocation (and, if `fail_after`,
  * every one after it).  fail_at = 0 never fails.  Caller owns the struct. */
 typedef struct {
-    uint64_t n_allocs;   /* allocations attempted so far */
-    uint64_t n_live;     /* allocations not yet freed */
-    uint64_t fail_at;    /* 1-based index of the allocation to fail; 0 = never */
-    bool fail_after;     /* also fail every allocation after fail_at */
-    uint64_t n_failed;   /* how many were failed */
+    uint64_t n_allocs; /* allocations attempted so far */
+    uint64_t n_live;   /* allocations not yet freed */
+    uint64_t fail_at;  /* 1-based index of the allocation to fail; 0 = never */
+    bool fail_after;   /* also fail every allocation after fail_at */
+    uint64_t n_failed; /* how many were failed */
 } kvc_failing_alloc_t;
 
 /* An allocator that routes through `state`. */

@@ -49,7 +49,8 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *cmd, int ch, const ch
 int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *cmd, kvc_plan_model_t *model,
                            kvc_plan_gpu_t *gpu);
 /* Concatenate two NULL-terminated option tables into out (cap entries); -1 if too many. */
-int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a, const struct option *b);
+int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a,
+                         const struct option *b);
 bool kvc_cli_parse_double(const char *s, double min, double max, double *out);
 int kvc_cli_presets_line(char *buf, size_t len, bool models);
 void kvc_cli_list_presets(void);

@@ -220,13 +220,20 @@ typedef struct {
 static const char *note_for(kvc_block_status_t s)
 {
     switch (s) {
-    case KVC_BLOCK_HIT: return "cached: reused, not computed";
-    case KVC_BLOCK_MISS: return "no cached block has this hash";
-    case KVC_BLOCK_COLLISION: return "hash found, but its tokens or parent differ (a collision)";
-    case KVC_BLOCK_AFTER_MISS: return "an earlier block missed, so this one cannot hit";
-    case KVC_BLOCK_LAST_TOKEN: return "cached, but the last prompt token must be computed for logits";
-    case KVC_BLOCK_PARTIAL: return "partial block: only full blocks are cached";
-    case KVC_BLOCK_OUT_OF_WINDOW: return "before the sliding window: not needed";
+    case KVC_BLOCK_HIT:
+        return "cached: reused, not computed";
+    case KVC_BLOCK_MISS:
+        return "no cached block has this hash";
+    case KVC_BLOCK_COLLISION:
+        return "hash found, but its tokens or parent differ (a collision)";
+    case KVC_BLOCK_AFTER_MISS:
+        return "an earlier block missed, so this one cannot hit";
+    case KVC_BLOCK_LAST_TOKEN:
+        return "cached, but the last prompt token must be computed for logits";
+    case KVC_BLOCK_PARTIAL:
+        return "partial block: only full blocks are cached";
+    case KVC_BLOCK_OUT_OF_WINDOW:
+        return "before the sliding window: not needed";
     }
     return "?";
 }
@@ -304,7 +311,8 @@ static int run_prompt(ctx_t *c, size_t index, const prompt_t *p)
             if (i < n_full) kvc_hash128_hex(hashes[i], hex);
             cJSON_AddNumberToObject(b, "index", (double)i);
             cJSON_AddNumberToObject(b, "first_token", (double)(i * bs));
-            cJSON_AddNumberToObject(b, "last_token", (double)KVC_MIN((i + 1) * bs, p->n_tokens) - 1);
+            cJSON_AddNumberToObject(b, "last_token",
+                                    (double)KVC_MIN((i + 1) * bs, p->n_tokens) - 1);
             if (i < n_full)
                 cJSON_AddStringToObject(b, "hash", hex);
             else
@@ -336,8 +344,10 @@ static int run_prompt(ctx_t *c, size_t index, const prompt_t *p)
             cJSON_AddNullToObject(o, "error");
         else
             cJSON_AddStringToObject(o, "error", kvc_strerror(err));
-        if (ran) kvc_pool_release(c->pool, table, (uint32_t)n_all);
-        else kvc_pool_release(c->pool, table, (uint32_t)hit.n_hit_blocks);
+        if (ran)
+            kvc_pool_release(c->pool, table, (uint32_t)n_all);
+        else
+            kvc_pool_release(c->pool, table, (uint32_t)hit.n_hit_blocks);
         kvc_pool_stats(c->pool, &ps);
         cJSON_AddNumberToObject(o, "pool_free", ps.n_free);
         cJSON_AddNumberToObject(o, "pool_free_cached", ps.n_free_cached);
@@ -356,12 +366,14 @@ static int run_prompt(ctx_t *c, size_t index, const prompt_t *p)
         for (size_t i = 0; i < n_all; i++) {
             char hex[33] = "-", range[32], slot[16] = "-";
             if (i < n_full) kvc_hash128_hex(hashes[i], hex);
-            snprintf(range, sizeof range, "%zu-%zu", i * bs, KVC_MIN((i + 1) * bs, p->n_tokens) - 1);
+            snprintf(range, sizeof range, "%zu-%zu", i * bs,
+                     KVC_MIN((i + 1) * bs, p->n_tokens) - 1);
             if (ran) snprintf(slot, sizeof slot, "#%u", table[i]);
             printf("  %-5zu %-11s %-32s  %-10s %-6s %s", i, range, hex,
                    kvc_block_status_name(status[i]), slot, note_for(status[i]));
             if (origin[i] != KVC_NONE)
-                printf("; computed in #%u, which went back: #%u already held it", origin[i], table[i]);
+                printf("; computed in #%u, which went back: #%u already held it", origin[i],
+                       table[i]);
             putchar('\n');
         }
         for (size_t i = 0; i < c->events->n; i++) {
@@ -372,12 +384,12 @@ static int run_prompt(ctx_t *c, size_t index, const prompt_t *p)
                    c->events->v[i].block, hex);
         }
         if (ran) {
-            printf("  => hit %zu of %zu tokens (%zu block%s)%s; computed %zu; allocated %u block%s, "
-                   "evicted %zu\n",
-                   hit.n_hit_tokens, p->n_tokens, hit.n_hit_blocks,
-                   hit.n_hit_blocks == 1 ? "" : "s",
-                   hit.cut_by_last_token ? ", cut by the last-token rule" : "", computed, need,
-                   need == 1 ? "" : "s", c->events->n);
+            printf(
+                "  => hit %zu of %zu tokens (%zu block%s)%s; computed %zu; allocated %u block%s, "
+                "evicted %zu\n",
+                hit.n_hit_tokens, p->n_tokens, hit.n_hit_blocks, hit.n_hit_blocks == 1 ? "" : "s",
+                hit.cut_by_last_token ? ", cut by the last-token rule" : "", computed, need,
+                need == 1 ? "" : "s", c->events->n);
             kvc_pool_release(c->pool, table, (uint32_t)n_all);
         } else {
             printf("  => cannot run: needs %u more blocks, the pool has %u free (%s)\n", need,
@@ -400,36 +412,40 @@ out:
 /* ---- the command ------------------------------------------------------------ */
 static void help(FILE *f)
 {
-    fprintf(f,
-            "usage: kvcache explain [options] FILE\n"
-            "\n"
-            "Walks each prompt through the prefix cache as a server would (hash, look up and\n"
-            "pin, allocate with eviction, insert, release tail-first) and prints, per block,\n"
-            "its hash, whether it hit and why, and what eviction took to make room.\n"
-            "\n"
-            "FILE ('-' for standard input) holds one prompt a line: token ids separated by\n"
-            "spaces or commas, or a JSON object {\"tokens\": [...], \"salt\": \"...\", \"lora\": N}.\n"
-            "Lines starting with '#' are comments.\n"
-            "\n"
-            "options:\n"
-            "  --pool-blocks N   blocks in the pool (default 64)\n"
-            "  --block-size N    tokens per block, a power of two 1..256 (default 16)\n"
-            "  --salt STR        tenant cache salt for every prompt (JSON lines may override)\n"
-            "  --lora ID         LoRA adapter id for every prompt (default 0: base model)\n"
-            "  --epoch N         weight epoch (default 0)\n"
-            "  --seed N          hash seed (default: random per process, as in production)\n"
-            "  --json            one JSON object per prompt instead of text\n"
-            "  -h, --help        this help\n");
+    fprintf(
+        f,
+        "usage: kvcache explain [options] FILE\n"
+        "\n"
+        "Walks each prompt through the prefix cache as a server would (hash, look up and\n"
+        "pin, allocate with eviction, insert, release tail-first) and prints, per block,\n"
+        "its hash, whether it hit and why, and what eviction took to make room.\n"
+        "\n"
+        "FILE ('-' for standard input) holds one prompt a line: token ids separated by\n"
+        "spaces or commas, or a JSON object {\"tokens\": [...], \"salt\": \"...\", \"lora\": N}.\n"
+        "Lines starting with '#' are comments.\n"
+        "\n"
+        "options:\n"
+        "  --pool-blocks N   blocks in the pool (default 64)\n"
+        "  --block-size N    tokens per block, a power of two 1..256 (default 16)\n"
+        "  --salt STR        tenant cache salt for every prompt (JSON lines may override)\n"
+        "  --lora ID         LoRA adapter id for every prompt (default 0: base model)\n"
+        "  --epoch N         weight epoch (default 0)\n"
+        "  --seed N          hash seed (default: random per process, as in production)\n"
+        "  --json            one JSON object per prompt instead of text\n"
+        "  -h, --help        this help\n");
 }
 
 int kvc_cmd_explain(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"pool-blocks", required_argument, NULL, 'p'}, {"block-size", required_argument, NULL, 'b'},
-        {"salt", required_argument, NULL, 's'},        {"lora", required_argument, NULL, 'l'},
-        {"epoch", required_argument, NULL, 'e'},       {"seed", required_argument, NULL, 'S'},
-        {"json", no_argument, NULL, 'j'},              {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"pool-blocks", required_argument, NULL, 'p'},
+                                         {"block-size", required_argument, NULL, 'b'},
+                                         {"salt", required_argument, NULL, 's'},
+                                         {"lora", required_argument, NULL, 'l'},
+                                         {"epoch", required_argument, NULL, 'e'},
+                                         {"seed", required_argument, NULL, 'S'},
+                                         {"json", no_argument, NULL, 'j'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     uint64_t pool_blocks = 64, block_size = 16, seed = 0;
     const char *salt = NULL;
     kvc_namespace_t ns = {0};
@@ -441,11 +457,13 @@ int kvc_cmd_explain(int argc, char **argv)
         switch (ch) {
         case 'p':
             if (!kvc_cli_parse_u64(optarg, 1, 1u << 24, &pool_blocks))
-                return kvc_cli_error(CMD, "--pool-blocks: '%s' is not a number in 1..16777216", optarg);
+                return kvc_cli_error(CMD, "--pool-blocks: '%s' is not a number in 1..16777216",
+                                     optarg);
             break;
         case 'b':
             if (!kvc_cli_parse_u64(optarg, 1, 256, &block_size) || (block_size & (block_size - 1)))
-                return kvc_cli_error(CMD, "--block-size: '%s' is not a power of two in 1..256", optarg);
+                return kvc_cli_error(CMD, "--block-size: '%s' is not a power of two in 1..256",
+                                     optarg);
             break;
         case 's':
             salt = optarg;
@@ -463,10 +481,16 @@ int kvc_cmd_explain(int argc, char **argv)
             if (!kvc_cli_parse_u64(optarg, 1, UINT64_MAX, &seed))
                 return kvc_cli_error(CMD, "--seed: '%s' is not a positive integer", optarg);
             break;
-        case 'j': json = true; break;
-        case 'h': help(stdout); return 0;
-        case ':': return kvc_cli_error(CMD, "%s needs a value", argv[optind - 1]);
-        default: return kvc_cli_error(CMD, "unknown option '%s' (try --help)", argv[optind - 1]);
+        case 'j':
+            json = true;
+            break;
+        case 'h':
+            help(stdout);
+            return 0;
+        case ':':
+            return kvc_cli_error(CMD, "%s needs a value", argv[optind - 1]);
+        default:
+            return kvc_cli_error(CMD, "unknown option '%s' (try --help)", argv[optind - 1]);
         }
     }
     if (optind != argc - 1)
@@ -514,7 +538,8 @@ int kvc_cmd_explain(int argc, char **argv)
                "inserted, %llu evicted, %u cached now\n",
                (unsigned long long)st.n_lookups, (unsigned long long)st.n_hit_tokens,
                (unsigned long long)st.n_query_tokens,
-               st.n_query_tokens ? 100.0 * (double)st.n_hit_tokens / (double)st.n_query_tokens : 0.0,
+               st.n_query_tokens ? 100.0 * (double)st.n_hit_tokens / (double)st.n_query_tokens
+                                 : 0.0,
                (unsigned long long)st.n_inserts, (unsigned long long)st.n_evictions,
                st.n_cached_blocks);
     }

@@ -126,7 +126,7 @@ int kvc_cmd_plan(int argc, char **argv)
         {"json", no_argument, NULL, O_JSON},
         {"list", no_argument, NULL, O_LIST},
         {"help", no_argument, NULL, 'h'},
-{NULL, 0, NULL, 0}};
+        {NULL, 0, NULL, 0}};
     struct option opts[KVC_CLI_MAX_OPTIONS];
     kvc_cli_join_options(opts, KVC_CLI_MAX_OPTIONS, kvc_cli_deploy_options, own);
 
@@ -162,7 +162,7 @@ int kvc_cmd_plan(int argc, char **argv)
     } while (0)
 #define DBL(lo, hi, field)                                                                    \
     do {                                                                                      \
-        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                                \
+        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                        \
             return kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, optarg, \
                                  (double)(lo), (double)(hi));                                 \
         field = d;                                                                            \
@@ -247,7 +247,8 @@ int kvc_cmd_plan(int argc, char **argv)
             return kvc_cli_error(CMD, "%s needs a value", opt_name);
         default:
             /* getopt_long reports "--json=x" with optopt set to the option it matched. */
-            if (optopt >= KVC_CLI_DEPLOY_FIRST) return kvc_cli_error(CMD, "%s takes no value", opt_name);
+            if (optopt >= KVC_CLI_DEPLOY_FIRST)
+                return kvc_cli_error(CMD, "%s takes no value", opt_name);
             return kvc_cli_error(CMD, "unknown option '%s' (try --help)", opt_name);
         }
 #undef U64

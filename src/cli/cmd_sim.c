@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define CMD "sim"
+#define CMD      "sim"
 #define MAX_CAPS 8
 
 enum {
@@ -107,57 +107,58 @@ typedef struct {
 
 static void help(FILE *f)
 {
-    fprintf(f,
-            "usage: kvcache sim --model NAME|config.json --gpu NAME --workload FILE|SPEC [options]\n"
-            "       kvcache sim --scenario FILE [--json]\n"
-            "\n"
-            "Runs the real scheduler, pool, prefix cache and sequences in virtual time against a\n"
-            "cost model of the GPU: step time = max(compute, memory) + TP communication + a fixed\n"
-            "overhead (+ swap traffic), from the planner's descriptors.  Reports TTFT, time per\n"
-            "output token and end-to-end latency percentiles, throughput, goodput under SLOs,\n"
-            "preemptions, recomputed tokens, swapped bytes, prefix hit rate and KV usage.\n"
-            "Same inputs and seed, same report, byte for byte.\n"
-            "\n"
-            "deployment: the options of `kvcache plan` (--model, --gpu, --tp, --pp, --dp,\n"
-            "  --weight-dtype, --kv-dtype, --block-size, --gpu-memory-utilization,\n"
-            "  --max-model-len, --max-num-seqs, --max-num-batched-tokens, --mfu, --mbu, ...)\n"
-            "  --num-blocks N            KV blocks per replica (default: what the planner derives)\n"
-            "workload:\n"
-            "  --workload FILE|SPEC      a Mooncake or kvcache JSONL trace, a synthetic spec file,\n"
-            "                            or an inline spec like poisson:rate=5,n=1000,prompt=1024,output=300\n"
-            "  --seed N                  synthetic generation, hashing and draft draws (default 1)\n"
-            "  --max-requests N          only the first N requests\n"
-            "  --time-scale F            multiply arrival times (0.5: twice as fast)\n"
-            "  --closed-loop             a conversation's next turn arrives think time after the\n"
-            "                            previous turn finished (default: at its trace time)\n"
-            "scheduling:\n"
-            "  --admission P             greedy (default), reserve-max, reserve-expected\n"
-            "  --expected-output N       reserve-expected: the output estimate (default 256)\n"
-            "  --expected-margin F       reserve-expected: added fraction (default 0.2)\n"
-            "  --preemption P            recompute (default), swap, backpressure\n"
-            "  --swap-space SIZE         host memory for swapped KV (default: unlimited)\n"
-            "  --class-kv-cap C=F        class C (name or index) may hold share F of the pool\n"
-            "  --tenant-kv-share F       each tenant may hold share F of the pool (a KV quota)\n"
-            "  --tenant-max-running N    each tenant may run N requests at once (a count limit)\n"
-            "  --tenant-fair             admit the least-consuming tenant first; split the budget\n"
-            "  --tenant-salts            isolate tenants' prefix caches (salt = tenant name)\n"
-            "  --long-threshold N        prompt + max output >= N tokens is a long request\n"
-            "  --long-kv-cap F           long requests may hold share F of the pool together\n"
-            "  --max-prefill-chunk N     prompt tokens per request per step (default: the budget)\n"
-            "  --spec-tokens N           draft tokens per decode step (default 0)\n"
-            "  --spec-acceptance F       probability a draft is accepted (default 0.7)\n"
-            "  --no-prefix-caching       turn the prefix cache off\n"
-            "  --step-overhead-ms F      fixed cost per step (default 2)\n"
-            "SLOs (for goodput):\n"
-            "  --slo-ttft-ms F, --slo-tpot-ms F, --slo-e2e-ms F\n"
-            "output:\n"
-            "  --json                    one JSON object instead of the text report\n"
-            "  --csv PATH                the time series (KV usage, batch, queues) as CSV\n"
-            "  --svg DIR                 kv_usage.svg, batch.svg, latency_cdf.svg\n"
-            "  --trace PATH              every step's decisions, in words ('-': stderr)\n"
-            "  --quiet                   no progress bar\n"
-            "  --scenario FILE           run a scenario file's variants and compare them\n"
-            "  -h, --help                this help\n");
+    fprintf(
+        f, "usage: kvcache sim --model NAME|config.json --gpu NAME --workload FILE|SPEC [options]\n"
+           "       kvcache sim --scenario FILE [--json]\n"
+           "\n"
+           "Runs the real scheduler, pool, prefix cache and sequences in virtual time against a\n"
+           "cost model of the GPU: step time = max(compute, memory) + TP communication + a fixed\n"
+           "overhead (+ swap traffic), from the planner's descriptors.  Reports TTFT, time per\n"
+           "output token and end-to-end latency percentiles, throughput, goodput under SLOs,\n"
+           "preemptions, recomputed tokens, swapped bytes, prefix hit rate and KV usage.\n"
+           "Same inputs and seed, same report, byte for byte.\n"
+           "\n"
+           "deployment: the options of `kvcache plan` (--model, --gpu, --tp, --pp, --dp,\n"
+           "  --weight-dtype, --kv-dtype, --block-size, --gpu-memory-utilization,\n"
+           "  --max-model-len, --max-num-seqs, --max-num-batched-tokens, --mfu, --mbu, ...)\n"
+           "  --num-blocks N            KV blocks per replica (default: what the planner derives)\n"
+           "workload:\n"
+           "  --workload FILE|SPEC      a Mooncake or kvcache JSONL trace, a synthetic spec file,\n"
+           "                            or an inline spec like "
+           "poisson:rate=5,n=1000,prompt=1024,output=300\n"
+           "  --seed N                  synthetic generation, hashing and draft draws (default 1)\n"
+           "  --max-requests N          only the first N requests\n"
+           "  --time-scale F            multiply arrival times (0.5: twice as fast)\n"
+           "  --closed-loop             a conversation's next turn arrives think time after the\n"
+           "                            previous turn finished (default: at its trace time)\n"
+           "scheduling:\n"
+           "  --admission P             greedy (default), reserve-max, reserve-expected\n"
+           "  --expected-output N       reserve-expected: the output estimate (default 256)\n"
+           "  --expected-margin F       reserve-expected: added fraction (default 0.2)\n"
+           "  --preemption P            recompute (default), swap, backpressure\n"
+           "  --swap-space SIZE         host memory for swapped KV (default: unlimited)\n"
+           "  --class-kv-cap C=F        class C (name or index) may hold share F of the pool\n"
+           "  --tenant-kv-share F       each tenant may hold share F of the pool (a KV quota)\n"
+           "  --tenant-max-running N    each tenant may run N requests at once (a count limit)\n"
+           "  --tenant-fair             admit the least-consuming tenant first; split the budget\n"
+           "  --tenant-salts            isolate tenants' prefix caches (salt = tenant name)\n"
+           "  --long-threshold N        prompt + max output >= N tokens is a long request\n"
+           "  --long-kv-cap F           long requests may hold share F of the pool together\n"
+           "  --max-prefill-chunk N     prompt tokens per request per step (default: the budget)\n"
+           "  --spec-tokens N           draft tokens per decode step (default 0)\n"
+           "  --spec-acceptance F       probability a draft is accepted (default 0.7)\n"
+           "  --no-prefix-caching       turn the prefix cache off\n"
+           "  --step-overhead-ms F      fixed cost per step (default 2)\n"
+           "SLOs (for goodput):\n"
+           "  --slo-ttft-ms F, --slo-tpot-ms F, --slo-e2e-ms F\n"
+           "output:\n"
+           "  --json                    one JSON object instead of the text report\n"
+           "  --csv PATH                the time series (KV usage, batch, queues) as CSV\n"
+           "  --svg DIR                 kv_usage.svg, batch.svg, latency_cdf.svg\n"
+           "  --trace PATH              every step's decisions, in words ('-': stderr)\n"
+           "  --quiet                   no progress bar\n"
+           "  --scenario FILE           run a scenario file's variants and compare them\n"
+           "  -h, --help                this help\n");
 }
 
 static int parse(int argc, char **argv, opts_t *o)
@@ -180,41 +181,51 @@ static int parse(int argc, char **argv, opts_t *o)
         if (li >= 0 && ch != ':' && ch != '?')
             snprintf(opt_name, sizeof opt_name, "--%s", opts[li].name);
         else
-            snprintf(opt_name, sizeof opt_name, "%s", optind > 0 && optind <= argc ? argv[optind - 1] : "option");
+            snprintf(opt_name, sizeof opt_name, "%s",
+                     optind > 0 && optind <= argc ? argv[optind - 1] : "option");
         char *eq = strchr(opt_name, '=');
         if (eq) *eq = '\0';
         li = -1;
         int handled = kvc_cli_deploy_option(&o->dep, CMD, ch, opt_name, optarg);
         if (handled < 0) return 1;
         if (handled) continue;
-#define U64(lo, hi, field)                                                                           \
-    do {                                                                                             \
-        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                                  \
-            return kvc_cli_error(CMD, "%s: '%s' is not a whole number in %llu..%llu", opt_name, optarg, \
-                                 (unsigned long long)(lo), (unsigned long long)(hi));                \
-        field = u;                                                                                   \
+#define U64(lo, hi, field)                                                                      \
+    do {                                                                                        \
+        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                             \
+            return kvc_cli_error(CMD, "%s: '%s' is not a whole number in %llu..%llu", opt_name, \
+                                 optarg, (unsigned long long)(lo), (unsigned long long)(hi));   \
+        field = u;                                                                              \
     } while (0)
-#define DBL(lo, hi, field)                                                                                 \
-    do {                                                                                                   \
-        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                                     \
-            return kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, optarg, (double)(lo), \
-                                 (double)(hi));                                                            \
-        field = d;                                                                                         \
+#define DBL(lo, hi, field)                                                                    \
+    do {                                                                                      \
+        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                        \
+            return kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, optarg, \
+                                 (double)(lo), (double)(hi));                                 \
+        field = d;                                                                            \
     } while (0)
         switch (ch) {
-        case O_WORKLOAD: o->workload = optarg; break;
+        case O_WORKLOAD:
+            o->workload = optarg;
+            break;
         case O_NUM_BLOCKS:
             U64(1, 1u << 30, o->cfg.num_blocks);
             break;
         case O_ADMISSION:
             if (kvc_admission_parse(optarg, &o->cfg.sched.admission))
-                return kvc_cli_error(CMD, "--admission: '%s' is not greedy, reserve-max or reserve-expected", optarg);
+                return kvc_cli_error(
+                    CMD, "--admission: '%s' is not greedy, reserve-max or reserve-expected",
+                    optarg);
             break;
-        case O_EXPECTED_OUTPUT: U64(1, 1u << 30, o->cfg.sched.expected_output); break;
-        case O_EXPECTED_MARGIN: DBL(0, 100, o->cfg.sched.expected_margin); break;
+        case O_EXPECTED_OUTPUT:
+            U64(1, 1u << 30, o->cfg.sched.expected_output);
+            break;
+        case O_EXPECTED_MARGIN:
+            DBL(0, 100, o->cfg.sched.expected_margin);
+            break;
         case O_PREEMPTION:
             if (kvc_preemption_parse(optarg, &o->cfg.sched.preemption))
-                return kvc_cli_error(CMD, "--preemption: '%s' is not recompute, swap or backpressure", optarg);
+                return kvc_cli_error(
+                    CMD, "--preemption: '%s' is not recompute, swap or backpressure", optarg);
             break;
         case O_SWAP_SPACE:
             if (kvc_plan_parse_bytes(optarg, &u) || !u)
@@ -224,50 +235,97 @@ static int parse(int argc, char **argv, opts_t *o)
         case O_CLASS_CAP: {
             const char *eqs = strchr(optarg, '=');
             if (!eqs || eqs == optarg || !kvc_cli_parse_double(eqs + 1, 0, 1, &d) || !(d > 0))
-                return kvc_cli_error(CMD, "--class-kv-cap: '%s' is not CLASS=SHARE with 0 < SHARE <= 1", optarg);
-            if (o->n_caps == MAX_CAPS) return kvc_cli_error(CMD, "--class-kv-cap: at most %d", MAX_CAPS);
+                return kvc_cli_error(
+                    CMD, "--class-kv-cap: '%s' is not CLASS=SHARE with 0 < SHARE <= 1", optarg);
+            if (o->n_caps == MAX_CAPS)
+                return kvc_cli_error(CMD, "--class-kv-cap: at most %d", MAX_CAPS);
             o->caps[o->n_caps].cls = optarg;
             o->caps[o->n_caps++].share = d;
             break;
         }
-        case O_TENANT_SHARE: DBL(1e-6, 1, o->cfg.sched.tenant_kv_share); break;
-        case O_TENANT_MAX_RUNNING: U64(1, 1u << 24, o->cfg.sched.tenant_max_running); break;
-        case O_TENANT_FAIR: o->cfg.sched.tenant_fair = true; break;
-        case O_TENANT_SALTS: o->cfg.tenant_salts = true; break;
-        case O_LONG_THRESHOLD: U64(1, 1u << 31, o->cfg.sched.long_threshold); break;
-        case O_LONG_CAP: DBL(1e-6, 1, o->cfg.sched.long_kv_cap); break;
-        case O_PREFILL_CHUNK: U64(1, 1u << 30, o->cfg.sched.max_prefill_chunk); break;
-        case O_NO_PREFIX: o->cfg.prefix_caching = false; break;
+        case O_TENANT_SHARE:
+            DBL(1e-6, 1, o->cfg.sched.tenant_kv_share);
+            break;
+        case O_TENANT_MAX_RUNNING:
+            U64(1, 1u << 24, o->cfg.sched.tenant_max_running);
+            break;
+        case O_TENANT_FAIR:
+            o->cfg.sched.tenant_fair = true;
+            break;
+        case O_TENANT_SALTS:
+            o->cfg.tenant_salts = true;
+            break;
+        case O_LONG_THRESHOLD:
+            U64(1, 1u << 31, o->cfg.sched.long_threshold);
+            break;
+        case O_LONG_CAP:
+            DBL(1e-6, 1, o->cfg.sched.long_kv_cap);
+            break;
+        case O_PREFILL_CHUNK:
+            U64(1, 1u << 30, o->cfg.sched.max_prefill_chunk);
+            break;
+        case O_NO_PREFIX:
+            o->cfg.prefix_caching = false;
+            break;
         case O_STEP_OVERHEAD:
             DBL(0, 1e6, d);
             o->cfg.step_overhead_s = d * 1e-3;
             break;
-        case O_CLOSED_LOOP: o->cfg.closed_loop = true; break;
-        case O_SLO_TTFT: DBL(1e-9, 1e12, o->cfg.slo_ttft_ms); break;
-        case O_SLO_TPOT: DBL(1e-9, 1e12, o->cfg.slo_tpot_ms); break;
-        case O_SLO_E2E: DBL(1e-9, 1e12, o->cfg.slo_e2e_ms); break;
+        case O_CLOSED_LOOP:
+            o->cfg.closed_loop = true;
+            break;
+        case O_SLO_TTFT:
+            DBL(1e-9, 1e12, o->cfg.slo_ttft_ms);
+            break;
+        case O_SLO_TPOT:
+            DBL(1e-9, 1e12, o->cfg.slo_tpot_ms);
+            break;
+        case O_SLO_E2E:
+            DBL(1e-9, 1e12, o->cfg.slo_e2e_ms);
+            break;
         case O_SEED:
             U64(1, UINT64_MAX, o->cfg.seed);
             o->wp.seed = o->cfg.seed;
             break;
-        case O_MAX_REQUESTS: U64(1, UINT64_C(1) << 40, o->wp.max_requests); break;
-        case O_TIME_SCALE: DBL(1e-9, 1e9, o->wp.time_scale); break;
-        case O_JSON: o->json = true; break;
-        case O_CSV: o->csv = optarg; break;
-        case O_SVG: o->svg = optarg; break;
-        case O_TRACE: o->trace = optarg; break;
-        case O_QUIET: o->quiet = true; break;
-        case O_SCENARIO: o->scenario = optarg; break;
-        case 'h': help(stdout); return 2;
-        case ':': return kvc_cli_error(CMD, "%s needs a value", opt_name);
+        case O_MAX_REQUESTS:
+            U64(1, UINT64_C(1) << 40, o->wp.max_requests);
+            break;
+        case O_TIME_SCALE:
+            DBL(1e-9, 1e9, o->wp.time_scale);
+            break;
+        case O_JSON:
+            o->json = true;
+            break;
+        case O_CSV:
+            o->csv = optarg;
+            break;
+        case O_SVG:
+            o->svg = optarg;
+            break;
+        case O_TRACE:
+            o->trace = optarg;
+            break;
+        case O_QUIET:
+            o->quiet = true;
+            break;
+        case O_SCENARIO:
+            o->scenario = optarg;
+            break;
+        case 'h':
+            help(stdout);
+            return 2;
+        case ':':
+            return kvc_cli_error(CMD, "%s needs a value", opt_name);
         default:
-            if (optopt >= KVC_CLI_DEPLOY_FIRST) return kvc_cli_error(CMD, "%s takes no value", opt_name);
+            if (optopt >= KVC_CLI_DEPLOY_FIRST)
+                return kvc_cli_error(CMD, "%s takes no value", opt_name);
             return kvc_cli_error(CMD, "unknown option '%s' (try --help)", opt_name);
         }
 #undef U64
 #undef DBL
     }
-    if (optind < argc) return kvc_cli_error(CMD, "unexpected argument '%s' (try --help)", argv[optind]);
+    if (optind < argc)
+        return kvc_cli_error(CMD, "unexpected argument '%s' (try --help)", argv[optind]);
     /* the scheduler follows the deployment's engine limits; speculation from the shared options */
     o->cfg.sched.spec_tokens = o->dep.p.spec_tokens;
     if (o->dep.p.spec_acceptance > 0) o->cfg.spec_acceptance = o->dep.p.spec_acceptance;
@@ -283,12 +341,14 @@ static void progress(void *ctx, uint64_t done, uint64_t total)
 static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_t *res)
 {
     *report_out = NULL;
-    if (!o->workload) return kvc_cli_error(CMD, "no --workload (a trace file or a spec; try --help)");
+    if (!o->workload)
+        return kvc_cli_error(CMD, "no --workload (a trace file or a spec; try --help)");
     if (kvc_cli_deploy_resolve(&o->dep, CMD, &o->cfg.model, &o->cfg.gpu)) return 1;
     o->cfg.plan = o->dep.p;
     char err[512];
     kvc_workload_t *w = NULL;
-    if (kvc_workload_load(o->workload, &o->wp, &w, err, sizeof err)) return kvc_cli_error(CMD, "%s", err);
+    if (kvc_workload_load(o->workload, &o->wp, &w, err, sizeof err))
+        return kvc_cli_error(CMD, "%s", err);
     for (int i = 0; i < o->n_caps; i++) { /* class caps by name or index */
         const char *eqs = strchr(o->caps[i].cls, '=');
         size_t len = (size_t)(eqs - o->caps[i].cls);
@@ -306,7 +366,8 @@ static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_
         }
         if (found < 0 || found >= KVC_MAX_CLASSES) {
             kvc_workload_destroy(w);
-            return kvc_cli_error(CMD, "--class-kv-cap: the workload has no class '%.*s'", (int)len, o->caps[i].cls);
+            return kvc_cli_error(CMD, "--class-kv-cap: the workload has no class '%.*s'", (int)len,
+                                 o->caps[i].cls);
         }
         o->cfg.sched.class_kv_cap[found] = o->caps[i].share;
     }
@@ -362,8 +423,8 @@ static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_
 /* ---- scenarios ----------------------------------------------------------------------- */
 /* One metric of a finished run by name: "ttft_ms.p99", "tenant:NAME.e2e_ms.p50",
  * "class:NAME.tpot_ms.p90", "preemptions", ...  false if unknown. */
-static bool metric(const kvc_report_t *r, const kvc_sim_result_t *res, const kvc_workload_t *w, const char *name,
-                   double *out)
+static bool metric(const kvc_report_t *r, const kvc_sim_result_t *res, const kvc_workload_t *w,
+                   const char *name, double *out)
 {
     kvc_report_scope_t scope = KVC_REPORT_ALL;
     uint32_t index = 0;
@@ -394,30 +455,51 @@ static bool metric(const kvc_report_t *r, const kvc_sim_result_t *res, const kvc
     for (size_t i = 0; i < KVC_ARRAY_LEN(lat); i++) {
         size_t pl = strlen(lat[i].prefix);
         if (strncmp(key, lat[i].prefix, pl)) continue;
-        const kvc_latency_summary_t *l = (const kvc_latency_summary_t *)((const char *)&s + lat[i].off);
+        const kvc_latency_summary_t *l =
+            (const kvc_latency_summary_t *)((const char *)&s + lat[i].off);
         const char *q = key + pl;
-        if (!strcmp(q, "p50")) *out = l->p50;
-        else if (!strcmp(q, "p90")) *out = l->p90;
-        else if (!strcmp(q, "p95")) *out = l->p95;
-        else if (!strcmp(q, "p99")) *out = l->p99;
-        else if (!strcmp(q, "mean")) *out = l->mean;
-        else if (!strcmp(q, "max")) *out = l->max;
-        else return false;
+        if (!strcmp(q, "p50"))
+            *out = l->p50;
+        else if (!strcmp(q, "p90"))
+            *out = l->p90;
+        else if (!strcmp(q, "p95"))
+            *out = l->p95;
+        else if (!strcmp(q, "p99"))
+            *out = l->p99;
+        else if (!strcmp(q, "mean"))
+            *out = l->mean;
+        else if (!strcmp(q, "max"))
+            *out = l->max;
+        else
+            return false;
         return true;
     }
-    if (!strcmp(key, "completed")) *out = (double)s.completed;
-    else if (!strcmp(key, "good")) *out = (double)s.good;
-    else if (!strcmp(key, "throughput_tokens_per_s")) *out = s.throughput_tokens_per_s;
-    else if (!strcmp(key, "goodput_requests_per_s")) *out = s.goodput_requests_per_s;
-    else if (!strcmp(key, "prefix_hit_rate")) *out = s.prefix_hit_rate;
-    else if (!strcmp(key, "preemptions")) *out = (double)s.preemptions;
-    else if (!strcmp(key, "recomputed_tokens")) *out = (double)s.recomputed_tokens;
-    else if (scope == KVC_REPORT_ALL && !strcmp(key, "swapped_bytes")) *out = (double)(res->swapped_out_bytes + res->swapped_in_bytes);
-    else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_kv_blocks")) *out = res->peak_kv_blocks;
-    else if (scope == KVC_REPORT_ALL && !strcmp(key, "simulated_seconds")) *out = res->simulated_s;
-    else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_running")) *out = res->peak_running;
-    else if (scope == KVC_REPORT_ALL && !strcmp(key, "rejected")) *out = (double)res->rejected;
-    else return false;
+    if (!strcmp(key, "completed"))
+        *out = (double)s.completed;
+    else if (!strcmp(key, "good"))
+        *out = (double)s.good;
+    else if (!strcmp(key, "throughput_tokens_per_s"))
+        *out = s.throughput_tokens_per_s;
+    else if (!strcmp(key, "goodput_requests_per_s"))
+        *out = s.goodput_requests_per_s;
+    else if (!strcmp(key, "prefix_hit_rate"))
+        *out = s.prefix_hit_rate;
+    else if (!strcmp(key, "preemptions"))
+        *out = (double)s.preemptions;
+    else if (!strcmp(key, "recomputed_tokens"))
+        *out = (double)s.recomputed_tokens;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "swapped_bytes"))
+        *out = (double)(res->swapped_out_bytes + res->swapped_in_bytes);
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_kv_blocks"))
+        *out = res->peak_kv_blocks;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "simulated_seconds"))
+        *out = res->simulated_s;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_running"))
+        *out = res->peak_running;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "rejected"))
+        *out = (double)res->rejected;
+    else
+        return false;
     return true;
 }
 
@@ -461,17 +543,21 @@ static int scenario(const char *path, bool json)
     const cJSON *common = cJSON_GetObjectItemCaseSensitive(root, "args");
     const cJSON *variants = cJSON_GetObjectItemCaseSensitive(root, "variants");
     const cJSON *metrics = cJSON_GetObjectItemCaseSensitive(root, "metrics");
-    if (!cJSON_IsObject(root) || !cJSON_IsString(question) || !cJSON_IsArray(common) || !cJSON_IsArray(variants) ||
-        !cJSON_IsArray(metrics) || cJSON_GetArraySize(variants) < 1 || cJSON_GetArraySize(metrics) < 1) {
+    if (!cJSON_IsObject(root) || !cJSON_IsString(question) || !cJSON_IsArray(common) ||
+        !cJSON_IsArray(variants) || !cJSON_IsArray(metrics) || cJSON_GetArraySize(variants) < 1 ||
+        cJSON_GetArraySize(metrics) < 1) {
         cJSON_Delete(root);
-        return kvc_cli_error(CMD, "--scenario %s: needs \"question\", \"args\", \"variants\" and \"metrics\"", path);
+        return kvc_cli_error(
+            CMD, "--scenario %s: needs \"question\", \"args\", \"variants\" and \"metrics\"", path);
     }
     /* relative paths in the arguments (workloads, configs) are taken from the scenario's folder */
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
+    if (slash)
+        *slash = 0;
+    else
+        snprintf(dir, sizeof dir, ".");
     int n_metrics = cJSON_GetArraySize(metrics), n_var = cJSON_GetArraySize(variants);
     double *values = calloc((size_t)n_metrics * (size_t)n_var, sizeof(double));
     bool *have = calloc((size_t)n_metrics * (size_t)n_var, sizeof(bool));
@@ -484,7 +570,8 @@ static int scenario(const char *path, bool json)
         const cJSON *vname = cJSON_GetObjectItemCaseSensitive(var, "name");
         const cJSON *vargs = cJSON_GetObjectItemCaseSensitive(var, "args");
         if (!cJSON_IsString(vname) || !cJSON_IsArray(vargs)) {
-            rc = kvc_cli_error(CMD, "--scenario %s: variant %d needs \"name\" and \"args\"", path, v + 1);
+            rc = kvc_cli_error(CMD, "--scenario %s: variant %d needs \"name\" and \"args\"", path,
+                               v + 1);
             break;
         }
         names[v] = vname->valuestring;
@@ -497,7 +584,8 @@ static int scenario(const char *path, bool json)
             cJSON_ArrayForEach(a, lists[l])
             {
                 if (!cJSON_IsString(a) || argc >= 250) {
-                    rc = kvc_cli_error(CMD, "--scenario %s: arguments must be strings (at most 250)", path);
+                    rc = kvc_cli_error(
+                        CMD, "--scenario %s: arguments must be strings (at most 250)", path);
                     break;
                 }
                 char *arg = a->valuestring;
@@ -507,8 +595,10 @@ static int scenario(const char *path, bool json)
                     char *p = malloc(need);
                     if (p) {
                         snprintf(p, need, "%s/%s", dir, arg);
-                        if (access(p, R_OK) == 0) arg = owned[n_owned++] = p;
-                        else free(p);
+                        if (access(p, R_OK) == 0)
+                            arg = owned[n_owned++] = p;
+                        else
+                            free(p);
                     }
                 }
                 argv[argc++] = arg;
@@ -524,22 +614,27 @@ static int scenario(const char *path, bool json)
         }
         if (!rc) {
             o.quiet = true;
-            if (!json && isatty(2)) fprintf(stderr, "kvcache sim: scenario %s: running '%s'\n", path, names[v]);
+            if (!json && isatty(2))
+                fprintf(stderr, "kvcache sim: scenario %s: running '%s'\n", path, names[v]);
             if (run(&o, false, &report, &res)) rc = 1;
         }
         if (!rc) {
             kvc_workload_t *w = NULL;
             char err[256];
-            if (kvc_workload_load(o.workload, &o.wp, &w, err, sizeof err)) rc = kvc_cli_error(CMD, "%s", err);
+            if (kvc_workload_load(o.workload, &o.wp, &w, err, sizeof err))
+                rc = kvc_cli_error(CMD, "%s", err);
             for (int m = 0; !rc && m < n_metrics; m++) {
                 const cJSON *mn = cJSON_GetArrayItem(metrics, m);
                 if (!cJSON_IsString(mn)) {
-                    rc = kvc_cli_error(CMD, "--scenario %s: metric %d is not a string", path, m + 1);
+                    rc =
+                        kvc_cli_error(CMD, "--scenario %s: metric %d is not a string", path, m + 1);
                     break;
                 }
-                have[v * n_metrics + m] = metric(report, &res, w, mn->valuestring, &values[v * n_metrics + m]);
+                have[v * n_metrics + m] =
+                    metric(report, &res, w, mn->valuestring, &values[v * n_metrics + m]);
                 if (!have[v * n_metrics + m])
-                    rc = kvc_cli_error(CMD, "--scenario %s: unknown metric '%s'", path, mn->valuestring);
+                    rc = kvc_cli_error(CMD, "--scenario %s: unknown metric '%s'", path,
+                                       mn->valuestring);
             }
             kvc_workload_destroy(w);
         }
@@ -557,7 +652,8 @@ static int scenario(const char *path, bool json)
                 cJSON_AddStringToObject(o, "name", names[v]);
                 cJSON *mo = cJSON_AddObjectToObject(o, "metrics");
                 for (int m = 0; m < n_metrics; m++)
-                    cJSON_AddNumberToObject(mo, cJSON_GetArrayItem(metrics, m)->valuestring, values[v * n_metrics + m]);
+                    cJSON_AddNumberToObject(mo, cJSON_GetArrayItem(metrics, m)->valuestring,
+                                            values[v * n_metrics + m]);
                 cJSON_AddItemToArray(vs, o);
             }
             char *s = cJSON_PrintUnformatted(out);
@@ -566,7 +662,8 @@ static int scenario(const char *path, bool json)
             cJSON_Delete(out);
         } else {
             printf("scenario: %s\nquestion: %s\n\n%-22s", path, question->valuestring, "variant");
-            for (int m = 0; m < n_metrics; m++) printf(" %16s", cJSON_GetArrayItem(metrics, m)->valuestring);
+            for (int m = 0; m < n_metrics; m++)
+                printf(" %16s", cJSON_GetArrayItem(metrics, m)->valuestring);
             putchar('\n');
             for (int v = 0; v < n_var; v++) {
                 printf("%-22s", names[v]);
@@ -600,6 +697,7 @@ int kvc_cmd_sim(int argc, char **argv)
     kvc_sim_result_t res;
     rc = run(&o, true, &report, &res);
     kvc_report_destroy(report);
-    if (!rc && fflush(stdout) != 0) return kvc_cli_error(CMD, "cannot write the output: %s", strerror(errno));
+    if (!rc && fflush(stdout) != 0)
+        return kvc_cli_error(CMD, "cannot write the output: %s", strerror(errno));
     return rc;
 }

@@ -45,7 +45,8 @@ enum {
     KVC_CLI_SPEC_ACCEPT,
 };
 
-int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a, const struct option *b)
+int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a,
+                         const struct option *b)
 {
     size_t n = 0;
     for (const struct option *lists[2] = {a, b}, **l = lists; l < lists + 2; l++)
@@ -58,38 +59,38 @@ int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a,
 }
 
 const struct option kvc_cli_deploy_options[] = {
-        {"model", required_argument, NULL, KVC_CLI_MODEL},
-        {"gpu", required_argument, NULL, KVC_CLI_GPU},
-        {"gpu-memory", required_argument, NULL, KVC_CLI_GPU_MEMORY},
-        {"gpu-bandwidth", required_argument, NULL, KVC_CLI_GPU_BANDWIDTH},
-        {"gpu-flops", required_argument, NULL, KVC_CLI_GPU_FLOPS},
-        {"gpu-fp8-flops", required_argument, NULL, KVC_CLI_GPU_FP8_FLOPS},
-        {"gpu-l2", required_argument, NULL, KVC_CLI_GPU_L2},
-        {"gpu-interconnect", required_argument, NULL, KVC_CLI_GPU_INTERCONNECT},
-        {"gpu-pcie", required_argument, NULL, KVC_CLI_GPU_PCIE},
-        {"tp", required_argument, NULL, KVC_CLI_TP},
-        {"pp", required_argument, NULL, KVC_CLI_PP},
-        {"dp", required_argument, NULL, KVC_CLI_DP},
-        {"weight-dtype", required_argument, NULL, KVC_CLI_WEIGHT_DTYPE},
-        {"kv-dtype", required_argument, NULL, KVC_CLI_KV_DTYPE},
-        {"block-size", required_argument, NULL, KVC_CLI_BLOCK_SIZE},
-        {"gpu-memory-utilization", required_argument, NULL, KVC_CLI_UTIL},
-        {"max-model-len", required_argument, NULL, KVC_CLI_MAX_MODEL_LEN},
-        {"max-num-seqs", required_argument, NULL, KVC_CLI_MAX_NUM_SEQS},
-        {"max-num-batched-tokens", required_argument, NULL, KVC_CLI_MAX_BATCHED},
-        {"weight-memory", required_argument, NULL, KVC_CLI_WEIGHT_MEM},
-        {"activation-memory", required_argument, NULL, KVC_CLI_ACT_MEM},
-        {"cuda-graph-memory", required_argument, NULL, KVC_CLI_GRAPH_MEM},
-        {"non-torch-memory", required_argument, NULL, KVC_CLI_NON_TORCH_MEM},
-        {"cuda-context-memory", required_argument, NULL, KVC_CLI_CTX_MEM},
-        {"kv-cache-memory", required_argument, NULL, KVC_CLI_KV_MEM},
-        {"enforce-eager", no_argument, NULL, KVC_CLI_EAGER},
-        {"graphs-outside-budget", no_argument, NULL, KVC_CLI_GRAPHS_OUTSIDE},
-        {"no-window-freeing", no_argument, NULL, KVC_CLI_NO_WINDOW_FREEING},
-        {"mfu", required_argument, NULL, KVC_CLI_MFU},
-        {"mbu", required_argument, NULL, KVC_CLI_MBU},
-        {"spec-tokens", required_argument, NULL, KVC_CLI_SPEC_TOKENS},
-        {"spec-acceptance", required_argument, NULL, KVC_CLI_SPEC_ACCEPT},
+    {"model", required_argument, NULL, KVC_CLI_MODEL},
+    {"gpu", required_argument, NULL, KVC_CLI_GPU},
+    {"gpu-memory", required_argument, NULL, KVC_CLI_GPU_MEMORY},
+    {"gpu-bandwidth", required_argument, NULL, KVC_CLI_GPU_BANDWIDTH},
+    {"gpu-flops", required_argument, NULL, KVC_CLI_GPU_FLOPS},
+    {"gpu-fp8-flops", required_argument, NULL, KVC_CLI_GPU_FP8_FLOPS},
+    {"gpu-l2", required_argument, NULL, KVC_CLI_GPU_L2},
+    {"gpu-interconnect", required_argument, NULL, KVC_CLI_GPU_INTERCONNECT},
+    {"gpu-pcie", required_argument, NULL, KVC_CLI_GPU_PCIE},
+    {"tp", required_argument, NULL, KVC_CLI_TP},
+    {"pp", required_argument, NULL, KVC_CLI_PP},
+    {"dp", required_argument, NULL, KVC_CLI_DP},
+    {"weight-dtype", required_argument, NULL, KVC_CLI_WEIGHT_DTYPE},
+    {"kv-dtype", required_argument, NULL, KVC_CLI_KV_DTYPE},
+    {"block-size", required_argument, NULL, KVC_CLI_BLOCK_SIZE},
+    {"gpu-memory-utilization", required_argument, NULL, KVC_CLI_UTIL},
+    {"max-model-len", required_argument, NULL, KVC_CLI_MAX_MODEL_LEN},
+    {"max-num-seqs", required_argument, NULL, KVC_CLI_MAX_NUM_SEQS},
+    {"max-num-batched-tokens", required_argument, NULL, KVC_CLI_MAX_BATCHED},
+    {"weight-memory", required_argument, NULL, KVC_CLI_WEIGHT_MEM},
+    {"activation-memory", required_argument, NULL, KVC_CLI_ACT_MEM},
+    {"cuda-graph-memory", required_argument, NULL, KVC_CLI_GRAPH_MEM},
+    {"non-torch-memory", required_argument, NULL, KVC_CLI_NON_TORCH_MEM},
+    {"cuda-context-memory", required_argument, NULL, KVC_CLI_CTX_MEM},
+    {"kv-cache-memory", required_argument, NULL, KVC_CLI_KV_MEM},
+    {"enforce-eager", no_argument, NULL, KVC_CLI_EAGER},
+    {"graphs-outside-budget", no_argument, NULL, KVC_CLI_GRAPHS_OUTSIDE},
+    {"no-window-freeing", no_argument, NULL, KVC_CLI_NO_WINDOW_FREEING},
+    {"mfu", required_argument, NULL, KVC_CLI_MFU},
+    {"mbu", required_argument, NULL, KVC_CLI_MBU},
+    {"spec-tokens", required_argument, NULL, KVC_CLI_SPEC_TOKENS},
+    {"spec-acceptance", required_argument, NULL, KVC_CLI_SPEC_ACCEPT},
     {NULL, 0, NULL, 0}};
 
 void kvc_cli_deploy_init(kvc_cli_deploy_t *d)
@@ -148,142 +149,143 @@ void kvc_cli_list_presets(void)
     }
 }
 
-int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const char *opt_name, const char *value)
+int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const char *opt_name,
+                          const char *value)
 {
     kvc_plan_params_t *pp = &d->p;
     uint64_t u;
     double dv;
-#define U64(lo, hi, field)                                                                      \
-    do {                                                                                        \
-        if (!kvc_cli_parse_u64(value, lo, hi, &u))                                             \
+#define U64(lo, hi, field)                                                                       \
+    do {                                                                                         \
+        if (!kvc_cli_parse_u64(value, lo, hi, &u))                                               \
             return -kvc_cli_error(CMD, "%s: '%s' is not a whole number in %llu..%llu", opt_name, \
-                                 value, (unsigned long long)(lo), (unsigned long long)(hi));   \
-        field = u;                                                                              \
+                                  value, (unsigned long long)(lo), (unsigned long long)(hi));    \
+        field = u;                                                                               \
     } while (0)
 #define DBL(lo, hi, field)                                                                    \
     do {                                                                                      \
-        if (!kvc_cli_parse_double(value, lo, hi, &dv))                                                \
+        if (!kvc_cli_parse_double(value, lo, hi, &dv))                                        \
             return -kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, value, \
-                                 (double)(lo), (double)(hi));                                 \
-        field = dv;                                                                            \
+                                  (double)(lo), (double)(hi));                                \
+        field = dv;                                                                           \
     } while (0)
-#define SIZE(field)                                                                         \
-    do {                                                                                    \
-        if (kvc_plan_parse_bytes(value, &u))                                               \
+#define SIZE(field)                                                                          \
+    do {                                                                                     \
+        if (kvc_plan_parse_bytes(value, &u))                                                 \
             return -kvc_cli_error(CMD, "%s: '%s' is not a size (e.g. 80GiB, 512MiB, 1.5e9)", \
-                                 opt_name, value);                                         \
-        field = u;                                                                          \
+                                  opt_name, value);                                          \
+        field = u;                                                                           \
     } while (0)
-#define RATE(field)                                                                              \
-    do {                                                                                         \
+#define RATE(field)                                                                               \
+    do {                                                                                          \
         if (kvc_plan_parse_rate(value, &dv) || !(dv > 0))                                         \
             return -kvc_cli_error(CMD, "%s: '%s' is not a positive rate (e.g. 3.35TB/s, 64GB/s)", \
-                                 opt_name, value);                                              \
+                                  opt_name, value);                                               \
         field = dv;                                                                               \
     } while (0)
     switch (ch) {
-        case KVC_CLI_MODEL:
-            d->model_arg = value;
-            break;
-        case KVC_CLI_GPU:
-            d->gpu_arg = value;
-            break;
-        case KVC_CLI_GPU_MEMORY:
-            SIZE(d->g_mem);
-            if (!d->g_mem) return -kvc_cli_error(CMD, "--gpu-memory: must be positive");
-            break;
-        case KVC_CLI_GPU_BANDWIDTH:
-            RATE(d->g_bw);
-            break;
-        case KVC_CLI_GPU_FLOPS:
-            DBL(1e-3, 1e7, d->g_flops);
-            break;
-        case KVC_CLI_GPU_FP8_FLOPS:
-            DBL(0, 1e7, d->g_fp8);
-            break;
-        case KVC_CLI_GPU_L2:
-            SIZE(d->g_l2);
-            break;
-        case KVC_CLI_GPU_INTERCONNECT:
-            RATE(d->g_link);
-            break;
-        case KVC_CLI_GPU_PCIE:
-            RATE(d->g_pcie);
-            break;
-        case KVC_CLI_TP:
-            U64(1, 1024, pp->tp);
-            break;
-        case KVC_CLI_PP:
-            U64(1, 64, pp->pp);
-            break;
-        case KVC_CLI_DP:
-            U64(1, 65536, pp->dp);
-            break;
-        case KVC_CLI_WEIGHT_DTYPE:
-            if (kvc_plan_dtype_parse(value, &pp->weight_dtype))
-                return -kvc_cli_error(CMD, "--weight-dtype: '%s' is not bf16, fp16, fp8 or int4",
-                                     value);
-            break;
-        case KVC_CLI_KV_DTYPE:
-            if (kvc_plan_dtype_parse(value, &pp->kv_dtype) || pp->kv_dtype == KVC_PLAN_INT4)
-                return -kvc_cli_error(CMD, "--kv-dtype: '%s' is not bf16, fp16 or fp8", value);
-            break;
-        case KVC_CLI_BLOCK_SIZE:
-            U64(1, 1024, pp->block_size);
-            if (pp->block_size & (pp->block_size - 1))
-                return -kvc_cli_error(CMD, "--block-size: '%s' is not a power of two", value);
-            break;
-        case KVC_CLI_UTIL:
-            DBL(1e-6, 1, pp->gpu_memory_utilization);
-            break;
-        case KVC_CLI_MAX_MODEL_LEN:
-            U64(1, UINT64_C(1) << 40, pp->max_model_len);
-            break;
-        case KVC_CLI_MAX_NUM_SEQS:
-            U64(1, 1u << 24, pp->max_num_seqs);
-            break;
-        case KVC_CLI_MAX_BATCHED:
-            U64(1, 1u << 30, pp->max_num_batched_tokens);
-            break;
-        case KVC_CLI_WEIGHT_MEM:
-            SIZE(pp->weight_bytes);
-            break;
-        case KVC_CLI_ACT_MEM:
-            SIZE(pp->activation_bytes);
-            break;
-        case KVC_CLI_GRAPH_MEM:
-            SIZE(pp->cuda_graph_bytes);
-            break;
-        case KVC_CLI_NON_TORCH_MEM:
-            SIZE(pp->non_torch_bytes);
-            break;
-        case KVC_CLI_CTX_MEM:
-            SIZE(pp->cuda_context_bytes);
-            break;
-        case KVC_CLI_KV_MEM:
-            SIZE(pp->kv_cache_bytes);
-            break;
-        case KVC_CLI_EAGER:
-            pp->enforce_eager = true;
-            break;
-        case KVC_CLI_GRAPHS_OUTSIDE:
-            pp->graphs_outside_budget = true;
-            break;
-        case KVC_CLI_NO_WINDOW_FREEING:
-            pp->window_freeing = false;
-            break;
-        case KVC_CLI_MFU:
-            DBL(1e-6, 1, pp->mfu);
-            break;
-        case KVC_CLI_MBU:
-            DBL(1e-6, 1, pp->mbu);
-            break;
-        case KVC_CLI_SPEC_TOKENS:
-            U64(0, 64, pp->spec_tokens);
-            break;
-        case KVC_CLI_SPEC_ACCEPT:
-            DBL(0, 0.999999, pp->spec_acceptance);
-            break;
+    case KVC_CLI_MODEL:
+        d->model_arg = value;
+        break;
+    case KVC_CLI_GPU:
+        d->gpu_arg = value;
+        break;
+    case KVC_CLI_GPU_MEMORY:
+        SIZE(d->g_mem);
+        if (!d->g_mem) return -kvc_cli_error(CMD, "--gpu-memory: must be positive");
+        break;
+    case KVC_CLI_GPU_BANDWIDTH:
+        RATE(d->g_bw);
+        break;
+    case KVC_CLI_GPU_FLOPS:
+        DBL(1e-3, 1e7, d->g_flops);
+        break;
+    case KVC_CLI_GPU_FP8_FLOPS:
+        DBL(0, 1e7, d->g_fp8);
+        break;
+    case KVC_CLI_GPU_L2:
+        SIZE(d->g_l2);
+        break;
+    case KVC_CLI_GPU_INTERCONNECT:
+        RATE(d->g_link);
+        break;
+    case KVC_CLI_GPU_PCIE:
+        RATE(d->g_pcie);
+        break;
+    case KVC_CLI_TP:
+        U64(1, 1024, pp->tp);
+        break;
+    case KVC_CLI_PP:
+        U64(1, 64, pp->pp);
+        break;
+    case KVC_CLI_DP:
+        U64(1, 65536, pp->dp);
+        break;
+    case KVC_CLI_WEIGHT_DTYPE:
+        if (kvc_plan_dtype_parse(value, &pp->weight_dtype))
+            return -kvc_cli_error(CMD, "--weight-dtype: '%s' is not bf16, fp16, fp8 or int4",
+                                  value);
+        break;
+    case KVC_CLI_KV_DTYPE:
+        if (kvc_plan_dtype_parse(value, &pp->kv_dtype) || pp->kv_dtype == KVC_PLAN_INT4)
+            return -kvc_cli_error(CMD, "--kv-dtype: '%s' is not bf16, fp16 or fp8", value);
+        break;
+    case KVC_CLI_BLOCK_SIZE:
+        U64(1, 1024, pp->block_size);
+        if (pp->block_size & (pp->block_size - 1))
+            return -kvc_cli_error(CMD, "--block-size: '%s' is not a power of two", value);
+        break;
+    case KVC_CLI_UTIL:
+        DBL(1e-6, 1, pp->gpu_memory_utilization);
+        break;
+    case KVC_CLI_MAX_MODEL_LEN:
+        U64(1, UINT64_C(1) << 40, pp->max_model_len);
+        break;
+    case KVC_CLI_MAX_NUM_SEQS:
+        U64(1, 1u << 24, pp->max_num_seqs);
+        break;
+    case KVC_CLI_MAX_BATCHED:
+        U64(1, 1u << 30, pp->max_num_batched_tokens);
+        break;
+    case KVC_CLI_WEIGHT_MEM:
+        SIZE(pp->weight_bytes);
+        break;
+    case KVC_CLI_ACT_MEM:
+        SIZE(pp->activation_bytes);
+        break;
+    case KVC_CLI_GRAPH_MEM:
+        SIZE(pp->cuda_graph_bytes);
+        break;
+    case KVC_CLI_NON_TORCH_MEM:
+        SIZE(pp->non_torch_bytes);
+        break;
+    case KVC_CLI_CTX_MEM:
+        SIZE(pp->cuda_context_bytes);
+        break;
+    case KVC_CLI_KV_MEM:
+        SIZE(pp->kv_cache_bytes);
+        break;
+    case KVC_CLI_EAGER:
+        pp->enforce_eager = true;
+        break;
+    case KVC_CLI_GRAPHS_OUTSIDE:
+        pp->graphs_outside_budget = true;
+        break;
+    case KVC_CLI_NO_WINDOW_FREEING:
+        pp->window_freeing = false;
+        break;
+    case KVC_CLI_MFU:
+        DBL(1e-6, 1, pp->mfu);
+        break;
+    case KVC_CLI_MBU:
+        DBL(1e-6, 1, pp->mbu);
+        break;
+    case KVC_CLI_SPEC_TOKENS:
+        U64(0, 64, pp->spec_tokens);
+        break;
+    case KVC_CLI_SPEC_ACCEPT:
+        DBL(0, 0.999999, pp->spec_acceptance);
+        break;
     default:
         return 0;
     }
@@ -305,7 +307,8 @@ static int load_model(const char *CMD, const char *arg, kvc_plan_model_t *m)
     return 0;
 }
 
-int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *CMD, kvc_plan_model_t *model, kvc_plan_gpu_t *gpu)
+int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *CMD, kvc_plan_model_t *model,
+                           kvc_plan_gpu_t *gpu)
 {
     if (!d->model_arg) {
         char names[512];
@@ -317,7 +320,8 @@ int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *CMD, kvc_plan_
         if (kvc_plan_gpu_preset(d->gpu_arg, gpu)) {
             char names[512];
             kvc_cli_presets_line(names, sizeof names, false);
-            return kvc_cli_error(CMD, "--gpu '%s': unknown preset (presets: %s)", d->gpu_arg, names);
+            return kvc_cli_error(CMD, "--gpu '%s': unknown preset (presets: %s)", d->gpu_arg,
+                                 names);
         }
     } else {
         if (!d->g_mem || isnan(d->g_bw) || isnan(d->g_flops)) {

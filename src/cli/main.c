@@ -21,8 +21,9 @@ static const struct {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvcache <command> [options]\n\n"
-               "kvcache %s - a KV-cache runtime for LLM serving.\n\ncommands:\n",
+    fprintf(f,
+            "usage: kvcache <command> [options]\n\n"
+            "kvcache %s - a KV-cache runtime for LLM serving.\n\ncommands:\n",
             KVC_VERSION);
     for (size_t i = 0; i < KVC_ARRAY_LEN(commands); i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);

@@ -19,7 +19,6 @@
 #include <string.h>
 #include <strings.h>
 
-
 /* ---- dtypes ---------------------------------------------------------------- */
 static const struct {
     const char *name;
@@ -224,33 +223,32 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
         NEED(qk_rope_head_dim, "qk_rope_head_dim");
         NEED(qk_nope_head_dim, "qk_nope_head_dim");
         if (m->head_dim != m->qk_nope_head_dim + m->qk_rope_head_dim)
-            return kvc__msgf(
-                KVC_EINVAL, msg, len,
-                "MLA head_dim %u is not qk_nope_head_dim %u + qk_rope_head_dim %u", m->head_dim,
-                m->qk_nope_head_dim, m->qk_rope_head_dim);
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "MLA head_dim %u is not qk_nope_head_dim %u + qk_rope_head_dim %u",
+                             m->head_dim, m->qk_nope_head_dim, m->qk_rope_head_dim);
     } else {
         NEED(n_kv_heads, "num_key_value_heads");
         if (m->n_kv_heads > m->n_heads || m->n_heads % m->n_kv_heads)
             return kvc__msgf(KVC_EINVAL, msg, len,
-                                  "num_key_value_heads %u does not divide num_attention_heads %u",
-                                  m->n_kv_heads, m->n_heads);
+                             "num_key_value_heads %u does not divide num_attention_heads %u",
+                             m->n_kv_heads, m->n_heads);
     }
     if (m->n_experts) {
         NEED(n_experts_active, "num_experts_per_tok");
         NEED(moe_intermediate_size, "moe_intermediate_size");
         if (m->n_experts_active > m->n_experts)
             return kvc__msgf(KVC_EINVAL, msg, len,
-                                  "num_experts_per_tok %u exceeds the %u routed experts",
-                                  m->n_experts_active, m->n_experts);
+                             "num_experts_per_tok %u exceeds the %u routed experts",
+                             m->n_experts_active, m->n_experts);
         if (m->n_dense_layers > m->n_layers)
             return kvc__msgf(KVC_EINVAL, msg, len, "%u dense layers but only %u layers",
-                                  m->n_dense_layers, m->n_layers);
+                             m->n_dense_layers, m->n_layers);
     }
     if ((!m->n_experts || m->n_dense_layers) && m->intermediate_size == 0)
         return kvc__msgf(KVC_EINVAL, msg, len, "intermediate_size is missing or zero");
     if (m->n_sliding_layers > m->n_layers)
         return kvc__msgf(KVC_EINVAL, msg, len, "%u sliding layers but only %u layers",
-                              m->n_sliding_layers, m->n_layers);
+                         m->n_sliding_layers, m->n_layers);
     if (m->n_sliding_layers && !m->sliding_window)
         return kvc__msgf(KVC_EINVAL, msg, len, "sliding layers without a sliding_window");
     return 0;
@@ -337,8 +335,8 @@ static int get_uint(const cfg_t *c, const char *const *keys, uint64_t max, bool 
     double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!cJSON_IsNumber(v) || !(d >= (allow_zero ? 0 : 1)) || d > (double)max || d != floor(d)) {
         char *shown = cJSON_PrintUnformatted(v);
-        int rc = kvc__msgf(KVC_EPARSE, c->msg, c->len, "%s: expected a %s integer, got %.40s",
-                                key, allow_zero ? "non-negative" : "positive", shown ? shown : "?");
+        int rc = kvc__msgf(KVC_EPARSE, c->msg, c->len, "%s: expected a %s integer, got %.40s", key,
+                           allow_zero ? "non-negative" : "positive", shown ? shown : "?");
         cJSON_free(shown);
         return rc;
     }
@@ -385,15 +383,15 @@ static int parse_chunked(const cfg_t *c, const kvc_plan_model_t *m, uint32_t *n_
     if (rope && cJSON_IsArray(rope) && cJSON_GetArraySize(rope) > 0) {
         if ((uint32_t)cJSON_GetArraySize(rope) < m->n_layers)
             return kvc__msgf(KVC_EINVAL, c->msg, c->len,
-                                  "no_rope_layers has %d entries but num_hidden_layers is %u",
-                                  cJSON_GetArraySize(rope), m->n_layers);
+                             "no_rope_layers has %d entries but num_hidden_layers is %u",
+                             cJSON_GetArraySize(rope), m->n_layers);
         const cJSON *v;
         uint32_t i = 0;
         cJSON_ArrayForEach(v, rope)
         {
             if (!cJSON_IsNumber(v))
                 return kvc__msgf(KVC_EPARSE, c->msg, c->len,
-                                      "no_rope_layers: expected 0 or 1 per layer");
+                                 "no_rope_layers: expected 0 or 1 per layer");
             if (i++ < m->n_layers && v->valuedouble != 0) (*n_chunked)++;
         }
         return 0;
@@ -423,8 +421,8 @@ static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
         int n = cJSON_GetArraySize(types);
         if ((uint32_t)n != m->n_layers)
             return kvc__msgf(KVC_EINVAL, c->msg, c->len,
-                                  "layer_types has %d entries but num_hidden_layers is %u", n,
-                                  m->n_layers);
+                             "layer_types has %d entries but num_hidden_layers is %u", n,
+                             m->n_layers);
         const cJSON *t;
         cJSON_ArrayForEach(t, types)
         {
@@ -455,11 +453,11 @@ static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
     if (!window) {
         if (n_sliding_listed)
             return kvc__msgf(KVC_EINVAL, c->msg, c->len,
-                                  "layer_types names sliding layers but sliding_window is missing");
+                             "layer_types names sliding layers but sliding_window is missing");
         if (n_chunked_listed)
             return kvc__msgf(KVC_EINVAL, c->msg, c->len,
-                                  "layer_types names chunked layers but attention_chunk_size is "
-                                  "missing");
+                             "layer_types names chunked layers but attention_chunk_size is "
+                             "missing");
         return 0;
     }
     m->sliding_window = window;
@@ -497,7 +495,7 @@ static int parse_moe(const cfg_t *c, kvc_plan_model_t *m)
         return rc;
     if (!m->moe_intermediate_size)
         return kvc__msgf(KVC_EINVAL, c->msg, c->len,
-                              "moe_intermediate_size (or intermediate_size) is missing");
+                         "moe_intermediate_size (or intermediate_size) is missing");
     if ((rc = get_u32(c, KEYS("n_shared_experts"), false, &m->n_shared_experts))) return rc;
     if ((rc = get_u32(c, KEYS("shared_expert_intermediate_size"), false,
                       &m->shared_expert_intermediate_size)))
@@ -516,8 +514,8 @@ static int parse_moe(const cfg_t *c, kvc_plan_model_t *m)
     if (sparse_step > 1) n_dense = m->n_layers - m->n_layers / sparse_step;
     if (mlp_only) n_dense += (uint32_t)cJSON_GetArraySize(mlp_only);
     if (n_dense > m->n_layers)
-        return kvc__msgf(KVC_EINVAL, c->msg, c->len, "%u dense layers but only %u layers",
-                              n_dense, m->n_layers);
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len, "%u dense layers but only %u layers", n_dense,
+                         m->n_layers);
     m->n_dense_layers = n_dense;
     return 0;
 }
@@ -579,9 +577,9 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
         if (!m->head_dim) {
             if (m->hidden_size % m->n_heads)
                 return kvc__msgf(KVC_EINVAL, c->msg, c->len,
-                                      "head_dim is missing and hidden_size %u is not a multiple of "
-                                      "num_attention_heads %u",
-                                      m->hidden_size, m->n_heads);
+                                 "head_dim is missing and hidden_size %u is not a multiple of "
+                                 "num_attention_heads %u",
+                                 m->hidden_size, m->n_heads);
             m->head_dim = m->hidden_size / m->n_heads;
         }
         m->v_head_dim = m->head_dim;
@@ -640,8 +638,7 @@ int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size
 {
     enum { MAX_CONFIG = 16 << 20 };
     FILE *f = fopen(path, "rb");
-    if (!f)
-        return kvc__msgf(KVC_EIO, msg, msg_len, "cannot open %s: %s", path, strerror(errno));
+    if (!f) return kvc__msgf(KVC_EIO, msg, msg_len, "cannot open %s: %s", path, strerror(errno));
     char *buf = malloc(MAX_CONFIG + 1);
     if (!buf) {
         fclose(f);

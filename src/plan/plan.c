@@ -476,23 +476,23 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
     uint64_t max_len = p->max_model_len ? p->max_model_len : m->max_position_embeddings;
     if (!max_len)
         return kvc__msgf(KVC_EINVAL, msg, len,
-                              "the model gives no max_position_embeddings: set --max-model-len");
+                         "the model gives no max_position_embeddings: set --max-model-len");
     if (m->max_position_embeddings && max_len > m->max_position_embeddings)
-        return kvc__msgf(
-            KVC_EINVAL, msg, len,
-            "--max-model-len %llu exceeds the model's max_position_embeddings %llu",
-            (unsigned long long)max_len, (unsigned long long)m->max_position_embeddings);
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "--max-model-len %llu exceeds the model's max_position_embeddings %llu",
+                         (unsigned long long)max_len,
+                         (unsigned long long)m->max_position_embeddings);
     const uint64_t req = p->prompt_tokens + p->output_tokens;
     if (req > max_len)
         return kvc__msgf(KVC_EINVAL, msg, len,
-                              "the request (--prompt %llu + --output %llu) is longer than "
-                              "max_model_len %llu",
-                              (unsigned long long)p->prompt_tokens,
-                              (unsigned long long)p->output_tokens, (unsigned long long)max_len);
+                         "the request (--prompt %llu + --output %llu) is longer than "
+                         "max_model_len %llu",
+                         (unsigned long long)p->prompt_tokens, (unsigned long long)p->output_tokens,
+                         (unsigned long long)max_len);
     const uint64_t ctx_tokens = p->context_tokens ? p->context_tokens : req;
     if (ctx_tokens > max_len)
         return kvc__msgf(KVC_EINVAL, msg, len, "--context %llu exceeds max_model_len %llu",
-                              (unsigned long long)ctx_tokens, (unsigned long long)max_len);
+                         (unsigned long long)ctx_tokens, (unsigned long long)max_len);
 
     memset(r, 0, sizeof *r);
     r->model = *m;

@@ -56,10 +56,10 @@ int kvc_dtype_parse(const char *name, kvc_dtype_t *out)
     static const struct {
         const char *alias;
         kvc_dtype_t dt;
-    } aliases[] = {{"fp32", KVC_DTYPE_F32}, {"float32", KVC_DTYPE_F32}, {"fp16", KVC_DTYPE_F16},
-                   {"float16", KVC_DTYPE_F16}, {"bfloat16", KVC_DTYPE_BF16},
-                   {"fp8", KVC_DTYPE_FP8_E4M3}, {"fp8_e4m3", KVC_DTYPE_FP8_E4M3},
-                   {"fp8_e5m2", KVC_DTYPE_FP8_E5M2}};
+    } aliases[] = {{"fp32", KVC_DTYPE_F32},          {"float32", KVC_DTYPE_F32},
+                   {"fp16", KVC_DTYPE_F16},          {"float16", KVC_DTYPE_F16},
+                   {"bfloat16", KVC_DTYPE_BF16},     {"fp8", KVC_DTYPE_FP8_E4M3},
+                   {"fp8_e4m3", KVC_DTYPE_FP8_E4M3}, {"fp8_e5m2", KVC_DTYPE_FP8_E5M2}};
     if (!name || !out) return KVC_EINVAL;
     for (int i = 0; i < KVC_DTYPE__COUNT; i++)
         if (strcmp(name, dtypes[i].name) == 0) return *out = (kvc_dtype_t)i, 0;
@@ -86,8 +86,7 @@ static int storage_sizes(const kvc_storage_desc_t *s, uint32_t block_size, size_
     *block_bytes = *kv_bytes = 0;
     if (storage_is_empty(s)) return 0;
     uint32_t n_kv = s->n_kv ? s->n_kv : 2;
-    if (s->n_layers == 0 || s->n_kv_heads == 0 || s->head_dim == 0 || n_kv > 2)
-        return KVC_EINVAL;
+    if (s->n_layers == 0 || s->n_kv_heads == 0 || s->head_dim == 0 || n_kv > 2) return KVC_EINVAL;
     size_t el = kvc_dtype_bytes(s->dtype);
     if (el == 0) return KVC_EINVAL;
     /* Each factor is < 2^32; check the products stay below 2^62. */
@@ -419,12 +418,14 @@ int kvc_pool_check(const kvc_pool_t *pool, char *msg, size_t cap)
             return fail(msg, cap, "free queue: foreign node");
         uint32_t id = block_id(pool, b);
         if (b->refcount != 0)
-            return fail(msg, cap, "block %u is in the free queue with refcount %u", id, b->refcount);
+            return fail(msg, cap, "block %u is in the free queue with refcount %u", id,
+                        b->refcount);
         if (++in_queue > n_blocks) return fail(msg, cap, "free queue: cycle");
         bool cached = b->flags & BLOCK_CACHED;
         if (cached && !seen_cached) {
             if (pool->cached_first != node)
-                return fail(msg, cap, "free queue: cached run starts at block %u, marker elsewhere", id);
+                return fail(msg, cap, "free queue: cached run starts at block %u, marker elsewhere",
+                            id);
             boundary_ok = true;
         }
         if (!cached && seen_cached)
@@ -434,7 +435,8 @@ int kvc_pool_check(const kvc_pool_t *pool, char *msg, size_t cap)
         prev = node;
     }
     if (pool->free_q.prev != prev) return fail(msg, cap, "free queue: broken tail link");
-    if (!boundary_ok) return fail(msg, cap, "free queue: cached-run marker points at no cached block");
+    if (!boundary_ok)
+        return fail(msg, cap, "free queue: cached-run marker points at no cached block");
     if (in_queue != pool->n_free)
         return fail(msg, cap, "free queue holds %u blocks, n_free says %u", in_queue, pool->n_free);
     if (cached_in_queue != pool->n_free_cached)
@@ -447,7 +449,8 @@ int kvc_pool_check(const kvc_pool_t *pool, char *msg, size_t cap)
         if (b->refcount == 0 && !linked)
             return fail(msg, cap, "block %u has refcount 0 but is not in the free queue", i);
         if (b->refcount != 0 && linked)
-            return fail(msg, cap, "block %u has refcount %u but is in the free queue", i, b->refcount);
+            return fail(msg, cap, "block %u has refcount %u but is in the free queue", i,
+                        b->refcount);
         n_zero += b->refcount == 0;
     }
     if (n_zero != pool->n_free)

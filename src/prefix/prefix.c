@@ -30,7 +30,7 @@ typedef struct {
     uint32_t n_children; /* cached blocks whose parent is this one */
     uint8_t cached;
     uint8_t n_extra;
-    uint8_t sliding;     /* belongs to a sliding-window group */
+    uint8_t sliding; /* belongs to a sliding-window group */
     uint8_t pad;
 } entry_t;
 
@@ -38,18 +38,18 @@ struct kvc_prefix {
     kvc_pool_t *pool;
     kvc_prefix_params_t params;
     uint64_t seed;
-    uint64_t fp_seed;       /* fingerprints: independent of seed and of the test hook */
+    uint64_t fp_seed; /* fingerprints: independent of seed and of the test hook */
     uint32_t n_blocks;
     uint32_t block_size;
     uint32_t bucket_mask;
-    uint32_t *buckets;      /* (bucket_mask + 1) chain heads */
-    entry_t *entries;       /* (n_blocks) */
-    kvc_token_t *tokens;    /* (n_blocks, block_size) */
-    kvc_namespace_t *ns;    /* (n_blocks) */
-    extra_t *extras;        /* (n_blocks, max_extra_keys) */
-    kvc_hash128_t *fp;      /* (n_blocks) fingerprints of sliding-window blocks */
-    kvc_hash128_t *phash;   /* (n_blocks) the hash each cached block chains from (zero for a
-                               root); kept out of entry_t so lookups touch one line per block */
+    uint32_t *buckets;    /* (bucket_mask + 1) chain heads */
+    entry_t *entries;     /* (n_blocks) */
+    kvc_token_t *tokens;  /* (n_blocks, block_size) */
+    kvc_namespace_t *ns;  /* (n_blocks) */
+    extra_t *extras;      /* (n_blocks, max_extra_keys) */
+    kvc_hash128_t *fp;    /* (n_blocks) fingerprints of sliding-window blocks */
+    kvc_hash128_t *phash; /* (n_blocks) the hash each cached block chains from (zero for a
+                             root); kept out of entry_t so lookups touch one line per block */
     uint32_t n_cached;
     kvc_prefix_stats_t stats;
 };
@@ -59,8 +59,8 @@ static const kvc_namespace_t default_ns;
 /* ---- small helpers ------------------------------------------------------- */
 const char *kvc_block_status_name(kvc_block_status_t s)
 {
-    static const char *const names[] = {"hit",        "miss",       "collision",    "after-miss",
-                                        "last-token", "partial",    "out-of-window"};
+    static const char *const names[] = {"hit",        "miss",    "collision",    "after-miss",
+                                        "last-token", "partial", "out-of-window"};
     return (unsigned)s < KVC_ARRAY_LEN(names) ? names[s] : "?";
 }
 
@@ -76,8 +76,8 @@ void kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt)
 
 static bool ns_equal(const kvc_namespace_t *a, const kvc_namespace_t *b)
 {
-    return a->weight_epoch == b->weight_epoch && a->lora_id == b->lora_id &&
-           a->group == b->group && memcmp(a->salt, b->salt, sizeof a->salt) == 0;
+    return a->weight_epoch == b->weight_epoch && a->lora_id == b->lora_id && a->group == b->group &&
+           memcmp(a->salt, b->salt, sizeof a->salt) == 0;
 }
 
 static inline kvc_hash128_t do_hash(const kvc_prefix_t *pc, const void *data, size_t len)
@@ -126,8 +126,8 @@ static bool query_ok(const kvc_prefix_query_t *q)
 
 /* The extra keys of block `index`: every multimodal input overlapping it, sorted so that the
  * order of q->mm does not matter.  Returns the count, or -1 if more than `max` overlap. */
-static int block_extras(const kvc_prefix_query_t *q, size_t index, uint32_t block_size, uint32_t max,
-                        extra_t *out)
+static int block_extras(const kvc_prefix_query_t *q, size_t index, uint32_t block_size,
+                        uint32_t max, extra_t *out)
 {
     uint64_t lo = (uint64_t)index * block_size, hi = lo + block_size;
     int n = 0;
@@ -140,12 +140,12 @@ static int block_extras(const kvc_prefix_query_t *q, size_t index, uint32_t bloc
         /* insertion sort by (offset, length, hash) */
         while (j > 0) {
             const extra_t *p = &out[j - 1];
-            bool after = (int64_t)p->offset > (int64_t)e.offset ||
-                         (p->offset == e.offset &&
-                          (p->length > e.length ||
-                           (p->length == e.length &&
-                            (p->hash.hi > e.hash.hi ||
-                             (p->hash.hi == e.hash.hi && p->hash.lo > e.hash.lo)))));
+            bool after =
+                (int64_t)p->offset > (int64_t)e.offset ||
+                (p->offset == e.offset &&
+                 (p->length > e.length ||
+                  (p->length == e.length && (p->hash.hi > e.hash.hi || (p->hash.hi == e.hash.hi &&
+                                                                        p->hash.lo > e.hash.lo)))));
             if (!after) break;
             out[j] = out[j - 1];
             j--;
@@ -211,13 +211,14 @@ typedef struct {
 
 /* Exact identity: same parent (see link_t), namespace, tokens and extra keys. */
 static inline bool identity_equal(const kvc_prefix_t *pc, uint32_t b, const link_t *link,
-                           const kvc_namespace_t *ns, const kvc_token_t *tokens,
-                           const extra_t *extras, int n_extra)
+                                  const kvc_namespace_t *ns, const kvc_token_t *tokens,
+                                  const extra_t *extras, int n_extra)
 {
     const entry_t *e = &pc->entries[b];
     if (e->n_extra != n_extra || e->sliding != link->sliding) return false;
     if (link->sliding) {
-        if (!kvc_hash128_eq(pc->phash[b], link->parent_hash) || !kvc_hash128_eq(pc->fp[b], link->fp))
+        if (!kvc_hash128_eq(pc->phash[b], link->parent_hash) ||
+            !kvc_hash128_eq(pc->fp[b], link->fp))
             return false;
     } else if (e->parent != link->parent) {
         return false;
@@ -237,8 +238,8 @@ static inline bool identity_equal(const kvc_prefix_t *pc, uint32_t b, const link
 /* Find the cached block with this exact identity; *collided is set if a candidate had the
  * same hash but another identity. */
 static inline uint32_t find_exact(const kvc_prefix_t *pc, kvc_hash128_t h, const link_t *link,
-                           const kvc_namespace_t *ns, const kvc_token_t *tokens,
-                           const extra_t *extras, int n_extra, bool *collided)
+                                  const kvc_namespace_t *ns, const kvc_token_t *tokens,
+                                  const extra_t *extras, int n_extra, bool *collided)
 {
     for (uint32_t b = pc->buckets[bucket_of(pc, h)]; b != KVC_NONE; b = pc->entries[b].hnext) {
         if (!kvc_hash128_eq(pc->entries[b].hash, h)) continue;
@@ -314,8 +315,9 @@ int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_p
     pc->seed = params->hash_seed ? params->hash_seed : kvc_random_seed();
     /* The fingerprint seed is independent of the index seed; derived from it when a deployment
      * fixes the seed (so fingerprints agree across its processes), random otherwise. */
-    pc->fp_seed = params->hash_seed ? kvc_hash128(&pc->seed, sizeof pc->seed, 0x66696e6765727072ULL).lo
-                                    : kvc_random_seed();
+    pc->fp_seed = params->hash_seed
+                      ? kvc_hash128(&pc->seed, sizeof pc->seed, 0x66696e6765727072ULL).lo
+                      : kvc_random_seed();
     pc->n_blocks = kvc_pool_n_blocks(pool);
     pc->block_size = kvc_pool_block_size(pool);
     uint64_t n_buckets = 16;
@@ -326,7 +328,8 @@ int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_p
     pc->tokens = kvc_calloc(a, (size_t)pc->n_blocks * pc->block_size, sizeof(kvc_token_t), 64);
     pc->ns = kvc_calloc(a, pc->n_blocks, sizeof(kvc_namespace_t), 64);
     if (params->max_extra_keys)
-        pc->extras = kvc_calloc(a, (size_t)pc->n_blocks * params->max_extra_keys, sizeof(extra_t), 64);
+        pc->extras =
+            kvc_calloc(a, (size_t)pc->n_blocks * params->max_extra_keys, sizeof(extra_t), 64);
     if (any_sliding) pc->fp = kvc_calloc(a, pc->n_blocks, sizeof(kvc_hash128_t), 64);
     pc->phash = kvc_calloc(a, pc->n_blocks, sizeof(kvc_hash128_t), 64);
     if (!pc->buckets || !pc->entries || !pc->tokens || !pc->ns || !pc->phash ||
@@ -378,8 +381,8 @@ static int hash_chain(const kvc_prefix_t *pc, bool fp, const kvc_prefix_query_t 
     kvc_hash128_t parent = {0, 0};
     extra_t extras[MAX_EXTRA_KEYS];
     for (size_t i = 0; i < n_full; i++) {
-        int n_extra = q->n_mm ? block_extras(q, i, pc->block_size, pc->params.max_extra_keys, extras)
-                              : 0;
+        int n_extra =
+            q->n_mm ? block_extras(q, i, pc->block_size, pc->params.max_extra_keys, extras) : 0;
         if (n_extra < 0) return KVC_ERANGE;
         parent = out[i] =
             chain_hash(pc, fp, parent, nsd, q->tokens + i * pc->block_size, extras, n_extra);
@@ -400,14 +403,16 @@ int kvc_prefix_hash_next(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, si
     if (!pc || !query_ok(q) || !hash || index >= q->n_tokens / pc->block_size) return KVC_EINVAL;
     if (index > 0 && (!prev_hash || (fp && !prev_fp))) return KVC_EINVAL;
     extra_t extras[MAX_EXTRA_KEYS];
-    int n_extra = q->n_mm ? block_extras(q, index, pc->block_size, pc->params.max_extra_keys, extras) : 0;
+    int n_extra =
+        q->n_mm ? block_extras(q, index, pc->block_size, pc->params.max_extra_keys, extras) : 0;
     if (n_extra < 0) return KVC_ERANGE;
     const kvc_token_t *tok = q->tokens + index * pc->block_size;
     const kvc_hash128_t zero = {0, 0};
-    *hash = block_hash(pc, index ? *prev_hash : zero, ns_digest(pc, query_ns(q)), tok, extras, n_extra);
+    *hash =
+        block_hash(pc, index ? *prev_hash : zero, ns_digest(pc, query_ns(q)), tok, extras, n_extra);
     if (fp)
-        *fp = chain_hash(pc, true, index ? *prev_fp : zero, ns_fp_digest(pc, query_ns(q)), tok, extras,
-                         n_extra);
+        *fp = chain_hash(pc, true, index ? *prev_fp : zero, ns_fp_digest(pc, query_ns(q)), tok,
+                         extras, n_extra);
     return 0;
 }
 
@@ -463,12 +468,14 @@ static inline bool walker_step(walker_t *w, size_t i)
     w->prev_h = w->h;
     w->h = q->hashes ? q->hashes[i] : block_hash(pc, w->h, w->nsd, tok, w->extras, w->n_extra);
     if (w->sliding)
-        w->fp = q->fingerprints ? q->fingerprints[i]
-                                : chain_hash(pc, true, w->fp, w->nsd_fp, tok, w->extras, w->n_extra);
+        w->fp = q->fingerprints
+                    ? q->fingerprints[i]
+                    : chain_hash(pc, true, w->fp, w->nsd_fp, tok, w->extras, w->n_extra);
     return true;
 }
 
-static inline uint32_t walker_find(kvc_prefix_t *pc, walker_t *w, size_t i, uint32_t prev, bool *collided)
+static inline uint32_t walker_find(kvc_prefix_t *pc, walker_t *w, size_t i, uint32_t prev,
+                                   bool *collided)
 {
     link_t link = {.parent = prev, .parent_hash = w->prev_h, .fp = w->fp, .sliding = w->sliding};
     *collided = false;
@@ -513,11 +520,11 @@ static int match_impl(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
         hit->cut_by_last_token = lt < KVC_MIN(i, h_limit);
         if (status) {
             for (size_t j = 0; j < n_all; j++)
-                status[j] = j >= n_full                ? KVC_BLOCK_PARTIAL
-                            : j < hit->n_hit_blocks    ? KVC_BLOCK_HIT
-                            : j < i                    ? KVC_BLOCK_LAST_TOKEN
-                            : j == i                   ? miss_status
-                                                       : KVC_BLOCK_AFTER_MISS;
+                status[j] = j >= n_full             ? KVC_BLOCK_PARTIAL
+                            : j < hit->n_hit_blocks ? KVC_BLOCK_HIT
+                            : j < i                 ? KVC_BLOCK_LAST_TOKEN
+                            : j == i                ? miss_status
+                                                    : KVC_BLOCK_AFTER_MISS;
         }
     } else {
         /* Each block on its own; a hit of h blocks needs blocks [first(h), h).  `run` counts the
@@ -530,7 +537,9 @@ static int match_impl(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
             if (walker_step(&w, i)) {
                 bool collided;
                 b = walker_find(pc, &w, i, KVC_NONE, &collided);
-                st = b != KVC_NONE ? KVC_BLOCK_HIT : collided ? KVC_BLOCK_COLLISION : KVC_BLOCK_MISS;
+                st = b != KVC_NONE ? KVC_BLOCK_HIT
+                     : collided    ? KVC_BLOCK_COLLISION
+                                   : KVC_BLOCK_MISS;
             } else {
                 memset(&w.h, 0, sizeof w.h); /* unhashable: later blocks cannot match either */
             }
@@ -611,7 +620,8 @@ int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
     for (size_t i = hit->first_hit_block; i < hit->n_hit_blocks; i++) {
         rc = kvc_pool_ref(pc->pool, blocks[i]);
         if (rc) { /* refcount overflow: give back what we took */
-            for (size_t j = i; j-- > hit->first_hit_block;) (void)kvc_pool_unref(pc->pool, blocks[j]);
+            for (size_t j = i; j-- > hit->first_hit_block;)
+                (void)kvc_pool_unref(pc->pool, blocks[j]);
             hit->n_hit_blocks = hit->n_hit_tokens = hit->first_hit_block = 0;
             return rc;
         }
@@ -629,8 +639,8 @@ int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
 
 /* ---- insertion and eviction ------------------------------------------------ */
 /* Hash (or fingerprint) of block `index` of the query, from the query's arrays or computed. */
-static int query_chain_at(const kvc_prefix_t *pc, bool fp, const kvc_prefix_query_t *q, size_t index,
-                          kvc_hash128_t *out)
+static int query_chain_at(const kvc_prefix_t *pc, bool fp, const kvc_prefix_query_t *q,
+                          size_t index, kvc_hash128_t *out)
 {
     const kvc_hash128_t *given = fp ? q->fingerprints : q->hashes;
     if (given) {
@@ -640,7 +650,8 @@ static int query_chain_at(const kvc_prefix_t *pc, bool fp, const kvc_prefix_quer
     kvc_hash128_t nsd = fp ? ns_fp_digest(pc, query_ns(q)) : ns_digest(pc, query_ns(q)), h = {0, 0};
     extra_t extras[MAX_EXTRA_KEYS];
     for (size_t i = 0; i <= index; i++) {
-        int n_extra = q->n_mm ? block_extras(q, i, pc->block_size, pc->params.max_extra_keys, extras) : 0;
+        int n_extra =
+            q->n_mm ? block_extras(q, i, pc->block_size, pc->params.max_extra_keys, extras) : 0;
         if (n_extra < 0) return KVC_ERANGE;
         h = chain_hash(pc, fp, h, nsd, q->tokens + i * pc->block_size, extras, n_extra);
     }
@@ -661,7 +672,8 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     link_t link = {.parent = KVC_NONE, .sliding = sliding};
     int rc;
     if (sliding) {
-        if (index > 0 && (rc = query_chain_at(pc, false, q, index - 1, &link.parent_hash))) return rc;
+        if (index > 0 && (rc = query_chain_at(pc, false, q, index - 1, &link.parent_hash)))
+            return rc;
         if ((rc = query_chain_at(pc, true, q, index, &link.fp))) return rc;
     } else if (index == 0) {
         if (parent != KVC_NONE) return KVC_EINVAL;
@@ -680,8 +692,9 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     extra_t extras[MAX_EXTRA_KEYS];
     int n_extra = q->n_mm ? block_extras(q, index, bs, pc->params.max_extra_keys, extras) : 0;
     if (n_extra < 0) return KVC_ERANGE;
-    kvc_hash128_t h = q->hashes ? q->hashes[index]
-                                : block_hash(pc, link.parent_hash, ns_digest(pc, ns), tok, extras, n_extra);
+    kvc_hash128_t h =
+        q->hashes ? q->hashes[index]
+                  : block_hash(pc, link.parent_hash, ns_digest(pc, ns), tok, extras, n_extra);
     bool collided = false;
     uint32_t found = find_exact(pc, h, &link, ns, tok, extras, n_extra, &collided);
     if (found != KVC_NONE) {
@@ -814,7 +827,8 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
     for (uint32_t k = 0; k <= pc->bucket_mask; k++) {
         for (uint32_t b = pc->buckets[k]; b != KVC_NONE; b = pc->entries[b].hnext) {
             if (b >= pc->n_blocks) return fail(msg, cap, "bucket %u: bad block id %u", k, b);
-            if (!pc->entries[b].cached) return fail(msg, cap, "uncached block %u in bucket %u", b, k);
+            if (!pc->entries[b].cached)
+                return fail(msg, cap, "uncached block %u in bucket %u", b, k);
             if (bucket_of(pc, pc->entries[b].hash) != k)
                 return fail(msg, cap, "block %u is in bucket %u, its hash says another", b, k);
             if (++in_chains > pc->n_blocks) return fail(msg, cap, "hash chains: cycle");
@@ -827,7 +841,8 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
             return fail(msg, cap, "block %u: cache says %s, pool says %s", b,
                         e->cached ? "cached" : "uncached", pool_cached ? "cached" : "uncached");
         if (!e->cached) {
-            if (e->n_children) return fail(msg, cap, "uncached block %u has %u children", b, e->n_children);
+            if (e->n_children)
+                return fail(msg, cap, "uncached block %u has %u children", b, e->n_children);
             continue;
         }
         n_cached++;
@@ -848,14 +863,16 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
             return fail(msg, cap, "block %u: stored hash does not chain from its identity", b);
     }
     if (n_cached != in_chains || n_cached != pc->n_cached)
-        return fail(msg, cap, "%u cached blocks, %u in chains, counter says %u", n_cached, in_chains,
-                    pc->n_cached);
+        return fail(msg, cap, "%u cached blocks, %u in chains, counter says %u", n_cached,
+                    in_chains, pc->n_cached);
     /* Exactly one cached block per identity, and the index finds it. */
     for (uint32_t b = 0; b < pc->n_blocks; b++) {
         const entry_t *e = &pc->entries[b];
         if (!e->cached) continue;
         bool collided = false;
-        link_t link = {.parent = e->parent, .parent_hash = pc->phash[b], .sliding = e->sliding,
+        link_t link = {.parent = e->parent,
+                       .parent_hash = pc->phash[b],
+                       .sliding = e->sliding,
                        .fp = e->sliding ? pc->fp[b] : (kvc_hash128_t){0, 0}};
         uint32_t f = find_exact(pc, e->hash, &link, &pc->ns[b], entry_tokens(pc, b),
                                 entry_extras(pc, b), e->n_extra, &collided);
@@ -865,7 +882,8 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
     uint32_t *counted = kvc_calloc(NULL, pc->n_blocks, sizeof(uint32_t), 0);
     if (!counted) return KVC_ENOMEM;
     for (uint32_t b = 0; b < pc->n_blocks; b++)
-        if (pc->entries[b].cached && pc->entries[b].parent != KVC_NONE) counted[pc->entries[b].parent]++;
+        if (pc->entries[b].cached && pc->entries[b].parent != KVC_NONE)
+            counted[pc->entries[b].parent]++;
     for (uint32_t b = 0; b < pc->n_blocks; b++) {
         if (counted[b] != pc->entries[b].n_children) {
             uint32_t want = counted[b];

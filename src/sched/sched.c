@@ -43,7 +43,7 @@ struct kvc_sched {
     queue_t waiting[KVC_MAX_CLASSES][KVC_MAX_TENANTS][2]; /* [.][.][is_long]: a long request
                                                               held back by its cap never blocks
                                                               the short ones behind it */
-    uint32_t *running; /* ids, sorted by (priority, arrival) */
+    uint32_t *running;                                    /* ids, sorted by (priority, arrival) */
     size_t n_running, running_cap;
     uint32_t *swapped; /* ids, sorted by (priority, arrival) */
     size_t n_swapped, swapped_cap;
@@ -117,7 +117,8 @@ __attribute__((format(printf, 2, 3))) static void trace(kvc_sched_t *s, const ch
     va_start(ap, fmt);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (n < 0 || grow(s, (void **)&s->trace, 1, &s->trace_cap, s->trace_len + (size_t)n + 2)) return;
+    if (n < 0 || grow(s, (void **)&s->trace, 1, &s->trace_cap, s->trace_len + (size_t)n + 2))
+        return;
     va_start(ap, fmt);
     vsnprintf(s->trace + s->trace_len, (size_t)n + 1, fmt, ap);
     va_end(ap);
@@ -126,9 +127,9 @@ __attribute__((format(printf, 2, 3))) static void trace(kvc_sched_t *s, const ch
     s->trace[s->trace_len] = 0;
 }
 
-#define TRACE(s, ...)                                                                      \
-    do {                                                                                   \
-        if ((s)->p.trace) trace(s, __VA_ARGS__);                                           \
+#define TRACE(s, ...)                            \
+    do {                                         \
+        if ((s)->p.trace) trace(s, __VA_ARGS__); \
     } while (0)
 
 static inline uint32_t blocks_for(const kvc_sched_t *s, uint64_t tokens)
@@ -215,13 +216,15 @@ static uint32_t cap_blocks(const kvc_sched_t *s, double share)
 static uint32_t target_blocks(const kvc_sched_t *s, const req_t *r)
 {
     switch (s->p.admission) {
-    case KVC_ADMIT_RESERVE_MAX: return blocks_for(s, (uint64_t)r->n_prompt + r->max_output);
+    case KVC_ADMIT_RESERVE_MAX:
+        return blocks_for(s, (uint64_t)r->n_prompt + r->max_output);
     case KVC_ADMIT_RESERVE_EXPECTED: {
         double out = ceil(s->p.expected_output * (1.0 + s->p.expected_margin));
         uint32_t o = (uint32_t)KVC_MIN((double)r->max_output, out);
         return blocks_for(s, (uint64_t)r->n_prompt + o);
     }
-    default: return 0;
+    default:
+        return 0;
     }
 }
 
@@ -240,10 +243,12 @@ static uint64_t outstanding(const kvc_sched_t *s)
 /* ---- creation ---------------------------------------------------------------------------- */
 kvc_sched_params_t kvc_sched_params_default(void)
 {
-    return (kvc_sched_params_t){.max_num_seqs = 256, .max_num_batched_tokens = 8192, .expected_margin = 0.2};
+    return (kvc_sched_params_t){
+        .max_num_seqs = 256, .max_num_batched_tokens = 8192, .expected_margin = 0.2};
 }
 
-int kvc_sched_create(kvc_seqs_t *seqs, kvc_pool_t *pool, const kvc_sched_params_t *params, kvc_sched_t **out)
+int kvc_sched_create(kvc_seqs_t *seqs, kvc_pool_t *pool, const kvc_sched_params_t *params,
+                     kvc_sched_t **out)
 {
     if (!seqs || !pool || !params || !out) return KVC_EINVAL;
     *out = NULL;
@@ -293,11 +298,14 @@ int kvc_sched_add(kvc_sched_t *s, const kvc_sched_req_t *q, double now, uint32_t
         return KVC_EINVAL;
     /* Could it ever run?  Its prompt and first output must fit the pool and every cap. */
     uint32_t need = blocks_for(s, (uint64_t)q->n_prompt + 1);
-    bool is_long = s->p.long_threshold && (uint64_t)q->n_prompt + q->max_output >= s->p.long_threshold;
+    bool is_long =
+        s->p.long_threshold && (uint64_t)q->n_prompt + q->max_output >= s->p.long_threshold;
     if (need > s->pool_blocks || need > cap_blocks(s, s->p.class_kv_cap[q->priority]) ||
-        need > cap_blocks(s, s->p.tenant_kv_share) || (is_long && need > cap_blocks(s, s->p.long_kv_cap)))
+        need > cap_blocks(s, s->p.tenant_kv_share) ||
+        (is_long && need > cap_blocks(s, s->p.long_kv_cap)))
         return KVC_ERANGE;
-    if (s->p.admission == KVC_ADMIT_RESERVE_MAX && blocks_for(s, (uint64_t)q->n_prompt + q->max_output) > s->pool_blocks)
+    if (s->p.admission == KVC_ADMIT_RESERVE_MAX &&
+        blocks_for(s, (uint64_t)q->n_prompt + q->max_output) > s->pool_blocks)
         return KVC_ERANGE;
     /* Like an engine's max_model_len: a request never grows past what the pool (and its caps)
      * can hold, or it would preempt itself forever.  Its output is capped there ("length"). */
@@ -382,7 +390,8 @@ int kvc_sched_abort(kvc_sched_t *s, uint32_t id)
     return 0;
 }
 
-/* ---- preemption -------------------------------------------------------------------------------- */
+/* ---- preemption --------------------------------------------------------------------------------
+ */
 static void preempt(kvc_sched_t *s, uint32_t id, const char *why, bool force_recompute)
 {
     req_t *r = &s->reqs[id];
@@ -394,7 +403,8 @@ static void preempt(kvc_sched_t *s, uint32_t id, const char *why, bool force_rec
     if (swap && s->p.swap_space_bytes) {
         uint64_t in_use = 0;
         for (size_t i = 0; i < s->n_swapped; i++)
-            in_use += (uint64_t)blocks_for(s, s->reqs[s->swapped[i]].swapped_tokens) * s->p.block_bytes;
+            in_use +=
+                (uint64_t)blocks_for(s, s->reqs[s->swapped[i]].swapped_tokens) * s->p.block_bytes;
         if (in_use + bytes > s->p.swap_space_bytes) swap = false; /* no host room: recompute */
     }
     int rc = kvc_seq_reset(s->seqs, r->seq);
@@ -418,7 +428,8 @@ static void preempt(kvc_sched_t *s, uint32_t id, const char *why, bool force_rec
               (unsigned long long)bytes);
     } else {
         r->state = R_WAITING;
-        (void)queue_push(s, &s->waiting[r->priority][r->tenant][r->is_long], id, true); /* keeps its place */
+        (void)queue_push(s, &s->waiting[r->priority][r->tenant][r->is_long], id,
+                         true); /* keeps its place */
         s->st.n_waiting++;
         s->class_waiting[r->priority]++;
         TRACE(s, "  preempt r%u (%s): recompute, %u computed tokens dropped", id, why, computed);
@@ -430,10 +441,14 @@ typedef enum { F_ALL, F_CLASS, F_TENANT, F_LONG } filter_t;
 static bool in_filter(const req_t *v, const req_t *r, filter_t f)
 {
     switch (f) {
-    case F_CLASS: return v->priority == r->priority;
-    case F_TENANT: return v->tenant == r->tenant;
-    case F_LONG: return v->is_long;
-    default: return true;
+    case F_CLASS:
+        return v->priority == r->priority;
+    case F_TENANT:
+        return v->tenant == r->tenant;
+    case F_LONG:
+        return v->is_long;
+    default:
+        return true;
     }
 }
 
@@ -470,7 +485,8 @@ static bool make_room(kvc_sched_t *s, uint32_t id, uint32_t need, bool *waited)
         req_t *r = &s->reqs[id];
         filter_t f = F_ALL;
         const char *why = NULL;
-        if (s->st.class_blocks[r->priority] + need > cap_blocks(s, s->p.class_kv_cap[r->priority])) {
+        if (s->st.class_blocks[r->priority] + need >
+            cap_blocks(s, s->p.class_kv_cap[r->priority])) {
             f = F_CLASS;
             why = "class KV cap";
         } else if (s->st.tenant_blocks[r->tenant] + need > cap_blocks(s, s->p.tenant_kv_share)) {
@@ -497,11 +513,13 @@ static bool make_room(kvc_sched_t *s, uint32_t id, uint32_t need, bool *waited)
     }
 }
 
-/* ---- planning ------------------------------------------------------------------------------------ */
-static int add_entry(kvc_sched_t *s, uint32_t id, uint32_t first, uint32_t n, uint32_t drafts, bool prefill,
-                     bool samples)
+/* ---- planning
+ * ------------------------------------------------------------------------------------ */
+static int add_entry(kvc_sched_t *s, uint32_t id, uint32_t first, uint32_t n, uint32_t drafts,
+                     bool prefill, bool samples)
 {
-    int rc = grow(s, (void **)&s->entries, sizeof(kvc_sched_entry_t), &s->entries_cap, s->plan.n_entries + 1);
+    int rc = grow(s, (void **)&s->entries, sizeof(kvc_sched_entry_t), &s->entries_cap,
+                  s->plan.n_entries + 1);
     if (rc) return rc;
     req_t *r = &s->reqs[id];
     s->entries[s->plan.n_entries++] = (kvc_sched_entry_t){.id = id,
@@ -521,8 +539,8 @@ static int add_entry(kvc_sched_t *s, uint32_t id, uint32_t first, uint32_t n, ui
 }
 
 /* Schedule up to `budget` tokens of running request id.  Returns tokens taken. */
-static uint32_t schedule_running(kvc_sched_t *s, uint32_t id, uint32_t budget, uint32_t prefill_allow,
-                                 bool *waited)
+static uint32_t schedule_running(kvc_sched_t *s, uint32_t id, uint32_t budget,
+                                 uint32_t prefill_allow, bool *waited)
 {
     req_t *r = &s->reqs[id];
     struct {
@@ -567,8 +585,8 @@ static uint32_t schedule_running(kvc_sched_t *s, uint32_t id, uint32_t budget, u
     if (need) account(s, r); /* no new block, no change (a copy replaces one it held) */
     bool samples = info.n_computed + n == info.n_tokens; /* every known token computed */
     if (add_entry(s, id, (uint32_t)info.n_computed, n + drafts, drafts, prefill, samples)) return 0;
-    TRACE(s, "  run r%u: %s %u tokens at %u%s", id, prefill ? "prefill" : "decode", n, (uint32_t)info.n_computed,
-          drafts ? " + drafts" : "");
+    TRACE(s, "  run r%u: %s %u tokens at %u%s", id, prefill ? "prefill" : "decode", n,
+          (uint32_t)info.n_computed, drafts ? " + drafts" : "");
     return n + drafts;
 }
 
@@ -584,7 +602,8 @@ static void swap_in(kvc_sched_t *s, int cls)
         size_t hit = 0;
         if (kvc_seq_lookup(s->seqs, r->seq, &hit)) return;
         uint32_t rest = r->swapped_tokens > hit ? r->swapped_tokens - (uint32_t)hit : 0;
-        if (rest && (kvc_seq_reserve(s->seqs, r->seq, rest, NULL) || kvc_seq_complete(s->seqs, r->seq, rest))) {
+        if (rest && (kvc_seq_reserve(s->seqs, r->seq, rest, NULL) ||
+                     kvc_seq_complete(s->seqs, r->seq, rest))) {
             (void)kvc_seq_reset(s->seqs, r->seq);
             return;
         }
@@ -600,8 +619,8 @@ static void swap_in(kvc_sched_t *s, int cls)
         s->st.n_running++;
         s->class_running[r->priority]++;
         account(s, r);
-        TRACE(s, "  swap in r%u: %zu tokens hit the prefix cache, %u restored (%llu bytes)", id, hit, rest,
-              (unsigned long long)bytes);
+        TRACE(s, "  swap in r%u: %zu tokens hit the prefix cache, %u restored (%llu bytes)", id,
+              hit, rest, (unsigned long long)bytes);
     }
 }
 
@@ -701,10 +720,13 @@ static uint32_t admit(kvc_sched_t *s, uint32_t id, uint32_t budget, bool *queue_
             uint64_t want = tgt ? (tgt > r->blocks ? tgt - r->blocks : 0) + outstanding(s) : need;
             /* Without preemption nobody can take memory back: keep one block of headroom per
              * running request so that they can all grow a block before new ones get in. */
-            if (s->p.preemption == KVC_PREEMPT_BACKPRESSURE) want += (uint64_t)s->n_running * s->n_groups;
+            if (s->p.preemption == KVC_PREEMPT_BACKPRESSURE)
+                want += (uint64_t)s->n_running * s->n_groups;
             if (want <= free_blocks) break;
             /* A more urgent request may take the memory of less urgent running ones. */
-            uint32_t v = s->p.preemption == KVC_PREEMPT_BACKPRESSURE ? KVC_NONE : lower_class_victim(s, r->priority);
+            uint32_t v = s->p.preemption == KVC_PREEMPT_BACKPRESSURE
+                             ? KVC_NONE
+                             : lower_class_victim(s, r->priority);
             if (v == KVC_NONE) {
                 why = s->p.admission == KVC_ADMIT_GREEDY ? "pool full" : "reservation does not fit";
                 stop_all = true;
@@ -752,7 +774,8 @@ static uint32_t admit(kvc_sched_t *s, uint32_t id, uint32_t budget, bool *queue_
     r->admitted_once = true;
     s->plan.n_admitted++;
     (void)add_entry(s, id, computed, n, 0, known - computed > 1, computed + n == known);
-    TRACE(s, "  admit r%u (class %u, tenant %u): %zu tokens hit, computing %u", id, r->priority, r->tenant, hit, n);
+    TRACE(s, "  admit r%u (class %u, tenant %u): %zu tokens hit, computing %u", id, r->priority,
+          r->tenant, hit, n);
     return n;
 }
 
@@ -783,10 +806,12 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
         for (size_t i = 0; i < s->n_running; i++) {
             const req_t *r = &s->reqs[s->running[i]];
             kvc_seq_info_t info;
-            if (!kvc_seq_info(s->seqs, r->seq, &info) && info.n_computed < r->n_prompt) has_work[r->tenant] = true;
+            if (!kvc_seq_info(s->seqs, r->seq, &info) && info.n_computed < r->n_prompt)
+                has_work[r->tenant] = true;
         }
         for (int c = 0; c < KVC_MAX_CLASSES; c++)
-            for (int t = 0; t < KVC_MAX_TENANTS; t++) has_work[t] |= s->waiting[c][t][0].n + s->waiting[c][t][1].n > 0;
+            for (int t = 0; t < KVC_MAX_TENANTS; t++)
+                has_work[t] |= s->waiting[c][t][0].n + s->waiting[c][t][1].n > 0;
         for (int t = 0; t < KVC_MAX_TENANTS; t++) n_with += has_work[t];
         if (n_with > 1) prefill_allow = KVC_MAX(1u, budget / n_with);
     }
@@ -813,15 +838,19 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
         if (!stop_admitting) {
             /* swapped requests of this class come back before new ones */
             swap_in(s, c);
-            for (size_t i = 0; i < s->n_swapped; i++) stop_admitting |= s->reqs[s->swapped[i]].priority == c;
+            for (size_t i = 0; i < s->n_swapped; i++)
+                stop_admitting |= s->reqs[s->swapped[i]].priority == c;
         }
-        while (!stop_admitting && budget && s->n_running < s->p.max_num_seqs && s->class_waiting[c]) {
+        while (!stop_admitting && budget && s->n_running < s->p.max_num_seqs &&
+               s->class_waiting[c]) {
             uint32_t id = next_waiting(s, c, (const bool(*)[2])blocked[c]);
             if (id == KVC_NONE) break;
             req_t *r = &s->reqs[id];
             uint32_t allow = budget;
             if (prefill_allow != UINT32_MAX)
-                allow = tenant_used[r->tenant] < prefill_allow ? KVC_MIN(budget, prefill_allow - tenant_used[r->tenant]) : 0;
+                allow = tenant_used[r->tenant] < prefill_allow
+                            ? KVC_MIN(budget, prefill_allow - tenant_used[r->tenant])
+                            : 0;
             bool qb;
             uint32_t took = allow ? admit(s, id, allow, &qb) : 0;
             if (took == UINT32_MAX) {
@@ -845,8 +874,9 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
     s->st.steps++;
     s->plan.entries = s->entries;
     s->plan_open = s->plan.n_entries > 0;
-    TRACE(s, "  plan: %u rows, %u prefill + %u decode tokens, %u admitted, %u preempted", s->plan.n_entries,
-          s->plan.n_prefill_tokens, s->plan.n_decode_tokens, s->plan.n_admitted, s->plan.n_preempted);
+    TRACE(s, "  plan: %u rows, %u prefill + %u decode tokens, %u admitted, %u preempted",
+          s->plan.n_entries, s->plan.n_prefill_tokens, s->plan.n_decode_tokens, s->plan.n_admitted,
+          s->plan.n_preempted);
     *plan = &s->plan;
     return 0;
 }
@@ -857,7 +887,8 @@ int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *res, uint32_t n
     if (!s->plan_open) return n ? KVC_EINVAL : 0;
     if (n != s->plan.n_entries) return KVC_EINVAL;
     for (uint32_t i = 0; i < n; i++)
-        if (res[i].id != s->entries[i].id || res[i].n_accepted > s->entries[i].n_drafts) return KVC_EINVAL;
+        if (res[i].id != s->entries[i].id || res[i].n_accepted > s->entries[i].n_drafts)
+            return KVC_EINVAL;
     for (uint32_t i = 0; i < n; i++) {
         const kvc_sched_entry_t *e = &s->entries[i];
         req_t *r = &s->reqs[e->id];
@@ -922,18 +953,21 @@ int kvc_sched_check(const kvc_sched_t *s, char *msg, size_t cap)
 {
     int rc = kvc_seqs_check(s->seqs, msg, cap);
     if (rc) return rc;
-    uint32_t cls[KVC_MAX_CLASSES] = {0}, ten[KVC_MAX_TENANTS] = {0}, lng = 0, n_run = 0, n_wait = 0, n_swap = 0;
+    uint32_t cls[KVC_MAX_CLASSES] = {0}, ten[KVC_MAX_TENANTS] = {0}, lng = 0, n_run = 0, n_wait = 0,
+             n_swap = 0;
     for (size_t i = 0; i < s->n_reqs; i++) {
         const req_t *r = &s->reqs[i];
         uint32_t b = seq_blocks(s, r);
-        if (b != r->blocks) return fail(msg, cap, "r%zu: holds %u blocks, books say %u", i, b, r->blocks);
+        if (b != r->blocks)
+            return fail(msg, cap, "r%zu: holds %u blocks, books say %u", i, b, r->blocks);
         cls[r->priority] += b;
         ten[r->tenant] += b;
         if (r->is_long) lng += b;
         switch (r->state) {
         case R_RUNNING:
             n_run++;
-            if (!r->has_seq || !kvc_seq_valid(s->seqs, r->seq)) return fail(msg, cap, "r%zu: running without a sequence", i);
+            if (!r->has_seq || !kvc_seq_valid(s->seqs, r->seq))
+                return fail(msg, cap, "r%zu: running without a sequence", i);
             break;
         case R_WAITING:
             n_wait++;
@@ -947,21 +981,32 @@ int kvc_sched_check(const kvc_sched_t *s, char *msg, size_t cap)
             if (r->has_seq) return fail(msg, cap, "r%zu: done but has a sequence", i);
         }
     }
-    if (n_run != s->n_running || n_run != s->st.n_running || n_wait != s->st.n_waiting || n_swap != s->n_swapped)
-        return fail(msg, cap, "counts: %u running, %u waiting, %u swapped vs books %zu/%u/%zu", n_run, n_wait, n_swap,
-                    s->n_running, s->st.n_waiting, s->n_swapped);
+    if (n_run != s->n_running || n_run != s->st.n_running || n_wait != s->st.n_waiting ||
+        n_swap != s->n_swapped)
+        return fail(msg, cap, "counts: %u running, %u waiting, %u swapped vs books %zu/%u/%zu",
+                    n_run, n_wait, n_swap, s->n_running, s->st.n_waiting, s->n_swapped);
     for (int c = 0; c < KVC_MAX_CLASSES; c++)
-        if (cls[c] != s->st.class_blocks[c]) return fail(msg, cap, "class %d: %u blocks, books say %u", c, cls[c], s->st.class_blocks[c]);
+        if (cls[c] != s->st.class_blocks[c])
+            return fail(msg, cap, "class %d: %u blocks, books say %u", c, cls[c],
+                        s->st.class_blocks[c]);
     for (int t = 0; t < KVC_MAX_TENANTS; t++)
-        if (ten[t] != s->st.tenant_blocks[t]) return fail(msg, cap, "tenant %d: %u blocks, books say %u", t, ten[t], s->st.tenant_blocks[t]);
-    if (lng != s->long_blocks) return fail(msg, cap, "long requests: %u blocks, books say %u", lng, s->long_blocks);
+        if (ten[t] != s->st.tenant_blocks[t])
+            return fail(msg, cap, "tenant %d: %u blocks, books say %u", t, ten[t],
+                        s->st.tenant_blocks[t]);
+    if (lng != s->long_blocks)
+        return fail(msg, cap, "long requests: %u blocks, books say %u", lng, s->long_blocks);
     for (int c = 0; c < KVC_MAX_CLASSES; c++)
-        if (cls[c] > cap_blocks(s, s->p.class_kv_cap[c])) return fail(msg, cap, "class %d holds %u blocks over its cap", c, cls[c]);
+        if (cls[c] > cap_blocks(s, s->p.class_kv_cap[c]))
+            return fail(msg, cap, "class %d holds %u blocks over its cap", c, cls[c]);
     for (int t = 0; t < KVC_MAX_TENANTS; t++)
-        if (ten[t] > cap_blocks(s, s->p.tenant_kv_share)) return fail(msg, cap, "tenant %d holds %u blocks over its quota", t, ten[t]);
-    if (lng > cap_blocks(s, s->p.long_kv_cap)) return fail(msg, cap, "long requests hold %u blocks over their cap", lng);
+        if (ten[t] > cap_blocks(s, s->p.tenant_kv_share))
+            return fail(msg, cap, "tenant %d holds %u blocks over its quota", t, ten[t]);
+    if (lng > cap_blocks(s, s->p.long_kv_cap))
+        return fail(msg, cap, "long requests hold %u blocks over their cap", lng);
     for (size_t i = 1; i < s->n_running; i++)
-        if (before(&s->reqs[s->running[i]], &s->reqs[s->running[i - 1]])) return fail(msg, cap, "running list out of order");
-    if (s->n_running > s->p.max_num_seqs) return fail(msg, cap, "%zu running > max_num_seqs", s->n_running);
+        if (before(&s->reqs[s->running[i]], &s->reqs[s->running[i - 1]]))
+            return fail(msg, cap, "running list out of order");
+    if (s->n_running > s->p.max_num_seqs)
+        return fail(msg, cap, "%zu running > max_num_seqs", s->n_running);
     return 0;
 }

@@ -14,9 +14,9 @@ enum { SLOT_FREE = 0, SLOT_LIVE, SLOT_ZOMBIE };
 typedef struct {
     uint32_t *v; /* (cap) logical block -> physical block, KVC_NONE when released */
     uint32_t n, cap;
-    uint32_t n_released;  /* sliding: leading entries released */
-    uint32_t n_inserted;  /* full blocks handed to the prefix cache (or found there) */
-    bool insert_blocked;  /* a block could not be cached: no later block can chain from it */
+    uint32_t n_released;   /* sliding: leading entries released */
+    uint32_t n_inserted;   /* full blocks handed to the prefix cache (or found there) */
+    bool insert_blocked;   /* a block could not be cached: no later block can chain from it */
     kvc_hash128_t *hashes; /* (hash_cap) per full committed block */
     kvc_hash128_t *fps;    /* sliding groups: fingerprints alongside */
     uint32_t n_hashed, hash_cap;
@@ -123,7 +123,8 @@ static const seq_t *get_const(const kvc_seqs_t *s, kvc_seq_t h)
     return q->state == SLOT_LIVE && q->gen == h.gen ? q : NULL;
 }
 
-int kvc_seq_progress(const kvc_seqs_t *s, kvc_seq_t h, size_t *n_tokens, size_t *n_computed, uint32_t *n_blocks)
+int kvc_seq_progress(const kvc_seqs_t *s, kvc_seq_t h, size_t *n_tokens, size_t *n_computed,
+                     uint32_t *n_blocks)
 {
     const seq_t *q = get_const(s, h);
     if (!q) return KVC_ESTALE;
@@ -269,8 +270,10 @@ static int reserve_capacity(kvc_seqs_t *s, seq_t *q, size_t n_blocks)
         if (rc) return rc;
         if (s->pc && gr->hash_cap < n_blocks) {
             size_t hc = gr->hash_cap, fc = gr->hash_cap;
-            if ((rc = grow(s, (void **)&gr->hashes, sizeof(kvc_hash128_t), &hc, n_blocks))) return rc;
-            if (sliding(s, g) && (rc = grow(s, (void **)&gr->fps, sizeof(kvc_hash128_t), &fc, n_blocks)))
+            if ((rc = grow(s, (void **)&gr->hashes, sizeof(kvc_hash128_t), &hc, n_blocks)))
+                return rc;
+            if (sliding(s, g) &&
+                (rc = grow(s, (void **)&gr->fps, sizeof(kvc_hash128_t), &fc, n_blocks)))
                 return rc;
             gr->hash_cap = (uint32_t)hc;
         }
@@ -304,7 +307,8 @@ static int update_hashes(kvc_seqs_t *s, seq_t *q)
 
 int kvc_seq_create(kvc_seqs_t *s, const kvc_seq_desc_t *d, kvc_seq_t *out)
 {
-    if (!s || !d || !out || !d->prompt || d->n_prompt == 0 || (d->n_mm && !d->mm)) return KVC_EINVAL;
+    if (!s || !d || !out || !d->prompt || d->n_prompt == 0 || (d->n_mm && !d->mm))
+        return KVC_EINVAL;
     if (s->free_head == KVC_NONE) return KVC_ENOSPC;
     uint32_t slot = s->free_head;
     seq_t *q = &s->slots[slot];
@@ -404,7 +408,8 @@ static int hybrid_hit(kvc_seqs_t *s, seq_t *q, size_t max_hit, size_t *out)
         bool ok = true;
         for (uint32_t g = 0; g < G && ok; g++)
             if (sliding(s, g))
-                ok = run[(size_t)g * (max_hit + 1) + h - 1] >= h - window_first_block(h, s->bs, s->params.window[g]);
+                ok = run[(size_t)g * (max_hit + 1) + h - 1] >=
+                     h - window_first_block(h, s->bs, s->params.window[g]);
         if (ok) break;
     }
     kvc_free(alloc_of(s), present);
@@ -432,10 +437,12 @@ int kvc_seq_lookup(kvc_seqs_t *s, kvc_seq_t h, size_t *n_hit_tokens)
         kvc_prefix_query_t pq = group_query(s, q, g, &ns, q->n_prompt);
         kvc_prefix_hit_t ph;
         rc = kvc_prefix_lookup(s->pc, &pq, gr->v, hit, &ph);
-        if (!rc && G > 1 && ph.n_hit_blocks != hit) rc = KVC_ECORRUPT; /* probe and lookup disagree */
+        if (!rc && G > 1 && ph.n_hit_blocks != hit)
+            rc = KVC_ECORRUPT; /* probe and lookup disagree */
         KVC_ASSERT(rc != KVC_ECORRUPT);
         if (rc) { /* undo the groups already pinned (a failed lookup pinned nothing) */
-            if (rc == KVC_ECORRUPT) (void)kvc_pool_release(s->pool, gr->v, (uint32_t)ph.n_hit_blocks);
+            if (rc == KVC_ECORRUPT)
+                (void)kvc_pool_release(s->pool, gr->v, (uint32_t)ph.n_hit_blocks);
             for (uint32_t k = 0; k < g; k++) {
                 (void)kvc_pool_release(s->pool, q->g[k].v, q->g[k].n);
                 q->g[k].n = q->g[k].n_released = q->g[k].n_inserted = 0;
@@ -457,8 +464,8 @@ int kvc_seq_lookup(kvc_seqs_t *s, kvc_seq_t h, size_t *n_hit_tokens)
 /* ---- reservation -------------------------------------------------------------------- */
 /* Blocks group g needs for positions up to `end` (exclusive) from n_reserved: new blocks, and
  * whether the first written block is shared and must be copied. */
-static void group_needs(const kvc_seqs_t *s, const seq_t *q, uint32_t g, size_t end, uint32_t *n_new,
-                        bool *cow)
+static void group_needs(const kvc_seqs_t *s, const seq_t *q, uint32_t g, size_t end,
+                        uint32_t *n_new, bool *cow)
 {
     const group_t *gr = &q->g[g];
     size_t first = q->n_reserved, new_len = div_up(end, s->bs);
@@ -501,12 +508,14 @@ static void copy_block(kvc_seqs_t *s, uint32_t dst, uint32_t src)
     s->stats.n_cow_copies++;
 }
 
-static void write_slots(const kvc_seqs_t *s, const seq_t *q, size_t first, uint32_t n, int64_t *slots)
+static void write_slots(const kvc_seqs_t *s, const seq_t *q, size_t first, uint32_t n,
+                        int64_t *slots)
 {
     for (uint32_t g = 0; g < s->params.n_groups; g++)
         for (uint32_t i = 0; i < n; i++) {
             size_t pos = first + i;
-            slots[(size_t)g * n + i] = (int64_t)q->g[g].v[pos / s->bs] * s->bs + (int64_t)(pos % s->bs);
+            slots[(size_t)g * n + i] =
+                (int64_t)q->g[g].v[pos / s->bs] * s->bs + (int64_t)(pos % s->bs);
         }
 }
 
@@ -631,8 +640,10 @@ static void insert_ready(kvc_seqs_t *s, seq_t *q)
     size_t next = SIZE_MAX;
     for (uint32_t g = 0; g < s->params.n_groups; g++) {
         const group_t *gr = &q->g[g];
-        if (s->pc && !gr->insert_blocked) next = KVC_MIN(next, ((size_t)gr->n_inserted + 1) * s->bs);
-        if (s->params.window[g]) next = KVC_MIN(next, ((size_t)gr->n_released + 1) * s->bs + s->params.window[g] - 1);
+        if (s->pc && !gr->insert_blocked)
+            next = KVC_MIN(next, ((size_t)gr->n_inserted + 1) * s->bs);
+        if (s->params.window[g])
+            next = KVC_MIN(next, ((size_t)gr->n_released + 1) * s->bs + s->params.window[g] - 1);
     }
     q->next_work = next;
 }
@@ -797,7 +808,8 @@ int kvc_seq_beam_step(kvc_seqs_t *s, const kvc_seq_t *beams, uint32_t n_beams,
                       const kvc_beam_choice_t *choices, uint32_t n_choices, kvc_seq_t *new_beams,
                       int64_t *slots)
 {
-    if (!s || (n_beams && !beams) || (n_choices && (!choices || !new_beams)) || n_beams > s->params.max_seqs)
+    if (!s || (n_beams && !beams) || (n_choices && (!choices || !new_beams)) ||
+        n_beams > s->params.max_seqs)
         return KVC_EINVAL;
     /* Validate everything before changing anything. */
     uint32_t children[1024];
@@ -806,7 +818,8 @@ int kvc_seq_beam_step(kvc_seqs_t *s, const kvc_seq_t *beams, uint32_t n_beams,
     for (uint32_t i = 0; i < n_beams; i++) {
         seq_t *q = get(s, beams[i]);
         if (!q) return KVC_ESTALE;
-        if (q->n_reserved != q->n_computed || q->n_computed != q->n_tokens || q->n_draft) return KVC_EBUSY;
+        if (q->n_reserved != q->n_computed || q->n_computed != q->n_tokens || q->n_draft)
+            return KVC_EBUSY;
         for (uint32_t j = 0; j < i; j++)
             if (kvc_seq_eq(beams[i], beams[j])) return KVC_EINVAL;
     }
@@ -884,7 +897,8 @@ int kvc_seq_beam_step(kvc_seqs_t *s, const kvc_seq_t *beams, uint32_t n_beams,
         if (!slots) continue;
         size_t pos = q->n_reserved - 1;
         for (uint32_t g = 0; g < s->params.n_groups; g++)
-            slots[(size_t)g * n_choices + j] = (int64_t)q->g[g].v[pos / s->bs] * s->bs + (int64_t)(pos % s->bs);
+            slots[(size_t)g * n_choices + j] =
+                (int64_t)q->g[g].v[pos / s->bs] * s->bs + (int64_t)(pos % s->bs);
     }
     return 0;
 }
@@ -1036,15 +1050,18 @@ int kvc_seqs_check(const kvc_seqs_t *s, char *msg, size_t cap)
         zombies += q->state == SLOT_ZOMBIE;
         if (q->state == SLOT_ZOMBIE && q->n_inflight == 0)
             rc = fail(msg, cap, "slot %u: zombie with no step in flight", slot);
-        if (!(q->n_computed <= q->n_reserved && q->n_reserved <= q->n_tokens && q->n_draft <= q->n_tokens &&
-              q->n_prompt <= committed(q) && q->n_emitted <= committed(q) - q->n_prompt))
-            rc = fail(msg, cap, "slot %u: counts out of order (tokens %zu draft %zu reserved %zu computed %zu)",
-                      slot, q->n_tokens, q->n_draft, q->n_reserved, q->n_computed);
+        if (!(q->n_computed <= q->n_reserved && q->n_reserved <= q->n_tokens &&
+              q->n_draft <= q->n_tokens && q->n_prompt <= committed(q) &&
+              q->n_emitted <= committed(q) - q->n_prompt))
+            rc = fail(
+                msg, cap,
+                "slot %u: counts out of order (tokens %zu draft %zu reserved %zu computed %zu)",
+                slot, q->n_tokens, q->n_draft, q->n_reserved, q->n_computed);
         for (uint32_t g = 0; g < s->params.n_groups && !rc; g++) {
             const group_t *gr = &q->g[g];
             if (gr->n != div_up(q->n_reserved, bs))
-                rc = fail(msg, cap, "slot %u group %u: %u blocks for %zu reserved positions", slot, g,
-                          gr->n, q->n_reserved);
+                rc = fail(msg, cap, "slot %u group %u: %u blocks for %zu reserved positions", slot,
+                          g, gr->n, q->n_reserved);
             for (uint32_t i = 0; i < gr->n && !rc; i++) {
                 uint32_t b = gr->v[i];
                 if (b == KVC_NONE) {
@@ -1059,23 +1076,27 @@ int kvc_seqs_check(const kvc_seqs_t *s, char *msg, size_t cap)
                 refs[b]++;
                 /* invariant 7: positions about to be written are in blocks no one else holds */
                 size_t first_pos = (size_t)i * bs, end_pos = first_pos + bs;
-                if (end_pos > q->n_computed && first_pos < q->n_reserved && q->n_reserved > q->n_computed &&
-                    kvc_pool_refcount(s->pool, b) != 1)
-                    rc = fail(msg, cap, "slot %u group %u: block %u is written while shared", slot, g, b);
-                if (s->pc && i < gr->n_inserted && i < gr->n_hashed && kvc_pool_is_cached(s->pool, b)) {
+                if (end_pos > q->n_computed && first_pos < q->n_reserved &&
+                    q->n_reserved > q->n_computed && kvc_pool_refcount(s->pool, b) != 1)
+                    rc = fail(msg, cap, "slot %u group %u: block %u is written while shared", slot,
+                              g, b);
+                if (s->pc && i < gr->n_inserted && i < gr->n_hashed &&
+                    kvc_pool_is_cached(s->pool, b)) {
                     kvc_hash128_t hh;
                     if (kvc_prefix_block_hash(s->pc, b, &hh) || !kvc_hash128_eq(hh, gr->hashes[i]))
-                        rc = fail(msg, cap, "slot %u group %u: block %u carries another hash", slot, g, i);
+                        rc = fail(msg, cap, "slot %u group %u: block %u carries another hash", slot,
+                                  g, i);
                 }
             }
             if (!rc && s->pc && gr->n_hashed > committed(q) / bs)
-                rc = fail(msg, cap, "slot %u group %u: hashes beyond the committed tokens", slot, g);
+                rc =
+                    fail(msg, cap, "slot %u group %u: hashes beyond the committed tokens", slot, g);
         }
     }
     for (uint32_t b = 0; b < n_blocks && !rc; b++)
         if (refs[b] != kvc_pool_refcount(s->pool, b))
-            rc = fail(msg, cap, "block %u: refcount %u, held by %u tables", b, kvc_pool_refcount(s->pool, b),
-                      refs[b]);
+            rc = fail(msg, cap, "block %u: refcount %u, held by %u tables", b,
+                      kvc_pool_refcount(s->pool, b), refs[b]);
     if (!rc && (live != s->n_live || zombies != s->n_zombies))
         rc = fail(msg, cap, "%u live and %u zombie slots, counters say %u and %u", live, zombies,
                   s->n_live, s->n_zombies);

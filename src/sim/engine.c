@@ -11,11 +11,13 @@
 #include <string.h>
 
 /* ---- the cost model ---------------------------------------------------------------- */
-int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu, const kvc_plan_params_t *p,
-                       const kvc_plan_result_t *r, double step_overhead_s, double allreduce_latency_s,
+int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu,
+                       const kvc_plan_params_t *p, const kvc_plan_result_t *r,
+                       double step_overhead_s, double allreduce_latency_s,
                        kvc_sim_cost_model_t *out)
 {
-    if (!m || !gpu || !p || !r || !out || step_overhead_s < 0 || allreduce_latency_s < 0) return KVC_EINVAL;
+    if (!m || !gpu || !p || !r || !out || step_overhead_s < 0 || allreduce_latency_s < 0)
+        return KVC_EINVAL;
     const double tp = p->tp, pp = p->pp, parts = tp * pp;
     const double mfu = p->mfu > 0 ? p->mfu : 1.0, mbu = p->mbu > 0 ? p->mbu : 1.0;
     const kvc_plan_param_count_t *c = &r->counts;
@@ -41,7 +43,8 @@ int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu, con
         .kv_bytes_per_token = (double)r->kv_bytes_per_token_per_gpu,
         .comm_bytes_per_token = 2.0 * m->hidden_size, /* bf16 activations */
         .n_allreduce = p->tp > 1 ? 2 * r->layers_per_gpu : 0,
-        .link_bytes_per_s = gpu->interconnect_bytes_per_s > 0 ? gpu->interconnect_bytes_per_s : gpu->pcie_bytes_per_s,
+        .link_bytes_per_s = gpu->interconnect_bytes_per_s > 0 ? gpu->interconnect_bytes_per_s
+                                                              : gpu->pcie_bytes_per_s,
         .allreduce_latency_s = allreduce_latency_s,
         .tp = p->tp,
         .pp = p->pp,
@@ -51,7 +54,8 @@ int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu, con
     return out->flops_per_s > 0 && out->bytes_per_s > 0 ? 0 : KVC_EINVAL;
 }
 
-double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t *plan, kvc_sim_step_cost_t *detail)
+double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t *plan,
+                         kvc_sim_step_cost_t *detail)
 {
     double tokens = 0, pairs = 0, context = 0;
     for (uint32_t i = 0; i < plan->n_entries; i++) {
@@ -65,19 +69,22 @@ double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t 
     if (tokens > 0) {
         d.linear_flops = cm->linear_flops_per_token * tokens;
         d.attn_flops = cm->attn_flops_per_pair * pairs;
-        double experts_read = cm->expert_weight_bytes > 0
-                                  ? cm->expert_weight_bytes * (1.0 - pow(1.0 - cm->experts_per_token_share, tokens))
-                                  : 0;
-        d.bytes_read = cm->dense_weight_bytes + experts_read + cm->kv_bytes_per_token * (context + tokens);
+        double experts_read =
+            cm->expert_weight_bytes > 0
+                ? cm->expert_weight_bytes * (1.0 - pow(1.0 - cm->experts_per_token_share, tokens))
+                : 0;
+        d.bytes_read =
+            cm->dense_weight_bytes + experts_read + cm->kv_bytes_per_token * (context + tokens);
         d.compute_s = d.linear_flops / cm->flops_per_s + d.attn_flops / cm->attn_flops_per_s;
         d.memory_s = d.bytes_read / cm->bytes_per_s;
         if (cm->n_allreduce && cm->link_bytes_per_s > 0)
-            d.comm_s = cm->n_allreduce * (cm->allreduce_latency_s + 2.0 * (cm->tp - 1) / cm->tp *
-                                                                        cm->comm_bytes_per_token * tokens /
-                                                                        cm->link_bytes_per_s);
+            d.comm_s = cm->n_allreduce * (cm->allreduce_latency_s +
+                                          2.0 * (cm->tp - 1) / cm->tp * cm->comm_bytes_per_token *
+                                              tokens / cm->link_bytes_per_s);
     }
     d.swap_s = (double)(plan->swap_out_bytes + plan->swap_in_bytes) / cm->host_link_bytes_per_s;
-    d.total_s = cm->pp * (KVC_MAX(d.compute_s, d.memory_s) + d.comm_s) + cm->step_overhead_s + d.swap_s;
+    d.total_s =
+        cm->pp * (KVC_MAX(d.compute_s, d.memory_s) + d.comm_s) + cm->step_overhead_s + d.swap_s;
     if (detail) *detail = d;
     return d.total_s;
 }
@@ -156,11 +163,11 @@ typedef struct {
     kvc_sim_result_t *res;
     kvc_sim_cost_model_t cost;
     uint32_t replica, n_replicas;
-    uint32_t *idx_of;     /* sched id -> workload index */
+    uint32_t *idx_of; /* sched id -> workload index */
     size_t n_ids, ids_cap;
-    uint32_t *produced;   /* per workload index: output tokens sampled */
-    uint32_t *next_turn;  /* per workload index: the next turn of its conversation, or KVC_NONE */
-    kvc_token_t **owned;  /* per workload index: assembled prompts (on-demand traces) */
+    uint32_t *produced;  /* per workload index: output tokens sampled */
+    uint32_t *next_turn; /* per workload index: the next turn of its conversation, or KVC_NONE */
+    kvc_token_t **owned; /* per workload index: assembled prompts (on-demand traces) */
     kvc_rng_t rng;
     uint64_t done_total, total;
 } run_t;
@@ -172,7 +179,8 @@ static void draft_tokens(void *ctx, uint32_t id, uint32_t n, kvc_token_t *out)
     uint32_t wi = r->idx_of[id];
     const kvc_sim_request_t *q = kvc_workload_request(r->w, wi);
     uint32_t k = r->produced[wi];
-    for (uint32_t j = 0; j < n; j++) out[j] = k + j < q->n_output && q->output_tokens ? q->output_tokens[k + j] : 0;
+    for (uint32_t j = 0; j < n; j++)
+        out[j] = k + j < q->n_output && q->output_tokens ? q->output_tokens[k + j] : 0;
 }
 
 /* Conversations: link each turn to the next one (by conversation id, in workload order). */
@@ -208,7 +216,8 @@ static bool has_predecessor(const run_t *r, size_t i)
     return r->cfg->closed_loop && q->conversation && q->turn > 0;
 }
 
-static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const uint32_t *window, char *err, size_t cap)
+static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const uint32_t *window,
+                       char *err, size_t cap)
 {
     const kvc_sim_config_t *cfg = r->cfg;
     const uint32_t bs = cfg->plan.block_size;
@@ -249,7 +258,9 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
     const size_t n = kvc_workload_size(r->w);
     for (size_t i = r->replica; i < n; i += r->n_replicas) {
         if (has_predecessor(r, i)) continue; /* released when its previous turn finishes */
-        if ((rc = heap_push(&heap, (arrival_t){kvc_workload_request(r->w, i)->arrival_s, (uint32_t)i}))) goto out;
+        if ((rc = heap_push(&heap,
+                            (arrival_t){kvc_workload_request(r->w, i)->arrival_s, (uint32_t)i})))
+            goto out;
     }
     kvc_sched_result_t *results = NULL;
     size_t results_cap = 0;
@@ -277,9 +288,11 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
                 continue;
             }
             uint32_t max_out = KVC_MAX(q->max_output, q->n_output);
-            if (mml && (uint64_t)q->n_prompt + max_out > mml) max_out = (uint32_t)(mml - q->n_prompt);
+            if (mml && (uint64_t)q->n_prompt + max_out > mml)
+                max_out = (uint32_t)(mml - q->n_prompt);
             kvc_namespace_t ns = {0};
-            if (cfg->tenant_salts) kvc_namespace_set_salt(&ns, kvc_workload_tenant_name(r->w, q->tenant));
+            if (cfg->tenant_salts)
+                kvc_namespace_set_salt(&ns, kvc_workload_tenant_name(r->w, q->tenant));
             kvc_sched_req_t req = {.prompt = prompt,
                                    .n_prompt = q->n_prompt,
                                    .max_output = max_out,
@@ -290,7 +303,8 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
             rc = kvc_sched_add(s, &req, a.t, &id);
             if (rc == KVC_ERANGE) { /* it can never fit the pool or its caps: refused, counted */
                 if (cfg->trace)
-                    fprintf(cfg->trace, "request %u (%u prompt tokens) refused: it can never fit\n", a.idx, q->n_prompt);
+                    fprintf(cfg->trace, "request %u (%u prompt tokens) refused: it can never fit\n",
+                            a.idx, q->n_prompt);
                 r->res->rejected++;
                 rc = 0;
                 continue;
@@ -326,7 +340,8 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
                 continue;
             }
             if (!heap.n && ++stuck > 1000) {
-                rc = kvc__msgf(KVC_EINVAL, err, cap, "the simulation is stuck: %u requests wait and nothing can run",
+                rc = kvc__msgf(KVC_EINVAL, err, cap,
+                               "the simulation is stuck: %u requests wait and nothing can run",
                                st.n_waiting + st.n_swapped);
                 goto out_results;
             }
@@ -357,7 +372,8 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
             if (k + 1 + a > q->n_output) a = q->n_output > k + 1 ? q->n_output - k - 1 : 0;
             uint32_t bonus = k + a;
             results[i].n_accepted = a;
-            results[i].token = q->output_tokens && bonus < q->n_output ? q->output_tokens[bonus] : 0;
+            results[i].token =
+                q->output_tokens && bonus < q->n_output ? q->output_tokens[bonus] : 0;
             r->produced[wi] = k + 1 + a;
             results[i].finished = r->produced[wi] >= q->n_output;
         }
@@ -367,11 +383,14 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
             kvc_sched_stats_t cst;
             kvc_sched_stats(s, &cst);
             if (kvc_sched_check(s, msg, sizeof msg)) {
-                rc = kvc__msgf(KVC_ECORRUPT, err, cap, "step %llu: %s", (unsigned long long)r->res->steps, msg);
+                rc = kvc__msgf(KVC_ECORRUPT, err, cap, "step %llu: %s",
+                               (unsigned long long)r->res->steps, msg);
                 goto out_results;
             }
-            if (batch_tokens > cfg->plan.max_num_batched_tokens || cst.n_running > cfg->plan.max_num_seqs) {
-                rc = kvc__msgf(KVC_ECORRUPT, err, cap, "step %llu: %u tokens, %u running: over the limits",
+            if (batch_tokens > cfg->plan.max_num_batched_tokens ||
+                cst.n_running > cfg->plan.max_num_seqs) {
+                rc = kvc__msgf(KVC_ECORRUPT, err, cap,
+                               "step %llu: %u tokens, %u running: over the limits",
                                (unsigned long long)r->res->steps, batch_tokens, cst.n_running);
                 goto out_results;
             }
@@ -399,7 +418,8 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
             uint32_t nx = r->next_turn[wi];
             if (nx != KVC_NONE && cfg->closed_loop) {
                 const kvc_sim_request_t *q2 = kvc_workload_request(r->w, nx);
-                if ((rc = heap_push(&heap, (arrival_t){d->finish_s + q2->think_s, nx}))) goto out_results;
+                if ((rc = heap_push(&heap, (arrival_t){d->finish_s + q2->think_s, nx})))
+                    goto out_results;
             }
         }
         r->done_total += nd;
@@ -435,12 +455,14 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
         r->res->resume_hit_tokens += st.resume_hit_tokens;
         r->res->simulated_s = KVC_MAX(r->res->simulated_s, now);
         char msg[256];
-        if (kvc_sched_check(s, msg, sizeof msg)) rc = kvc__msgf(KVC_ECORRUPT, err, cap, "internal: %s", msg);
+        if (kvc_sched_check(s, msg, sizeof msg))
+            rc = kvc__msgf(KVC_ECORRUPT, err, cap, "internal: %s", msg);
     }
 out_results:
     kvc_free(NULL, results);
 out:
-    if (rc && err && cap && !err[0]) kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
+    if (rc && err && cap && !err[0])
+        kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
     kvc_free(NULL, heap.v);
     kvc_sched_destroy(s);
     kvc_seqs_destroy(seqs);
@@ -449,31 +471,36 @@ out:
     return rc;
 }
 
-int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report_t *report, kvc_sim_result_t *out,
-                char *err, size_t cap)
+int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report_t *report,
+                kvc_sim_result_t *out, char *err, size_t cap)
 {
     if (err && cap) err[0] = 0;
     if (!cfg || !w || !report || !out) return kvc__msgf(KVC_EINVAL, err, cap, "missing arguments");
     *out = (kvc_sim_result_t){0};
     uint64_t t0 = kvc_now_ns();
     if (cfg->spec_acceptance < 0 || cfg->spec_acceptance > 1 || cfg->step_overhead_s < 0)
-        return kvc__msgf(KVC_EINVAL, err, cap, "spec acceptance must be in 0..1 and the step overhead >= 0");
+        return kvc__msgf(KVC_EINVAL, err, cap,
+                         "spec acceptance must be in 0..1 and the step overhead >= 0");
     if (kvc_workload_n_tenants(w) > KVC_MAX_TENANTS || kvc_workload_n_classes(w) > KVC_MAX_CLASSES)
-        return kvc__msgf(KVC_EINVAL, err, cap, "the workload has %u tenants and %u classes; at most %d and %d",
-                         kvc_workload_n_tenants(w), kvc_workload_n_classes(w), KVC_MAX_TENANTS, KVC_MAX_CLASSES);
+        return kvc__msgf(
+            KVC_EINVAL, err, cap, "the workload has %u tenants and %u classes; at most %d and %d",
+            kvc_workload_n_tenants(w), kvc_workload_n_classes(w), KVC_MAX_TENANTS, KVC_MAX_CLASSES);
     char msg[256];
     int rc = kvc_plan_compute(&cfg->model, &cfg->gpu, &cfg->plan, &out->planned, msg, sizeof msg);
     if (rc) return kvc__msgf(rc, err, cap, "%s", msg);
     uint64_t blocks = cfg->num_blocks ? cfg->num_blocks : out->planned.num_blocks;
     if (!cfg->num_blocks && !out->planned.fits)
-        return kvc__msgf(KVC_EINVAL, err, cap,
-                         "the deployment does not start (it fails at %s; see kvcache plan); give --num-blocks "
-                         "to simulate a pool anyway",
-                         kvc_plan_phase_name((kvc_plan_phase_id_t)out->planned.failed_phase));
+        return kvc__msgf(
+            KVC_EINVAL, err, cap,
+            "the deployment does not start (it fails at %s; see kvcache plan); give --num-blocks "
+            "to simulate a pool anyway",
+            kvc_plan_phase_name((kvc_plan_phase_id_t)out->planned.failed_phase));
     if (blocks == 0 || blocks > (1u << 30))
-        return kvc__msgf(KVC_EINVAL, err, cap, "the KV pool would hold %llu blocks", (unsigned long long)blocks);
+        return kvc__msgf(KVC_EINVAL, err, cap, "the KV pool would hold %llu blocks",
+                         (unsigned long long)blocks);
     if (cfg->plan.block_size > 256)
-        return kvc__msgf(KVC_EINVAL, err, cap, "block size %u: the simulator's pool takes 1..256", cfg->plan.block_size);
+        return kvc__msgf(KVC_EINVAL, err, cap, "block size %u: the simulator's pool takes 1..256",
+                         cfg->plan.block_size);
     /* KV groups: sliding-window layers get a group of their own when their blocks are freed. */
     uint32_t window[KVC_MAX_GROUPS] = {0}, n_groups = 1;
     const kvc_plan_model_t *m = &cfg->model;
@@ -493,7 +520,12 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
         return kvc__msgf(rc, err, cap, "the cost model needs positive FLOP/s and bandwidth");
 
     const size_t n = kvc_workload_size(w);
-    run_t r = {.cfg = cfg, .w = w, .report = report, .res = out, .cost = out->cost, .n_replicas = out->n_replicas,
+    run_t r = {.cfg = cfg,
+               .w = w,
+               .report = report,
+               .res = out,
+               .cost = out->cost,
+               .n_replicas = out->n_replicas,
                .total = n};
     r.produced = kvc_calloc(NULL, n ? n : 1, sizeof(uint32_t), 0);
     r.next_turn = kvc_alloc(NULL, (n ? n : 1) * sizeof(uint32_t), 0);
@@ -504,7 +536,8 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     for (uint32_t rep = 0; !rc && rep < out->n_replicas; rep++) {
         r.replica = rep;
         r.n_ids = 0;
-        if (!(rc = link_turns(&r))) rc = run_replica(&r, (uint32_t)blocks, n_groups, window, err, cap);
+        if (!(rc = link_turns(&r)))
+            rc = run_replica(&r, (uint32_t)blocks, n_groups, window, err, cap);
     }
     for (size_t i = 0; r.owned && i < n; i++) kvc_free(NULL, r.owned[i]);
     kvc_free(NULL, r.owned);
@@ -512,7 +545,8 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     kvc_free(NULL, r.next_turn);
     kvc_free(NULL, r.idx_of);
     if (rc) {
-        if (err && cap && !err[0]) kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
+        if (err && cap && !err[0])
+            kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
         return rc;
     }
     /* Every constant the numbers rest on goes into the report. */
@@ -550,7 +584,8 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
         {"rejected_requests", (double)out->rejected},
         {"max_model_len", (double)out->planned.max_model_len},
     };
-    for (size_t i = 0; i < KVC_ARRAY_LEN(nums) && !rc; i++) rc = kvc_report_add_config_num(report, nums[i].key, nums[i].v);
+    for (size_t i = 0; i < KVC_ARRAY_LEN(nums) && !rc; i++)
+        rc = kvc_report_add_config_num(report, nums[i].key, nums[i].v);
     const char *strs[][2] = {
         {"model", cfg->model.name},
         {"gpu", cfg->gpu.name},
@@ -560,7 +595,8 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
         {"arrivals", cfg->closed_loop ? "closed loop" : "open loop (trace times)"},
         {"step_time", "pp x (max(compute, memory) + tp comm) + overhead + swap bytes / host link"},
     };
-    for (size_t i = 0; i < KVC_ARRAY_LEN(strs) && !rc; i++) rc = kvc_report_add_config(report, strs[i][0], strs[i][1]);
+    for (size_t i = 0; i < KVC_ARRAY_LEN(strs) && !rc; i++)
+        rc = kvc_report_add_config(report, strs[i][0], strs[i][1]);
     if (rc) return rc;
     kvc_report_totals_t t = {.preemptions = out->preemptions,
                              .recomputed_tokens = out->recomputed_tokens,

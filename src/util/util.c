@@ -104,7 +104,8 @@ static void *failing_alloc(void *ctx, size_t bytes, size_t align)
 {
     kvc_failing_alloc_t *st = ctx;
     st->n_allocs++;
-    if (st->fail_at && (st->n_allocs == st->fail_at || (st->fail_after && st->n_allocs > st->fail_at))) {
+    if (st->fail_at &&
+        (st->n_allocs == st->fail_at || (st->fail_after && st->n_allocs > st->fail_at))) {
         st->n_failed++;
         return NULL;
     }

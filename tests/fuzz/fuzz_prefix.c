@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAXT 32
+#define MAXT    32
 #define MAXLIVE 8
 
 typedef struct {
@@ -34,13 +34,13 @@ static kvc_hash128_t weak_hash(const void *data, size_t len, uint64_t seed)
     return (kvc_hash128_t){.lo = (p[len / 2] ^ len) & 3, .hi = 0};
 }
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "fuzz_prefix: " __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                                           \
-            abort();                                                                       \
-        }                                                                                  \
+#define CHECK(cond, ...)                                  \
+    do {                                                  \
+        if (!(cond)) {                                    \
+            fprintf(stderr, "fuzz_prefix: " __VA_ARGS__); \
+            fputc('\n', stderr);                          \
+            abort();                                      \
+        }                                                 \
     } while (0)
 
 typedef struct {
@@ -122,7 +122,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 CHECK(kvc_prefix_insert(pc, &q, i, sliding ? KVC_NONE : parent, tb[i], &canon) == 0,
                       "insert");
                 if (canon != tb[i]) {
-                    CHECK(kvc_pool_ref(pool, canon) == 0 && kvc_pool_unref(pool, tb[i]) == 0, "swap");
+                    CHECK(kvc_pool_ref(pool, canon) == 0 && kvc_pool_unref(pool, tb[i]) == 0,
+                          "swap");
                     tb[i] = canon;
                 }
                 parent = tb[i];

@@ -14,16 +14,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAXS 8
+#define MAXS   8
 #define MAXTOK 200
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "fuzz_seq: " __VA_ARGS__);                                     \
-            fputc('\n', stderr);                                                           \
-            abort();                                                                       \
-        }                                                                                  \
+#define CHECK(cond, ...)                               \
+    do {                                               \
+        if (!(cond)) {                                 \
+            fprintf(stderr, "fuzz_seq: " __VA_ARGS__); \
+            fputc('\n', stderr);                       \
+            abort();                                   \
+        }                                              \
     } while (0)
 
 typedef struct {
@@ -71,11 +71,14 @@ static void verify(world_t *w)
             const uint32_t *t;
             uint32_t nb;
             CHECK(kvc_seq_table(w->seqs, r->h, g, &t, &nb) == 0, "table");
-            size_t from = w->window[g] && r->n_computed + 1 > w->window[g] ? r->n_computed + 1 - w->window[g] : 0;
+            size_t from = w->window[g] && r->n_computed + 1 > w->window[g]
+                              ? r->n_computed + 1 - w->window[g]
+                              : 0;
             for (size_t pos = from; pos < r->n_computed; pos++) {
                 uint32_t b = t[pos / w->bs];
                 CHECK(b != KVC_NONE, "released inside the window");
-                CHECK(w->kv[(size_t)b * w->bs + pos % w->bs] == r->tok[pos], "group %u pos %zu reads a foreign token", g, pos);
+                CHECK(w->kv[(size_t)b * w->bs + pos % w->bs] == r->tok[pos],
+                      "group %u pos %zu reads a foreign token", g, pos);
             }
         }
     }
@@ -88,7 +91,8 @@ static int step(world_t *w, ref_t *r, uint32_t n)
     int rc = kvc_seq_reserve(w->seqs, r->h, n, slots);
     if (rc) return rc;
     for (uint32_t g = 0; g < w->n_groups; g++)
-        for (uint32_t i = 0; i < n; i++) w->kv[slots[(size_t)g * n + i]] = r->tok[r->n_computed + i];
+        for (uint32_t i = 0; i < n; i++)
+            w->kv[slots[(size_t)g * n + i]] = r->tok[r->n_computed + i];
     CHECK(kvc_seq_complete(w->seqs, r->h, n) == 0, "complete");
     r->n_computed += n;
     return 0;
@@ -201,7 +205,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint32_t n_ch = 1 + next(&in) % 4;
             int children[3] = {0}, dead = 0, forks = 0;
             for (uint32_t j = 0; j < n_ch; j++) {
-                ch[j] = (kvc_beam_choice_t){.parent = next(&in) % (uint32_t)nb, .token = 300 + next(&in)};
+                ch[j] = (kvc_beam_choice_t){.parent = next(&in) % (uint32_t)nb,
+                                            .token = 300 + next(&in)};
                 children[ch[j].parent]++;
             }
             for (int j = 0; j < nb; j++) {
@@ -226,7 +231,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 *r = old[ch[j].parent];
                 r->h = nx[j];
                 r->tok[r->n++] = ch[j].token;
-                for (uint32_t g = 0; g < w.n_groups; g++) w.kv[slots[(size_t)g * n_ch + j]] = ch[j].token;
+                for (uint32_t g = 0; g < w.n_groups; g++)
+                    w.kv[slots[(size_t)g * n_ch + j]] = ch[j].token;
                 CHECK(kvc_seq_complete(w.seqs, nx[j], 1) == 0, "beam complete");
                 r->n_computed = r->n;
             }
@@ -250,12 +256,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     kvc_seq_t t = rows[0];
                     rows[0] = rows[1];
                     rows[1] = t;
-                    CHECK(kvc_step_complete(w.seqs, id, rows, nr, NULL) == KVC_ESTALE, "permuted accepted");
+                    CHECK(kvc_step_complete(w.seqs, id, rows, nr, NULL) == KVC_ESTALE,
+                          "permuted accepted");
                     rows[1] = rows[0];
                     rows[0] = t;
                 }
                 CHECK(kvc_step_complete(w.seqs, id, rows, nr, NULL) == 0, "complete step");
-                CHECK(kvc_step_complete(w.seqs, id, rows, nr, NULL) == KVC_ESTALE, "duplicate accepted");
+                CHECK(kvc_step_complete(w.seqs, id, rows, nr, NULL) == KVC_ESTALE,
+                      "duplicate accepted");
             }
             break;
         }
