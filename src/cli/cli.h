@@ -52,6 +52,19 @@ int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *cmd, kvc_plan_
 int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a,
                          const struct option *b);
 bool kvc_cli_parse_double(const char *s, double min, double max, double *out);
+/* Parse an option's value; on failure print the one-line error naming the option and the
+ * accepted range, and return false. */
+bool kvc_cli_opt_u64(const char *cmd, const char *opt, const char *value, uint64_t lo, uint64_t hi,
+                     uint64_t *out);
+bool kvc_cli_opt_double(const char *cmd, const char *opt, const char *value, double lo, double hi,
+                        double *out);
+/* The one-line error for what getopt_long could not take (ch ':' or '?'): a missing value, a
+ * value given to a flag, or an unknown option.  Returns 1. */
+int kvc_cli_bad_option(const char *cmd, int ch, const char *opt_name);
+/* The name of the option getopt_long just returned, for messages: from the table when it
+ * matched one (li >= 0), else the argument as typed, cut at '='. */
+void kvc_cli_opt_name(char *out, size_t cap, const struct option *opts, int li, int ch, int argc,
+                      char **argv);
 int kvc_cli_presets_line(char *buf, size_t len, bool models);
 void kvc_cli_list_presets(void);
 

@@ -145,27 +145,17 @@ int kvc_cmd_plan(int argc, char **argv)
         /* The option's name for messages: from the table when getopt matched one, else the
          * argument as typed (an unknown option, or one missing its value), cut at '='. */
         char opt_name[64];
-        if (li >= 0 && ch != ':' && ch != '?')
-            snprintf(opt_name, sizeof opt_name, "--%s", opts[li].name);
-        else
-            snprintf(opt_name, sizeof opt_name, "%s",
-                     optind > 0 && optind <= argc ? argv[optind - 1] : "option");
-        char *eq = strchr(opt_name, '=');
-        if (eq) *eq = '\0';
+        kvc_cli_opt_name(opt_name, sizeof opt_name, opts, li, ch, argc, argv);
         li = -1;
-#define U64(lo, hi, field)                                                                      \
-    do {                                                                                        \
-        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                             \
-            return kvc_cli_error(CMD, "%s: '%s' is not a whole number in %llu..%llu", opt_name, \
-                                 optarg, (unsigned long long)(lo), (unsigned long long)(hi));   \
-        field = u;                                                                              \
+#define U64(lo, hi, field)                                                                 \
+    do {                                                                                   \
+        if (!kvc_cli_opt_u64(CMD, opt_name, optarg, lo, hi, &u)) return 1;                   \
+        field = u;                                                                         \
     } while (0)
-#define DBL(lo, hi, field)                                                                    \
-    do {                                                                                      \
-        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                        \
-            return kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, optarg, \
-                                 (double)(lo), (double)(hi));                                 \
-        field = d;                                                                            \
+#define DBL(lo, hi, field)                                                                 \
+    do {                                                                                   \
+        if (!kvc_cli_opt_double(CMD, opt_name, optarg, lo, hi, &d)) return 1;             \
+        field = d;                                                                         \
     } while (0)
 #define SIZE(field)                                                                         \
     do {                                                                                    \
@@ -243,13 +233,8 @@ int kvc_cmd_plan(int argc, char **argv)
         case 'h':
             help(stdout);
             return 0;
-        case ':':
-            return kvc_cli_error(CMD, "%s needs a value", opt_name);
         default:
-            /* getopt_long reports "--json=x" with optopt set to the option it matched. */
-            if (optopt >= KVC_CLI_DEPLOY_FIRST)
-                return kvc_cli_error(CMD, "%s takes no value", opt_name);
-            return kvc_cli_error(CMD, "unknown option '%s' (try --help)", opt_name);
+            return kvc_cli_bad_option(CMD, ch, opt_name);
         }
 #undef U64
 #undef DBL

@@ -178,30 +178,20 @@ static int parse(int argc, char **argv, opts_t *o)
     double d;
     while ((ch = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
         char opt_name[64];
-        if (li >= 0 && ch != ':' && ch != '?')
-            snprintf(opt_name, sizeof opt_name, "--%s", opts[li].name);
-        else
-            snprintf(opt_name, sizeof opt_name, "%s",
-                     optind > 0 && optind <= argc ? argv[optind - 1] : "option");
-        char *eq = strchr(opt_name, '=');
-        if (eq) *eq = '\0';
+        kvc_cli_opt_name(opt_name, sizeof opt_name, opts, li, ch, argc, argv);
         li = -1;
         int handled = kvc_cli_deploy_option(&o->dep, CMD, ch, opt_name, optarg);
         if (handled < 0) return 1;
         if (handled) continue;
-#define U64(lo, hi, field)                                                                      \
-    do {                                                                                        \
-        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                             \
-            return kvc_cli_error(CMD, "%s: '%s' is not a whole number in %llu..%llu", opt_name, \
-                                 optarg, (unsigned long long)(lo), (unsigned long long)(hi));   \
-        field = u;                                                                              \
+#define U64(lo, hi, field)                                                                 \
+    do {                                                                                   \
+        if (!kvc_cli_opt_u64(CMD, opt_name, optarg, lo, hi, &u)) return 1;                   \
+        field = u;                                                                         \
     } while (0)
-#define DBL(lo, hi, field)                                                                    \
-    do {                                                                                      \
-        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                        \
-            return kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, optarg, \
-                                 (double)(lo), (double)(hi));                                 \
-        field = d;                                                                            \
+#define DBL(lo, hi, field)                                                                 \
+    do {                                                                                   \
+        if (!kvc_cli_opt_double(CMD, opt_name, optarg, lo, hi, &d)) return 1;             \
+        field = d;                                                                         \
     } while (0)
         switch (ch) {
         case O_WORKLOAD:
@@ -314,12 +304,8 @@ static int parse(int argc, char **argv, opts_t *o)
         case 'h':
             help(stdout);
             return 2;
-        case ':':
-            return kvc_cli_error(CMD, "%s needs a value", opt_name);
         default:
-            if (optopt >= KVC_CLI_DEPLOY_FIRST)
-                return kvc_cli_error(CMD, "%s takes no value", opt_name);
-            return kvc_cli_error(CMD, "unknown option '%s' (try --help)", opt_name);
+            return kvc_cli_bad_option(CMD, ch, opt_name);
         }
 #undef U64
 #undef DBL

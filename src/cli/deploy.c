@@ -45,6 +45,42 @@ enum {
     KVC_CLI_SPEC_ACCEPT,
 };
 
+bool kvc_cli_opt_u64(const char *cmd, const char *opt, const char *value, uint64_t lo, uint64_t hi,
+                     uint64_t *out)
+{
+    if (kvc_cli_parse_u64(value, lo, hi, out)) return true;
+    kvc_cli_error(cmd, "%s: '%s' is not a whole number in %llu..%llu", opt, value,
+                  (unsigned long long)lo, (unsigned long long)hi);
+    return false;
+}
+
+bool kvc_cli_opt_double(const char *cmd, const char *opt, const char *value, double lo, double hi,
+                        double *out)
+{
+    if (kvc_cli_parse_double(value, lo, hi, out)) return true;
+    kvc_cli_error(cmd, "%s: '%s' is not a number in %g..%g", opt, value, lo, hi);
+    return false;
+}
+
+int kvc_cli_bad_option(const char *cmd, int ch, const char *opt_name)
+{
+    if (ch == ':') return kvc_cli_error(cmd, "%s needs a value", opt_name);
+    /* getopt_long reports "--json=x" with optopt set to the option it matched. */
+    if (optopt >= KVC_CLI_DEPLOY_FIRST) return kvc_cli_error(cmd, "%s takes no value", opt_name);
+    return kvc_cli_error(cmd, "unknown option '%s' (try --help)", opt_name);
+}
+
+void kvc_cli_opt_name(char *out, size_t cap, const struct option *opts, int li, int ch, int argc,
+                      char **argv)
+{
+    if (li >= 0 && ch != ':' && ch != '?')
+        snprintf(out, cap, "--%s", opts[li].name);
+    else
+        snprintf(out, cap, "%s", optind > 0 && optind <= argc ? argv[optind - 1] : "option");
+    char *eq = strchr(out, '=');
+    if (eq) *eq = '\0';
+}
+
 int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a,
                          const struct option *b)
 {
@@ -155,19 +191,15 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const ch
     kvc_plan_params_t *pp = &d->p;
     uint64_t u;
     double dv;
-#define U64(lo, hi, field)                                                                       \
-    do {                                                                                         \
-        if (!kvc_cli_parse_u64(value, lo, hi, &u))                                               \
-            return -kvc_cli_error(CMD, "%s: '%s' is not a whole number in %llu..%llu", opt_name, \
-                                  value, (unsigned long long)(lo), (unsigned long long)(hi));    \
-        field = u;                                                                               \
+#define U64(lo, hi, field)                                                                 \
+    do {                                                                                   \
+        if (!kvc_cli_opt_u64(CMD, opt_name, value, lo, hi, &u)) return -1;                   \
+        field = u;                                                                         \
     } while (0)
-#define DBL(lo, hi, field)                                                                    \
-    do {                                                                                      \
-        if (!kvc_cli_parse_double(value, lo, hi, &dv))                                        \
-            return -kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", opt_name, value, \
-                                  (double)(lo), (double)(hi));                                \
-        field = dv;                                                                           \
+#define DBL(lo, hi, field)                                                                 \
+    do {                                                                                   \
+        if (!kvc_cli_opt_double(CMD, opt_name, value, lo, hi, &dv)) return -1;             \
+        field = dv;                                                                         \
     } while (0)
 #define SIZE(field)                                                                          \
     do {                                                                                     \
