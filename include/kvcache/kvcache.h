@@ -6,6 +6,7 @@
 #include "kvcache/util.h"
 #include "kvcache/pool.h"
 #include "kvcache/prefix.h"
+#include "kvcache/attn.h"
 
 #define KVC_VERSION "0.1.0"
 
