@@ -600,6 +600,13 @@ static void packing_and_work_split_do_not_change_results(void **state)
             assert_ok(one.rc);
         }
         assert_memory_equal(a, b, sizeof(float) * n);
+        /* one KV head per item instead of several: more items, the same bits */
+        p.kv_heads_per_item = 1;
+        assert_true(kvc_attn_n_items(&p, &c.view, &c.batch) > ni);
+        memset(b, 0xff, sizeof(float) * n);
+        assert_ok(run(&p, &c, q, b));
+        assert_memory_equal(a, b, sizeof(float) * n);
+        p.kv_heads_per_item = 0;
         /* per head: more items, K/V read per query head, the same answer */
         p.per_head = true;
         assert_true(kvc_attn_n_items(&p, &c.view, &c.batch) > ni);

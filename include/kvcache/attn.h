@@ -31,11 +31,12 @@
  * products everywhere.  No path allocates; each works in a caller-provided
  * workspace (kvc_attn_workspace_bytes) and writes only its output rows.
  *
- * Work is split into items (kvc_attn_n_items): one (sequence, KV head, group
- * of up to 64 query rows), or one (sequence, query head, ...) when GQA
- * packing is off.  Items are independent: callers split [0, n_items) across
- * threads, each thread with its own workspace.  A packed item reads each
- * K/V row once for all query heads that share it.
+ * Work is split into items (kvc_attn_n_items): one (sequence, run of KV
+ * heads whose query rows fit in 64), or one (sequence, KV head, group of up
+ * to 64 query rows) for long chunks, or one (sequence, query head, ...) when
+ * GQA packing is off.  Items are independent: callers split [0, n_items)
+ * across threads, each thread with its own workspace.  A packed item reads
+ * each K/V row once for all query heads that share it.
  *
  * Thread-safety: reentrant.  Concurrent calls may read the same storage;
  * kvc_attn_write_kv must not run concurrently with readers of the slots it
@@ -111,6 +112,9 @@ typedef struct {
     float softcap;       /* logit soft-capping; 0: off */
     bool per_head;       /* true: one item per query head (reads K/V once per query head,
                             for comparison); false: GQA packed */
+    uint32_t kv_heads_per_item; /* packed decode: at most this many KV heads per item
+                                   (0: as many as fit in 64 query rows); fewer heads
+                                   per item means more items to share among threads */
     kvc_attn_compute_t compute;
     kvc_isa_t isa;       /* KVC_ISA_AUTO or a forced one */
 } kvc_attn_params_t;

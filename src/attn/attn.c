@@ -102,18 +102,33 @@ size_t kvc_attn_workspace_bytes(const kvc_kv_view_t *kv, const kvc_mla_dims_t *m
 typedef struct {
     uint32_t g;        /* query heads per KV head */
     uint32_t n_hq;     /* query heads */
+    uint32_t n_kvh;    /* KV heads */
     uint32_t n_iter;   /* heads an item list runs over: KV heads (packed) or query heads */
     bool per_head;
-    uint32_t rows_per; /* query rows per item */
+    uint32_t rows_per; /* query rows per item, when one head's rows need several items */
+    uint32_t max_heads;/* cap on KV heads per item (0: none) */
 } plan_t;
 
-static plan_t make_plan(uint32_t n_hq, uint32_t n_kvh, bool per_head)
+static plan_t make_plan(uint32_t n_hq, uint32_t n_kvh, bool per_head, uint32_t max_heads)
 {
-    plan_t pl = {.g = n_hq / n_kvh, .n_hq = n_hq, .per_head = per_head};
+    plan_t pl = {.g = n_hq / n_kvh, .n_hq = n_hq, .n_kvh = n_kvh, .per_head = per_head,
+                 .max_heads = max_heads};
     pl.n_iter = per_head ? n_hq : n_kvh;
     if (per_head) pl.rows_per = KVC__ROWS_MAX;
     else pl.rows_per = pl.g <= KVC__ROWS_MAX ? (KVC__ROWS_MAX / pl.g) * pl.g : KVC__ROWS_MAX;
     return pl;
+}
+
+/* KV heads per item for a sequence with T queries: as many as fit in
+ * KVC__ROWS_MAX padded rows when one head's rows fit at all (packed only). */
+static uint32_t heads_per_item(const plan_t *pl, uint32_t T)
+{
+    uint64_t rows = (uint64_t)T * pl->g;
+    if (pl->per_head || rows > KVC__ROWS_MAX) return 1;
+    uint32_t hp = KVC__ROWS_MAX / kvc__padded_rows((uint32_t)rows);
+    if (hp > pl->n_kvh) hp = pl->n_kvh;
+    if (pl->max_heads && hp > pl->max_heads) hp = pl->max_heads;
+    return hp ? hp : 1;
 }
 
 static uint32_t seq_T(const kvc_attn_batch_t *b, uint32_t s)
@@ -133,6 +148,9 @@ static uint64_t seq_rows(const plan_t *pl, uint32_t T)
 
 static uint64_t seq_items(const plan_t *pl, uint32_t T)
 {
+    uint32_t hp = heads_per_item(pl, T);
+    if (hp > 1 || (!pl->per_head && seq_rows(pl, T) <= KVC__ROWS_MAX))
+        return (pl->n_iter + hp - 1) / hp;
     return (uint64_t)pl->n_iter * ((seq_rows(pl, T) + pl->rows_per - 1) / pl->rows_per);
 }
 
@@ -171,27 +189,43 @@ static void build_item(const plan_t *pl, const kvc_kv_view_t *kv, const kvc_attn
     const uint32_t bs = kv->shape.block_size, T = seq_T(b, s), q0 = seq_q0(b, s);
     const uint32_t nb = b->kv_indptr[s + 1] - b->kv_indptr[s];
     const int64_t S = (int64_t)(nb - 1) * bs + b->kv_last_len[s];
-    const uint64_t rows = seq_rows(pl, T), n_groups = (rows + pl->rows_per - 1) / pl->rows_per;
-    const uint32_t head = (uint32_t)(k / n_groups), grp = (uint32_t)(k % n_groups);
-    const uint64_t r0 = (uint64_t)grp * pl->rows_per, r1 = KVC_MIN(rows, r0 + pl->rows_per);
+    const uint64_t rows = seq_rows(pl, T);
+    const uint32_t hp = heads_per_item(pl, T);
+    uint32_t head, n_heads = 1;
+    uint64_t r0, r1;
+    if (hp > 1 || (!pl->per_head && rows <= KVC__ROWS_MAX)) {
+        /* all rows of heads [head, head + n_heads) */
+        head = k * hp;
+        n_heads = KVC_MIN(hp, pl->n_iter - head);
+        r0 = 0, r1 = rows;
+    } else {
+        const uint64_t n_groups = (rows + pl->rows_per - 1) / pl->rows_per;
+        head = (uint32_t)(k / n_groups);
+        r0 = (uint64_t)(k % n_groups) * pl->rows_per;
+        r1 = KVC_MIN(rows, r0 + pl->rows_per);
+    }
     it->blocks = b->kv_indices + b->kv_indptr[s];
     it->kv_head = pl->per_head ? head / pl->g : head;
-    it->n_rows = (uint32_t)(r1 - r0);
+    it->n_heads = n_heads;
+    it->rows_per_head = (uint32_t)(r1 - r0);
+    it->n_rows = n_heads * it->rows_per_head;
     it->lo_min = INT64_MAX;
     it->hi_max = -1;
-    for (uint64_t gr = r0; gr < r1; gr++) {
-        uint32_t r = (uint32_t)(gr - r0);
-        uint32_t i = pl->per_head ? (uint32_t)gr : (uint32_t)(gr / pl->g);
-        uint32_t h = pl->per_head ? head : head * pl->g + (uint32_t)(gr % pl->g);
-        int64_t pos = S - T + i;
-        it->hi[r] = pos;
-        it->lo[r] = window ? KVC_MAX(0, pos - (int64_t)window + 1) : 0;
-        it->lo_min = KVC_MIN(it->lo_min, it->lo[r]);
-        it->hi_max = KVC_MAX(it->hi_max, it->hi[r]);
-        size_t row = (size_t)(q0 + i) * pl->n_hq + h;
-        it->q[r] = q ? q + row * dq : NULL;
-        it->out[r] = out ? out + row * dout : NULL;
-        if (heads) heads[r] = h, heads[KVC__ROWS_MAX + r] = q0 + i;
+    for (uint32_t hh = 0; hh < n_heads; hh++) {
+        for (uint64_t gr = r0; gr < r1; gr++) {
+            uint32_t r = hh * it->rows_per_head + (uint32_t)(gr - r0);
+            uint32_t i = pl->per_head ? (uint32_t)gr : (uint32_t)(gr / pl->g);
+            uint32_t h = pl->per_head ? head : (head + hh) * pl->g + (uint32_t)(gr % pl->g);
+            int64_t pos = S - T + i;
+            it->hi[r] = pos;
+            it->lo[r] = window ? KVC_MAX(0, pos - (int64_t)window + 1) : 0;
+            it->lo_min = KVC_MIN(it->lo_min, it->lo[r]);
+            it->hi_max = KVC_MAX(it->hi_max, it->hi[r]);
+            size_t row = (size_t)(q0 + i) * pl->n_hq + h;
+            it->q[r] = q ? q + row * dq : NULL;
+            it->out[r] = out ? out + row * dout : NULL;
+            if (heads) heads[r] = h, heads[KVC__ROWS_MAX + r] = q0 + i;
+        }
     }
 }
 
@@ -208,7 +242,7 @@ uint32_t kvc_attn_n_items(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
     uint32_t n_rows;
     if (!p || !view_ok(kv) || !p->n_q_heads || p->n_q_heads % kv->shape.n_kv_heads) return 0;
     if (check_batch(kv, batch, p->window, &n_rows)) return 0;
-    plan_t pl = make_plan(p->n_q_heads, kv->shape.n_kv_heads, p->per_head);
+    plan_t pl = make_plan(p->n_q_heads, kv->shape.n_kv_heads, p->per_head, p->kv_heads_per_item);
     uint64_t n = count_items(&pl, batch);
     return n > UINT32_MAX ? 0 : (uint32_t)n;
 }
@@ -296,7 +330,7 @@ int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
     cfg.sm_scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)d);
     item_fn fn;
     if ((rc = choose_kernel(p, kv, d, d, &cfg, &fn))) return rc;
-    plan_t pl = make_plan(p->n_q_heads, kv->shape.n_kv_heads, p->per_head);
+    plan_t pl = make_plan(p->n_q_heads, kv->shape.n_kv_heads, p->per_head, p->kv_heads_per_item);
     fwd_ctx_t c = {&pl, p, kv, batch, &cfg, fn, q, out, w};
     walk_items(&pl, batch, item_begin, item_end, fwd_visit, &c);
     return 0;
@@ -452,7 +486,7 @@ uint32_t kvc_attn_mla_n_items(const kvc_attn_params_t *p, const kvc_mla_dims_t *
     uint32_t n_rows;
     if (!p || !view_ok(kv) || !mla_ok(dims, kv) || check_batch(kv, batch, p->window, &n_rows))
         return 0;
-    plan_t pl = make_plan(dims->n_heads, 1, p->per_head);
+    plan_t pl = make_plan(dims->n_heads, 1, p->per_head, 0);
     uint64_t n = count_items(&pl, batch);
     return n > UINT32_MAX ? 0 : (uint32_t)n;
 }
@@ -522,7 +556,7 @@ int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims, const k
                                    : 1.0f / sqrtf((float)(dims->nope_dim + dims->rope_dim));
     item_fn fn;
     if ((rc = choose_kernel(p, kv, dk, dv, &cfg, &fn))) return rc;
-    plan_t pl = make_plan(dims->n_heads, 1, p->per_head);
+    plan_t pl = make_plan(dims->n_heads, 1, p->per_head, 0);
     uint8_t *cur = w;
     mla_ctx_t c = {.f = {&pl, p, kv, batch, &cfg, fn, NULL, out, NULL},
                    .m = dims, .q_nope = q_nope, .q_rope = q_rope, .w_uk = w_uk, .w_uv = w_uv};

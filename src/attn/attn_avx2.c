@@ -69,11 +69,13 @@ static inline __m256 rot(__m256 v, int w)
 }
 static inline __m256 allmax(__m256 v, int rt)
 {
+    #pragma GCC unroll 16
     for (int w = 4; w >= rt; w >>= 1) v = _mm256_max_ps(v, rot(v, w));
     return v;
 }
 static inline __m256 allsum(__m256 v, int rt)
 {
+    #pragma GCC unroll 16
     for (int w = 4; w >= rt; w >>= 1) v = _mm256_add_ps(v, rot(v, w));
     return v;
 }
@@ -191,14 +193,19 @@ static inline __attribute__((always_inline)) void qk(const float *qt, uint32_t n
 {
     const int P = GT / rt;
     __m256 acc[GT];
+    #pragma GCC unroll 16
     for (int i = 0; i < GT; i++) acc[i] = _mm256_setzero_ps();
     for (uint32_t c = 0; c < nc; c++) {
         const __m256 qv = _mm256_load_ps(qt + 8 * (size_t)c);
         const uint8_t *kc = k + (size_t)c * P * 4;
+        #pragma GCC unroll 16
         for (int i = 0; i < GT; i++) acc[i] = _mm256_fmadd_ps(bcast(kc + (size_t)i * kst, P), qv, acc[i]);
     }
+    #pragma GCC unroll 16
     for (int n = GT; n > rt; n /= 2)
+        #pragma GCC unroll 16
         for (int i = 0; i < n / 2; i++) acc[i] = fold(acc[2 * i], acc[2 * i + 1]);
+    #pragma GCC unroll 16
     for (int j = 0; j < rt; j++) out[j] = acc[j];
 }
 
@@ -208,6 +215,7 @@ static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, cons
     for (uint32_t c = 0; c < dv; c += 16) {
         for (int r0 = 0; r0 < rt; r0 += rb) {
             __m256 a0[4], a1[4];
+            #pragma GCC unroll 16
             for (int r = 0; r < rb; r++) {
                 a0[r] = _mm256_load_ps(o + (size_t)(r0 + r) * dv + c);
                 a1[r] = _mm256_load_ps(o + (size_t)(r0 + r) * dv + c + 8);
@@ -216,9 +224,11 @@ static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, cons
                 const uint8_t *v = g[gi].v + (size_t)c * 4;
                 const size_t vst = g[gi].vst;
                 const float *p = s + (size_t)gi * GT * rt + r0;
+                #pragma GCC unroll 16
                 for (int t = 0; t < GT; t++) {
                     __m256 v0 = _mm256_loadu_ps((const float *)(const void *)(v + t * vst));
                     __m256 v1 = _mm256_loadu_ps((const float *)(const void *)(v + t * vst + 32));
+                    #pragma GCC unroll 16
                     for (int r = 0; r < rb; r++) {
                         __m256 w = _mm256_broadcast_ss(p + t * rt + r);
                         a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
@@ -226,6 +236,7 @@ static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, cons
                     }
                 }
             }
+            #pragma GCC unroll 16
             for (int r = 0; r < rb; r++) {
                 _mm256_store_ps(o + (size_t)(r0 + r) * dv + c, a0[r]);
                 _mm256_store_ps(o + (size_t)(r0 + r) * dv + c + 8, a1[r]);
@@ -253,6 +264,7 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
         qk(qt, j->nc, g[gi].k, g[gi].kst, rt, sv);
         const bool need_mask = g[gi].t0 < lo_max || g[gi].t0 + GT - 1 > hi_min;
         const __m256 ksv = _mm256_loadu_ps(w->ks + gi * GT);
+        #pragma GCC unroll 16
         for (int v = 0; v < rt; v++) {
             __m256 x = sv[v];
             if (g[gi].kscaled) x = _mm256_mul_ps(x, _mm256_permutevar8x32_ps(ksv, tok_index(v, rt)));
@@ -292,6 +304,7 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
     __m256 lsum = _mm256_setzero_ps();
     for (uint32_t gi = 0; gi < ng; gi++) {
         const __m256 vsv = _mm256_loadu_ps(w->vs + gi * GT);
+        #pragma GCC unroll 16
         for (int v = 0; v < rt; v++) {
             float *sp = w->s + ((size_t)gi * rt + v) * 8;
             __m256 p = exp256(_mm256_sub_ps(_mm256_load_ps(sp), mu));
@@ -353,6 +366,7 @@ static uint32_t build_groups(const job_t *j, int64_t tb, uint32_t tt)
         float *ks = w->ks + ng * GT, *vs = w->vs + ng * GT;
         float *kd = (float *)(void *)w->kscr + (size_t)ng * GT * dk;
         float *vd = (float *)(void *)w->vscr + (size_t)ng * GT * dv;
+        #pragma GCC unroll 16
         for (int i = 0; i < GT; i++) {
             int64_t pos = t0 + i;
             bool valid = pos >= a && pos <= b;
@@ -388,7 +402,7 @@ static uint32_t build_groups(const job_t *j, int64_t tb, uint32_t tt)
     return ng;
 }
 
-void kvc__attn_item_avx2(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it, void *ws)
+static void item_one_head(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it, void *ws)
 {
     const uint32_t tt = kvc__tile_tokens(cfg->dk);
     job_t j = {.cfg = cfg, .it = it, .w = carve(ws, cfg->dk, cfg->dv, tt)};
@@ -416,5 +430,20 @@ void kvc__attn_item_avx2(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it,
             for (uint32_t c = 0; c < cfg->dv; c += 8)
                 _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_load_ps(o + c), inv));
         }
+    }
+}
+
+/* Items of several KV heads run head by head (the AVX-512 kernel streams
+ * them together; this one is the fallback for CPUs without it). */
+void kvc__attn_item_avx2(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it, void *ws)
+{
+    if (it->n_heads == 1) {
+        item_one_head(cfg, it, ws);
+        return;
+    }
+    kvc__attn_item_t sub;
+    for (uint32_t j = 0; j < it->n_heads; j++) {
+        kvc__item_head(it, j, &sub);
+        item_one_head(cfg, &sub, ws);
     }
 }

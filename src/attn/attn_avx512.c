@@ -40,10 +40,11 @@
 #define RESCALE_GAP 8.0f
 
 typedef struct {
-    const uint8_t *k, *v; /* row 0 of the group's K / V in the compute type */
-    size_t kst, vst;      /* bytes between rows */
-    int64_t t0;           /* position of row 0 */
-    bool kscaled, vscaled;/* per-token scales differ from 1 */
+    const uint8_t *k, *v;      /* row 0 of the group's K / V in the compute type */
+    size_t kst, vst;           /* bytes between rows */
+    int64_t t0;                /* position of row 0 */
+    float ks, vs;              /* the group's K / V scale, when not per token */
+    const float *ktok, *vtok;  /* per-token K / V scales (16), or NULL */
 } group_t;
 
 /* ---- vector helpers -------------------------------------------------------- */
@@ -89,6 +90,7 @@ static inline __m512 softcap512(__m512 x, float cap)
 /* Reduce over the lanes of each row (period rt): every lane gets its row's result. */
 static inline __m512 allmax(__m512 v, int rt)
 {
+    #pragma GCC unroll 16
     for (int w = 8; w >= rt; w >>= 1)
         v = _mm512_max_ps(v, _mm512_permutexvar_ps(
                                  _mm512_and_si512(_mm512_add_epi32(iota16(), _mm512_set1_epi32(w)),
@@ -97,6 +99,7 @@ static inline __m512 allmax(__m512 v, int rt)
 }
 static inline __m512 allsum(__m512 v, int rt)
 {
+    #pragma GCC unroll 16
     for (int w = 8; w >= rt; w >>= 1)
         v = _mm512_add_ps(v, _mm512_permutexvar_ps(
                                  _mm512_and_si512(_mm512_add_epi32(iota16(), _mm512_set1_epi32(w)),
@@ -215,29 +218,40 @@ static lut_t make_lut(kvc_dtype_t dt)
  * these functions use it, and only the BF16 path (which requires VBMI) runs them. */
 #define VBMI __attribute__((target("avx512vbmi")))
 
-/* 64 FP8 codes (the low 32 only when n == 32) to bf16, exactly, in order. */
-static inline VBMI void fp8_to_bf16(uint16_t *dst, const uint8_t *src, const lut_t *l, uint32_t n)
+/* 64 FP8 codes to bf16 bits, exactly and in order, as two vectors of 32:
+ * two 128-entry byte lookups give each code's high and low byte, the sign is
+ * or-ed in, and the bytes are interleaved back into words. */
+static inline VBMI void fp8x64_to_bf16(__m512i c, __m512i hi0, __m512i hi1, __m512i lo0, __m512i lo1,
+                                       __m512i *o0, __m512i *o1)
 {
-    __m512i c = n >= 64 ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(0xffffffffull, src);
-    __m512i hi = _mm512_permutex2var_epi8(l->hi0, c, l->hi1);
-    __m512i lo = _mm512_permutex2var_epi8(l->lo0, c, l->lo1);
+    __m512i hi = _mm512_permutex2var_epi8(hi0, c, hi1);
+    __m512i lo = _mm512_permutex2var_epi8(lo0, c, lo1);
     hi = _mm512_ternarylogic_epi32(hi, c, _mm512_set1_epi8((char)0x80), 0xf8); /* hi | (c & 0x80) */
     __m512i w0 = _mm512_unpacklo_epi8(lo, hi), w1 = _mm512_unpackhi_epi8(lo, hi);
-    __m512i o0 = _mm512_permutex2var_epi64(w0, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), w1);
-    _mm512_storeu_si512(dst, o0);
-    if (n >= 64) {
-        __m512i o1 = _mm512_permutex2var_epi64(w0, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), w1);
-        _mm512_storeu_si512(dst + 32, o1);
-    }
+    *o0 = _mm512_permutex2var_epi64(w0, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), w1);
+    *o1 = _mm512_permutex2var_epi64(w0, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), w1);
 }
 
-/* A row to bf16: FP8 through the table (exact), or (per-channel scales)
- * through fp32 times the scales, rounded to nearest even. */
+/* n (a multiple of 32) elements to bf16: FP8 through the table (exact), or
+ * (per-channel scales, n = one row) through fp32 times the scales, rounded
+ * to nearest even. */
 static VBMI void row_to_bf16(uint16_t *dst, const uint8_t *src, kvc_dtype_t dt, uint32_t n,
-                        const float *sc, const lut_t *l)
+                             const float *sc, const lut_t *l)
 {
     if (!sc) {
-        for (uint32_t c = 0; c < n; c += 64) fp8_to_bf16(dst + c, src + c, l, n - c >= 64 ? 64 : 32);
+        const __m512i hi0 = l->hi0, hi1 = l->hi1, lo0 = l->lo0, lo1 = l->lo1;
+        uint32_t c = 0;
+        for (; c + 64 <= n; c += 64) {
+            __m512i o0, o1;
+            fp8x64_to_bf16(_mm512_loadu_si512(src + c), hi0, hi1, lo0, lo1, &o0, &o1);
+            _mm512_storeu_si512(dst + c, o0);
+            _mm512_storeu_si512(dst + c + 32, o1);
+        }
+        if (c < n) {
+            __m512i o0, o1;
+            fp8x64_to_bf16(_mm512_maskz_loadu_epi8(0xffffffffull, src + c), hi0, hi1, lo0, lo1, &o0, &o1);
+            _mm512_storeu_si512(dst + c, o0);
+        }
         return;
     }
     for (uint32_t c = 0; c < n; c += 32) {
@@ -262,7 +276,7 @@ typedef struct {
 
 size_t kvc__attn_ws_avx512(uint32_t dk, uint32_t dv)
 {
-    size_t tt = kvc__tile_tokens(dk), r = KVC__ROWS_MAX, tiles = KVC__ROWS_MAX / GT;
+    size_t tt = kvc__tile_tokens(dk), r = KVC__ROWS_MAX, tiles = KVC__ROWS_MAX;
     size_t b = 0;
     b += r * dk * 4 + 64;
     b += r * dv * 4 + 64;
@@ -279,7 +293,7 @@ static ws_t carve(void *mem, uint32_t dk, uint32_t dv, uint32_t tt)
 {
     uint8_t *cur = mem;
     ws_t w;
-    size_t tiles = KVC__ROWS_MAX / GT;
+    size_t tiles = KVC__ROWS_MAX; /* one-row tiles of up to 64 heads */
     w.qt = kvc__ws_take(&cur, (size_t)KVC__ROWS_MAX * dk * 4);
     w.o = kvc__ws_take(&cur, (size_t)KVC__ROWS_MAX * dv * 4);
     w.mv = kvc__ws_take(&cur, tiles * 64);
@@ -297,33 +311,102 @@ static ws_t carve(void *mem, uint32_t dk, uint32_t dv, uint32_t tt)
 }
 
 /* ---- the pieces of a row tile, specialised by rt at compile time ------------------- */
+/* The next key tile's rows, prefetched a few lines at a time while the
+ * current tile is multiplied: one run of K and one of V per group (V = K for
+ * a latent), walked by a cursor. */
+#define PF_RUNS 64
+typedef struct {
+    const uint8_t *k[PF_RUNS], *v[PF_RUNS]; /* v NULL: K only (a latent) */
+    uint32_t lines[PF_RUNS];
+    uint32_t n, cur, line;
+    uint32_t per; /* lines per step */
+} pf_t;
+
+/* Issue the cursor's next `per` lines of K and of V. */
+static inline void pf_step(pf_t *c)
+{
+    uint32_t n = c->per;
+    while (n && c->cur < c->n) {
+        const uint32_t left = c->lines[c->cur] - c->line, m = n < left ? n : left;
+        const uint8_t *k = c->k[c->cur] + (size_t)c->line * 64;
+        for (uint32_t i = 0; i < m; i++) _mm_prefetch((const char *)(k + (size_t)i * 64), _MM_HINT_T1);
+        if (c->v[c->cur]) {
+            const uint8_t *v = c->v[c->cur] + (size_t)c->line * 64;
+            for (uint32_t i = 0; i < m; i++) _mm_prefetch((const char *)(v + (size_t)i * 64), _MM_HINT_T1);
+        }
+        c->line += m;
+        n -= m;
+        if (c->line == c->lines[c->cur]) c->cur++, c->line = 0;
+    }
+}
+
 typedef struct {
     const kvc__attn_cfg_t *cfg;
     const kvc__attn_item_t *it;
     ws_t w;
     uint32_t rt, n_tiles, nc; /* rows per tile, tiles, QK chunks per tile */
+    uint32_t tph;             /* tiles per KV head (tile t belongs to head t / tph) */
+    uint32_t pv_steps;        /* prefetch steps P.V takes per group of a head's first tile */
     size_t qt_bytes;          /* bytes of one query tile */
+    /* the storage, resolved once per item */
+    size_t row;               /* bytes of a stored row */
+    size_t cel;               /* bytes of a compute-type element (2 or 4) */
+    size_t side_floats;       /* scale floats per layer in a block */
+    bool conv_k, conv_v;      /* rows must be converted (not read in place) */
+    bool latent, scaled, per_channel;
+    lut_t lut;
+    pf_t pf; /* prefetches of the next key tile */
 } job_t;
 
-/* Logits of one group for one row tile into out[0 .. rt), [token][row] order. */
+/* Logits of one group for one row tile into out[0 .. rt), [token][row] order.
+ * Token i's units are at k + i * kst; the 16 addresses are formed from four
+ * base pointers and the strides kst, 2 kst, 3 kst, so the loop needs no
+ * address arithmetic of its own. */
 static inline __attribute__((always_inline)) void qk(const __m512i *qt, uint32_t nc,
                                                       const uint8_t *k, size_t kst, int rt,
-                                                      bool bf16, __m512 *out)
+                                                      bool bf16, pf_t *pf, __m512 *out)
 {
     const int P = GT / rt;
+    const size_t s1 = kst, s3 = 3 * kst, step = (size_t)P * 4;
+    const uint8_t *p0 = k, *p1 = k + 4 * kst, *p2 = k + 8 * kst, *p3 = k + 12 * kst;
     __m512 acc[GT];
+#pragma GCC unroll 16
     for (int i = 0; i < GT; i++) acc[i] = _mm512_setzero_ps();
+#define KVC_QK_STEP(i, ptr)                                                                         \
+    do {                                                                                           \
+        __m512i kb = bcast(ptr, P);                                                                \
+        if (bf16) acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)kb, (__m512bh)qv);                   \
+        else acc[i] = _mm512_fmadd_ps(_mm512_castsi512_ps(kb), _mm512_castsi512_ps(qv), acc[i]);   \
+    } while (0)
     for (uint32_t c = 0; c < nc; c++) {
         const __m512i qv = _mm512_load_si512(qt + c);
-        const uint8_t *kc = k + (size_t)c * P * 4;
-        for (int i = 0; i < GT; i++) {
-            __m512i kb = bcast(kc + (size_t)i * kst, P);
-            if (bf16) acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)kb, (__m512bh)qv);
-            else acc[i] = _mm512_fmadd_ps(_mm512_castsi512_ps(kb), _mm512_castsi512_ps(qv), acc[i]);
-        }
+        KVC_QK_STEP(0, p0);
+        KVC_QK_STEP(1, p0 + s1);
+        KVC_QK_STEP(2, p0 + 2 * s1);
+        KVC_QK_STEP(3, p0 + s3);
+        KVC_QK_STEP(4, p1);
+        KVC_QK_STEP(5, p1 + s1);
+        KVC_QK_STEP(6, p1 + 2 * s1);
+        KVC_QK_STEP(7, p1 + s3);
+        KVC_QK_STEP(8, p2);
+        KVC_QK_STEP(9, p2 + s1);
+        KVC_QK_STEP(10, p2 + 2 * s1);
+        KVC_QK_STEP(11, p2 + s3);
+        KVC_QK_STEP(12, p3);
+        KVC_QK_STEP(13, p3 + s1);
+        KVC_QK_STEP(14, p3 + 2 * s1);
+        KVC_QK_STEP(15, p3 + s3);
+        p0 += step, p1 += step, p2 += step, p3 += step;
+        /* the next tile's rows, spread evenly over the chunks so that the
+         * memory system sees a steady stream rather than a burst */
+        if (pf) pf_step(pf);
     }
+#undef KVC_QK_STEP
+#pragma GCC unroll 16
     for (int n = GT; n > rt; n /= 2)
+#pragma GCC unroll 16
         for (int i = 0; i < n / 2; i++) acc[i] = fold(acc[2 * i], acc[2 * i + 1]);
+#pragma GCC unroll 16
     for (int j = 0; j < rt; j++) out[j] = acc[j];
 }
 
@@ -337,76 +420,135 @@ static void rescale_rows(float *o, uint32_t dv, const float *alpha, int rt)
     }
 }
 
-/* P.V for fp32 weights (w.s, [token][row] per group) and fp32 V rows. */
-static inline __attribute__((always_inline)) void pv_f32(float *o, uint32_t dv, const group_t *g,
-                                                          uint32_t ng, const float *s, int rt, int rb)
+/* P.V: O[rows] += P V over the key tile's groups.  A pass keeps RB rows x
+ * CB 32-channel chunks x 2 vectors in registers, S times over (tokens split
+ * S ways and summed at the end), so that 2 RB CB S = 16 accumulators hide
+ * the latency of the multiply-adds whatever the number of rows.
+ *
+ * fp32 weights are w.s ([token][row] per group) against fp32 V rows; bf16
+ * weight pairs are w.pp ((group, pair, row) dwords) against bf16 V rows of a
+ * token pair interleaved by VPUNPCKLWD/HWD.  In the bf16 layout the first
+ * vector of a chunk holds channels 8l+j (j < 4) in lanes 4l+j and the second
+ * channels 8l+4+j. */
+static inline __attribute__((always_inline)) void pv_pass(float *o, uint32_t dv, uint32_t c0, int r0,
+                                                           const group_t *g, uint32_t ng,
+                                                           const float *s, const uint32_t *pp,
+                                                           int rt, bool bf16, int RB, int CB, int S,
+                                                           pf_t *pf)
 {
-    for (uint32_t c = 0; c < dv; c += 32) {
-        for (int r0 = 0; r0 < rt; r0 += rb) {
-            __m512 a0[8], a1[8];
-            for (int r = 0; r < rb; r++) {
-                a0[r] = _mm512_load_ps(o + (size_t)(r0 + r) * dv + c);
-                a1[r] = _mm512_load_ps(o + (size_t)(r0 + r) * dv + c + 16);
-            }
-            for (uint32_t gi = 0; gi < ng; gi++) {
-                const uint8_t *v = g[gi].v + (size_t)c * 4;
-                const size_t vst = g[gi].vst;
-                const float *p = s + (size_t)gi * GT * rt + r0;
-                for (int t = 0; t < GT; t++) {
-                    __m512 v0 = _mm512_loadu_ps((const float *)(const void *)(v + t * vst));
-                    __m512 v1 = _mm512_loadu_ps((const float *)(const void *)(v + t * vst + 64));
-                    for (int r = 0; r < rb; r++) {
-                        __m512 w = _mm512_set1_ps(p[t * rt + r]);
-                        a0[r] = _mm512_fmadd_ps(w, v0, a0[r]);
-                        a1[r] = _mm512_fmadd_ps(w, v1, a1[r]);
+#define ACC(sp, r, cc, h) acc[(((sp) * RB + (r)) * CB + (cc)) * 2 + (h)]
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int cc = 0; cc < CB; cc++) {
+            const float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
+            ACC(0, r, cc, 0) = _mm512_load_ps(row);
+            ACC(0, r, cc, 1) = _mm512_load_ps(row + 16);
+#pragma GCC unroll 16
+            for (int sp = 1; sp < S; sp++) ACC(sp, r, cc, 0) = ACC(sp, r, cc, 1) = _mm512_setzero_ps();
+        }
+    for (uint32_t gi = 0; gi < ng; gi++) {
+        const size_t vst = g[gi].vst;
+        if (bf16) {
+            const uint8_t *v = g[gi].v + (size_t)c0 * 2;
+            const uint32_t *p = pp + (size_t)gi * (GT / 2) * rt + r0;
+#pragma GCC unroll 16
+            for (int tp0 = 0; tp0 < GT / 2; tp0 += S) {
+                if (pf) pf_step(pf);
+#pragma GCC unroll 16
+                for (int sp = 0; sp < S; sp++) {
+                    const int tp = tp0 + sp;
+#pragma GCC unroll 16
+                    for (int cc = 0; cc < CB; cc++) {
+                        __m512i x = _mm512_loadu_si512(v + (size_t)(2 * tp) * vst + (size_t)cc * 64);
+                        __m512i y = _mm512_loadu_si512(v + (size_t)(2 * tp + 1) * vst + (size_t)cc * 64);
+                        __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(x, y);
+                        __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(x, y);
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            __m512bh w = (__m512bh)_mm512_set1_epi32((int)p[tp * rt + r]);
+                            ACC(sp, r, cc, 0) = _mm512_dpbf16_ps(ACC(sp, r, cc, 0), lo, w);
+                            ACC(sp, r, cc, 1) = _mm512_dpbf16_ps(ACC(sp, r, cc, 1), hi, w);
+                        }
                     }
                 }
             }
-            for (int r = 0; r < rb; r++) {
-                _mm512_store_ps(o + (size_t)(r0 + r) * dv + c, a0[r]);
-                _mm512_store_ps(o + (size_t)(r0 + r) * dv + c + 16, a1[r]);
+        } else {
+            const uint8_t *v = g[gi].v + (size_t)c0 * 4;
+            const float *p = s + (size_t)gi * GT * rt + r0;
+#pragma GCC unroll 16
+            for (int t0 = 0; t0 < GT; t0 += S) {
+                if (pf) pf_step(pf);
+#pragma GCC unroll 16
+                for (int sp = 0; sp < S; sp++) {
+                    const int t = t0 + sp;
+#pragma GCC unroll 16
+                    for (int cc = 0; cc < CB; cc++) {
+                        const float *vr = (const float *)(const void *)(v + (size_t)t * vst + (size_t)cc * 128);
+                        __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; r++) {
+                            __m512 w = _mm512_set1_ps(p[t * rt + r]);
+                            ACC(sp, r, cc, 0) = _mm512_fmadd_ps(w, v0, ACC(sp, r, cc, 0));
+                            ACC(sp, r, cc, 1) = _mm512_fmadd_ps(w, v1, ACC(sp, r, cc, 1));
+                        }
+                    }
+                }
             }
         }
     }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int cc = 0; cc < CB; cc++) {
+            __m512 x0 = ACC(0, r, cc, 0), x1 = ACC(0, r, cc, 1);
+#pragma GCC unroll 16
+            for (int sp = 1; sp < S; sp++) x0 = _mm512_add_ps(x0, ACC(sp, r, cc, 0)), x1 = _mm512_add_ps(x1, ACC(sp, r, cc, 1));
+            float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
+            _mm512_store_ps(row, x0);
+            _mm512_store_ps(row + 16, x1);
+        }
+#undef ACC
 }
 
-/* P.V for bf16 weight pairs (w.pp, (group, pair, row)) and bf16 V rows.  The
- * accumulator of a 32-channel chunk holds channels 8l+j (j < 4) in lanes
- * 4l+j of its first vector and 8l+4+j in lanes 4l+j of its second. */
-static inline __attribute__((always_inline)) void pv_bf16(float *o, uint32_t dv, const group_t *g,
-                                                           uint32_t ng, const uint32_t *pp, int rt,
-                                                           int rb)
+/* All of P.V for a row tile: passes of RB = min(rt, 8) rows and the widest
+ * CB (a power of two up to 8 / RB) that divides the chunks. */
+static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, const group_t *g,
+                                                      uint32_t ng, const float *s, const uint32_t *pp,
+                                                      int rt, bool bf16, pf_t *pf)
 {
-    for (uint32_t c = 0; c < dv; c += 32) {
-        for (int r0 = 0; r0 < rt; r0 += rb) {
-            __m512 a0[8], a1[8];
-            for (int r = 0; r < rb; r++) {
-                a0[r] = _mm512_load_ps(o + (size_t)(r0 + r) * dv + c);
-                a1[r] = _mm512_load_ps(o + (size_t)(r0 + r) * dv + c + 16);
-            }
-            for (uint32_t gi = 0; gi < ng; gi++) {
-                const uint8_t *v = g[gi].v + (size_t)c * 2;
-                const size_t vst = g[gi].vst;
-                const uint32_t *p = pp + (size_t)gi * (GT / 2) * rt + r0;
-                for (int tp = 0; tp < GT / 2; tp++) {
-                    __m512i x = _mm512_loadu_si512(v + (size_t)(2 * tp) * vst);
-                    __m512i y = _mm512_loadu_si512(v + (size_t)(2 * tp + 1) * vst);
-                    __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(x, y);
-                    __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(x, y);
-                    for (int r = 0; r < rb; r++) {
-                        __m512bh w = (__m512bh)_mm512_set1_epi32((int)p[tp * rt + r]);
-                        a0[r] = _mm512_dpbf16_ps(a0[r], lo, w);
-                        a1[r] = _mm512_dpbf16_ps(a1[r], hi, w);
-                    }
-                }
-            }
-            for (int r = 0; r < rb; r++) {
-                _mm512_store_ps(o + (size_t)(r0 + r) * dv + c, a0[r]);
-                _mm512_store_ps(o + (size_t)(r0 + r) * dv + c + 16, a1[r]);
+    const int RB = rt < 8 ? rt : 8;
+    const uint32_t chunks = dv / 32;
+    uint32_t cb = (uint32_t)(8 / RB);
+    while (chunks % cb) cb /= 2;
+/* CB and S stay valid constants in the cases a given RB never takes */
+#define PV_CASE(CBV)                                                                              \
+    case CBV:                                                                                     \
+        pv_pass(o, dv, c, r0, g, ng, s, pp, rt, bf16, RB, CBV * RB <= 8 ? CBV : 1,                \
+                CBV * RB <= 8 ? 8 / (RB * CBV) : 1, pf);                                          \
+        break;
+    for (int r0 = 0; r0 < rt; r0 += RB)
+        for (uint32_t c = 0; c < dv; c += 32 * cb) {
+            switch (cb) {
+                PV_CASE(8)
+                PV_CASE(4)
+                PV_CASE(2)
+                PV_CASE(1)
+            default: break;
             }
         }
-    }
+#undef PV_CASE
 }
+
+/* For rt = 1, 2, 4, 8: word 2 (tpl * rt + r) + b of a weight vector in
+ * pair order is word (2 tpl + b) * rt + r of the [token][row] vector. */
+static const uint16_t pair_index[4][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15},
+    {0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15},
+    {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15},
+};
 
 /* Everything one row tile does with one key tile: logits, mask, softmax
  * update, weights, P.V. */
@@ -423,12 +565,15 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (uint32_t gi = 0; gi < ng; gi++) {
         __m512 sv[GT];
-        qk(qt, j->nc, g[gi].k, g[gi].kst, rt, bf16, sv);
+        qk(qt, j->nc, g[gi].k, g[gi].kst, rt, bf16, t % j->tph == 0 ? (pf_t *)&j->pf : NULL, sv);
         const bool need_mask = g[gi].t0 < lo_max || g[gi].t0 + GT - 1 > hi_min;
-        const __m512 ksv = _mm512_loadu_ps(w->ks + gi * GT);
+        const __m512 ksv = g[gi].ktok ? _mm512_loadu_ps(g[gi].ktok) : _mm512_set1_ps(g[gi].ks);
+        const bool kscaled = g[gi].ktok || g[gi].ks != 1.0f;
+        #pragma GCC unroll 16
         for (int v = 0; v < rt; v++) {
             __m512 x = sv[v];
-            if (g[gi].kscaled) x = _mm512_mul_ps(x, _mm512_permutexvar_ps(tok_index(v, rt), ksv));
+            if (g[gi].ktok) x = _mm512_mul_ps(x, _mm512_permutexvar_ps(tok_index(v, rt), ksv));
+            else if (kscaled) x = _mm512_mul_ps(x, ksv);
             if (cfg->softcap > 0) x = softcap512(x, cfg->softcap);
             if (need_mask) {
                 __m512i pos = _mm512_add_epi32(tok_index(v, rt), _mm512_set1_epi32((int32_t)g[gi].t0));
@@ -459,15 +604,19 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
                                          _mm512_setzero_ps());
     __m512 lsum = _mm512_setzero_ps();
     for (uint32_t gi = 0; gi < ng; gi++) {
-        const __m512 vsv = _mm512_loadu_ps(w->vs + gi * GT);
+        const __m512 vsv = g[gi].vtok ? _mm512_loadu_ps(g[gi].vtok) : _mm512_set1_ps(g[gi].vs);
+        const bool vscaled = g[gi].vtok || g[gi].vs != 1.0f;
         __m512 pv[GT];
+        #pragma GCC unroll 16
         for (int v = 0; v < rt; v++) {
             __m512 p = exp512(_mm512_sub_ps(_mm512_load_ps(w->s + ((size_t)gi * rt + v) * 16), mu));
             lsum = _mm512_add_ps(lsum, p);
-            if (g[gi].vscaled) p = _mm512_mul_ps(p, _mm512_permutexvar_ps(tok_index(v, rt), vsv));
+            if (g[gi].vtok) p = _mm512_mul_ps(p, _mm512_permutexvar_ps(tok_index(v, rt), vsv));
+            else if (vscaled) p = _mm512_mul_ps(p, vsv);
             pv[v] = p;
         }
         if (!bf16) {
+            #pragma GCC unroll 16
             for (int v = 0; v < rt; v++) _mm512_store_ps(w->s + ((size_t)gi * rt + v) * 16, pv[v]);
         } else if (rt == 16) {
             /* two tokens per pair: interleave the 16 rows' weights of tokens 2tp, 2tp+1 */
@@ -475,6 +624,7 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
                                              21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                              11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
             const __m512i il = _mm512_loadu_si512(ilw);
+            #pragma GCC unroll 16
             for (int tp = 0; tp < GT / 2; tp++) {
                 __m512i b = (__m512i)_mm512_cvtne2ps_pbh(pv[2 * tp + 1], pv[2 * tp]);
                 _mm512_store_si512(w->pp + ((size_t)gi * (GT / 2) + tp) * 16, _mm512_permutexvar_epi16(il, b));
@@ -482,12 +632,8 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
         } else {
             /* vector v holds tokens v * (16 / rt) + u, u < 16 / rt, rows in lanes: word
              * 2 (tpl * rt + r) + b of the result is weight (token 2 tpl + b, row r) */
-            uint16_t idx[16];
-            for (int wd = 0; wd < 16; wd++) {
-                int d = wd / 2, b = wd & 1, tpl = d / rt, r = d % rt;
-                idx[wd] = (uint16_t)((2 * tpl + b) * rt + r);
-            }
-            const __m256i il = _mm256_loadu_si256((const __m256i *)(const void *)idx);
+            const __m256i il = _mm256_loadu_si256((const __m256i *)(const void *)pair_index[__builtin_ctz((unsigned)rt)]);
+            #pragma GCC unroll 16
             for (int v = 0; v < rt; v++) {
                 __m256i b = (__m256i)_mm512_cvtneps_pbh(pv[v]);
                 _mm256_store_si256((__m256i *)(void *)(w->pp + (size_t)gi * (GT / 2) * rt + (size_t)v * 8),
@@ -496,10 +642,8 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
         }
     }
     _mm512_store_ps(w->lv + 16 * t, _mm512_add_ps(_mm512_load_ps(w->lv + 16 * t), lsum));
-    float *o = w->o + (size_t)t * rt * cfg->dv;
-    const int rb = rt < 8 ? rt : 8;
-    if (bf16) pv_bf16(o, cfg->dv, g, ng, w->pp, rt, rb);
-    else pv_f32(o, cfg->dv, g, ng, w->s, rt, rb);
+    pv(w->o + (size_t)t * rt * cfg->dv, cfg->dv, g, ng, w->s, w->pp, rt, bf16,
+       t % j->tph == 0 ? (pf_t *)&j->pf : NULL);
 }
 
 static void row_tile_any(const job_t *j, uint32_t t, const group_t *g, uint32_t ng)
@@ -515,6 +659,14 @@ static void row_tile_any(const job_t *j, uint32_t t, const group_t *g, uint32_t 
 }
 
 /* ---- setting up an item ------------------------------------------------------------ */
+/* The item row in slot r of tile t: tiles of a head cover its rows, and slots
+ * past the head's last row repeat it (their results are not written). */
+static inline uint32_t tile_row(const job_t *j, uint32_t t, uint32_t r)
+{
+    const uint32_t head = t / j->tph, local = (t % j->tph) * j->rt + r, rph = j->it->rows_per_head;
+    return head * rph + KVC_MIN(local, rph - 1);
+}
+
 /* Query tile t: lane r*P + p of chunk c holds unit c*P + p of row t*rt + r
  * (rows past the item's end repeat its last row). */
 static void build_qt(const job_t *j, uint32_t t)
@@ -523,7 +675,7 @@ static void build_qt(const job_t *j, uint32_t t)
     const int rt = (int)j->rt, P = GT / rt;
     uint8_t *dst = j->w.qt + t * j->qt_bytes;
     for (int r = 0; r < rt; r++) {
-        uint32_t row = KVC_MIN(t * j->rt + (uint32_t)r, j->it->n_rows - 1);
+        uint32_t row = tile_row(j, t, (uint32_t)r);
         const float *q = j->it->q[row];
         uint32_t units = cfg->bf16 ? cfg->dk / 2 : cfg->dk;
         for (uint32_t u = 0; u < units; u++) {
@@ -539,7 +691,7 @@ static void build_qt(const job_t *j, uint32_t t)
     }
     int32_t lo[16], hi[16];
     for (int l = 0; l < 16; l++) {
-        uint32_t row = KVC_MIN(t * j->rt + (uint32_t)(l % rt), j->it->n_rows - 1);
+        uint32_t row = tile_row(j, t, (uint32_t)(l % rt));
         lo[l] = (int32_t)j->it->lo[row];
         hi[l] = (int32_t)j->it->hi[row];
     }
@@ -547,80 +699,169 @@ static void build_qt(const job_t *j, uint32_t t)
     memcpy(j->w.rhi + 16 * t, hi, sizeof hi);
 }
 
-/* Find the K/V rows of the groups of key tile [tb, tb + tt), converting or
- * gathering into scratch where they cannot be read in place. */
-static uint32_t build_groups(const job_t *j, int64_t tb, uint32_t tt, const lut_t *lut)
+/* Convert n rows (dim elements each, contiguous at src) into the compute
+ * type at dst, times per-channel scales when kc is set. */
+static void convert_rows(const job_t *j, uint8_t *dst, const uint8_t *src, uint32_t n, uint32_t dim,
+                         const float *kc)
+{
+    const kvc_dtype_t dt = j->cfg->kv->shape.dtype;
+    const size_t el = kvc_dtype_bytes(dt);
+    if (!kc) {
+        /* rows are back to back on both sides: one flat run */
+        if (j->cfg->bf16) row_to_bf16((uint16_t *)(void *)dst, src, dt, n * dim, NULL, &j->lut);
+        else row_to_f32((float *)(void *)dst, src, dt, n * dim, NULL);
+        return;
+    }
+    for (uint32_t r = 0; r < n; r++) {
+        if (j->cfg->bf16)
+            row_to_bf16((uint16_t *)(void *)(dst + (size_t)r * dim * 2), src + (size_t)r * dim * el, dt, dim, kc, &j->lut);
+        else
+            row_to_f32((float *)(void *)(dst + (size_t)r * dim * 4), src + (size_t)r * dim * el, dt, dim, kc);
+    }
+}
+
+static inline const float *side_of(const job_t *j, uint32_t blk)
+{
+    const kvc_kv_view_t *kv = j->cfg->kv;
+    return (const float *)(const void *)((const uint8_t *)kv->base + (size_t)blk * kv->block_bytes +
+                                         kv->scale_offset) + (size_t)kv->layer * j->side_floats;
+}
+
+/* Rows [i0, i1] of a group from one block's rows starting at src (row 0 of
+ * the group); the other rows of the scratch are zeroed.  Returns where the
+ * group's rows are and their stride. */
+static const uint8_t *group_rows(const job_t *j, uint8_t *scr, const uint8_t *src, int i0, int i1,
+                                 uint32_t dim, bool conv, const float *kc, size_t *stride)
+{
+    if (i0 == 0 && i1 == GT - 1 && !conv) {
+        *stride = j->row;
+        return src;
+    }
+    const size_t out_row = (size_t)dim * j->cel;
+    if (i0 > 0) memset(scr, 0, (size_t)i0 * out_row);
+    if (i1 < GT - 1) memset(scr + (size_t)(i1 + 1) * out_row, 0, (size_t)(GT - 1 - i1) * out_row);
+    uint32_t n = (uint32_t)(i1 - i0 + 1);
+    if (conv) convert_rows(j, scr + (size_t)i0 * out_row, src + (size_t)i0 * j->row, n, dim, kc);
+    else memcpy(scr + (size_t)i0 * out_row, src + (size_t)i0 * j->row, n * j->row);
+    *stride = out_row;
+    return scr;
+}
+
+/* Plan the prefetches of key tile [tb, tb + tt), issued while the tile
+ * before it is multiplied.  Without them a paged cache streams badly: one KV
+ * head's rows in a block are a few KiB, the next block is elsewhere, and
+ * hardware prefetchers stop at page boundaries; spread over the work, they
+ * keep a few chunks in flight at the rate the kernel consumes them. */
+static void plan_prefetch(job_t *j, int64_t tb, uint32_t tt)
+{
+    const kvc__attn_item_t *it = j->it;
+    const kvc_kv_view_t *kv = j->cfg->kv;
+    const uint32_t bs = kv->shape.block_size, nh = it->n_heads;
+    pf_t *c = &j->pf;
+    c->n = c->cur = c->line = c->per = 0;
+    if (bs < GT || tb > it->hi_max) return; /* tiny blocks: rows are gathered one by one anyway */
+    const int64_t a0 = KVC_MAX(tb, it->lo_min), b0 = KVC_MIN(tb + tt - 1, it->hi_max);
+    uint32_t total = 0, ng = 0;
+    for (int64_t t0 = tb; t0 < tb + tt && t0 <= it->hi_max; t0 += GT) ng++;
+    for (int64_t a = a0; a <= b0;) {
+        const uint32_t blk = it->blocks[a / bs], off = (uint32_t)(a % bs);
+        const int64_t b = KVC_MIN(b0, a - off + bs - 1);
+        const size_t n = (size_t)(b - a + 1);
+        if (n == bs) {
+            /* the whole block: the item's heads are one run in each slab */
+            c->k[c->n] = kvc__row(kv, blk, it->kv_head, 0, 0);
+            c->v[c->n] = j->latent ? NULL : kvc__row(kv, blk, it->kv_head, 0, 1);
+            c->lines[c->n] = (uint32_t)((nh * n * j->row + 63) / 64);
+            total += c->lines[c->n++];
+        } else {
+            for (uint32_t h = 0; h < nh && c->n < PF_RUNS; h++) {
+                c->k[c->n] = kvc__row(kv, blk, it->kv_head + h, off, 0);
+                c->v[c->n] = j->latent ? NULL : kvc__row(kv, blk, it->kv_head + h, off, 1);
+                c->lines[c->n] = (uint32_t)((n * j->row + 63) / 64);
+                total += c->lines[c->n++];
+            }
+        }
+        if (c->n >= PF_RUNS) break;
+        a = b + 1;
+    }
+    /* a step per QK chunk and per P.V token step of each head's first row tile */
+    const uint32_t steps = nh * ng * (j->nc + j->pv_steps);
+    c->per = steps ? (total + steps - 1) / steps : total;
+}
+
+/* Find the K/V rows of the groups of key tile [tb, tb + tt): read in place
+ * when a group is whole, in one block and in the compute type, converted
+ * (or gathered) once into scratch otherwise. */
+static uint32_t build_groups(job_t *j, uint32_t kvh, int64_t tb, uint32_t tt)
 {
     const kvc__attn_cfg_t *cfg = j->cfg;
     const kvc__attn_item_t *it = j->it;
     const kvc_kv_view_t *kv = cfg->kv;
-    const ws_t *w = &j->w;
-    const uint32_t bs = kv->shape.block_size, dk = cfg->dk, dv = cfg->dv;
-    const kvc_dtype_t dt = kv->shape.dtype;
-    const kvc_dtype_t ct = cfg->bf16 ? KVC_DTYPE_BF16 : KVC_DTYPE_F32; /* compute type */
-    const size_t cel = kvc_dtype_bytes(ct), row = kvc__row_bytes(kv);
-    const bool latent = kv->shape.n_kv == 1, scaled = kv->shape.layout != KVC_SCALE_NONE;
-    const bool per_channel = kv->shape.layout == KVC_SCALE_CHANNEL_TOKEN;
-    const bool conv_k = dt != ct || per_channel, conv_v = dt != ct;
+    ws_t *w = &j->w;
+    const uint32_t bs = kv->shape.block_size, dk = cfg->dk, dv = cfg->dv, H = kv->shape.n_kv_heads;
     uint32_t ng = 0;
     for (int64_t t0 = tb; t0 < tb + tt && t0 <= it->hi_max; t0 += GT, ng++) {
         group_t *g = &w->grp[ng];
         const int64_t a = KVC_MAX(t0, it->lo_min), b = KVC_MIN(t0 + GT - 1, it->hi_max);
-        const bool full = a == t0 && b == t0 + GT - 1 && bs >= GT;
+        const int i0 = (int)(a - t0), i1 = (int)(b - t0);
+        uint8_t *kd = w->kscr + (size_t)ng * GT * dk * j->cel, *vd = w->vscr + (size_t)ng * GT * dv * j->cel;
         g->t0 = t0;
-        g->kscaled = g->vscaled = false;
+        g->ks = g->vs = 1.0f;
+        g->ktok = g->vtok = NULL;
+        if (bs >= GT) {
+            /* the whole group sits in one block (groups are aligned, blocks are powers of two) */
+            const uint32_t blk = it->blocks[t0 / bs], off0 = (uint32_t)(t0 % bs);
+            const float *sc = j->scaled ? side_of(j, blk) : NULL;
+            kvc__tok_scales_t ts = kvc__tok_scales(kv, sc, kvh, off0);
+            g->ks = ts.k;
+            if (j->per_channel && !j->latent) {
+                const float *vt = sc + (size_t)H * dk + (size_t)kvh * bs + off0;
+                if (i0 == 0 && i1 == GT - 1) {
+                    g->vtok = vt;
+                } else {
+                    float *vs = w->vs + ng * GT;
+                    for (int i = 0; i < GT; i++) vs[i] = i >= i0 && i <= i1 ? vt[i] : 1.0f;
+                    g->vtok = vs;
+                }
+            } else {
+                g->vs = ts.v;
+            }
+            g->k = group_rows(j, kd, kvc__row(kv, blk, kvh, off0, 0), i0, i1, dk, j->conv_k, ts.kc, &g->kst);
+            if (j->latent) {
+                g->v = g->k, g->vst = g->kst;
+            } else {
+                g->v = group_rows(j, vd, kvc__row(kv, blk, kvh, off0, 1), i0, i1, dv, j->conv_v, NULL, &g->vst);
+            }
+            continue;
+        }
+        /* blocks smaller than a group: gather token by token */
         float *ks = w->ks + ng * GT, *vs = w->vs + ng * GT;
-        uint8_t *kd = w->kscr + (size_t)ng * GT * dk * cel, *vd = w->vscr + (size_t)ng * GT * dv * cel;
+        const size_t ko = (size_t)dk * j->cel, vo = (size_t)dv * j->cel;
         for (int i = 0; i < GT; i++) {
-            int64_t pos = t0 + i;
             ks[i] = vs[i] = 1.0f;
-            bool valid = pos >= a && pos <= b;
-            uint32_t blk = valid ? it->blocks[pos / bs] : 0, off = (uint32_t)(pos % bs);
-            kvc__tok_scales_t ts = {1.0f, 1.0f, NULL};
-            if (valid && scaled) ts = kvc__tok_scales(kv, kvc__scales(kv, blk), it->kv_head, off);
-            ks[i] = ts.k;
-            vs[i] = ts.v;
-            g->kscaled |= ts.k != 1.0f;
-            g->vscaled |= ts.v != 1.0f;
-            if (full && !conv_k && (latent || !conv_v)) continue;
-            uint8_t *kr = kd + (size_t)i * dk * cel, *vr = vd + (size_t)i * dv * cel;
-            if (!valid) {
-                memset(kr, 0, dk * cel);
-                if (!latent) memset(vr, 0, dv * cel);
+            uint8_t *kr = kd + (size_t)i * ko, *vr = vd + (size_t)i * vo;
+            if (i < i0 || i > i1) {
+                memset(kr, 0, ko);
+                if (!j->latent) memset(vr, 0, vo);
                 continue;
             }
-            const uint8_t *ksrc = kvc__row(kv, blk, it->kv_head, off, 0);
-            if (!full || conv_k) {
-                if (!conv_k) memcpy(kr, ksrc, dk * cel);
-                else if (cfg->bf16) row_to_bf16((uint16_t *)(void *)kr, ksrc, dt, dk, ts.kc, lut);
-                else row_to_f32((float *)(void *)kr, ksrc, dt, dk, ts.kc);
-            }
-            if (latent) continue;
-            const uint8_t *vsrc = kvc__row(kv, blk, it->kv_head, off, 1);
-            if (!full || conv_v) {
-                if (!conv_v) memcpy(vr, vsrc, dv * cel);
-                else if (cfg->bf16) row_to_bf16((uint16_t *)(void *)vr, vsrc, dt, dv, NULL, lut);
-                else row_to_f32((float *)(void *)vr, vsrc, dt, dv, NULL);
-            }
+            const int64_t pos = t0 + i;
+            const uint32_t blk = it->blocks[pos / bs], off = (uint32_t)(pos % bs);
+            kvc__tok_scales_t ts = kvc__tok_scales(kv, j->scaled ? side_of(j, blk) : NULL, kvh, off);
+            ks[i] = ts.k;
+            vs[i] = ts.v;
+            const uint8_t *ksrc = kvc__row(kv, blk, kvh, off, 0);
+            if (j->conv_k) convert_rows(j, kr, ksrc, 1, dk, ts.kc);
+            else memcpy(kr, ksrc, ko);
+            if (j->latent) continue;
+            const uint8_t *vsrc = kvc__row(kv, blk, kvh, off, 1);
+            if (j->conv_v) convert_rows(j, vr, vsrc, 1, dv, NULL);
+            else memcpy(vr, vsrc, vo);
         }
-        const bool k_direct = full && !conv_k, v_direct = full && !conv_v;
-        if (k_direct) {
-            g->k = kvc__row(kv, it->blocks[t0 / bs], it->kv_head, (uint32_t)(t0 % bs), 0);
-            g->kst = row;
-        } else {
-            g->k = kd;
-            g->kst = (size_t)dk * cel;
-        }
-        if (latent) {
-            g->v = g->k; /* a latent's V is the start of its K row */
-            g->vst = g->kst;
-        } else if (v_direct) {
-            g->v = kvc__row(kv, it->blocks[t0 / bs], it->kv_head, (uint32_t)(t0 % bs), 1);
-            g->vst = row;
-        } else {
-            g->v = vd;
-            g->vst = (size_t)dv * cel;
-        }
+        g->ktok = ks, g->vtok = vs;
+        g->k = kd, g->kst = ko;
+        g->v = j->latent ? kd : vd;
+        g->vst = j->latent ? ko : vo;
     }
     return ng;
 }
@@ -630,21 +871,44 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
     const uint32_t tt = kvc__tile_tokens(cfg->dk);
     job_t j = {.cfg = cfg, .it = it, .w = carve(ws, cfg->dk, cfg->dv, tt)};
     j.rt = 1;
-    while (j.rt < it->n_rows && j.rt < GT) j.rt *= 2;
-    j.n_tiles = (it->n_rows + j.rt - 1) / j.rt;
+    while (j.rt < it->rows_per_head && j.rt < GT) j.rt *= 2;
+    j.tph = (it->rows_per_head + j.rt - 1) / j.rt;
+    j.n_tiles = it->n_heads * j.tph;
     j.nc = (cfg->bf16 ? cfg->dk / 2 : cfg->dk) * j.rt / GT;
     j.qt_bytes = (size_t)j.nc * 64;
-    lut_t lut = {0};
-    if (cfg->bf16 && cfg->kv->shape.dtype != KVC_DTYPE_BF16) lut = make_lut(cfg->kv->shape.dtype);
+    {
+        /* as pv() splits its work: passes of RB rows x CB chunks, S-way token split */
+        const uint32_t RB = j.rt < 8 ? j.rt : 8, chunks = cfg->dv / 32;
+        uint32_t cb = 8 / RB;
+        while (chunks % cb) cb /= 2;
+        const uint32_t S = 8 / (RB * cb);
+        j.pv_steps = (j.rt / RB) * (chunks / cb) * ((cfg->bf16 ? GT / 2 : GT) / S);
+    }
+    const kvc_kv_view_t *kv = cfg->kv;
+    const kvc_dtype_t dt = kv->shape.dtype, ct = cfg->bf16 ? KVC_DTYPE_BF16 : KVC_DTYPE_F32;
+    j.row = kvc__row_bytes(kv);
+    j.cel = kvc_dtype_bytes(ct);
+    j.side_floats = kvc_scale_floats_per_layer(&kv->shape);
+    j.latent = kv->shape.n_kv == 1;
+    j.scaled = kv->shape.layout != KVC_SCALE_NONE;
+    j.per_channel = kv->shape.layout == KVC_SCALE_CHANNEL_TOKEN;
+    j.conv_k = dt != ct || j.per_channel;
+    j.conv_v = dt != ct;
+    if (cfg->bf16 && dt != KVC_DTYPE_BF16) j.lut = make_lut(dt);
     for (uint32_t t = 0; t < j.n_tiles; t++) {
         build_qt(&j, t);
         _mm512_store_ps(j.w.mv + 16 * t, _mm512_set1_ps(-INFINITY));
         _mm512_store_ps(j.w.lv + 16 * t, _mm512_setzero_ps());
     }
     memset(j.w.o, 0, sizeof(float) * j.n_tiles * j.rt * cfg->dv);
+    /* key tiles outside, heads inside: each tile's blocks are read head after
+     * head, and the next tile's are prefetched in address order meanwhile */
     for (int64_t tb = it->lo_min & ~(int64_t)(GT - 1); tb <= it->hi_max; tb += tt) {
-        uint32_t ng = build_groups(&j, tb, tt, &lut);
-        for (uint32_t t = 0; t < j.n_tiles; t++) row_tile_any(&j, t, j.w.grp, ng);
+        plan_prefetch(&j, tb + tt, tt);
+        for (uint32_t h = 0; h < it->n_heads; h++) {
+            uint32_t ng = build_groups(&j, it->kv_head + h, tb, tt);
+            for (uint32_t t = h * j.tph; t < (h + 1) * j.tph; t++) row_tile_any(&j, t, j.w.grp, ng);
+        }
     }
     /* out = O / l, undoing the bf16 path's channel order */
     const __m512i u0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
@@ -652,9 +916,10 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
     for (uint32_t t = 0; t < j.n_tiles; t++) {
         float l[16];
         _mm512_storeu_ps(l, allsum(_mm512_load_ps(j.w.lv + 16 * t), (int)j.rt));
-        for (uint32_t r = 0; r < j.rt && t * j.rt + r < it->n_rows; r++) {
+        const uint32_t head = t / j.tph, local0 = (t % j.tph) * j.rt;
+        for (uint32_t r = 0; r < j.rt && local0 + r < it->rows_per_head; r++) {
             const float *o = j.w.o + (size_t)(t * j.rt + r) * cfg->dv;
-            float *out = it->out[t * j.rt + r];
+            float *out = it->out[head * it->rows_per_head + local0 + r];
             __m512 inv = _mm512_set1_ps(l[r] > 0 ? 1.0f / l[r] : 0.0f);
             for (uint32_t c = 0; c < cfg->dv; c += 32) {
                 __m512 a = _mm512_load_ps(o + c), b = _mm512_load_ps(o + c + 16);

@@ -10,6 +10,8 @@
 
 /* Query rows one work item handles: K/V are read once per item. */
 #define KVC__ROWS_MAX 64
+/* Most tokens in a key tile (kvc__tile_tokens). */
+#define KVC__TT_MAX 64
 
 /* ---- bit casts -------------------------------------------------------------- */
 static inline uint32_t kvc__f2u(float x)
@@ -169,17 +171,52 @@ typedef struct {
     bool bf16;        /* the AVX-512 BF16 dot-product path */
 } kvc__attn_cfg_t;
 
-/* Rows of one item: query rows that share a KV head, each with the range of
- * key positions it sees (inclusive). */
+/* Rows of one item: the query rows of n_heads consecutive KV heads (head
+ * j's rows are j * rows_per_head .. + rows_per_head - 1), each with the range
+ * of key positions it sees (inclusive).  Several heads per item let a kernel
+ * stream a block's K and V slabs in address order instead of one head's few
+ * KiB at a time. */
 typedef struct {
-    const uint32_t *blocks; /* the sequence's block table */
-    uint32_t kv_head;
-    uint32_t n_rows;        /* 1 .. KVC__ROWS_MAX */
-    int64_t lo_min, hi_max; /* union of the rows' ranges */
+    const uint32_t *blocks;  /* the sequence's block table */
+    uint32_t kv_head;        /* the first KV head */
+    uint32_t n_heads;        /* >= 1 */
+    uint32_t rows_per_head;
+    uint32_t n_rows;         /* n_heads * rows_per_head, 1 .. KVC__ROWS_MAX */
+    int64_t lo_min, hi_max;  /* union of the rows' ranges */
     const float *q[KVC__ROWS_MAX];
     float *out[KVC__ROWS_MAX];
     int64_t lo[KVC__ROWS_MAX], hi[KVC__ROWS_MAX];
 } kvc__attn_item_t;
+
+/* Query-row slots one head of rows_per_head rows takes in a kernel's tiles:
+ * the next power of two up to 16, then multiples of 16. */
+static inline uint32_t kvc__padded_rows(uint32_t rows)
+{
+    uint32_t p = 1;
+    if (rows > 16) return (rows + 15) & ~15u;
+    while (p < rows) p *= 2;
+    return p;
+}
+
+/* The single-head item for head j of `it`. */
+static inline void kvc__item_head(const kvc__attn_item_t *it, uint32_t j, kvc__attn_item_t *sub)
+{
+    const uint32_t r0 = j * it->rows_per_head, n = it->rows_per_head;
+    sub->blocks = it->blocks;
+    sub->kv_head = it->kv_head + j;
+    sub->n_heads = 1;
+    sub->rows_per_head = sub->n_rows = n;
+    sub->lo_min = INT64_MAX;
+    sub->hi_max = -1;
+    for (uint32_t r = 0; r < n; r++) {
+        sub->q[r] = it->q[r0 + r];
+        sub->out[r] = it->out[r0 + r];
+        sub->lo[r] = it->lo[r0 + r];
+        sub->hi[r] = it->hi[r0 + r];
+        if (sub->lo[r] < sub->lo_min) sub->lo_min = sub->lo[r];
+        if (sub->hi[r] > sub->hi_max) sub->hi_max = sub->hi[r];
+    }
+}
 
 /* Run one item; ws holds kvc__attn_ws_bytes(dk, dv) bytes, 64-byte aligned. */
 void kvc__attn_item_scalar(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it, void *ws);

@@ -33,7 +33,7 @@ size_t kvc__attn_ws_scalar(uint32_t dk, uint32_t dv)
     return 64 * 8 + 4 * (r * dk + r * dv + 2 * r + tt * dk + tt * dv + tt);
 }
 
-void kvc__attn_item_scalar(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it, void *ws)
+static void item_one_head(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it, void *ws)
 {
     const kvc_kv_view_t *kv = cfg->kv;
     const uint32_t dk = cfg->dk, dv = cfg->dv, nr = it->n_rows, tt = kvc__tile_tokens(dk);
@@ -102,5 +102,18 @@ void kvc__attn_item_scalar(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
     for (uint32_t r = 0; r < nr; r++) {
         float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
         for (uint32_t c = 0; c < dv; c++) it->out[r][c] = o[(size_t)r * dv + c] * inv;
+    }
+}
+
+void kvc__attn_item_scalar(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it, void *ws)
+{
+    if (it->n_heads == 1) {
+        item_one_head(cfg, it, ws);
+        return;
+    }
+    kvc__attn_item_t sub;
+    for (uint32_t j = 0; j < it->n_heads; j++) {
+        kvc__item_head(it, j, &sub);
+        item_one_head(cfg, &sub, ws);
     }
 }
