@@ -21,7 +21,9 @@
  * caches), so every step streams from memory.
  *
  *   bench_attn [--quick] [--reps N] [--min-mib M] [--csv FILE] [--isa NAME]
- *              [--ctx TOKENS] [--dtype NAME] [--no-huge]
+ *              [--ctx TOKENS] [--dtype NAME] [--no-huge] [--blocks-only]
+ * (--no-huge: no transparent huge pages for the pool; --blocks-only: only the
+ * paged-vs-contiguous sweep over block sizes)
  */
 #include "kvcache/kvcache.h"
 
@@ -36,7 +38,7 @@
 
 #define HEAD_DIM 128
 #define KV_HEADS 8
-#define BLOCK 16
+#define BLOCK 16 /* block size of the main table */
 
 /* ---- a team of threads, the caller being thread 0 ------------------------------ */
 typedef void (*work_fn)(void *ctx, int tid, int n_threads);
@@ -304,6 +306,7 @@ static bool use_huge = true;
 typedef struct {
     kvc_dtype_t dtype;
     kvc_scale_layout_t layout;
+    uint32_t block; /* tokens per block */
     uint32_t ctx, n_seqs, blocks_per_seq;
     kvc_pool_t *pool;
     kvc_kv_view_t view;
@@ -339,9 +342,11 @@ static void fill_block(uint8_t *p, size_t n_el, kvc_dtype_t dt, uint64_t *st)
     }
 }
 
-static int setup_make(setup_t *s, kvc_dtype_t dt, uint32_t ctx, double min_bytes, int n_threads)
+static int setup_make(setup_t *s, kvc_dtype_t dt, uint32_t ctx, double min_bytes, int n_threads,
+                      uint32_t block)
 {
     memset(s, 0, sizeof *s);
+    s->block = block;
     s->dtype = dt;
     s->layout = dt == KVC_DTYPE_FP8_E4M3 ? KVC_SCALE_HEAD : KVC_SCALE_NONE;
     s->ctx = ctx;
@@ -349,13 +354,13 @@ static int setup_make(setup_t *s, kvc_dtype_t dt, uint32_t ctx, double min_bytes
     s->n_seqs = (uint32_t)ceil(min_bytes / per_seq);
     if (s->n_seqs < 1) s->n_seqs = 1;
     s->kv_bytes = per_seq * s->n_seqs;
-    s->blocks_per_seq = ctx / BLOCK;
+    s->blocks_per_seq = ctx / block;
     uint32_t nb = s->n_seqs * s->blocks_per_seq;
     kvc_scale_shape_t sh = {.n_layers = 1, .n_kv = 2, .n_kv_heads = KV_HEADS, .head_dim = HEAD_DIM,
-                            .block_size = BLOCK, .dtype = dt, .layout = s->layout};
+                            .block_size = block, .dtype = dt, .layout = s->layout};
     kvc_pool_params_t pp = kvc_pool_params_default();
     pp.n_blocks = nb;
-    pp.block_size = BLOCK;
+    pp.block_size = block;
     pp.storage = (kvc_storage_desc_t){.n_layers = 1, .n_kv_heads = KV_HEADS, .head_dim = HEAD_DIM,
                                       .n_kv = 2, .dtype = dt, .scale_bytes = (uint32_t)kvc_scale_bytes(&sh)};
     if (use_huge) pp.allocator = (kvc_allocator_t){.alloc = huge_alloc, .free = huge_free, .ctx = &huge_ctx};
@@ -363,7 +368,7 @@ static int setup_make(setup_t *s, kvc_dtype_t dt, uint32_t ctx, double min_bytes
     if (rc) return rc;
     if ((rc = kvc_kv_view_from_pool(s->pool, 0, s->layout, &s->view))) return rc;
     uint64_t st = 0x9e3779b97f4a7c15ull;
-    size_t slab_el = (size_t)KV_HEADS * BLOCK * HEAD_DIM;
+    size_t slab_el = (size_t)KV_HEADS * block * HEAD_DIM;
     for (uint32_t b = 0; b < nb; b++) {
         fill_block(kvc_pool_kv_data(s->pool, b, 0, 0), slab_el, dt, &st);
         fill_block(kvc_pool_kv_data(s->pool, b, 0, 1), slab_el, dt, &st);
@@ -383,7 +388,7 @@ static int setup_make(setup_t *s, kvc_dtype_t dt, uint32_t ctx, double min_bytes
     s->indptr = malloc(sizeof(uint32_t) * (s->n_seqs + 1));
     s->last = malloc(sizeof(uint32_t) * s->n_seqs);
     for (uint32_t i = 0; i <= s->n_seqs; i++) s->indptr[i] = i * s->blocks_per_seq;
-    for (uint32_t i = 0; i < s->n_seqs; i++) s->last[i] = BLOCK;
+    for (uint32_t i = 0; i < s->n_seqs; i++) s->last[i] = block;
     size_t nq = (size_t)s->n_seqs * KV_HEADS * 8 * HEAD_DIM;
     s->q = malloc(sizeof(float) * nq);
     s->out = malloc(sizeof(float) * nq);
@@ -426,6 +431,8 @@ static double time_decode(team_t *t, const setup_t *s, uint32_t g, bool paged, b
     c.p.n_q_heads = KV_HEADS * g;
     c.p.per_head = per_head;
     c.p.isa = isa;
+    /* fewer sequences than threads: split each sequence's KV heads instead */
+    if (s->n_seqs < (uint32_t)t->n) c.p.kv_heads_per_item = KV_HEADS / (uint32_t)t->n;
     c.batch = (kvc_attn_batch_t){.n_seqs = s->n_seqs, .kv_indptr = s->indptr,
                                  .kv_indices = paged ? s->paged_idx : s->contig_idx, .kv_last_len = s->last};
     c.n_items = kvc_attn_n_items(&c.p, &s->view, &c.batch);
@@ -450,12 +457,14 @@ int main(int argc, char **argv)
     kvc_isa_t isa = KVC_ISA_AUTO;
     uint32_t only_ctx = 0;
     int only_dt = -1;
+    bool blocks_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--min-mib") && i + 1 < argc) min_mib = atof(argv[++i]);
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!strcmp(argv[i], "--no-huge")) use_huge = false;
+        else if (!strcmp(argv[i], "--blocks-only")) blocks_only = true;
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) only_ctx = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             kvc_dtype_t d;
@@ -466,7 +475,8 @@ int main(int argc, char **argv)
             if (kvc_isa_parse(argv[++i], &isa)) return fprintf(stderr, "bad --isa\n"), 2;
         } else {
             fprintf(stderr, "usage: bench_attn [--quick] [--reps N] [--min-mib M] [--csv FILE] [--isa NAME]\n"
-                            "                  [--ctx TOKENS] [--dtype f32|bf16|fp8-e4m3] [--no-huge]\n");
+                            "                  [--ctx TOKENS] [--dtype f32|bf16|fp8-e4m3] [--no-huge]\n"
+                            "                  [--blocks-only]\n");
             return 2;
         }
     }
@@ -525,12 +535,12 @@ int main(int argc, char **argv)
     const uint32_t ctxs[] = {4096, 32768, 131072};
     const kvc_dtype_t dts[] = {KVC_DTYPE_F32, KVC_DTYPE_BF16, KVC_DTYPE_FP8_E4M3};
     const uint32_t groups[] = {1, 4, 8};
-    for (size_t ci = 0; ci < 3; ci++) {
+    for (size_t ci = 0; ci < 3 && !blocks_only; ci++) {
         if ((quick && ci == 2) || (only_ctx && ctxs[ci] != only_ctx)) continue;
         for (size_t di = 0; di < 3; di++) {
             if (only_dt >= 0 && (int)dts[di] != only_dt) continue;
             setup_t s;
-            int rc = setup_make(&s, dts[di], ctxs[ci], min_mib * 1048576.0, 2);
+            int rc = setup_make(&s, dts[di], ctxs[ci], min_mib * 1048576.0, 2, BLOCK);
             if (rc) {
                 fprintf(stderr, "bench_attn: setup: %s\n", kvc_strerror(rc));
                 return 1;
@@ -562,6 +572,26 @@ int main(int argc, char **argv)
                     }
                 }
             }
+            setup_free(&s, 2);
+        }
+    }
+    /* paged vs contiguous as blocks grow: a paged block is a random jump, so
+     * the gap is what each jump costs against the bytes read between jumps */
+    if (!only_ctx && only_dt < 0) {
+        printf("\npaged vs contiguous by block size (32K, bf16, g=4, 1 thread)\n%-6s %9s %9s %7s\n",
+               "block", "paged", "contig", "ratio");
+        const uint32_t bss[] = {16, 64, 256};
+        for (int bi = 0; bi < 3; bi++) {
+            setup_t s;
+            int rc = setup_make(&s, KVC_DTYPE_BF16, 32768, min_mib * 1048576.0, 2, bss[bi]);
+            if (rc) return fprintf(stderr, "bench_attn: setup: %s\n", kvc_strerror(rc)), 1;
+            double tp = time_decode(&team[0], &s, 4, true, false, isa, reps);
+            double tc = time_decode(&team[0], &s, 4, false, false, isa, reps);
+            printf("%-6u %6.1f GB/s %6.1f GB/s %6.0f%%\n", bss[bi], s.kv_bytes / tp * 1e-9,
+                   s.kv_bytes / tc * 1e-9, 100.0 * tc / tp);
+            if (csv)
+                fprintf(csv, "32768,4,bf16,1,paged-vs-contig-block%u,packed,%u,%.4f,%.3f,,,,%.4f\n", bss[bi],
+                        s.n_seqs, tp * 1e3, s.kv_bytes / tp * 1e-9, tc / tp);
             setup_free(&s, 2);
         }
     }

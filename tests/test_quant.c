@@ -115,6 +115,20 @@ static uint32_t oracle(const fdef_t *f, const table_t *t, float x)
     return sign | c;
 }
 
+/* Clipped: rounding |y| to nearest even on the format's grid continued past
+ * its largest value (the next point is max + one step of max's binade)
+ * gives more than max.  f32: only infinities. */
+static bool def_clipped(const fdef_t *f, const table_t *t, float y)
+{
+    double a = fabs((double)y), top = t->vals[t->n - 1];
+    if (!f) return isinf(y);
+    int e;
+    frexp(top, &e);
+    double next = top + ldexp(1.0, e - 1 - f->mbits), mid = (top + next) / 2;
+    bool top_odd = t->codes[t->n - 1] & 1;
+    return a > mid || (a == mid && top_odd);
+}
+
 static bool is_nan_code(const fdef_t *f, uint32_t c)
 {
     return isnan(def_decode(f, c));
@@ -289,6 +303,8 @@ static void quantize_is_identical_on_every_isa(void **state)
     kvc_rng_seed(&rng, 11);
     const kvc_dtype_t dts[] = {KVC_DTYPE_F32, KVC_DTYPE_F16, KVC_DTYPE_BF16, KVC_DTYPE_FP8_E4M3,
                                KVC_DTYPE_FP8_E5M2};
+    table_t tabs[4];
+    for (int i = 0; i < 4; i++) tabs[i] = make_table(&FMTS[i]);
     for (int rep = 0; rep < 20; rep++) {
         fill_specials(x, n, &rng);
         for (size_t i = 0; i < n; i++) sc[i] = (float)ldexp(1.0 + kvc_rng_double(&rng), (int)kvc_rng_below(&rng, 20) - 10);
@@ -301,15 +317,15 @@ static void quantize_is_identical_on_every_isa(void **state)
             assert_ok(kvc_quantize(dt, want, x, n, scale, scales, KVC_ISA_SCALAR, &sw));
             /* the scalar version against the definition */
             uint64_t clipped = 0, nonfinite = 0;
+            const int fi = dt == KVC_DTYPE_F16 ? 2 : dt == KVC_DTYPE_BF16 ? 3 : dt == KVC_DTYPE_FP8_E4M3 ? 0 : 1;
+            const fdef_t *f = dt == KVC_DTYPE_F32 ? NULL : &FMTS[fi];
             for (size_t i = 0; i < n; i++) {
                 float y = x[i] / (scales ? scales[i] : scale);
                 if (!isfinite(x[i])) nonfinite++;
-                else if (fabsf(y) > kvc_dtype_max(dt)) clipped++;
-                if (dt == KVC_DTYPE_F32) continue;
+                else if (def_clipped(f, &tabs[fi], y)) clipped++;
+                if (!f) continue;
                 uint32_t c = 0;
                 memcpy(&c, want + i * el, el);
-                const fdef_t *f = dt == KVC_DTYPE_F16 ? &FMTS[2] : dt == KVC_DTYPE_BF16 ? &FMTS[3]
-                                  : dt == KVC_DTYPE_FP8_E4M3 ? &FMTS[0] : &FMTS[1];
                 assert_int_equal(c, lib_encode(f, y));
             }
             assert_int_equal(sw.n_values, n);
@@ -348,6 +364,22 @@ static void quantize_is_identical_on_every_isa(void **state)
     uint8_t codes[4] = {0x38, 0xb8, 0x01, 0x7e};
     assert_ok(kvc_dequantize(KVC_DTYPE_FP8_E4M3, back, codes, 4, 2.0f, NULL));
     assert_true(back[0] == 2.0f && back[1] == -2.0f && back[2] == 0x1p-8f && back[3] == 896.0f);
+    /* values that merely round down to max are not clipped; past the tie they are */
+    const float edge[] = {448.0f, 450.0f, 464.0f, 464.1f, 57344.0f, 61439.0f, 61440.0f};
+    const kvc_dtype_t edt[] = {KVC_DTYPE_FP8_E4M3, KVC_DTYPE_FP8_E4M3, KVC_DTYPE_FP8_E4M3,
+                               KVC_DTYPE_FP8_E4M3, KVC_DTYPE_FP8_E5M2, KVC_DTYPE_FP8_E5M2,
+                               KVC_DTYPE_FP8_E5M2};
+    const uint64_t eclip[] = {0, 0, 0, 1, 0, 0, 1};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(edge); i++)
+        for (kvc_isa_t isa = KVC_ISA_SCALAR; isa <= KVC_ISA_AVX512; isa++) {
+            if (!kvc_isa_supported(isa)) continue;
+            float v[32];
+            for (int j = 0; j < 32; j++) v[j] = edge[i];
+            kvc_quant_stats_t st = {0};
+            assert_ok(kvc_quantize(edt[i], got, v, 32, 1.0f, NULL, isa, &st));
+            assert_int_equal(st.n_clipped, 32 * eclip[i]);
+        }
+    for (int i = 0; i < 4; i++) free_table(&tabs[i]);
     free(x), free(sc), free(want), free(got);
 }
 

@@ -18,8 +18,9 @@
  * Scales.  A stored code c with scale s means the value decode(c) * s; a
  * value x is stored as encode(fl32(x / s)), the binary32 quotient rounded
  * once more to the format (what `(x / s).to(torch.float8_e4m3fn)` does).
- * |x| / s above the format's max is "clipped": it saturates, and the write
- * path counts it.  Which scale applies to which value is the scale layout
+ * A quotient |x| / s that rounding would take past the format's max is
+ * "clipped": it saturates, and quantisation counts it (values that merely
+ * round down to max, like 450 in e4m3, are not counted).  Which scale applies to which value is the scale layout
  * (kvc_scale_layout_t below): scales live in each block's side data, so a
  * block carries the scales it was written with (copies, prefix hits and
  * offloads stay correct without any outside bookkeeping).
@@ -88,7 +89,7 @@ float kvc_dtype_max(kvc_dtype_t dt);
 /* Counts kept by quantisation so that clipping is visible, not silent. */
 typedef struct {
     uint64_t n_values;    /* values encoded */
-    uint64_t n_clipped;   /* finite values with |x| / scale above the format's max */
+    uint64_t n_clipped;   /* finite values whose |x| / scale rounds past the format's max */
     uint64_t n_nonfinite; /* NaN or infinite inputs (NaN stays NaN; +-inf saturates) */
 } kvc_quant_stats_t;
 

@@ -8,12 +8,16 @@
  *         sm_scale and the softmax weights are rounded to bf16, products
  *         accumulate in fp32.
  *
- * Work unit: the query rows of one item (up to 64, sharing one KV head) in
- * row tiles of RT = 1, 2, 4, 8 or 16 rows, over keys in groups of 16 tokens
- * aligned to absolute positions, several groups to a tile.  A group's K/V
- * rows are read in place when they sit in one block in the compute type, or
- * converted once into a scratch tile otherwise; every row tile of the item
- * then reuses them, so storage is read once per item (GQA packing).
+ * Work unit: the query rows of one item (up to 64, of one or more KV heads)
+ * in row tiles of RT = 1, 2, 4, 8 or 16 rows of one head, over keys in
+ * groups of 16 tokens aligned to absolute positions, four groups to a key
+ * tile.  A group's K/V rows are read in place when they sit in one block in
+ * the compute type, or converted once into a scratch tile otherwise; every
+ * row tile of the head then reuses them, so storage is read once per item
+ * (GQA packing).  Key tiles are the outer loop and heads the inner one, and
+ * the next key tile's rows of all the item's heads are prefetched in address
+ * order, a few lines per step of the current tile's work: per-head runs of a
+ * few KiB spread over blocks are otherwise fetched at half the bandwidth.
  *
  * QK^T: a 512-bit lane holds (row r, unit p) with 16 / RT units per row, a
  * unit being one fp32 or one bf16 pair; the query tile is laid out to match
@@ -23,9 +27,9 @@
  * leaves logits in [token][row] order.
  *
  * Online softmax: per row tile a running max and sum kept as vectors with
- * period RT; the output is rescaled only when the max grows by more than
- * 2^(8/ln 2) (e^8), as in FlashAttention-4, which keeps rescales rare and
- * exact (weights stay below e^8, far from overflow).
+ * period RT; the output is rescaled only when the max grows by more than 8
+ * (weights stay below e^8, far from overflow), as in FlashAttention-4, which
+ * keeps rescales rare; the result is the same up to rounding.
  *
  * P.V: F32 broadcasts each weight (m32bcst) against 32 channels of V; BF16
  * interleaves the rows of token pairs (VPUNPCKLWD/HWD) and broadcasts the

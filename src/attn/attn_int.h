@@ -38,6 +38,8 @@ typedef struct {
     uint32_t max_code;  /* its code (without sign) */
     uint32_t nan_code;  /* NaN code produced (without sign) */
     int width;          /* bits per code: 8 or 16 */
+    uint32_t clip_bits; /* binary32 bits of the smallest magnitude that rounding without
+                           saturation would take past max: clipped means >= this */
 } kvc__fmt_t;
 
 extern const kvc__fmt_t kvc__fmt_e4m3, kvc__fmt_e5m2, kvc__fmt_f16, kvc__fmt_bf16;
@@ -76,6 +78,9 @@ static inline uint32_t kvc__encode(float x, const kvc__fmt_t *f)
     if (a >= f->max_bits) return sign | f->max_code;
     return sign | kvc__enc_mag(a, f);
 }
+
+/* Binary32 bits from which |x| / scale counts as clipped (see kvc__fmt_t). */
+uint32_t kvc__clip_bits(kvc_dtype_t dt);
 
 /* Decode exactly (NaN codes give a quiet NaN with the code's sign). */
 float kvc__decode(uint32_t code, kvc_dtype_t dt);

@@ -109,10 +109,26 @@ int kvc_isa_parse(const char *name, kvc_isa_t *out)
 }
 
 /* ---- formats --------------------------------------------------------------- */
-const kvc__fmt_t kvc__fmt_e4m3 = {3, 7, 0x43e00000u /* 448 */, 0x7e, 0x7f, 8};
-const kvc__fmt_t kvc__fmt_e5m2 = {2, 15, 0x47600000u /* 57344 */, 0x7b, 0x7e, 8};
-const kvc__fmt_t kvc__fmt_f16 = {10, 15, 0x477fe000u /* 65504 */, 0x7bff, 0x7e00, 16};
-const kvc__fmt_t kvc__fmt_bf16 = {7, 127, 0x7f7f0000u /* (2 - 2^-7) 2^127 */, 0x7f7f, 0x7fc0, 16};
+/* clip_bits: e4m3's max 448 has an even mantissa, so the tie 464 still
+ * rounds to it and clipping starts just above; e5m2 (57344 | 65536 at
+ * 61440), f16 (65504 | 65536 at 65520) and bf16 round their ties away. */
+const kvc__fmt_t kvc__fmt_e4m3 = {3, 7, 0x43e00000u /* 448 */, 0x7e, 0x7f, 8, 0x43e80001u};
+const kvc__fmt_t kvc__fmt_e5m2 = {2, 15, 0x47600000u /* 57344 */, 0x7b, 0x7e, 8, 0x47700000u};
+const kvc__fmt_t kvc__fmt_f16 = {10, 15, 0x477fe000u /* 65504 */, 0x7bff, 0x7e00, 16, 0x477ff000u};
+const kvc__fmt_t kvc__fmt_bf16 = {7, 127, 0x7f7f0000u /* (2 - 2^-7) 2^127 */, 0x7f7f, 0x7fc0, 16,
+                                  0x7f7f8000u};
+
+/* Binary32 bits from which a quotient counts as clipped (infinity for f32). */
+static uint32_t clip_bits(kvc_dtype_t dt)
+{
+    const kvc__fmt_t *f = kvc__fmt(dt);
+    return f ? f->clip_bits : 0x7f800000u;
+}
+
+uint32_t kvc__clip_bits(kvc_dtype_t dt)
+{
+    return clip_bits(dt);
+}
 
 const kvc__fmt_t *kvc__fmt(kvc_dtype_t dt)
 {
@@ -240,13 +256,13 @@ void kvc__quantize_scalar(kvc_dtype_t dt, void *dst, const float *src, size_t n,
                           const float *scales, kvc_quant_stats_t *st)
 {
     const kvc__fmt_t *f = kvc__fmt(dt);
-    const float maxv = kvc_dtype_max(dt);
+    const uint32_t cb = clip_bits(dt);
     uint64_t clipped = 0, nonfinite = 0;
     for (size_t i = 0; i < n; i++) {
         float x = src[i];
         float y = x / (scales ? scales[i] : scale);
         if (!isfinite(x)) nonfinite++;
-        else if (fabsf(y) > maxv) clipped++;
+        else if ((kvc__f2u(y) & 0x7fffffffu) >= cb) clipped++;
         if (!f) ((float *)dst)[i] = y;
         else if (f->width == 8) ((uint8_t *)dst)[i] = (uint8_t)kvc__encode(y, f);
         else ((uint16_t *)dst)[i] = (uint16_t)kvc__encode(y, f);

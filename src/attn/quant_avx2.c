@@ -49,7 +49,7 @@ static inline __m256i encode8(__m256 y, const kvc__fmt_t *f)
 }
 
 /* Quotients of 8 values, with their clip and non-finite counts. */
-static inline __m256 quotient8(const float *src, const float *scales, __m256 vscale, __m256 maxv,
+static inline __m256 quotient8(const float *src, const float *scales, __m256 vscale, __m256i clipb,
                                uint64_t *clipped, uint64_t *nonfinite)
 {
     const __m256i expmask = set1(0x7f800000);
@@ -57,8 +57,8 @@ static inline __m256 quotient8(const float *src, const float *scales, __m256 vsc
     __m256 y = _mm256_div_ps(x, scales ? _mm256_loadu_ps(scales) : vscale);
     __m256 nf = _mm256_castsi256_ps(
         _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x), expmask), expmask));
-    __m256 absy = _mm256_and_ps(y, _mm256_castsi256_ps(set1(0x7fffffff)));
-    __m256 big = _mm256_andnot_ps(nf, _mm256_cmp_ps(absy, maxv, _CMP_GT_OQ));
+    __m256i absy = _mm256_and_si256(_mm256_castps_si256(y), set1(0x7fffffff));
+    __m256 big = _mm256_andnot_ps(nf, _mm256_castsi256_ps(cmpge_u32(absy, clipb)));
     *nonfinite += (uint64_t)__builtin_popcount((unsigned)_mm256_movemask_ps(nf));
     *clipped += (uint64_t)__builtin_popcount((unsigned)_mm256_movemask_ps(big));
     return y;
@@ -68,7 +68,7 @@ void kvc__quantize_avx2(kvc_dtype_t dt, void *dst, const float *src, size_t n, f
                         const float *scales, kvc_quant_stats_t *st)
 {
     const kvc__fmt_t *f = kvc__fmt(dt);
-    const __m256 maxv = _mm256_set1_ps(kvc_dtype_max(dt));
+    const __m256i clipb = set1(kvc__clip_bits(dt));
     const __m256 vscale = _mm256_set1_ps(scale);
     uint64_t clipped = 0, nonfinite = 0;
     const size_t step = !f ? 8 : f->width == 8 ? 32 : 16;
@@ -76,18 +76,18 @@ void kvc__quantize_avx2(kvc_dtype_t dt, void *dst, const float *src, size_t n, f
     for (; i + step <= n; i += step) {
         const float *sc = scales ? scales + i : NULL;
         if (!f) {
-            __m256 y = quotient8(src + i, sc, vscale, maxv, &clipped, &nonfinite);
+            __m256 y = quotient8(src + i, sc, vscale, clipb, &clipped, &nonfinite);
             _mm256_storeu_ps((float *)dst + i, y);
         } else if (f->width == 16) {
-            __m256i c0 = encode8(quotient8(src + i, sc, vscale, maxv, &clipped, &nonfinite), f);
-            __m256i c1 = encode8(quotient8(src + i + 8, sc ? sc + 8 : NULL, vscale, maxv, &clipped,
+            __m256i c0 = encode8(quotient8(src + i, sc, vscale, clipb, &clipped, &nonfinite), f);
+            __m256i c1 = encode8(quotient8(src + i + 8, sc ? sc + 8 : NULL, vscale, clipb, &clipped,
                                            &nonfinite), f);
             __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xd8);
             _mm256_storeu_si256((__m256i *)((uint16_t *)dst + i), w);
         } else {
             __m256i c[4];
             for (int j = 0; j < 4; j++)
-                c[j] = encode8(quotient8(src + i + 8 * j, sc ? sc + 8 * j : NULL, vscale, maxv,
+                c[j] = encode8(quotient8(src + i + 8 * j, sc ? sc + 8 * j : NULL, vscale, clipb,
                                          &clipped, &nonfinite), f);
             __m256i w01 = _mm256_packus_epi32(c[0], c[1]), w23 = _mm256_packus_epi32(c[2], c[3]);
             __m256i b = _mm256_packus_epi16(w01, w23);

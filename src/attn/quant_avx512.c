@@ -49,7 +49,7 @@ void kvc__quantize_avx512(kvc_dtype_t dt, void *dst, const float *src, size_t n,
                           const float *scales, kvc_quant_stats_t *st)
 {
     const kvc__fmt_t *f = kvc__fmt(dt);
-    const __m512 maxv = _mm512_set1_ps(kvc_dtype_max(dt));
+    const __m512i clipb = _mm512_set1_epi32((int)kvc__clip_bits(dt));
     const __m512i expmask = _mm512_set1_epi32(0x7f800000);
     const __m512 vscale = _mm512_set1_ps(scale);
     uint64_t clipped = 0, nonfinite = 0;
@@ -59,7 +59,7 @@ void kvc__quantize_avx512(kvc_dtype_t dt, void *dst, const float *src, size_t n,
         __m512 y = _mm512_div_ps(x, scales ? _mm512_loadu_ps(scales + i) : vscale);
         __mmask16 nf = _mm512_cmpeq_epi32_mask(
             _mm512_and_si512(_mm512_castps_si512(x), expmask), expmask);
-        __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(y), maxv, _CMP_GT_OQ);
+        __mmask16 big = _mm512_cmpge_epu32_mask(_mm512_castps_si512(_mm512_abs_ps(y)), clipb);
         nonfinite += (uint64_t)__builtin_popcount(nf);
         clipped += (uint64_t)__builtin_popcount(big & (__mmask16)~nf);
         if (!f) {
