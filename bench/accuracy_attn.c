@@ -36,12 +36,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define D 128
-#define KVH 2
-#define G 4
-#define HQ (KVH * G)
-#define BLOCK 16
-#define NQ 4 /* decode queries per context */
+#define D       128
+#define KVH     2
+#define G       4
+#define HQ      (KVH * G)
+#define BLOCK   16
+#define NQ      4 /* decode queries per context */
 #define PREFILL 1024
 
 static double randn(kvc_rng_t *r)
@@ -85,7 +85,8 @@ static void make_data(data_t *d, uint32_t S, uint64_t seed)
     for (uint32_t t = 0; t < S; t++) {
         /* keys drift up by ~40% over 128K tokens; one token in 1000 is 4x
          * larger ("massive activations"); values vary per token */
-        double drift = (1.0 + 0.4 * (double)t / 131072.0) * (kvc_rng_below(&r, 1000) == 0 ? 4.0 : 1.0);
+        double drift =
+            (1.0 + 0.4 * (double)t / 131072.0) * (kvc_rng_below(&r, 1000) == 0 ? 4.0 : 1.0);
         double vs = exp(0.5 * randn(&r)) * (kvc_rng_below(&r, 1000) == 0 ? 8.0 : 1.0);
         for (int h = 0; h < KVH; h++)
             for (int c = 0; c < D; c++) {
@@ -103,7 +104,8 @@ static void make_data(data_t *d, uint32_t S, uint64_t seed)
             for (int j = 0; j < 3; j++) {
                 uint32_t t = (uint32_t)kvc_rng_below(&r, S);
                 const float *kr = d->k + ((size_t)t * KVH + h) * D;
-                for (int c = 0; c < D; c++) qv[c] += kr[c] / (ch_scale[h][c] * ch_scale[h][c]) * 0.5;
+                for (int c = 0; c < D; c++)
+                    qv[c] += kr[c] / (ch_scale[h][c] * ch_scale[h][c]) * 0.5;
             }
             /* logit std ~ 3: q.k / sqrt(D) with k of per-channel std ch_scale */
             for (int c = 0; c < D; c++) norm += qv[c] * qv[c] * ch_scale[h][c] * ch_scale[h][c];
@@ -121,9 +123,9 @@ typedef struct {
     const char *name;
     kvc_dtype_t dtype;
     kvc_scale_layout_t layout;
-    bool calibrated;          /* per-tensor scales from the prefill, then frozen */
+    bool calibrated; /* per-tensor scales from the prefill, then frozen */
     kvc_attn_compute_t compute;
-    float headroom;           /* running-max scales: amax * headroom / format max */
+    float headroom; /* running-max scales: amax * headroom / format max */
 } variant_t;
 
 typedef struct {
@@ -135,8 +137,13 @@ typedef struct {
 static int run_variant(const variant_t *va, const data_t *d, float *out, double *clip_frac)
 {
     const uint32_t S = d->S, nb = (S + BLOCK - 1) / BLOCK;
-    kvc_scale_shape_t sh = {.n_layers = 1, .n_kv = 2, .n_kv_heads = KVH, .head_dim = D,
-                            .block_size = BLOCK, .dtype = va->dtype, .layout = va->layout};
+    kvc_scale_shape_t sh = {.n_layers = 1,
+                            .n_kv = 2,
+                            .n_kv_heads = KVH,
+                            .head_dim = D,
+                            .block_size = BLOCK,
+                            .dtype = va->dtype,
+                            .layout = va->layout};
     size_t bb = kvc_kv_block_bytes(&sh);
     uint8_t *buf = aligned_alloc(64, bb * nb);
     if (!buf) return KVC_ENOMEM;
@@ -163,8 +170,8 @@ static int run_variant(const variant_t *va, const data_t *d, float *out, double 
     uint32_t first = KVC_MIN(S, PREFILL);
     rc = kvc_attn_write_kv(&kv, slots, first, d->k, d->v, &qs, KVC_ISA_AUTO);
     for (uint32_t t = first; t < S && !rc; t++)
-        rc = kvc_attn_write_kv(&kv, slots + t, 1, d->k + (size_t)t * KVH * D, d->v + (size_t)t * KVH * D,
-                               &qs, KVC_ISA_AUTO);
+        rc = kvc_attn_write_kv(&kv, slots + t, 1, d->k + (size_t)t * KVH * D,
+                               d->v + (size_t)t * KVH * D, &qs, KVC_ISA_AUTO);
     *clip_frac = (double)(qs.k_stats.n_clipped + qs.v_stats.n_clipped) /
                  (double)(qs.k_stats.n_values + qs.v_stats.n_values);
     uint32_t *idx = malloc(sizeof(uint32_t) * nb);
@@ -178,14 +185,16 @@ static int run_variant(const variant_t *va, const data_t *d, float *out, double 
         indptr[n + 1] = indptr[n] + nb;
         last[n] = S - (nb - 1) * BLOCK;
     }
-    kvc_attn_batch_t batch = {.n_seqs = NQ, .kv_indptr = indptr, .kv_indices = idx4, .kv_last_len = last};
+    kvc_attn_batch_t batch = {
+        .n_seqs = NQ, .kv_indptr = indptr, .kv_indices = idx4, .kv_last_len = last};
     kvc_attn_params_t p = kvc_attn_params_default();
     p.n_q_heads = HQ;
     p.compute = va->compute;
     size_t wb = kvc_attn_workspace_bytes(&kv, NULL);
     void *ws = aligned_alloc(64, wb);
     if (!rc) rc = kvc_attn_forward(&p, &kv, &batch, d->q, out, ws, wb, 0, UINT32_MAX);
-    free(ws), free(idx), free(idx4), free(slots), free(kam), free(vam), free(kgiven), free(vgiven), free(buf);
+    free(ws), free(idx), free(idx4), free(slots), free(kam), free(vam), free(kgiven), free(vgiven),
+        free(buf);
     return rc;
 }
 
@@ -193,8 +202,12 @@ static int run_variant(const variant_t *va, const data_t *d, float *out, double 
 static int reference(const data_t *d, double *ref)
 {
     const uint32_t S = d->S, nb = (S + BLOCK - 1) / BLOCK;
-    kvc_scale_shape_t sh = {.n_layers = 1, .n_kv = 2, .n_kv_heads = KVH, .head_dim = D,
-                            .block_size = BLOCK, .dtype = KVC_DTYPE_F32};
+    kvc_scale_shape_t sh = {.n_layers = 1,
+                            .n_kv = 2,
+                            .n_kv_heads = KVH,
+                            .head_dim = D,
+                            .block_size = BLOCK,
+                            .dtype = KVC_DTYPE_F32};
     size_t bb = kvc_kv_block_bytes(&sh);
     uint8_t *buf = aligned_alloc(64, bb * nb);
     kvc_kv_view_t kv;
@@ -208,7 +221,8 @@ static int reference(const data_t *d, double *ref)
         indptr[n + 1] = indptr[n] + nb;
         last[n] = S - (nb - 1) * BLOCK;
     }
-    kvc_attn_batch_t batch = {.n_seqs = NQ, .kv_indptr = indptr, .kv_indices = idx, .kv_last_len = last};
+    kvc_attn_batch_t batch = {
+        .n_seqs = NQ, .kv_indptr = indptr, .kv_indices = idx, .kv_last_len = last};
     kvc_attn_params_t p = kvc_attn_params_default();
     p.n_q_heads = HQ;
     if (!rc) rc = kvc_attn_reference(&p, &kv, &batch, d->q, ref);
@@ -243,9 +257,12 @@ int main(int argc, char **argv)
     uint32_t max_ctx = 131072;
     bool quick = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) quick = true;
-        else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
-        else if (!strcmp(argv[i], "--max-ctx") && i + 1 < argc) max_ctx = (uint32_t)atoi(argv[++i]);
+        if (!strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!strcmp(argv[i], "--csv") && i + 1 < argc)
+            csv_path = argv[++i];
+        else if (!strcmp(argv[i], "--max-ctx") && i + 1 < argc)
+            max_ctx = (uint32_t)atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: accuracy_attn [--quick] [--csv FILE] [--max-ctx TOKENS]\n");
             return 2;
@@ -261,17 +278,21 @@ int main(int argc, char **argv)
         {"e4m3 tensor", KVC_DTYPE_FP8_E4M3, KVC_SCALE_TENSOR, false, KVC_ATTN_COMPUTE_F32, 1},
         {"e4m3 head", KVC_DTYPE_FP8_E4M3, KVC_SCALE_HEAD, false, KVC_ATTN_COMPUTE_F32, 1},
         {"e4m3 head hr4", KVC_DTYPE_FP8_E4M3, KVC_SCALE_HEAD, false, KVC_ATTN_COMPUTE_F32, 4},
-        {"e4m3 chan-tok", KVC_DTYPE_FP8_E4M3, KVC_SCALE_CHANNEL_TOKEN, false, KVC_ATTN_COMPUTE_F32, 1},
-        {"e4m3 chan-tok hr4", KVC_DTYPE_FP8_E4M3, KVC_SCALE_CHANNEL_TOKEN, false, KVC_ATTN_COMPUTE_F32, 4},
+        {"e4m3 chan-tok", KVC_DTYPE_FP8_E4M3, KVC_SCALE_CHANNEL_TOKEN, false, KVC_ATTN_COMPUTE_F32,
+         1},
+        {"e4m3 chan-tok hr4", KVC_DTYPE_FP8_E4M3, KVC_SCALE_CHANNEL_TOKEN, false,
+         KVC_ATTN_COMPUTE_F32, 4},
         {"e4m3 head hr4 dot", KVC_DTYPE_FP8_E4M3, KVC_SCALE_HEAD, false, KVC_ATTN_COMPUTE_AUTO, 4},
         {"e5m2 none", KVC_DTYPE_FP8_E5M2, KVC_SCALE_NONE, false, KVC_ATTN_COMPUTE_F32, 1},
         {"e5m2 head hr4", KVC_DTYPE_FP8_E5M2, KVC_SCALE_HEAD, false, KVC_ATTN_COMPUTE_F32, 4},
-        {"e5m2 chan-tok hr4", KVC_DTYPE_FP8_E5M2, KVC_SCALE_CHANNEL_TOKEN, false, KVC_ATTN_COMPUTE_F32, 4},
+        {"e5m2 chan-tok hr4", KVC_DTYPE_FP8_E5M2, KVC_SCALE_CHANNEL_TOKEN, false,
+         KVC_ATTN_COMPUTE_F32, 4},
     };
     const size_t nvar = KVC_ARRAY_LEN(variants);
     FILE *csv = fopen(csv_path, "w");
     if (!csv) return fprintf(stderr, "accuracy_attn: cannot write %s\n", csv_path), 1;
-    fprintf(csv, "ctx,variant,dtype,layout,headroom,compute,mean_rel_l2,max_rel_l2,clipped_fraction\n");
+    fprintf(csv,
+            "ctx,variant,dtype,layout,headroom,compute,mean_rel_l2,max_rel_l2,clipped_fraction\n");
     printf("attention output error vs the fp64 reference on unquantised fp32 K/V\n");
     printf("(L2 error of each output row over the RMS norm of the reference rows: mean / max over\n"
            " %d rows; clipped = share of K+V values that rounded past their scale's range;\n"
@@ -283,7 +304,7 @@ int main(int argc, char **argv)
     for (uint32_t c = 1024; c <= max_ctx; c *= quick ? 4 : 2) ctxs[nctx++] = c;
     for (int i = 0; i < nctx; i++) printf(" %7uK", ctxs[i] / 1024);
     printf("   clipped@max\n");
-    double (*mean)[8] = calloc(nvar, sizeof *mean), (*mx)[8] = calloc(nvar, sizeof *mx);
+    double(*mean)[8] = calloc(nvar, sizeof *mean), (*mx)[8] = calloc(nvar, sizeof *mx);
     double *clip = calloc(nvar * 8, sizeof(double));
     for (int ci = 0; ci < nctx; ci++) {
         data_t d;
@@ -295,13 +316,19 @@ int main(int argc, char **argv)
         for (size_t v = 0; v < nvar; v++) {
             double cf = 0;
             rc = run_variant(&variants[v], &d, out, &cf);
-            if (rc) return fprintf(stderr, "accuracy_attn: %s: %s\n", variants[v].name, kvc_strerror(rc)), 1;
+            if (rc)
+                return fprintf(stderr, "accuracy_attn: %s: %s\n", variants[v].name,
+                               kvc_strerror(rc)),
+                       1;
             result_t r = compare(out, ref);
             mean[v][ci] = r.mean_rel, mx[v][ci] = r.max_rel, clip[v * 8 + (size_t)ci] = cf;
             fprintf(csv, "%u,%s,%s,%s,%g,%s,%.6e,%.6e,%.6e\n", ctxs[ci], variants[v].name,
-                    kvc_dtype_name(variants[v].dtype), variants[v].calibrated ? "tensor-calibrated"
-                    : kvc_scale_layout_name(variants[v].layout), (double)variants[v].headroom,
-                    variants[v].compute == KVC_ATTN_COMPUTE_AUTO ? "auto" : "f32", r.mean_rel, r.max_rel, cf);
+                    kvc_dtype_name(variants[v].dtype),
+                    variants[v].calibrated ? "tensor-calibrated"
+                                           : kvc_scale_layout_name(variants[v].layout),
+                    (double)variants[v].headroom,
+                    variants[v].compute == KVC_ATTN_COMPUTE_AUTO ? "auto" : "f32", r.mean_rel,
+                    r.max_rel, cf);
         }
         fflush(csv);
         free(ref), free(out);

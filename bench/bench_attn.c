@@ -38,7 +38,7 @@
 
 #define HEAD_DIM 128
 #define KV_HEADS 8
-#define BLOCK 16 /* block size of the main table */
+#define BLOCK    16 /* block size of the main table */
 
 /* ---- a team of threads, the caller being thread 0 ------------------------------ */
 typedef void (*work_fn)(void *ctx, int tid, int n_threads);
@@ -194,10 +194,12 @@ __attribute__((target("avx512f,fma"))) static float fma512(void)
     const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-9f);
     for (long r = 0; r < PEAK_ITERS; r++) {
 #define F(x) x = _mm512_fmadd_ps(x, b, c);
-        F(a0) F(a1) F(a2) F(a3) F(a4) F(a5) F(a6) F(a7) F(a8) F(a9) F(a10) F(a11)
+        F(a0)
+        F(a1) F(a2) F(a3) F(a4) F(a5) F(a6) F(a7) F(a8) F(a9) F(a10) F(a11)
 #undef F
-        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-                         "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+            __asm__ volatile(""
+                             : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                               "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
     }
     __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                              _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
@@ -212,10 +214,12 @@ __attribute__((target("avx2,fma"))) static float fma256(void)
     const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-9f);
     for (long r = 0; r < PEAK_ITERS; r++) {
 #define F(x) x = _mm256_fmadd_ps(x, b, c);
-        F(a0) F(a1) F(a2) F(a3) F(a4) F(a5) F(a6) F(a7) F(a8) F(a9) F(a10) F(a11)
+        F(a0)
+        F(a1) F(a2) F(a3) F(a4) F(a5) F(a6) F(a7) F(a8) F(a9) F(a10) F(a11)
 #undef F
-        __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6),
-                         "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
+            __asm__ volatile(""
+                             : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6),
+                               "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
     }
     __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
                              _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
@@ -232,10 +236,12 @@ __attribute__((target("avx512f,avx512bf16"))) static float dpbf16(void)
     const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3000);
     for (long r = 0; r < PEAK_ITERS; r++) {
 #define D(x) x = _mm512_dpbf16_ps(x, b, c);
-        D(a0) D(a1) D(a2) D(a3) D(a4) D(a5) D(a6) D(a7) D(a8) D(a9) D(a10) D(a11)
+        D(a0)
+        D(a1) D(a2) D(a3) D(a4) D(a5) D(a6) D(a7) D(a8) D(a9) D(a10) D(a11)
 #undef D
-        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-                         "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+            __asm__ volatile(""
+                             : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                               "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
     }
     __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                              _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
@@ -256,7 +262,8 @@ static double measure_peak(team_t *t, int kind, int reps)
     peak_ctx_t c = {.kind = kind};
     const double flop_per_iter = 12.0 * (kind == 0 ? 32 : kind == 1 ? 16 : 64);
     double v[32];
-    for (int i = 0; i < reps; i++) v[i] = flop_per_iter * PEAK_ITERS * t->n / team_run(t, peak_work, &c);
+    for (int i = 0; i < reps; i++)
+        v[i] = flop_per_iter * PEAK_ITERS * t->n / team_run(t, peak_work, &c);
     return median(v, reps);
 }
 
@@ -331,13 +338,17 @@ static void fill_block(uint8_t *p, size_t n_el, kvc_dtype_t dt, uint64_t *st)
         uint64_t r = xs(st);
         float x = ((float)(r >> 40) * 0x1p-24f - 0.5f) * 4.0f;
         switch (dt) {
-        case KVC_DTYPE_F32: memcpy(p + 4 * i, &x, 4); break;
+        case KVC_DTYPE_F32:
+            memcpy(p + 4 * i, &x, 4);
+            break;
         case KVC_DTYPE_BF16: {
             uint16_t h = kvc_bf16_from_f32(x);
             memcpy(p + 2 * i, &h, 2);
             break;
         }
-        default: p[i] = kvc_fp8_e4m3_from_f32(x * 64.0f); break;
+        default:
+            p[i] = kvc_fp8_e4m3_from_f32(x * 64.0f);
+            break;
         }
     }
 }
@@ -356,14 +367,24 @@ static int setup_make(setup_t *s, kvc_dtype_t dt, uint32_t ctx, double min_bytes
     s->kv_bytes = per_seq * s->n_seqs;
     s->blocks_per_seq = ctx / block;
     uint32_t nb = s->n_seqs * s->blocks_per_seq;
-    kvc_scale_shape_t sh = {.n_layers = 1, .n_kv = 2, .n_kv_heads = KV_HEADS, .head_dim = HEAD_DIM,
-                            .block_size = block, .dtype = dt, .layout = s->layout};
+    kvc_scale_shape_t sh = {.n_layers = 1,
+                            .n_kv = 2,
+                            .n_kv_heads = KV_HEADS,
+                            .head_dim = HEAD_DIM,
+                            .block_size = block,
+                            .dtype = dt,
+                            .layout = s->layout};
     kvc_pool_params_t pp = kvc_pool_params_default();
     pp.n_blocks = nb;
     pp.block_size = block;
-    pp.storage = (kvc_storage_desc_t){.n_layers = 1, .n_kv_heads = KV_HEADS, .head_dim = HEAD_DIM,
-                                      .n_kv = 2, .dtype = dt, .scale_bytes = (uint32_t)kvc_scale_bytes(&sh)};
-    if (use_huge) pp.allocator = (kvc_allocator_t){.alloc = huge_alloc, .free = huge_free, .ctx = &huge_ctx};
+    pp.storage = (kvc_storage_desc_t){.n_layers = 1,
+                                      .n_kv_heads = KV_HEADS,
+                                      .head_dim = HEAD_DIM,
+                                      .n_kv = 2,
+                                      .dtype = dt,
+                                      .scale_bytes = (uint32_t)kvc_scale_bytes(&sh)};
+    if (use_huge)
+        pp.allocator = (kvc_allocator_t){.alloc = huge_alloc, .free = huge_free, .ctx = &huge_ctx};
     int rc = kvc_pool_create(&pp, &s->pool);
     if (rc) return rc;
     if ((rc = kvc_kv_view_from_pool(s->pool, 0, s->layout, &s->view))) return rc;
@@ -401,7 +422,8 @@ static int setup_make(setup_t *s, kvc_dtype_t dt, uint32_t ctx, double min_bytes
 static void setup_free(setup_t *s, int n_threads)
 {
     kvc_pool_destroy(s->pool);
-    free(s->paged_idx), free(s->contig_idx), free(s->indptr), free(s->last), free(s->q), free(s->out);
+    free(s->paged_idx), free(s->contig_idx), free(s->indptr), free(s->last), free(s->q),
+        free(s->out);
     for (int t = 0; t < n_threads; t++) free(s->ws[t]);
 }
 
@@ -433,8 +455,10 @@ static double time_decode(team_t *t, const setup_t *s, uint32_t g, bool paged, b
     c.p.isa = isa;
     /* fewer sequences than threads: split each sequence's KV heads instead */
     if (s->n_seqs < (uint32_t)t->n) c.p.kv_heads_per_item = KV_HEADS / (uint32_t)t->n;
-    c.batch = (kvc_attn_batch_t){.n_seqs = s->n_seqs, .kv_indptr = s->indptr,
-                                 .kv_indices = paged ? s->paged_idx : s->contig_idx, .kv_last_len = s->last};
+    c.batch = (kvc_attn_batch_t){.n_seqs = s->n_seqs,
+                                 .kv_indptr = s->indptr,
+                                 .kv_indices = paged ? s->paged_idx : s->contig_idx,
+                                 .kv_last_len = s->last};
     c.n_items = kvc_attn_n_items(&c.p, &s->view, &c.batch);
     double v[64];
     team_run(t, dec_work, &c); /* warm-up */
@@ -459,24 +483,32 @@ int main(int argc, char **argv)
     int only_dt = -1;
     bool blocks_only = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) quick = true;
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--min-mib") && i + 1 < argc) min_mib = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
-        else if (!strcmp(argv[i], "--no-huge")) use_huge = false;
-        else if (!strcmp(argv[i], "--blocks-only")) blocks_only = true;
-        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) only_ctx = (uint32_t)atoi(argv[++i]);
+        if (!strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--min-mib") && i + 1 < argc)
+            min_mib = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--csv") && i + 1 < argc)
+            csv_path = argv[++i];
+        else if (!strcmp(argv[i], "--no-huge"))
+            use_huge = false;
+        else if (!strcmp(argv[i], "--blocks-only"))
+            blocks_only = true;
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
+            only_ctx = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             kvc_dtype_t d;
             if (kvc_dtype_parse(argv[++i], &d)) return fprintf(stderr, "bad --dtype\n"), 2;
             only_dt = (int)d;
-        }
-        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+        } else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             if (kvc_isa_parse(argv[++i], &isa)) return fprintf(stderr, "bad --isa\n"), 2;
         } else {
-            fprintf(stderr, "usage: bench_attn [--quick] [--reps N] [--min-mib M] [--csv FILE] [--isa NAME]\n"
-                            "                  [--ctx TOKENS] [--dtype f32|bf16|fp8-e4m3] [--no-huge]\n"
-                            "                  [--blocks-only]\n");
+            fprintf(
+                stderr,
+                "usage: bench_attn [--quick] [--reps N] [--min-mib M] [--csv FILE] [--isa NAME]\n"
+                "                  [--ctx TOKENS] [--dtype f32|bf16|fp8-e4m3] [--no-huge]\n"
+                "                  [--blocks-only]\n");
             return 2;
         }
     }
@@ -488,14 +520,16 @@ int main(int argc, char **argv)
         return 1;
     }
     kvc_isa_t eff;
-    if (!kvc_isa_supported(isa)) return fprintf(stderr, "ISA %s not available\n", kvc_isa_name(isa)), 1;
+    if (!kvc_isa_supported(isa))
+        return fprintf(stderr, "ISA %s not available\n", kvc_isa_name(isa)), 1;
     eff = isa == KVC_ISA_AUTO ? kvc_isa_best() : isa;
     const bool bf16_path = eff == KVC_ISA_AVX512 && cpu->avx512_bf16 && cpu->avx512_vbmi;
 
     team_t team[2];
     team_init(&team[0], 1);
     team_init(&team[1], 2);
-    printf("kvcache bench_attn: decode attention vs roofline (head_dim %d, %d KV heads, blocks of %d)\n",
+    printf("kvcache bench_attn: decode attention vs roofline (head_dim %d, %d KV heads, blocks of "
+           "%d)\n",
            HEAD_DIM, KV_HEADS, BLOCK);
     printf("CPU: avx2 %d, avx512 %d, avx512-bf16 %d, avx512-vbmi %d, AMX-BF16 %s; kernels: %s%s\n",
            cpu->avx2, cpu->avx512, cpu->avx512_bf16, cpu->avx512_vbmi,
@@ -518,20 +552,25 @@ int main(int argc, char **argv)
     printf("FP32 FMA (%s)                %7.1f GF/s  %7.1f GF/s\n", cpu->avx512 ? "zmm" : "ymm",
            fma[0] * 1e-9, fma[1] * 1e-9);
     if (cpu->avx512_bf16)
-        printf("BF16 dot (VDPBF16PS zmm)       %7.1f GF/s  %7.1f GF/s\n", dp[0] * 1e-9, dp[1] * 1e-9);
+        printf("BF16 dot (VDPBF16PS zmm)       %7.1f GF/s  %7.1f GF/s\n", dp[0] * 1e-9,
+               dp[1] * 1e-9);
     else
         printf("BF16 dot: not available\n");
-    printf("AMX-BF16 tiles: %s\n", cpu->amx_bf16 ? "present, not measured (no kernel uses AMX)" : "not present on this CPU");
+    printf("AMX-BF16 tiles: %s\n", cpu->amx_bf16 ? "present, not measured (no kernel uses AMX)"
+                                                 : "not present on this CPU");
     printf("ridge point (peak / bandwidth): FMA %.1f FLOP/B per thread%s\n", fma[0] / bw[0],
            cpu->avx512_bf16 ? "" : "");
-    if (cpu->avx512_bf16) printf("                                BF16 %.1f FLOP/B per thread\n", dp[0] / bw[0]);
+    if (cpu->avx512_bf16)
+        printf("                                BF16 %.1f FLOP/B per thread\n", dp[0] / bw[0]);
 
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv)
-        fprintf(csv, "ctx,group,dtype,threads,layout,variant,n_seqs,ms_per_step,kv_gbps,flop_per_byte,"
-                     "bound_gbps,bound_kind,fraction\n");
-    printf("\n%-5s %2s %-8s %3s %-6s %-8s %5s %9s %9s %6s %9s %4s %6s\n", "ctx", "g", "storage", "thr",
-           "layout", "variant", "seqs", "ms/step", "KV GB/s", "FLOP/B", "bound", "by", "frac");
+        fprintf(csv,
+                "ctx,group,dtype,threads,layout,variant,n_seqs,ms_per_step,kv_gbps,flop_per_byte,"
+                "bound_gbps,bound_kind,fraction\n");
+    printf("\n%-5s %2s %-8s %3s %-6s %-8s %5s %9s %9s %6s %9s %4s %6s\n", "ctx", "g", "storage",
+           "thr", "layout", "variant", "seqs", "ms/step", "KV GB/s", "FLOP/B", "bound", "by",
+           "frac");
     const uint32_t ctxs[] = {4096, 32768, 131072};
     const kvc_dtype_t dts[] = {KVC_DTYPE_F32, KVC_DTYPE_BF16, KVC_DTYPE_FP8_E4M3};
     const uint32_t groups[] = {1, 4, 8};
@@ -556,18 +595,21 @@ int main(int argc, char **argv)
                     for (int var = 0; var < 3; var++) {
                         /* paged packed, contiguous packed, paged per-head (1 thread) */
                         if (var == 2 && (g == 1 || thr == 2 || (quick && ci != 1))) continue;
-                        double sec = time_decode(&team[thr - 1], &s, g, var != 1, var == 2, isa, reps);
+                        double sec =
+                            time_decode(&team[thr - 1], &s, g, var != 1, var == 2, isa, reps);
                         double gbps = s.kv_bytes / sec;
                         const char *lay = var == 1 ? "contig" : "paged";
                         const char *vn = var == 2 ? "per-head" : "packed";
-                        printf("%4uK %2u %-8s %3d %-6s %-8s %5u %9.2f %9.1f %6.1f %9.1f %4s %5.0f%%\n",
-                               ctxs[ci] / 1024, g, kvc_dtype_name(dts[di]), thr, lay, vn, s.n_seqs,
-                               sec * 1e3, gbps * 1e-9, ai, bound * 1e-9, cb < bw[thr - 1] ? "cmp" : "mem",
-                               100.0 * gbps / bound);
+                        printf(
+                            "%4uK %2u %-8s %3d %-6s %-8s %5u %9.2f %9.1f %6.1f %9.1f %4s %5.0f%%\n",
+                            ctxs[ci] / 1024, g, kvc_dtype_name(dts[di]), thr, lay, vn, s.n_seqs,
+                            sec * 1e3, gbps * 1e-9, ai, bound * 1e-9,
+                            cb < bw[thr - 1] ? "cmp" : "mem", 100.0 * gbps / bound);
                         if (csv)
-                            fprintf(csv, "%u,%u,%s,%d,%s,%s,%u,%.4f,%.3f,%.2f,%.3f,%s,%.4f\n", ctxs[ci], g,
-                                    kvc_dtype_name(dts[di]), thr, lay, vn, s.n_seqs, sec * 1e3, gbps * 1e-9,
-                                    ai, bound * 1e-9, cb < bw[thr - 1] ? "compute" : "memory", gbps / bound);
+                            fprintf(csv, "%u,%u,%s,%d,%s,%s,%u,%.4f,%.3f,%.2f,%.3f,%s,%.4f\n",
+                                    ctxs[ci], g, kvc_dtype_name(dts[di]), thr, lay, vn, s.n_seqs,
+                                    sec * 1e3, gbps * 1e-9, ai, bound * 1e-9,
+                                    cb < bw[thr - 1] ? "compute" : "memory", gbps / bound);
                         fflush(stdout);
                     }
                 }
@@ -590,8 +632,8 @@ int main(int argc, char **argv)
             printf("%-6u %6.1f GB/s %6.1f GB/s %6.0f%%\n", bss[bi], s.kv_bytes / tp * 1e-9,
                    s.kv_bytes / tc * 1e-9, 100.0 * tc / tp);
             if (csv)
-                fprintf(csv, "32768,4,bf16,1,paged-vs-contig-block%u,packed,%u,%.4f,%.3f,,,,%.4f\n", bss[bi],
-                        s.n_seqs, tp * 1e3, s.kv_bytes / tp * 1e-9, tc / tp);
+                fprintf(csv, "32768,4,bf16,1,paged-vs-contig-block%u,packed,%u,%.4f,%.3f,,,,%.4f\n",
+                        bss[bi], s.n_seqs, tp * 1e3, s.kv_bytes / tp * 1e-9, tc / tp);
             setup_free(&s, 2);
         }
     }

@@ -31,7 +31,7 @@
 
 #include "attn/attn_int.h"
 
-#define TOL_F32 2e-5
+#define TOL_F32  2e-5
 #define TOL_BF16 4e-3
 
 /* ---- a cache with sequences written through kvc_attn_write_kv ------------------------ */
@@ -52,11 +52,11 @@ typedef struct {
     kvc_scale_layout_t layout;
     uint32_t n_kv_heads, head_dim, block_size, n_kv;
     uint32_t n_seqs;
-    const uint32_t *lens;  /* keys per sequence */
-    const uint32_t *T;     /* queries per sequence (NULL: decode) */
-    bool paged;            /* random block order with unused blocks between */
-    float k_spread;        /* K magnitude (logit sharpness) */
-    bool outliers;         /* a few K channels 20x larger */
+    const uint32_t *lens; /* keys per sequence */
+    const uint32_t *T;    /* queries per sequence (NULL: decode) */
+    bool paged;           /* random block order with unused blocks between */
+    float k_spread;       /* K magnitude (logit sharpness) */
+    bool outliers;        /* a few K channels 20x larger */
 } cache_cfg_t;
 
 static float randn(kvc_rng_t *r)
@@ -79,9 +79,12 @@ static void *xalloc(size_t bytes)
 static void cache_make(cache_t *c, const cache_cfg_t *cf, kvc_rng_t *rng)
 {
     memset(c, 0, sizeof *c);
-    c->shape = (kvc_scale_shape_t){.n_layers = 2, .n_kv = cf->n_kv ? cf->n_kv : 2,
-                                   .n_kv_heads = cf->n_kv_heads, .head_dim = cf->head_dim,
-                                   .block_size = cf->block_size, .dtype = cf->dtype,
+    c->shape = (kvc_scale_shape_t){.n_layers = 2,
+                                   .n_kv = cf->n_kv ? cf->n_kv : 2,
+                                   .n_kv_heads = cf->n_kv_heads,
+                                   .head_dim = cf->head_dim,
+                                   .block_size = cf->block_size,
+                                   .dtype = cf->dtype,
                                    .layout = cf->layout};
     c->n_seqs = cf->n_seqs;
     c->kv_indptr = calloc(cf->n_seqs + 1, sizeof(uint32_t));
@@ -113,10 +116,12 @@ static void cache_make(cache_t *c, const cache_cfg_t *cf, kvc_rng_t *rng)
     assert_true(bb > 0);
     c->buf = xalloc(bb * c->n_blocks);
     memset(c->buf, 0xff, bb * c->n_blocks);
-    assert_ok(kvc_kv_view_contiguous(c->buf, bb * c->n_blocks, c->n_blocks, &c->shape, 1, &c->view));
+    assert_ok(
+        kvc_kv_view_contiguous(c->buf, bb * c->n_blocks, c->n_blocks, &c->shape, 1, &c->view));
     /* zero the side data of used blocks: "no scale yet" */
     for (uint32_t i = 0; i < used; i++)
-        memset(c->buf + (size_t)c->kv_indices[i] * bb + c->view.scale_offset, 0, kvc_scale_bytes(&c->shape));
+        memset(c->buf + (size_t)c->kv_indices[i] * bb + c->view.scale_offset, 0,
+               kvc_scale_bytes(&c->shape));
     /* write the tokens in a few chunks per sequence, as prefill + decode would */
     const uint32_t H = cf->n_kv_heads, d = cf->head_dim;
     float *kamax = calloc(kvc_kv_quant_len(&c->shape, false) + 1, sizeof(float));
@@ -146,16 +151,20 @@ static void cache_make(cache_t *c, const cache_cfg_t *cf, kvc_rng_t *rng)
             int wrc = kvc_attn_write_kv(&c->view, slots + t0, n, k + (size_t)t0 * H * d,
                                         c->shape.n_kv == 2 ? v + (size_t)t0 * H * d : NULL, &qs,
                                         KVC_ISA_AUTO);
-            if (wrc) fail_msg("write: %s, dtype %s layout %s bs %u", kvc_strerror(wrc),
-                              kvc_dtype_name(c->shape.dtype), kvc_scale_layout_name(c->shape.layout), bs);
+            if (wrc)
+                fail_msg("write: %s, dtype %s layout %s bs %u", kvc_strerror(wrc),
+                         kvc_dtype_name(c->shape.dtype), kvc_scale_layout_name(c->shape.layout),
+                         bs);
             t0 += n;
         }
         free(k), free(v), free(slots);
     }
     c->vmax *= 1.25f; /* FP8 rounding can raise a value by up to 1/16; margin */
     free(kamax), free(vamax), free(outl);
-    c->batch = (kvc_attn_batch_t){.n_seqs = c->n_seqs, .kv_indptr = c->kv_indptr,
-                                  .kv_indices = c->kv_indices, .kv_last_len = c->kv_last_len,
+    c->batch = (kvc_attn_batch_t){.n_seqs = c->n_seqs,
+                                  .kv_indptr = c->kv_indptr,
+                                  .kv_indices = c->kv_indices,
+                                  .kv_last_len = c->kv_last_len,
                                   .qo_indptr = cf->T ? c->qo_indptr : NULL};
 }
 
@@ -184,15 +193,19 @@ typedef struct {
 } variant_t;
 
 static const variant_t VARIANTS[] = {
-    {KVC_ISA_SCALAR, KVC_ATTN_COMPUTE_AUTO}, {KVC_ISA_AVX2, KVC_ATTN_COMPUTE_AUTO},
-    {KVC_ISA_AVX512, KVC_ATTN_COMPUTE_F32},  {KVC_ISA_AVX512, KVC_ATTN_COMPUTE_AUTO},
+    {KVC_ISA_SCALAR, KVC_ATTN_COMPUTE_AUTO},
+    {KVC_ISA_AVX2, KVC_ATTN_COMPUTE_AUTO},
+    {KVC_ISA_AVX512, KVC_ATTN_COMPUTE_F32},
+    {KVC_ISA_AVX512, KVC_ATTN_COMPUTE_AUTO},
 };
 
 static bool uses_bf16(const variant_t *v, const kvc_kv_view_t *kv, uint32_t dk)
 {
     kvc_dtype_t dt = kv->shape.dtype;
-    return v->isa == KVC_ISA_AVX512 && v->compute == KVC_ATTN_COMPUTE_AUTO && kvc__has_bf16_path() &&
-           (dt == KVC_DTYPE_BF16 || dt == KVC_DTYPE_FP8_E4M3 || dt == KVC_DTYPE_FP8_E5M2) && dk % 32 == 0;
+    return v->isa == KVC_ISA_AVX512 && v->compute == KVC_ATTN_COMPUTE_AUTO &&
+           kvc__has_bf16_path() &&
+           (dt == KVC_DTYPE_BF16 || dt == KVC_DTYPE_FP8_E4M3 || dt == KVC_DTYPE_FP8_E5M2) &&
+           dk % 32 == 0;
 }
 
 static int run(const kvc_attn_params_t *p, const cache_t *c, const float *q, float *out)
@@ -222,11 +235,14 @@ static uint8_t *bf16_effective_cache(const cache_t *c, kvc_kv_view_t *out)
         for (uint32_t h = 0; h < sh.n_kv_heads; h++)
             for (uint32_t off = 0; off < sh.block_size; off++) {
                 kvc__tok_scales_t ts = kvc__tok_scales(&c->view, kvc__scales(&c->view, b), h, off);
-                assert_ok(kvc_dequantize(c->shape.dtype, row, kvc__row(&c->view, b, h, off, 0), d, 1.0f, NULL));
-                for (uint32_t i = 0; i < d; i++) row[i] = kvc_bf16_to_f32(kvc_bf16_from_f32(row[i] * ts.kc[i]));
+                assert_ok(kvc_dequantize(c->shape.dtype, row, kvc__row(&c->view, b, h, off, 0), d,
+                                         1.0f, NULL));
+                for (uint32_t i = 0; i < d; i++)
+                    row[i] = kvc_bf16_to_f32(kvc_bf16_from_f32(row[i] * ts.kc[i]));
                 memcpy(kvc__row(out, b, h, off, 0), row, sizeof(float) * d);
                 if (sh.n_kv == 1) continue;
-                assert_ok(kvc_dequantize(c->shape.dtype, row, kvc__row(&c->view, b, h, off, 1), d, ts.v, NULL));
+                assert_ok(kvc_dequantize(c->shape.dtype, row, kvc__row(&c->view, b, h, off, 1), d,
+                                         ts.v, NULL));
                 memcpy(kvc__row(out, b, h, off, 1), row, sizeof(float) * d);
             }
     free(row);
@@ -271,7 +287,8 @@ static double max_err(const float *a, const double *b, size_t n)
 }
 
 /* Every variant this CPU has against the reference; returns how many ran. */
-static int check_all(const kvc_attn_params_t *p0, const cache_t *c, const float *q, const char *what)
+static int check_all(const kvc_attn_params_t *p0, const cache_t *c, const float *q,
+                     const char *what)
 {
     const uint32_t d = c->shape.head_dim;
     size_t n = (size_t)n_rows(c) * p0->n_q_heads * d;
@@ -298,11 +315,13 @@ static int check_all(const kvc_attn_params_t *p0, const cache_t *c, const float 
         if (!(err <= tol))
             fail_msg("%s: %s%s dtype %s layout %s d %u bs %u hq %u: error %.3g > tol %.3g", what,
                      kvc_isa_name(v->isa), b16 ? "-bf16" : "", kvc_dtype_name(c->shape.dtype),
-                     kvc_scale_layout_name(c->shape.layout), d, c->shape.block_size, p.n_q_heads, err, tol);
+                     kvc_scale_layout_name(c->shape.layout), d, c->shape.block_size, p.n_q_heads,
+                     err, tol);
         if (getenv("KVC_TEST_VERBOSE"))
             print_message("%s %s%s %s %s d%u bs%u: err/vmax %.2e\n", what, kvc_isa_name(v->isa),
                           b16 ? "-bf16" : "", kvc_dtype_name(c->shape.dtype),
-                          kvc_scale_layout_name(c->shape.layout), d, c->shape.block_size, err / c->vmax);
+                          kvc_scale_layout_name(c->shape.layout), d, c->shape.block_size,
+                          err / c->vmax);
         ran++;
     }
     free(out), free(ref), free(ref16);
@@ -326,17 +345,26 @@ static void decode_matches_reference(void **state)
     (void)state;
     kvc_rng_t rng;
     kvc_rng_seed(&rng, 1);
-    const uint32_t dims[] = {64, 128, 256}, bss[] = {1, 2, 16, 64, 256}, groups[] = {1, 2, 3, 4, 8, 16};
+    const uint32_t dims[] = {64, 128, 256}, bss[] = {1, 2, 16, 64, 256},
+                   groups[] = {1, 2, 3, 4, 8, 16};
     const int n_cases = KVC_TEST_SANITIZED ? 12 : 40;
     for (int i = 0; i < n_cases; i++) {
         kvc_dtype_t dt = DTYPES[i % 5];
         uint32_t d = dims[(i / 5) % 3], bs = bss[(i / 3) % 5], g = groups[i % 6];
         uint32_t hk = 1 + (uint32_t)(i % 2);
-        uint32_t lens[3] = {1 + (uint32_t)kvc_rng_below(&rng, 40), 1 + (uint32_t)kvc_rng_below(&rng, 300),
+        uint32_t lens[3] = {1 + (uint32_t)kvc_rng_below(&rng, 40),
+                            1 + (uint32_t)kvc_rng_below(&rng, 300),
                             i % 4 == 0 ? 1 : 1 + (uint32_t)kvc_rng_below(&rng, 150)};
-        cache_cfg_t cf = {.dtype = dt, .layout = layout_for(dt, (uint32_t)i / 5), .n_kv_heads = hk,
-                          .head_dim = d, .block_size = bs, .n_seqs = 3, .lens = lens, .paged = i % 2,
-                          .k_spread = 1.0f + (float)(i % 3), .outliers = i % 4 == 1};
+        cache_cfg_t cf = {.dtype = dt,
+                          .layout = layout_for(dt, (uint32_t)i / 5),
+                          .n_kv_heads = hk,
+                          .head_dim = d,
+                          .block_size = bs,
+                          .n_seqs = 3,
+                          .lens = lens,
+                          .paged = i % 2,
+                          .k_spread = 1.0f + (float)(i % 3),
+                          .outliers = i % 4 == 1};
         cache_t c;
         cache_make(&c, &cf, &rng);
         kvc_attn_params_t p = kvc_attn_params_default();
@@ -358,9 +386,16 @@ static void prefill_uses_absolute_positions(void **state)
         kvc_dtype_t dt = DTYPES[i % 5];
         uint32_t lens[3] = {37 + (uint32_t)i * 5, 20, 64}, T[3] = {9, 20 /* T = S */, 1};
         if (i % 3 == 2) T[0] = 37;
-        cache_cfg_t cf = {.dtype = dt, .layout = layout_for(dt, (uint32_t)i), .n_kv_heads = 2,
-                          .head_dim = i % 2 ? 64 : 128, .block_size = i % 3 == 0 ? 4 : 16,
-                          .n_seqs = 3, .lens = lens, .T = T, .paged = true, .k_spread = 1.5f};
+        cache_cfg_t cf = {.dtype = dt,
+                          .layout = layout_for(dt, (uint32_t)i),
+                          .n_kv_heads = 2,
+                          .head_dim = i % 2 ? 64 : 128,
+                          .block_size = i % 3 == 0 ? 4 : 16,
+                          .n_seqs = 3,
+                          .lens = lens,
+                          .T = T,
+                          .paged = true,
+                          .k_spread = 1.5f};
         cache_t c;
         cache_make(&c, &cf, &rng);
         kvc_attn_params_t p = kvc_attn_params_default();
@@ -382,8 +417,15 @@ static void top_left_mask_gives_a_different_wrong_answer(void **state)
     kvc_rng_seed(&rng, 3);
     const uint32_t S = 50, T = 8, d = 64, hq = 2;
     uint32_t lens[1] = {S}, Ts[1] = {T};
-    cache_cfg_t cf = {.dtype = KVC_DTYPE_F32, .n_kv_heads = 1, .head_dim = d, .block_size = 16,
-                      .n_seqs = 1, .lens = lens, .T = Ts, .paged = true, .k_spread = 1.0f};
+    cache_cfg_t cf = {.dtype = KVC_DTYPE_F32,
+                      .n_kv_heads = 1,
+                      .head_dim = d,
+                      .block_size = 16,
+                      .n_seqs = 1,
+                      .lens = lens,
+                      .T = Ts,
+                      .paged = true,
+                      .k_spread = 1.0f};
     cache_t c;
     cache_make(&c, &cf, &rng);
     kvc_attn_params_t p = kvc_attn_params_default();
@@ -397,12 +439,13 @@ static void top_left_mask_gives_a_different_wrong_answer(void **state)
     for (uint32_t i = 0; i < T; i++) {
         /* top-left: query i over keys 0..i, i.e. a sequence of length i + 1 */
         uint32_t nb = i / 16 + 1, last = i % 16 + 1, indptr[2] = {0, nb};
-        kvc_attn_batch_t b1 = {.n_seqs = 1, .kv_indptr = indptr, .kv_indices = c.kv_indices,
-                               .kv_last_len = &last};
+        kvc_attn_batch_t b1 = {
+            .n_seqs = 1, .kv_indptr = indptr, .kv_indices = c.kv_indices, .kv_last_len = &last};
         assert_ok(kvc_attn_reference(&p, &c.view, &b1, q + (size_t)i * hq * d, tl));
         double diff = max_err(out + (size_t)i * hq * d, tl, (size_t)hq * d);
         /* far outside the tolerance: the wrong mask is caught, not absorbed */
-        if (!(diff > 100 * TOL_F32 * c.vmax)) fail_msg("query %u: top-left differs by only %g", i, diff);
+        if (!(diff > 100 * TOL_F32 * c.vmax))
+            fail_msg("query %u: top-left differs by only %g", i, diff);
     }
     /* with T = S both masks are the same triangle */
     uint32_t Ts2[1] = {S};
@@ -413,8 +456,8 @@ static void top_left_mask_gives_a_different_wrong_answer(void **state)
     assert_ok(run(&p, &c, q2, out2));
     for (uint32_t i = 0; i < S; i += 7) {
         uint32_t nb = i / 16 + 1, last = i % 16 + 1, indptr[2] = {0, nb};
-        kvc_attn_batch_t b1 = {.n_seqs = 1, .kv_indptr = indptr, .kv_indices = c.kv_indices,
-                               .kv_last_len = &last};
+        kvc_attn_batch_t b1 = {
+            .n_seqs = 1, .kv_indptr = indptr, .kv_indices = c.kv_indices, .kv_last_len = &last};
         assert_ok(kvc_attn_reference(&p, &c.view, &b1, q2 + (size_t)i * hq * d, tl));
         assert_true(max_err(out2 + (size_t)i * hq * d, tl, (size_t)hq * d) <= TOL_F32 * c.vmax);
     }
@@ -433,9 +476,16 @@ static void sliding_window_and_softcap(void **state)
     for (int i = 0; i < (KVC_TEST_SANITIZED ? 4 : 12); i++) {
         kvc_dtype_t dt = DTYPES[(i + 2) % 5];
         uint32_t lens[2] = {90 + (uint32_t)i, 41}, T[2] = {1 + (uint32_t)(i % 3) * 6, 1};
-        cache_cfg_t cf = {.dtype = dt, .layout = layout_for(dt, (uint32_t)i + 1), .n_kv_heads = 1,
-                          .head_dim = 128, .block_size = i % 2 ? 16 : 8, .n_seqs = 2, .lens = lens,
-                          .T = T, .paged = true, .k_spread = 2.0f};
+        cache_cfg_t cf = {.dtype = dt,
+                          .layout = layout_for(dt, (uint32_t)i + 1),
+                          .n_kv_heads = 1,
+                          .head_dim = 128,
+                          .block_size = i % 2 ? 16 : 8,
+                          .n_seqs = 2,
+                          .lens = lens,
+                          .T = T,
+                          .paged = true,
+                          .k_spread = 2.0f};
         cache_t c;
         cache_make(&c, &cf, &rng);
         kvc_attn_params_t p = kvc_attn_params_default();
@@ -445,7 +495,8 @@ static void sliding_window_and_softcap(void **state)
         /* release blocks no query can see */
         for (uint32_t s = 0; s < 2; s++) {
             int64_t lo = (int64_t)lens[s] - T[s] - (int64_t)p.window + 1;
-            for (int64_t b = 0; (b + 1) * cf.block_size <= lo; b++) c.kv_indices[c.kv_indptr[s] + b] = KVC_NONE;
+            for (int64_t b = 0; (b + 1) * cf.block_size <= lo; b++)
+                c.kv_indices[c.kv_indptr[s] + b] = KVC_NONE;
         }
         float *q = make_q(n_rows(&c), p.n_q_heads, cf.head_dim, &rng);
         check_all(&p, &c, q, "window");
@@ -454,8 +505,13 @@ static void sliding_window_and_softcap(void **state)
     }
     /* a KVC_NONE block that a query does see is refused */
     uint32_t lens[1] = {40};
-    cache_cfg_t cf = {.dtype = KVC_DTYPE_F32, .n_kv_heads = 1, .head_dim = 64, .block_size = 16,
-                      .n_seqs = 1, .lens = lens, .k_spread = 1.0f};
+    cache_cfg_t cf = {.dtype = KVC_DTYPE_F32,
+                      .n_kv_heads = 1,
+                      .head_dim = 64,
+                      .block_size = 16,
+                      .n_seqs = 1,
+                      .lens = lens,
+                      .k_spread = 1.0f};
     cache_t c;
     cache_make(&c, &cf, &rng);
     kvc_attn_params_t p = kvc_attn_params_default();
@@ -477,9 +533,16 @@ static void online_softmax_handles_wide_logit_ranges(void **state)
     kvc_rng_seed(&rng, 5);
     for (int i = 0; i < 4; i++) {
         uint32_t lens[2] = {700, 129};
-        cache_cfg_t cf = {.dtype = DTYPES[i], .layout = KVC_SCALE_NONE, .n_kv_heads = 1,
-                          .head_dim = 64, .block_size = 16, .n_seqs = 2, .lens = lens, .paged = true,
-                          .k_spread = 4.0f + 4.0f * (float)i, .outliers = true};
+        cache_cfg_t cf = {.dtype = DTYPES[i],
+                          .layout = KVC_SCALE_NONE,
+                          .n_kv_heads = 1,
+                          .head_dim = 64,
+                          .block_size = 16,
+                          .n_seqs = 2,
+                          .lens = lens,
+                          .paged = true,
+                          .k_spread = 4.0f + 4.0f * (float)i,
+                          .outliers = true};
         cache_t c;
         cache_make(&c, &cf, &rng);
         kvc_attn_params_t p = kvc_attn_params_default();
@@ -499,9 +562,16 @@ static void paged_equals_contiguous_bitwise(void **state)
     kvc_rng_seed(&rng, 6);
     for (int i = 0; i < 5; i++) {
         uint32_t lens[3] = {1 + 37 * (uint32_t)i, 200, 16}, T[3] = {1, 3, 16};
-        cache_cfg_t cf = {.dtype = DTYPES[i], .layout = layout_for(DTYPES[i], (uint32_t)i + 1),
-                          .n_kv_heads = 2, .head_dim = 128, .block_size = 16, .n_seqs = 3, .lens = lens,
-                          .T = i % 2 ? T : NULL, .paged = false, .k_spread = 1.0f};
+        cache_cfg_t cf = {.dtype = DTYPES[i],
+                          .layout = layout_for(DTYPES[i], (uint32_t)i + 1),
+                          .n_kv_heads = 2,
+                          .head_dim = 128,
+                          .block_size = 16,
+                          .n_seqs = 3,
+                          .lens = lens,
+                          .T = i % 2 ? T : NULL,
+                          .paged = false,
+                          .k_spread = 1.0f};
         cache_t c;
         cache_make(&c, &cf, &rng);
         /* the paged copy: the same blocks scattered among others */
@@ -565,9 +635,16 @@ static void packing_and_work_split_do_not_change_results(void **state)
     kvc_rng_t rng;
     kvc_rng_seed(&rng, 7);
     uint32_t lens[4] = {300, 5, 77, 128}, T[4] = {70, 1, 3, 2};
-    cache_cfg_t cf = {.dtype = KVC_DTYPE_FP8_E4M3, .layout = KVC_SCALE_HEAD, .n_kv_heads = 2,
-                      .head_dim = 128, .block_size = 16, .n_seqs = 4, .lens = lens, .T = T,
-                      .paged = true, .k_spread = 1.0f};
+    cache_cfg_t cf = {.dtype = KVC_DTYPE_FP8_E4M3,
+                      .layout = KVC_SCALE_HEAD,
+                      .n_kv_heads = 2,
+                      .head_dim = 128,
+                      .block_size = 16,
+                      .n_seqs = 4,
+                      .lens = lens,
+                      .T = T,
+                      .paged = true,
+                      .k_spread = 1.0f};
     cache_t c;
     cache_make(&c, &cf, &rng);
     kvc_attn_params_t p = kvc_attn_params_default();
@@ -587,7 +664,8 @@ static void packing_and_work_split_do_not_change_results(void **state)
         memset(b, 0xff, sizeof(float) * n);
         thr_t t[2] = {{&p, &c, q, b, 0, ni / 3, -1}, {&p, &c, q, b, ni / 3, ni, -1}};
         pthread_t th[2];
-        for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, thr_main, &t[i]), 0);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(pthread_create(&th[i], NULL, thr_main, &t[i]), 0);
         for (int i = 0; i < 2; i++) {
             pthread_join(th[i], NULL);
             assert_ok(t[i].rc);
@@ -628,9 +706,16 @@ static void tiny_sequences(void **state)
     kvc_rng_seed(&rng, 8);
     for (int i = 0; i < 5; i++) {
         uint32_t lens[4] = {1, 1, 2, 3}, T[4] = {1, 1, 2, 1};
-        cache_cfg_t cf = {.dtype = DTYPES[i], .layout = layout_for(DTYPES[i], 3), .n_kv_heads = 3,
-                          .head_dim = 64, .block_size = i % 2 ? 256 : 1, .n_seqs = 4, .lens = lens,
-                          .T = T, .paged = true, .k_spread = 1.0f};
+        cache_cfg_t cf = {.dtype = DTYPES[i],
+                          .layout = layout_for(DTYPES[i], 3),
+                          .n_kv_heads = 3,
+                          .head_dim = 64,
+                          .block_size = i % 2 ? 256 : 1,
+                          .n_seqs = 4,
+                          .lens = lens,
+                          .T = T,
+                          .paged = true,
+                          .k_spread = 1.0f};
         cache_t c;
         cache_make(&c, &cf, &rng);
         kvc_attn_params_t p = kvc_attn_params_default();
@@ -650,8 +735,14 @@ static void odd_head_dims_fall_back_to_scalar(void **state)
     kvc_rng_t rng;
     kvc_rng_seed(&rng, 9);
     uint32_t lens[2] = {33, 70};
-    cache_cfg_t cf = {.dtype = KVC_DTYPE_FP8_E4M3, .layout = KVC_SCALE_CHANNEL_TOKEN, .n_kv_heads = 1,
-                      .head_dim = 40, .block_size = 16, .n_seqs = 2, .lens = lens, .paged = true,
+    cache_cfg_t cf = {.dtype = KVC_DTYPE_FP8_E4M3,
+                      .layout = KVC_SCALE_CHANNEL_TOKEN,
+                      .n_kv_heads = 1,
+                      .head_dim = 40,
+                      .block_size = 16,
+                      .n_seqs = 2,
+                      .lens = lens,
+                      .paged = true,
                       .k_spread = 1.0f};
     cache_t c;
     cache_make(&c, &cf, &rng);
@@ -671,21 +762,32 @@ static void write_sets_block_scales_and_counts_clipping(void **state)
     kvc_pool_params_t pp = kvc_pool_params_default();
     pp.n_blocks = 8;
     pp.block_size = bs;
-    kvc_scale_shape_t sh = {.n_layers = 2, .n_kv = 2, .n_kv_heads = H, .head_dim = d,
-                            .block_size = bs, .dtype = KVC_DTYPE_FP8_E4M3, .layout = KVC_SCALE_HEAD};
-    pp.storage = (kvc_storage_desc_t){.n_layers = 2, .n_kv_heads = H, .head_dim = d, .n_kv = 2,
-                                      .dtype = KVC_DTYPE_FP8_E4M3, .scale_bytes = (uint32_t)kvc_scale_bytes(&sh)};
+    kvc_scale_shape_t sh = {.n_layers = 2,
+                            .n_kv = 2,
+                            .n_kv_heads = H,
+                            .head_dim = d,
+                            .block_size = bs,
+                            .dtype = KVC_DTYPE_FP8_E4M3,
+                            .layout = KVC_SCALE_HEAD};
+    pp.storage = (kvc_storage_desc_t){.n_layers = 2,
+                                      .n_kv_heads = H,
+                                      .head_dim = d,
+                                      .n_kv = 2,
+                                      .dtype = KVC_DTYPE_FP8_E4M3,
+                                      .scale_bytes = (uint32_t)kvc_scale_bytes(&sh)};
     kvc_pool_t *pool = NULL;
     assert_ok(kvc_pool_create(&pp, &pool));
     kvc_kv_view_t kv;
     assert_ok(kvc_kv_view_from_pool(pool, 1, KVC_SCALE_HEAD, &kv));
     assert_int_equal(kvc_kv_view_from_pool(pool, 2, KVC_SCALE_HEAD, &kv), KVC_EINVAL);
-    assert_int_equal(kvc_kv_view_from_pool(pool, 1, KVC_SCALE_CHANNEL_TOKEN, &kv), KVC_EINVAL); /* too few scale bytes */
+    assert_int_equal(kvc_kv_view_from_pool(pool, 1, KVC_SCALE_CHANNEL_TOKEN, &kv),
+                     KVC_EINVAL); /* too few scale bytes */
     assert_ok(kvc_kv_view_from_pool(pool, 1, KVC_SCALE_HEAD, &kv));
     float kam[4] = {0}, vam[4] = {0};
     kvc_kv_quant_t qs = {.k_amax = kam, .v_amax = vam, .headroom = 1.0f};
     float k[3 * H * d], v[3 * H * d];
-    for (uint32_t i = 0; i < 3 * H * d; i++) k[i] = (float)(i % 7) - 3.0f, v[i] = 0.5f * (float)(i % 5);
+    for (uint32_t i = 0; i < 3 * H * d; i++)
+        k[i] = (float)(i % 7) - 3.0f, v[i] = 0.5f * (float)(i % 5);
     /* step 1: tokens 0..2 into block 5; head 0's K max is 3, V max is 2 */
     uint32_t slots[3] = {5 * bs + 0, 5 * bs + 1, 5 * bs + 2};
     assert_ok(kvc_attn_write_kv(&kv, slots, 3, k, v, &qs, KVC_ISA_AUTO));
@@ -714,7 +816,8 @@ static void write_sets_block_scales_and_counts_clipping(void **state)
     /* step 3: a new block takes the grown maximum */
     uint32_t s4 = 2 * bs;
     assert_ok(kvc_attn_write_kv(&kv, &s4, 1, k2, v2, &qs, KVC_ISA_AUTO));
-    const float *sc2 = (const float *)kvc_pool_scale_data(pool, 2) + kvc_scale_floats_per_layer(&sh);
+    const float *sc2 =
+        (const float *)kvc_pool_scale_data(pool, 2) + kvc_scale_floats_per_layer(&sh);
     assert_true(sc2[0] == 30.0f / 448.0f);
     assert_int_equal(qs.k_stats.n_clipped, 1);
     /* given scales win over the running maxima */
@@ -722,7 +825,8 @@ static void write_sets_block_scales_and_counts_clipping(void **state)
     qs.k_scale = given_k, qs.v_scale = given_v;
     uint32_t s5 = 3 * bs;
     assert_ok(kvc_attn_write_kv(&kv, &s5, 1, k2, v2, &qs, KVC_ISA_AUTO));
-    const float *sc3 = (const float *)kvc_pool_scale_data(pool, 3) + kvc_scale_floats_per_layer(&sh);
+    const float *sc3 =
+        (const float *)kvc_pool_scale_data(pool, 3) + kvc_scale_floats_per_layer(&sh);
     assert_true(sc3[0] == 0.5f && sc3[1] == 0.25f && sc3[2] == 2.0f);
     given_k[2] = 0.0f; /* bad given scale: refused, nothing written */
     uint8_t before[64];
@@ -753,8 +857,12 @@ static void channel_token_scales(void **state)
 {
     (void)state;
     const uint32_t H = 1, d = 64, bs = 8;
-    kvc_scale_shape_t sh = {.n_layers = 1, .n_kv = 2, .n_kv_heads = H, .head_dim = d,
-                            .block_size = bs, .dtype = KVC_DTYPE_FP8_E5M2,
+    kvc_scale_shape_t sh = {.n_layers = 1,
+                            .n_kv = 2,
+                            .n_kv_heads = H,
+                            .head_dim = d,
+                            .block_size = bs,
+                            .dtype = KVC_DTYPE_FP8_E5M2,
                             .layout = KVC_SCALE_CHANNEL_TOKEN};
     size_t bb = kvc_kv_block_bytes(&sh);
     uint8_t *buf = xalloc(bb * 2);
@@ -766,12 +874,13 @@ static void channel_token_scales(void **state)
     float kam[64] = {0};
     kvc_kv_quant_t qs = {.k_amax = kam};
     float k[2 * 64], v[2 * 64];
-    for (uint32_t i = 0; i < 2 * d; i++) k[i] = (float)((i % d) + 1), v[i] = i < d ? 1000.0f : 1e-3f * (float)i;
+    for (uint32_t i = 0; i < 2 * d; i++)
+        k[i] = (float)((i % d) + 1), v[i] = i < d ? 1000.0f : 1e-3f * (float)i;
     uint32_t slots[2] = {bs, bs + 1};
     assert_ok(kvc_attn_write_kv(&kv, slots, 2, k, v, &qs, KVC_ISA_AUTO));
     const float *sc = (const float *)(buf + bb + kv.scale_offset);
     for (uint32_t c = 0; c < d; c++) assert_true(sc[c] == (float)(c + 1) / 57344.0f);
-    assert_true(sc[d + 0] == 1000.0f / 57344.0f);   /* token 0's V scale */
+    assert_true(sc[d + 0] == 1000.0f / 57344.0f);          /* token 0's V scale */
     assert_true(sc[d + 1] == (1e-3f * 127.0f) / 57344.0f); /* token 1's: its own max */
     assert_int_equal(qs.v_stats.n_clipped, 0);
     /* each key element is its channel's max: the format's max exactly */
@@ -787,8 +896,14 @@ static void bad_arguments_are_refused(void **state)
     kvc_rng_t rng;
     kvc_rng_seed(&rng, 10);
     uint32_t lens[2] = {20, 10}, T[2] = {3, 1};
-    cache_cfg_t cf = {.dtype = KVC_DTYPE_BF16, .n_kv_heads = 2, .head_dim = 64, .block_size = 16,
-                      .n_seqs = 2, .lens = lens, .T = T, .k_spread = 1.0f};
+    cache_cfg_t cf = {.dtype = KVC_DTYPE_BF16,
+                      .n_kv_heads = 2,
+                      .head_dim = 64,
+                      .block_size = 16,
+                      .n_seqs = 2,
+                      .lens = lens,
+                      .T = T,
+                      .k_spread = 1.0f};
     cache_t c;
     cache_make(&c, &cf, &rng);
     kvc_attn_params_t p = kvc_attn_params_default();
@@ -797,8 +912,10 @@ static void bad_arguments_are_refused(void **state)
     size_t wb = kvc_attn_workspace_bytes(&c.view, NULL);
     void *ws = xalloc(wb);
     assert_ok(kvc_attn_forward(&p, &c.view, &c.batch, q, out, ws, wb, 0, 100));
-    assert_int_equal(kvc_attn_forward(&p, &c.view, &c.batch, q, out, ws, wb / 2, 0, 100), KVC_EINVAL);
-    assert_int_equal(kvc_attn_forward(&p, &c.view, &c.batch, NULL, out, ws, wb, 0, 100), KVC_EINVAL);
+    assert_int_equal(kvc_attn_forward(&p, &c.view, &c.batch, q, out, ws, wb / 2, 0, 100),
+                     KVC_EINVAL);
+    assert_int_equal(kvc_attn_forward(&p, &c.view, &c.batch, NULL, out, ws, wb, 0, 100),
+                     KVC_EINVAL);
     p.n_q_heads = 3; /* not a multiple of the KV heads */
     assert_int_equal(kvc_attn_forward(&p, &c.view, &c.batch, q, out, ws, wb, 0, 100), KVC_EINVAL);
     assert_int_equal(kvc_attn_n_items(&p, &c.view, &c.batch), 0);

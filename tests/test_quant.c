@@ -38,30 +38,42 @@ static double def_decode(const fdef_t *f, uint32_t code)
     uint32_t m = code & ((1u << f->mbits) - 1);
     uint32_t emax = (1u << f->ebits) - 1;
     double v;
-    if (f->ieee && e == emax) v = m ? NAN : INFINITY;
-    else if (!f->ieee && e == emax && m == (1u << f->mbits) - 1) v = NAN;
-    else if (e == 0) v = ldexp((double)m, 1 - f->bias - f->mbits);
-    else v = ldexp(1.0 + ldexp((double)m, -f->mbits), (int)e - f->bias);
+    if (f->ieee && e == emax)
+        v = m ? NAN : INFINITY;
+    else if (!f->ieee && e == emax && m == (1u << f->mbits) - 1)
+        v = NAN;
+    else if (e == 0)
+        v = ldexp((double)m, 1 - f->bias - f->mbits);
+    else
+        v = ldexp(1.0 + ldexp((double)m, -f->mbits), (int)e - f->bias);
     return s ? -v : v;
 }
 
 static uint32_t lib_encode(const fdef_t *f, float x)
 {
     switch (f->dt) {
-    case KVC_DTYPE_FP8_E4M3: return kvc_fp8_e4m3_from_f32(x);
-    case KVC_DTYPE_FP8_E5M2: return kvc_fp8_e5m2_from_f32(x);
-    case KVC_DTYPE_F16: return kvc_f16_from_f32(x);
-    default: return kvc_bf16_from_f32(x);
+    case KVC_DTYPE_FP8_E4M3:
+        return kvc_fp8_e4m3_from_f32(x);
+    case KVC_DTYPE_FP8_E5M2:
+        return kvc_fp8_e5m2_from_f32(x);
+    case KVC_DTYPE_F16:
+        return kvc_f16_from_f32(x);
+    default:
+        return kvc_bf16_from_f32(x);
     }
 }
 
 static float lib_decode(const fdef_t *f, uint32_t c)
 {
     switch (f->dt) {
-    case KVC_DTYPE_FP8_E4M3: return kvc_fp8_e4m3_to_f32((uint8_t)c);
-    case KVC_DTYPE_FP8_E5M2: return kvc_fp8_e5m2_to_f32((uint8_t)c);
-    case KVC_DTYPE_F16: return kvc_f16_to_f32((uint16_t)c);
-    default: return kvc_bf16_to_f32((uint16_t)c);
+    case KVC_DTYPE_FP8_E4M3:
+        return kvc_fp8_e4m3_to_f32((uint8_t)c);
+    case KVC_DTYPE_FP8_E5M2:
+        return kvc_fp8_e5m2_to_f32((uint8_t)c);
+    case KVC_DTYPE_F16:
+        return kvc_f16_to_f32((uint16_t)c);
+    default:
+        return kvc_bf16_to_f32((uint16_t)c);
     }
 }
 
@@ -104,14 +116,19 @@ static uint32_t oracle(const fdef_t *f, const table_t *t, float x)
     uint32_t lo = 0, hi = t->n - 1; /* vals[lo] <= a < vals[hi] */
     while (hi - lo > 1) {
         uint32_t mid = (lo + hi) / 2;
-        if (t->vals[mid] <= a) lo = mid;
-        else hi = mid;
+        if (t->vals[mid] <= a)
+            lo = mid;
+        else
+            hi = mid;
     }
     double dlo = a - t->vals[lo], dhi = t->vals[hi] - a;
     uint32_t c;
-    if (dlo < dhi) c = t->codes[lo];
-    else if (dhi < dlo) c = t->codes[hi];
-    else c = (t->codes[lo] & 1) ? t->codes[hi] : t->codes[lo];
+    if (dlo < dhi)
+        c = t->codes[lo];
+    else if (dhi < dlo)
+        c = t->codes[hi];
+    else
+        c = (t->codes[lo] & 1) ? t->codes[hi] : t->codes[lo];
     return sign | c;
 }
 
@@ -161,10 +178,13 @@ static void every_code_decodes_by_its_definition(void **state)
             if ((double)got != want || !signbit(got) != !signbit(want))
                 fail_msg("%s: decode(0x%x) = %a, want %a", f->name, c, (double)got, want);
             /* exact values round-trip to themselves (-0 included); infinities saturate */
-            if (isinf(want)) assert_true(fabs(def_decode(f, lib_encode(f, got))) == kvc_dtype_max(f->dt));
-            else assert_int_equal(lib_encode(f, got), c);
+            if (isinf(want))
+                assert_true(fabs(def_decode(f, lib_encode(f, got))) == kvc_dtype_max(f->dt));
+            else
+                assert_int_equal(lib_encode(f, got), c);
             /* the library's internal decoder agrees */
-            assert_true(kvc__decode(c, f->dt) == got || (isnan(got) && isnan(kvc__decode(c, f->dt))));
+            assert_true(kvc__decode(c, f->dt) == got ||
+                        (isnan(got) && isnan(kvc__decode(c, f->dt))));
         }
     }
 }
@@ -177,8 +197,10 @@ static void fp8_bf16_table_is_exact(void **state)
         for (uint32_t c = 0; c < 128; c++) {
             double v = def_decode(f, c);
             float b = kvc_bf16_to_f32(kvc__fp8_bf16[which][c]);
-            if (isnan(v)) assert_true(isnan(b));
-            else assert_true((double)b == v);
+            if (isnan(v))
+                assert_true(isnan(b));
+            else
+                assert_true((double)b == v);
         }
     }
 }
@@ -209,21 +231,21 @@ static void special_values_encode_as_specified(void **state)
     assert_true(isinf(kvc_fp8_e5m2_to_f32(0x7c)) && isnan(kvc_fp8_e5m2_to_f32(0x7d)));
     /* zeros and subnormals */
     assert_int_equal(kvc_fp8_e4m3_from_f32(-0.0f), 0x80);
-    assert_int_equal(kvc_fp8_e4m3_from_f32(0x1p-9f), 0x01);    /* smallest subnormal */
-    assert_int_equal(kvc_fp8_e4m3_from_f32(0x1p-10f), 0x00);   /* tie 0|2^-9: to even (0) */
-    assert_int_equal(kvc_fp8_e4m3_from_f32(0x1.8p-9f), 0x02);  /* tie 1|2 quanta: to even (2) */
+    assert_int_equal(kvc_fp8_e4m3_from_f32(0x1p-9f), 0x01);   /* smallest subnormal */
+    assert_int_equal(kvc_fp8_e4m3_from_f32(0x1p-10f), 0x00);  /* tie 0|2^-9: to even (0) */
+    assert_int_equal(kvc_fp8_e4m3_from_f32(0x1.8p-9f), 0x02); /* tie 1|2 quanta: to even (2) */
     assert_int_equal(kvc_fp8_e4m3_from_f32(0x1.000002p-10f), 0x01);
-    assert_int_equal(kvc_fp8_e4m3_from_f32(0x1.fp-7f), 0x08);  /* rounds up into the normals */
+    assert_int_equal(kvc_fp8_e4m3_from_f32(0x1.fp-7f), 0x08); /* rounds up into the normals */
     assert_int_equal(kvc_fp8_e5m2_from_f32(0x1p-16f), 0x01);
     assert_int_equal(kvc_fp8_e5m2_from_f32(0x1p-17f), 0x00);
     assert_int_equal(kvc_f16_from_f32(0x1p-24f), 0x0001);
     assert_int_equal(kvc_f16_from_f32(0x1p-25f), 0x0000);
     assert_int_equal(kvc_f16_from_f32(0x1.8p-24f), 0x0002);
     assert_int_equal(kvc_bf16_from_f32(0x1p-133f), 0x0001); /* bf16 subnormal */
-    assert_int_equal(kvc_bf16_from_f32(1e-45f), 0x0000);     /* binary32 subnormal rounds to 0 */
+    assert_int_equal(kvc_bf16_from_f32(1e-45f), 0x0000);    /* binary32 subnormal rounds to 0 */
     /* ties between normals go to the even mantissa */
-    assert_int_equal(kvc_fp8_e4m3_from_f32(1.0625f), 0x38);  /* 1 | 1.125 */
-    assert_int_equal(kvc_fp8_e4m3_from_f32(1.1875f), 0x3a);  /* 1.125 | 1.25 */
+    assert_int_equal(kvc_fp8_e4m3_from_f32(1.0625f), 0x38); /* 1 | 1.125 */
+    assert_int_equal(kvc_fp8_e4m3_from_f32(1.1875f), 0x3a); /* 1.125 | 1.25 */
     assert_int_equal(kvc_bf16_from_f32(kvc__u2f(0x3f808000u)), 0x3f80);
     assert_int_equal(kvc_bf16_from_f32(kvc__u2f(0x3f818000u)), 0x3f82);
     assert_true(kvc_dtype_max(KVC_DTYPE_FP8_E4M3) == 448.0f);
@@ -243,8 +265,12 @@ static void ties_and_neighbours_match_the_oracle(void **state)
         for (uint32_t k = 0; k + 1 < t.n; k += step) {
             double mid = (t.vals[k] + t.vals[k + 1]) / 2;
             float m = (float)mid;
-            float pts[] = {m, nextafterf(m, 0), nextafterf(m, INFINITY), (float)t.vals[k],
-                           nextafterf((float)t.vals[k], INFINITY), nextafterf((float)t.vals[k], 0)};
+            float pts[] = {m,
+                           nextafterf(m, 0),
+                           nextafterf(m, INFINITY),
+                           (float)t.vals[k],
+                           nextafterf((float)t.vals[k], INFINITY),
+                           nextafterf((float)t.vals[k], 0)};
             for (size_t j = 0; j < KVC_ARRAY_LEN(pts); j++) {
                 check_encode(f, &t, pts[j]);
                 check_encode(f, &t, -pts[j]);
@@ -252,8 +278,13 @@ static void ties_and_neighbours_match_the_oracle(void **state)
         }
         /* beyond the largest value */
         double top = t.vals[t.n - 1];
-        float above[] = {(float)top, nextafterf((float)top, INFINITY), (float)(top * 1.0625),
-                         (float)(top * 2), 3.4028235e38f, INFINITY, NAN};
+        float above[] = {(float)top,
+                         nextafterf((float)top, INFINITY),
+                         (float)(top * 1.0625),
+                         (float)(top * 2),
+                         3.4028235e38f,
+                         INFINITY,
+                         NAN};
         for (size_t j = 0; j < KVC_ARRAY_LEN(above); j++) {
             check_encode(f, &t, above[j]);
             check_encode(f, &t, -above[j]);
@@ -283,13 +314,16 @@ static void binary32_sweep_matches_the_oracle(void **state)
 /* ---- bulk quantisation ------------------------------------------------------------ */
 static void fill_specials(float *x, size_t n, kvc_rng_t *rng)
 {
-    const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 448.0f, 464.0f, 1e-45f, 65520.0f,
-                        0x1p-10f, 0x1.8p-9f, 57344.0f, 61440.0f, 3.4e38f};
+    const float sp[] = {0.0f,   -0.0f,    INFINITY, -INFINITY, NAN,      448.0f,   464.0f,
+                        1e-45f, 65520.0f, 0x1p-10f, 0x1.8p-9f, 57344.0f, 61440.0f, 3.4e38f};
     for (size_t i = 0; i < n; i++) {
         uint64_t r = kvc_rng_next(rng);
-        if (r % 16 == 0) x[i] = sp[(r >> 8) % KVC_ARRAY_LEN(sp)];
-        else if (r % 16 == 1) x[i] = kvc__u2f((uint32_t)(r >> 16)); /* any bit pattern */
-        else x[i] = (float)((kvc_rng_double(rng) - 0.5) * ldexp(1.0, (int)((r >> 20) % 40) - 20));
+        if (r % 16 == 0)
+            x[i] = sp[(r >> 8) % KVC_ARRAY_LEN(sp)];
+        else if (r % 16 == 1)
+            x[i] = kvc__u2f((uint32_t)(r >> 16)); /* any bit pattern */
+        else
+            x[i] = (float)((kvc_rng_double(rng) - 0.5) * ldexp(1.0, (int)((r >> 20) % 40) - 20));
     }
 }
 
@@ -307,7 +341,8 @@ static void quantize_is_identical_on_every_isa(void **state)
     for (int i = 0; i < 4; i++) tabs[i] = make_table(&FMTS[i]);
     for (int rep = 0; rep < 20; rep++) {
         fill_specials(x, n, &rng);
-        for (size_t i = 0; i < n; i++) sc[i] = (float)ldexp(1.0 + kvc_rng_double(&rng), (int)kvc_rng_below(&rng, 20) - 10);
+        for (size_t i = 0; i < n; i++)
+            sc[i] = (float)ldexp(1.0 + kvc_rng_double(&rng), (int)kvc_rng_below(&rng, 20) - 10);
         float scale = rep % 3 == 0 ? 1.0f : (float)(0.01 + kvc_rng_double(&rng));
         for (size_t d = 0; d < KVC_ARRAY_LEN(dts); d++) {
             kvc_dtype_t dt = dts[d];
@@ -317,12 +352,17 @@ static void quantize_is_identical_on_every_isa(void **state)
             assert_ok(kvc_quantize(dt, want, x, n, scale, scales, KVC_ISA_SCALAR, &sw));
             /* the scalar version against the definition */
             uint64_t clipped = 0, nonfinite = 0;
-            const int fi = dt == KVC_DTYPE_F16 ? 2 : dt == KVC_DTYPE_BF16 ? 3 : dt == KVC_DTYPE_FP8_E4M3 ? 0 : 1;
+            const int fi = dt == KVC_DTYPE_F16        ? 2
+                           : dt == KVC_DTYPE_BF16     ? 3
+                           : dt == KVC_DTYPE_FP8_E4M3 ? 0
+                                                      : 1;
             const fdef_t *f = dt == KVC_DTYPE_F32 ? NULL : &FMTS[fi];
             for (size_t i = 0; i < n; i++) {
                 float y = x[i] / (scales ? scales[i] : scale);
-                if (!isfinite(x[i])) nonfinite++;
-                else if (def_clipped(f, &tabs[fi], y)) clipped++;
+                if (!isfinite(x[i]))
+                    nonfinite++;
+                else if (def_clipped(f, &tabs[fi], y))
+                    clipped++;
                 if (!f) continue;
                 uint32_t c = 0;
                 memcpy(&c, want + i * el, el);
@@ -333,7 +373,8 @@ static void quantize_is_identical_on_every_isa(void **state)
             assert_int_equal(sw.n_nonfinite, nonfinite);
             for (kvc_isa_t isa = KVC_ISA_AVX2; isa <= KVC_ISA_AVX512; isa++) {
                 if (!kvc_isa_supported(isa)) {
-                    assert_int_equal(kvc_quantize(dt, got, x, n, scale, scales, isa, NULL), KVC_ENOTSUP);
+                    assert_int_equal(kvc_quantize(dt, got, x, n, scale, scales, isa, NULL),
+                                     KVC_ENOTSUP);
                     continue;
                 }
                 kvc_quant_stats_t sg = {0};
@@ -353,12 +394,16 @@ static void quantize_is_identical_on_every_isa(void **state)
     }
     /* bad scales are refused and nothing is written */
     memset(got, 0x5a, 8);
-    assert_int_equal(kvc_quantize(KVC_DTYPE_FP8_E4M3, got, x, 8, 0.0f, NULL, KVC_ISA_AUTO, NULL), KVC_EINVAL);
-    assert_int_equal(kvc_quantize(KVC_DTYPE_FP8_E4M3, got, x, 8, NAN, NULL, KVC_ISA_AUTO, NULL), KVC_EINVAL);
+    assert_int_equal(kvc_quantize(KVC_DTYPE_FP8_E4M3, got, x, 8, 0.0f, NULL, KVC_ISA_AUTO, NULL),
+                     KVC_EINVAL);
+    assert_int_equal(kvc_quantize(KVC_DTYPE_FP8_E4M3, got, x, 8, NAN, NULL, KVC_ISA_AUTO, NULL),
+                     KVC_EINVAL);
     sc[3] = -1.0f;
-    assert_int_equal(kvc_quantize(KVC_DTYPE_FP8_E4M3, got, x, 8, 1.0f, sc, KVC_ISA_AUTO, NULL), KVC_EINVAL);
+    assert_int_equal(kvc_quantize(KVC_DTYPE_FP8_E4M3, got, x, 8, 1.0f, sc, KVC_ISA_AUTO, NULL),
+                     KVC_EINVAL);
     assert_int_equal(got[0], 0x5a);
-    assert_int_equal(kvc_quantize(KVC_DTYPE__COUNT, got, x, 8, 1.0f, NULL, KVC_ISA_AUTO, NULL), KVC_EINVAL);
+    assert_int_equal(kvc_quantize(KVC_DTYPE__COUNT, got, x, 8, 1.0f, NULL, KVC_ISA_AUTO, NULL),
+                     KVC_EINVAL);
     /* dequantize inverts exact codes */
     float back[4];
     uint8_t codes[4] = {0x38, 0xb8, 0x01, 0x7e};
@@ -387,8 +432,12 @@ static void quantize_is_identical_on_every_isa(void **state)
 static void scale_layouts_have_documented_sizes(void **state)
 {
     (void)state;
-    kvc_scale_shape_t s = {.n_layers = 3, .n_kv = 2, .n_kv_heads = 4, .head_dim = 64,
-                           .block_size = 16, .dtype = KVC_DTYPE_FP8_E4M3};
+    kvc_scale_shape_t s = {.n_layers = 3,
+                           .n_kv = 2,
+                           .n_kv_heads = 4,
+                           .head_dim = 64,
+                           .block_size = 16,
+                           .dtype = KVC_DTYPE_FP8_E4M3};
     s.layout = KVC_SCALE_NONE;
     assert_int_equal(kvc_scale_bytes(&s), 0);
     s.layout = KVC_SCALE_TENSOR;
@@ -402,8 +451,13 @@ static void scale_layouts_have_documented_sizes(void **state)
     assert_int_equal(kvc_kv_quant_len(&s, false), 3 * 4 * 64);
     assert_int_equal(kvc_kv_quant_len(&s, true), 0);
     /* a latent: per-channel only */
-    kvc_scale_shape_t m = {.n_layers = 2, .n_kv = 1, .n_kv_heads = 1, .head_dim = 576,
-                           .block_size = 64, .dtype = KVC_DTYPE_FP8_E4M3, .layout = KVC_SCALE_CHANNEL_TOKEN};
+    kvc_scale_shape_t m = {.n_layers = 2,
+                           .n_kv = 1,
+                           .n_kv_heads = 1,
+                           .head_dim = 576,
+                           .block_size = 64,
+                           .dtype = KVC_DTYPE_FP8_E4M3,
+                           .layout = KVC_SCALE_CHANNEL_TOKEN};
     assert_int_equal(kvc_scale_bytes(&m), 2 * 576 * 4);
     m.n_kv_heads = 2;
     assert_int_equal(kvc_scale_shape_check(&m), KVC_EINVAL);

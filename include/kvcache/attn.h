@@ -106,17 +106,17 @@ typedef enum {
 } kvc_attn_compute_t;
 
 typedef struct {
-    uint32_t n_q_heads;  /* a multiple of the view's n_kv_heads (MLA: the number of heads) */
-    float sm_scale;      /* logit scale; 0: 1 / sqrt(head_dim) (MLA: 1 / sqrt(nope + rope)) */
-    uint32_t window;     /* sliding window in tokens; 0: full attention */
-    float softcap;       /* logit soft-capping; 0: off */
-    bool per_head;       /* true: one item per query head (reads K/V once per query head,
-                            for comparison); false: GQA packed */
+    uint32_t n_q_heads; /* a multiple of the view's n_kv_heads (MLA: the number of heads) */
+    float sm_scale;     /* logit scale; 0: 1 / sqrt(head_dim) (MLA: 1 / sqrt(nope + rope)) */
+    uint32_t window;    /* sliding window in tokens; 0: full attention */
+    float softcap;      /* logit soft-capping; 0: off */
+    bool per_head;      /* true: one item per query head (reads K/V once per query head,
+                           for comparison); false: GQA packed */
     uint32_t kv_heads_per_item; /* packed decode: at most this many KV heads per item
                                    (0: as many as fit in 64 query rows); fewer heads
                                    per item means more items to share among threads */
     kvc_attn_compute_t compute;
-    kvc_isa_t isa;       /* KVC_ISA_AUTO or a forced one */
+    kvc_isa_t isa; /* KVC_ISA_AUTO or a forced one */
 } kvc_attn_params_t;
 
 /* n_q_heads 1, sm_scale 0 (1/sqrt(d)), full attention, no capping, packed,

@@ -20,10 +20,10 @@
  * once more to the format (what `(x / s).to(torch.float8_e4m3fn)` does).
  * A quotient |x| / s that rounding would take past the format's max is
  * "clipped": it saturates, and quantisation counts it (values that merely
- * round down to max, like 450 in e4m3, are not counted).  Which scale applies to which value is the scale layout
- * (kvc_scale_layout_t below): scales live in each block's side data, so a
- * block carries the scales it was written with (copies, prefix hits and
- * offloads stay correct without any outside bookkeeping).
+ * round down to max, like 450 in e4m3, are not counted).  Which scale applies to which value is the
+ * scale layout (kvc_scale_layout_t below): scales live in each block's side data, so a block
+ * carries the scales it was written with (copies, prefix hits and offloads stay correct without any
+ * outside bookkeeping).
  *
  * Thread-safety: every function here is reentrant.  kvc_kv_quant_t is owned
  * by its caller and is updated by writes: one writer per state at a time.
@@ -184,9 +184,9 @@ int kvc_scale_shape_check(const kvc_scale_shape_t *shape);
  *   CHANNEL_TOKEN: K (n_layers, n_kv_heads, head_dim); V none.
  * Zero the maxima before the first write. */
 typedef struct {
-    float *k_amax, *v_amax;         /* running maxima (ignored where given scales are set) */
-    const float *k_scale, *v_scale; /* given scales, or NULL */
-    float headroom;                 /* >= 1; 0 means 1 */
+    float *k_amax, *v_amax;             /* running maxima (ignored where given scales are set) */
+    const float *k_scale, *v_scale;     /* given scales, or NULL */
+    float headroom;                     /* >= 1; 0 means 1 */
     kvc_quant_stats_t k_stats, v_stats; /* added to by every write */
 } kvc_kv_quant_t;
 

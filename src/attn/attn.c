@@ -38,12 +38,13 @@ static void layer_offsets(const kvc_scale_shape_t *s, uint32_t layer, kvc_kv_vie
 int kvc_kv_view_contiguous(void *buf, size_t bytes, uint32_t n_blocks,
                            const kvc_scale_shape_t *shape, uint32_t layer, kvc_kv_view_t *out)
 {
-    if (!out || kvc_scale_shape_check(shape) || layer >= shape->n_layers || !n_blocks) return KVC_EINVAL;
+    if (!out || kvc_scale_shape_check(shape) || layer >= shape->n_layers || !n_blocks)
+        return KVC_EINVAL;
     size_t bb = kvc_kv_block_bytes(shape);
     if (!buf || (kvc__u128)bb * n_blocks > bytes) return KVC_ERANGE;
     if (data_bytes(shape) % sizeof(float)) return KVC_EINVAL; /* scales must be aligned floats */
-    *out = (kvc_kv_view_t){.base = buf, .block_bytes = bb, .n_blocks = n_blocks, .layer = layer,
-                           .shape = *shape};
+    *out = (kvc_kv_view_t){
+        .base = buf, .block_bytes = bb, .n_blocks = n_blocks, .layer = layer, .shape = *shape};
     layer_offsets(shape, layer, out);
     return 0;
 }
@@ -55,14 +56,20 @@ int kvc_kv_view_from_pool(kvc_pool_t *pool, uint32_t layer, kvc_scale_layout_t l
     const kvc_storage_desc_t *d = kvc_pool_storage(pool);
     void *base = kvc_pool_block_data(pool, 0);
     if (!base || layer >= d->n_layers) return KVC_EINVAL;
-    kvc_scale_shape_t s = {.n_layers = d->n_layers, .n_kv = d->n_kv ? d->n_kv : 2,
-                           .n_kv_heads = d->n_kv_heads, .head_dim = d->head_dim,
-                           .block_size = kvc_pool_block_size(pool), .dtype = d->dtype,
+    kvc_scale_shape_t s = {.n_layers = d->n_layers,
+                           .n_kv = d->n_kv ? d->n_kv : 2,
+                           .n_kv_heads = d->n_kv_heads,
+                           .head_dim = d->head_dim,
+                           .block_size = kvc_pool_block_size(pool),
+                           .dtype = d->dtype,
                            .layout = layout};
     if (kvc_scale_shape_check(&s) || d->scale_bytes < kvc_scale_bytes(&s)) return KVC_EINVAL;
     if (data_bytes(&s) % sizeof(float)) return KVC_EINVAL;
-    *out = (kvc_kv_view_t){.base = base, .block_bytes = kvc_pool_block_bytes(pool),
-                           .n_blocks = kvc_pool_n_blocks(pool), .layer = layer, .shape = s};
+    *out = (kvc_kv_view_t){.base = base,
+                           .block_bytes = kvc_pool_block_bytes(pool),
+                           .n_blocks = kvc_pool_n_blocks(pool),
+                           .layer = layer,
+                           .shape = s};
     layer_offsets(&s, layer, out);
     /* the pool is the authority on where things are: agree with it */
     KVC_ASSERT((uint8_t *)kvc_pool_kv_data(pool, 0, layer, 0) == (uint8_t *)base + out->k_offset);
@@ -100,22 +107,27 @@ size_t kvc_attn_workspace_bytes(const kvc_kv_view_t *kv, const kvc_mla_dims_t *m
 
 /* ---- batches and work items ---------------------------------------------------------- */
 typedef struct {
-    uint32_t g;        /* query heads per KV head */
-    uint32_t n_hq;     /* query heads */
-    uint32_t n_kvh;    /* KV heads */
-    uint32_t n_iter;   /* heads an item list runs over: KV heads (packed) or query heads */
+    uint32_t g;      /* query heads per KV head */
+    uint32_t n_hq;   /* query heads */
+    uint32_t n_kvh;  /* KV heads */
+    uint32_t n_iter; /* heads an item list runs over: KV heads (packed) or query heads */
     bool per_head;
-    uint32_t rows_per; /* query rows per item, when one head's rows need several items */
-    uint32_t max_heads;/* cap on KV heads per item (0: none) */
+    uint32_t rows_per;  /* query rows per item, when one head's rows need several items */
+    uint32_t max_heads; /* cap on KV heads per item (0: none) */
 } plan_t;
 
 static plan_t make_plan(uint32_t n_hq, uint32_t n_kvh, bool per_head, uint32_t max_heads)
 {
-    plan_t pl = {.g = n_hq / n_kvh, .n_hq = n_hq, .n_kvh = n_kvh, .per_head = per_head,
+    plan_t pl = {.g = n_hq / n_kvh,
+                 .n_hq = n_hq,
+                 .n_kvh = n_kvh,
+                 .per_head = per_head,
                  .max_heads = max_heads};
     pl.n_iter = per_head ? n_hq : n_kvh;
-    if (per_head) pl.rows_per = KVC__ROWS_MAX;
-    else pl.rows_per = pl.g <= KVC__ROWS_MAX ? (KVC__ROWS_MAX / pl.g) * pl.g : KVC__ROWS_MAX;
+    if (per_head)
+        pl.rows_per = KVC__ROWS_MAX;
+    else
+        pl.rows_per = pl.g <= KVC__ROWS_MAX ? (KVC__ROWS_MAX / pl.g) * pl.g : KVC__ROWS_MAX;
     return pl;
 }
 
@@ -409,7 +421,8 @@ static void init_block_scales(const kvc_kv_view_t *kv, const kvc_kv_quant_t *qs,
         }
         break;
     case KVC_SCALE_CHANNEL_TOKEN:
-        for (size_t i = 0; i < (size_t)H * d; i++) sc[i] = new_scale(kv, qs, false, (size_t)l * H * d + i);
+        for (size_t i = 0; i < (size_t)H * d; i++)
+            sc[i] = new_scale(kv, qs, false, (size_t)l * H * d + i);
         break;
     default:
         break;
@@ -518,7 +531,8 @@ static void mla_visit(void *ctx, uint32_t s, uint32_t k)
             for (uint32_t j = 0; j < r; j++) qa[j] += x * w[j];
         }
         if (m->rope_dim)
-            memcpy(qa + r, c->q_rope + ((size_t)tok * H + h) * m->rope_dim, sizeof(float) * m->rope_dim);
+            memcpy(qa + r, c->q_rope + ((size_t)tok * H + h) * m->rope_dim,
+                   sizeof(float) * m->rope_dim);
         it.q[i] = qa;
         it.out[i] = c->lat + (size_t)i * r;
     }
@@ -551,15 +565,20 @@ int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims, const k
     if (rc) return rc;
     void *w = ws_align(ws, &ws_bytes);
     if (ws_bytes < kvc__attn_ws_bytes(dk, dv) + mla_extra_bytes(dk, dv)) return KVC_EINVAL;
-    kvc__attn_cfg_t cfg = {.kv = kv, .dk = dk, .dv = dv, .softcap = p->softcap > 0 ? p->softcap : 0};
-    cfg.sm_scale = p->sm_scale > 0 ? p->sm_scale
-                                   : 1.0f / sqrtf((float)(dims->nope_dim + dims->rope_dim));
+    kvc__attn_cfg_t cfg = {
+        .kv = kv, .dk = dk, .dv = dv, .softcap = p->softcap > 0 ? p->softcap : 0};
+    cfg.sm_scale =
+        p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)(dims->nope_dim + dims->rope_dim));
     item_fn fn;
     if ((rc = choose_kernel(p, kv, dk, dv, &cfg, &fn))) return rc;
     plan_t pl = make_plan(dims->n_heads, 1, p->per_head, 0);
     uint8_t *cur = w;
     mla_ctx_t c = {.f = {&pl, p, kv, batch, &cfg, fn, NULL, out, NULL},
-                   .m = dims, .q_nope = q_nope, .q_rope = q_rope, .w_uk = w_uk, .w_uv = w_uv};
+                   .m = dims,
+                   .q_nope = q_nope,
+                   .q_rope = q_rope,
+                   .w_uk = w_uk,
+                   .w_uv = w_uv};
     c.qa = kvc__ws_take(&cur, sizeof(float) * KVC__ROWS_MAX * dk);
     c.lat = kvc__ws_take(&cur, sizeof(float) * KVC__ROWS_MAX * dv);
     c.f.ws = cur;

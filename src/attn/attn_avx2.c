@@ -10,7 +10,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#define GT 8 /* tokens per group (one per lane) */
+#define GT          8 /* tokens per group (one per lane) */
 #define RESCALE_GAP 8.0f
 
 typedef struct {
@@ -41,7 +41,8 @@ static inline __m256 exp256(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
@@ -54,8 +55,9 @@ static inline __m256 softcap256(__m256 x, float cap)
 {
     __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap));
     __m256 e = exp256(_mm256_min_ps(_mm256_add_ps(absps(y), absps(y)), _mm256_set1_ps(88.0f)));
-    __m256 t = _mm256_sub_ps(_mm256_set1_ps(1.0f),
-                             _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+    __m256 t =
+        _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                      _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
     __m256 sign = _mm256_and_ps(y, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)));
     t = _mm256_or_ps(t, sign);
     __m256 ninf = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
@@ -69,13 +71,13 @@ static inline __m256 rot(__m256 v, int w)
 }
 static inline __m256 allmax(__m256 v, int rt)
 {
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int w = 4; w >= rt; w >>= 1) v = _mm256_max_ps(v, rot(v, w));
     return v;
 }
 static inline __m256 allsum(__m256 v, int rt)
 {
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int w = 4; w >= rt; w >>= 1) v = _mm256_add_ps(v, rot(v, w));
     return v;
 }
@@ -95,10 +97,14 @@ static inline __m256 fold(__m256 a, __m256 b)
 static inline __attribute__((always_inline)) __m256 bcast(const uint8_t *p, int P)
 {
     switch (P) {
-    case 1: return _mm256_broadcast_ss((const float *)(const void *)p);
-    case 2: return _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(const void *)p));
-    case 4: return _mm256_broadcast_ps((const __m128 *)(const void *)p);
-    default: return _mm256_loadu_ps((const float *)(const void *)p);
+    case 1:
+        return _mm256_broadcast_ss((const float *)(const void *)p);
+    case 2:
+        return _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(const void *)p));
+    case 4:
+        return _mm256_broadcast_ps((const __m128 *)(const void *)p);
+    default:
+        return _mm256_loadu_ps((const float *)(const void *)p);
     }
 }
 
@@ -109,11 +115,13 @@ static inline __m256 fp8_to_f32(const uint8_t *src, bool e5m2)
     __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
     __m256 f;
     if (!e5m2) {
-        f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)), _mm256_set1_ps(0x1p120f));
+        f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)),
+                          _mm256_set1_ps(0x1p120f));
         f = _mm256_blendv_ps(f, _mm256_set1_ps(NAN),
                              _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f))));
     } else {
-        f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 21)), _mm256_set1_ps(0x1p112f));
+        f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 21)),
+                          _mm256_set1_ps(0x1p112f));
         f = _mm256_blendv_ps(f, _mm256_set1_ps(INFINITY),
                              _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7c))));
         f = _mm256_blendv_ps(f, _mm256_set1_ps(NAN),
@@ -125,13 +133,17 @@ static inline __m256 fp8_to_f32(const uint8_t *src, bool e5m2)
 static inline __m256 load_f32(const uint8_t *src, kvc_dtype_t dt)
 {
     switch (dt) {
-    case KVC_DTYPE_F32: return _mm256_loadu_ps((const float *)(const void *)src);
-    case KVC_DTYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)src));
+    case KVC_DTYPE_F32:
+        return _mm256_loadu_ps((const float *)(const void *)src);
+    case KVC_DTYPE_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)src));
     case KVC_DTYPE_BF16:
         return _mm256_castsi256_ps(_mm256_slli_epi32(
             _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)src)), 16));
-    case KVC_DTYPE_FP8_E4M3: return fp8_to_f32(src, false);
-    default: return fp8_to_f32(src, true);
+    case KVC_DTYPE_FP8_E4M3:
+        return fp8_to_f32(src, false);
+    default:
+        return fp8_to_f32(src, true);
     }
 }
 
@@ -189,33 +201,34 @@ typedef struct {
 } job_t;
 
 static inline __attribute__((always_inline)) void qk(const float *qt, uint32_t nc, const uint8_t *k,
-                                                      size_t kst, int rt, __m256 *out)
+                                                     size_t kst, int rt, __m256 *out)
 {
     const int P = GT / rt;
     __m256 acc[GT];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < GT; i++) acc[i] = _mm256_setzero_ps();
     for (uint32_t c = 0; c < nc; c++) {
         const __m256 qv = _mm256_load_ps(qt + 8 * (size_t)c);
         const uint8_t *kc = k + (size_t)c * P * 4;
-        #pragma GCC unroll 16
-        for (int i = 0; i < GT; i++) acc[i] = _mm256_fmadd_ps(bcast(kc + (size_t)i * kst, P), qv, acc[i]);
+#pragma GCC unroll 16
+        for (int i = 0; i < GT; i++)
+            acc[i] = _mm256_fmadd_ps(bcast(kc + (size_t)i * kst, P), qv, acc[i]);
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int n = GT; n > rt; n /= 2)
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int i = 0; i < n / 2; i++) acc[i] = fold(acc[2 * i], acc[2 * i + 1]);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int j = 0; j < rt; j++) out[j] = acc[j];
 }
 
 static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, const group_t *g,
-                                                      uint32_t ng, const float *s, int rt, int rb)
+                                                     uint32_t ng, const float *s, int rt, int rb)
 {
     for (uint32_t c = 0; c < dv; c += 16) {
         for (int r0 = 0; r0 < rt; r0 += rb) {
             __m256 a0[4], a1[4];
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int r = 0; r < rb; r++) {
                 a0[r] = _mm256_load_ps(o + (size_t)(r0 + r) * dv + c);
                 a1[r] = _mm256_load_ps(o + (size_t)(r0 + r) * dv + c + 8);
@@ -224,11 +237,11 @@ static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, cons
                 const uint8_t *v = g[gi].v + (size_t)c * 4;
                 const size_t vst = g[gi].vst;
                 const float *p = s + (size_t)gi * GT * rt + r0;
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int t = 0; t < GT; t++) {
                     __m256 v0 = _mm256_loadu_ps((const float *)(const void *)(v + t * vst));
                     __m256 v1 = _mm256_loadu_ps((const float *)(const void *)(v + t * vst + 32));
-                    #pragma GCC unroll 16
+#pragma GCC unroll 16
                     for (int r = 0; r < rb; r++) {
                         __m256 w = _mm256_broadcast_ss(p + t * rt + r);
                         a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
@@ -236,7 +249,7 @@ static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, cons
                     }
                 }
             }
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int r = 0; r < rb; r++) {
                 _mm256_store_ps(o + (size_t)(r0 + r) * dv + c, a0[r]);
                 _mm256_store_ps(o + (size_t)(r0 + r) * dv + c + 8, a1[r]);
@@ -246,7 +259,7 @@ static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, cons
 }
 
 static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint32_t t,
-                                                            const group_t *g, uint32_t ng, int rt)
+                                                           const group_t *g, uint32_t ng, int rt)
 {
     const kvc__attn_cfg_t *cfg = j->cfg;
     const ws_t *w = &j->w;
@@ -264,14 +277,17 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
         qk(qt, j->nc, g[gi].k, g[gi].kst, rt, sv);
         const bool need_mask = g[gi].t0 < lo_max || g[gi].t0 + GT - 1 > hi_min;
         const __m256 ksv = _mm256_loadu_ps(w->ks + gi * GT);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < rt; v++) {
             __m256 x = sv[v];
-            if (g[gi].kscaled) x = _mm256_mul_ps(x, _mm256_permutevar8x32_ps(ksv, tok_index(v, rt)));
+            if (g[gi].kscaled)
+                x = _mm256_mul_ps(x, _mm256_permutevar8x32_ps(ksv, tok_index(v, rt)));
             if (cfg->softcap > 0) x = softcap256(x, cfg->softcap);
             if (need_mask) {
-                __m256i pos = _mm256_add_epi32(tok_index(v, rt), _mm256_set1_epi32((int32_t)g[gi].t0));
-                __m256i bad = _mm256_or_si256(_mm256_cmpgt_epi32(vlo, pos), _mm256_cmpgt_epi32(pos, vhi));
+                __m256i pos =
+                    _mm256_add_epi32(tok_index(v, rt), _mm256_set1_epi32((int32_t)g[gi].t0));
+                __m256i bad =
+                    _mm256_or_si256(_mm256_cmpgt_epi32(vlo, pos), _mm256_cmpgt_epi32(pos, vhi));
                 x = _mm256_blendv_ps(x, _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(bad));
             }
             mx = _mm256_max_ps(mx, x);
@@ -304,12 +320,13 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
     __m256 lsum = _mm256_setzero_ps();
     for (uint32_t gi = 0; gi < ng; gi++) {
         const __m256 vsv = _mm256_loadu_ps(w->vs + gi * GT);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < rt; v++) {
             float *sp = w->s + ((size_t)gi * rt + v) * 8;
             __m256 p = exp256(_mm256_sub_ps(_mm256_load_ps(sp), mu));
             lsum = _mm256_add_ps(lsum, p);
-            if (g[gi].vscaled) p = _mm256_mul_ps(p, _mm256_permutevar8x32_ps(vsv, tok_index(v, rt)));
+            if (g[gi].vscaled)
+                p = _mm256_mul_ps(p, _mm256_permutevar8x32_ps(vsv, tok_index(v, rt)));
             _mm256_store_ps(sp, p);
         }
     }
@@ -320,10 +337,18 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
 static void row_tile_any(const job_t *j, uint32_t t, const group_t *g, uint32_t ng)
 {
     switch (j->rt) {
-    case 1: row_tile(j, t, g, ng, 1); break;
-    case 2: row_tile(j, t, g, ng, 2); break;
-    case 4: row_tile(j, t, g, ng, 4); break;
-    default: row_tile(j, t, g, ng, 8); break;
+    case 1:
+        row_tile(j, t, g, ng, 1);
+        break;
+    case 2:
+        row_tile(j, t, g, ng, 2);
+        break;
+    case 4:
+        row_tile(j, t, g, ng, 4);
+        break;
+    default:
+        row_tile(j, t, g, ng, 8);
+        break;
     }
 }
 
@@ -336,7 +361,8 @@ static void build_qt(const job_t *j, uint32_t t)
         uint32_t row = KVC_MIN(t * j->rt + (uint32_t)r, j->it->n_rows - 1);
         const float *q = j->it->q[row];
         for (uint32_t u = 0; u < cfg->dk; u++)
-            dst[(size_t)(u / (uint32_t)P) * 8 + (size_t)r * P + u % (uint32_t)P] = q[u] * cfg->sm_scale;
+            dst[(size_t)(u / (uint32_t)P) * 8 + (size_t)r * P + u % (uint32_t)P] =
+                q[u] * cfg->sm_scale;
     }
     for (int l = 0; l < 8; l++) {
         uint32_t row = KVC_MIN(t * j->rt + (uint32_t)(l % rt), j->it->n_rows - 1);
@@ -366,7 +392,7 @@ static uint32_t build_groups(const job_t *j, int64_t tb, uint32_t tt)
         float *ks = w->ks + ng * GT, *vs = w->vs + ng * GT;
         float *kd = (float *)(void *)w->kscr + (size_t)ng * GT * dk;
         float *vd = (float *)(void *)w->vscr + (size_t)ng * GT * dv;
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int i = 0; i < GT; i++) {
             int64_t pos = t0 + i;
             bool valid = pos >= a && pos <= b;

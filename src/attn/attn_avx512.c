@@ -40,15 +40,15 @@
 #include <immintrin.h>
 #include <math.h>
 
-#define GT 16 /* tokens per group (one per lane) */
+#define GT          16 /* tokens per group (one per lane) */
 #define RESCALE_GAP 8.0f
 
 typedef struct {
-    const uint8_t *k, *v;      /* row 0 of the group's K / V in the compute type */
-    size_t kst, vst;           /* bytes between rows */
-    int64_t t0;                /* position of row 0 */
-    float ks, vs;              /* the group's K / V scale, when not per token */
-    const float *ktok, *vtok;  /* per-token K / V scales (16), or NULL */
+    const uint8_t *k, *v;     /* row 0 of the group's K / V in the compute type */
+    size_t kst, vst;          /* bytes between rows */
+    int64_t t0;               /* position of row 0 */
+    float ks, vs;             /* the group's K / V scale, when not per token */
+    const float *ktok, *vtok; /* per-token K / V scales (16), or NULL */
 } group_t;
 
 /* ---- vector helpers -------------------------------------------------------- */
@@ -80,10 +80,11 @@ static inline __m512 exp512(__m512 x)
 static inline __m512 softcap512(__m512 x, float cap)
 {
     __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.0f / cap));
-    __m512 e = exp512(_mm512_min_ps(_mm512_add_ps(_mm512_abs_ps(y), _mm512_abs_ps(y)),
-                                    _mm512_set1_ps(88.0f)));
-    __m512 t = _mm512_sub_ps(_mm512_set1_ps(1.0f),
-                             _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+    __m512 e = exp512(
+        _mm512_min_ps(_mm512_add_ps(_mm512_abs_ps(y), _mm512_abs_ps(y)), _mm512_set1_ps(88.0f)));
+    __m512 t =
+        _mm512_sub_ps(_mm512_set1_ps(1.0f),
+                      _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
     __m512i sign = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32((int)0x80000000u));
     t = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
     /* -inf logits (masked keys) stay -inf */
@@ -94,20 +95,22 @@ static inline __m512 softcap512(__m512 x, float cap)
 /* Reduce over the lanes of each row (period rt): every lane gets its row's result. */
 static inline __m512 allmax(__m512 v, int rt)
 {
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int w = 8; w >= rt; w >>= 1)
         v = _mm512_max_ps(v, _mm512_permutexvar_ps(
                                  _mm512_and_si512(_mm512_add_epi32(iota16(), _mm512_set1_epi32(w)),
-                                                  _mm512_set1_epi32(15)), v));
+                                                  _mm512_set1_epi32(15)),
+                                 v));
     return v;
 }
 static inline __m512 allsum(__m512 v, int rt)
 {
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int w = 8; w >= rt; w >>= 1)
         v = _mm512_add_ps(v, _mm512_permutexvar_ps(
                                  _mm512_and_si512(_mm512_add_epi32(iota16(), _mm512_set1_epi32(w)),
-                                                  _mm512_set1_epi32(15)), v));
+                                                  _mm512_set1_epi32(15)),
+                                 v));
     return v;
 }
 
@@ -115,7 +118,8 @@ static inline __m512 allsum(__m512 v, int rt)
 static inline __m512i tok_index(int j, int rt)
 {
     int sh = __builtin_ctz((unsigned)rt);
-    return _mm512_add_epi32(_mm512_srli_epi32(iota16(), (unsigned)sh), _mm512_set1_epi32(j * (GT / rt)));
+    return _mm512_add_epi32(_mm512_srli_epi32(iota16(), (unsigned)sh),
+                            _mm512_set1_epi32(j * (GT / rt)));
 }
 
 /* [a's even+odd pair sums | b's]: one level of the QK fold. */
@@ -143,11 +147,16 @@ static inline uint64_t ld64(const uint8_t *p)
 static inline __attribute__((always_inline)) __m512i bcast(const uint8_t *p, int P)
 {
     switch (P) {
-    case 1: return _mm512_set1_epi32((int)ld32(p));
-    case 2: return _mm512_set1_epi64((long long)ld64(p));
-    case 4: return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)p));
-    case 8: return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)p));
-    default: return _mm512_loadu_si512(p);
+    case 1:
+        return _mm512_set1_epi32((int)ld32(p));
+    case 2:
+        return _mm512_set1_epi64((long long)ld64(p));
+    case 4:
+        return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)p));
+    case 8:
+        return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)p));
+    default:
+        return _mm512_loadu_si512(p);
     }
 }
 
@@ -161,11 +170,13 @@ static inline __m512 fp8_to_f32(__m128i codes, bool e5m2)
     __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
     __m512 f;
     if (!e5m2) {
-        f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 20)), _mm512_set1_ps(0x1p120f));
+        f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 20)),
+                          _mm512_set1_ps(0x1p120f));
         f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f)),
                                _mm512_set1_ps(NAN));
     } else {
-        f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 21)), _mm512_set1_ps(0x1p112f));
+        f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 21)),
+                          _mm512_set1_ps(0x1p112f));
         f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7c)),
                                _mm512_set1_ps(INFINITY));
         f = _mm512_mask_mov_ps(f, _mm512_cmpgt_epi32_mask(mag, _mm512_set1_epi32(0x7c)),
@@ -178,13 +189,17 @@ static inline __m512 fp8_to_f32(__m128i codes, bool e5m2)
 static inline __m512 load_f32(const uint8_t *src, kvc_dtype_t dt)
 {
     switch (dt) {
-    case KVC_DTYPE_F32: return _mm512_loadu_ps((const float *)(const void *)src);
-    case KVC_DTYPE_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)src));
+    case KVC_DTYPE_F32:
+        return _mm512_loadu_ps((const float *)(const void *)src);
+    case KVC_DTYPE_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)src));
     case KVC_DTYPE_BF16:
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)src)), 16));
-    case KVC_DTYPE_FP8_E4M3: return fp8_to_f32(_mm_loadu_si128((const __m128i *)(const void *)src), false);
-    default: return fp8_to_f32(_mm_loadu_si128((const __m128i *)(const void *)src), true);
+    case KVC_DTYPE_FP8_E4M3:
+        return fp8_to_f32(_mm_loadu_si128((const __m128i *)(const void *)src), false);
+    default:
+        return fp8_to_f32(_mm_loadu_si128((const __m128i *)(const void *)src), true);
     }
 }
 
@@ -209,12 +224,16 @@ static lut_t make_lut(kvc_dtype_t dt)
     __m512i a = _mm512_loadu_si512(t), b = _mm512_loadu_si512(t + 32);
     __m512i c = _mm512_loadu_si512(t + 64), d = _mm512_loadu_si512(t + 96);
     lut_t l;
-    l.lo0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(a)), _mm512_cvtepi16_epi8(b), 1);
-    l.lo1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(c)), _mm512_cvtepi16_epi8(d), 1);
-    l.hi0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(a, 8))),
-                               _mm512_cvtepi16_epi8(_mm512_srli_epi16(b, 8)), 1);
-    l.hi1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(c, 8))),
-                               _mm512_cvtepi16_epi8(_mm512_srli_epi16(d, 8)), 1);
+    l.lo0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(a)),
+                               _mm512_cvtepi16_epi8(b), 1);
+    l.lo1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(c)),
+                               _mm512_cvtepi16_epi8(d), 1);
+    l.hi0 =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(a, 8))),
+                           _mm512_cvtepi16_epi8(_mm512_srli_epi16(b, 8)), 1);
+    l.hi1 =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(c, 8))),
+                           _mm512_cvtepi16_epi8(_mm512_srli_epi16(d, 8)), 1);
     return l;
 }
 
@@ -225,8 +244,8 @@ static lut_t make_lut(kvc_dtype_t dt)
 /* 64 FP8 codes to bf16 bits, exactly and in order, as two vectors of 32:
  * two 128-entry byte lookups give each code's high and low byte, the sign is
  * or-ed in, and the bytes are interleaved back into words. */
-static inline VBMI void fp8x64_to_bf16(__m512i c, __m512i hi0, __m512i hi1, __m512i lo0, __m512i lo1,
-                                       __m512i *o0, __m512i *o1)
+static inline VBMI void fp8x64_to_bf16(__m512i c, __m512i hi0, __m512i hi1, __m512i lo0,
+                                       __m512i lo1, __m512i *o0, __m512i *o1)
 {
     __m512i hi = _mm512_permutex2var_epi8(hi0, c, hi1);
     __m512i lo = _mm512_permutex2var_epi8(lo0, c, lo1);
@@ -253,7 +272,8 @@ static VBMI void row_to_bf16(uint16_t *dst, const uint8_t *src, kvc_dtype_t dt, 
         }
         if (c < n) {
             __m512i o0, o1;
-            fp8x64_to_bf16(_mm512_maskz_loadu_epi8(0xffffffffull, src + c), hi0, hi1, lo0, lo1, &o0, &o1);
+            fp8x64_to_bf16(_mm512_maskz_loadu_epi8(0xffffffffull, src + c), hi0, hi1, lo0, lo1, &o0,
+                           &o1);
             _mm512_storeu_si512(dst + c, o0);
         }
         return;
@@ -267,15 +287,15 @@ static VBMI void row_to_bf16(uint16_t *dst, const uint8_t *src, kvc_dtype_t dt, 
 
 /* ---- workspace ------------------------------------------------------------------ */
 typedef struct {
-    uint8_t *qt;     /* query tiles, (n_tiles, nc, 16) units */
-    float *o;        /* (n_tiles * rt, dv) accumulators */
-    float *mv, *lv;  /* (n_tiles, 16): running max and sum, period rt */
-    int32_t *rlo, *rhi; /* (n_tiles, 16): each lane's row range */
-    float *s;        /* (groups, rt, 16) logits / weights of one row tile */
-    uint32_t *pp;    /* (groups, 8, rt) bf16 weight pairs */
+    uint8_t *qt;          /* query tiles, (n_tiles, nc, 16) units */
+    float *o;             /* (n_tiles * rt, dv) accumulators */
+    float *mv, *lv;       /* (n_tiles, 16): running max and sum, period rt */
+    int32_t *rlo, *rhi;   /* (n_tiles, 16): each lane's row range */
+    float *s;             /* (groups, rt, 16) logits / weights of one row tile */
+    uint32_t *pp;         /* (groups, 8, rt) bf16 weight pairs */
     uint8_t *kscr, *vscr; /* converted K / V rows, (tt, dk) / (tt, dv) */
-    float *ks, *vs;  /* (tt) per-token scales */
-    group_t *grp;    /* (tt / 16) */
+    float *ks, *vs;       /* (tt) per-token scales */
+    group_t *grp;         /* (tt / 16) */
 } ws_t;
 
 size_t kvc__attn_ws_avx512(uint32_t dk, uint32_t dv)
@@ -333,10 +353,12 @@ static inline void pf_step(pf_t *c)
     while (n && c->cur < c->n) {
         const uint32_t left = c->lines[c->cur] - c->line, m = n < left ? n : left;
         const uint8_t *k = c->k[c->cur] + (size_t)c->line * 64;
-        for (uint32_t i = 0; i < m; i++) _mm_prefetch((const char *)(k + (size_t)i * 64), _MM_HINT_T1);
+        for (uint32_t i = 0; i < m; i++)
+            _mm_prefetch((const char *)(k + (size_t)i * 64), _MM_HINT_T1);
         if (c->v[c->cur]) {
             const uint8_t *v = c->v[c->cur] + (size_t)c->line * 64;
-            for (uint32_t i = 0; i < m; i++) _mm_prefetch((const char *)(v + (size_t)i * 64), _MM_HINT_T1);
+            for (uint32_t i = 0; i < m; i++)
+                _mm_prefetch((const char *)(v + (size_t)i * 64), _MM_HINT_T1);
         }
         c->line += m;
         n -= m;
@@ -353,10 +375,10 @@ typedef struct {
     uint32_t pv_steps;        /* prefetch steps P.V takes per group of a head's first tile */
     size_t qt_bytes;          /* bytes of one query tile */
     /* the storage, resolved once per item */
-    size_t row;               /* bytes of a stored row */
-    size_t cel;               /* bytes of a compute-type element (2 or 4) */
-    size_t side_floats;       /* scale floats per layer in a block */
-    bool conv_k, conv_v;      /* rows must be converted (not read in place) */
+    size_t row;          /* bytes of a stored row */
+    size_t cel;          /* bytes of a compute-type element (2 or 4) */
+    size_t side_floats;  /* scale floats per layer in a block */
+    bool conv_k, conv_v; /* rows must be converted (not read in place) */
     bool latent, scaled, per_channel;
     lut_t lut;
     pf_t pf; /* prefetches of the next key tile */
@@ -367,8 +389,8 @@ typedef struct {
  * base pointers and the strides kst, 2 kst, 3 kst, so the loop needs no
  * address arithmetic of its own. */
 static inline __attribute__((always_inline)) void qk(const __m512i *qt, uint32_t nc,
-                                                      const uint8_t *k, size_t kst, int rt,
-                                                      bool bf16, pf_t *pf, __m512 *out)
+                                                     const uint8_t *k, size_t kst, int rt,
+                                                     bool bf16, pf_t *pf, __m512 *out)
 {
     const int P = GT / rt;
     const size_t s1 = kst, s3 = 3 * kst, step = (size_t)P * 4;
@@ -376,11 +398,13 @@ static inline __attribute__((always_inline)) void qk(const __m512i *qt, uint32_t
     __m512 acc[GT];
 #pragma GCC unroll 16
     for (int i = 0; i < GT; i++) acc[i] = _mm512_setzero_ps();
-#define KVC_QK_STEP(i, ptr)                                                                         \
-    do {                                                                                           \
-        __m512i kb = bcast(ptr, P);                                                                \
-        if (bf16) acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)kb, (__m512bh)qv);                   \
-        else acc[i] = _mm512_fmadd_ps(_mm512_castsi512_ps(kb), _mm512_castsi512_ps(qv), acc[i]);   \
+#define KVC_QK_STEP(i, ptr)                                                                     \
+    do {                                                                                        \
+        __m512i kb = bcast(ptr, P);                                                             \
+        if (bf16)                                                                               \
+            acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)kb, (__m512bh)qv);                      \
+        else                                                                                    \
+            acc[i] = _mm512_fmadd_ps(_mm512_castsi512_ps(kb), _mm512_castsi512_ps(qv), acc[i]); \
     } while (0)
     for (uint32_t c = 0; c < nc; c++) {
         const __m512i qv = _mm512_load_si512(qt + c);
@@ -420,7 +444,8 @@ static void rescale_rows(float *o, uint32_t dv, const float *alpha, int rt)
     for (int r = 0; r < rt; r++) {
         __m512 a = _mm512_set1_ps(alpha[r]);
         float *row = o + (size_t)r * dv;
-        for (uint32_t c = 0; c < dv; c += 16) _mm512_store_ps(row + c, _mm512_mul_ps(_mm512_load_ps(row + c), a));
+        for (uint32_t c = 0; c < dv; c += 16)
+            _mm512_store_ps(row + c, _mm512_mul_ps(_mm512_load_ps(row + c), a));
     }
 }
 
@@ -434,13 +459,11 @@ static void rescale_rows(float *o, uint32_t dv, const float *alpha, int rt)
  * token pair interleaved by VPUNPCKLWD/HWD.  In the bf16 layout the first
  * vector of a chunk holds channels 8l+j (j < 4) in lanes 4l+j and the second
  * channels 8l+4+j. */
-static inline __attribute__((always_inline)) void pv_pass(float *o, uint32_t dv, uint32_t c0, int r0,
-                                                           const group_t *g, uint32_t ng,
-                                                           const float *s, const uint32_t *pp,
-                                                           int rt, bool bf16, int RB, int CB, int S,
-                                                           pf_t *pf)
+static inline __attribute__((always_inline)) void
+pv_pass(float *o, uint32_t dv, uint32_t c0, int r0, const group_t *g, uint32_t ng, const float *s,
+        const uint32_t *pp, int rt, bool bf16, int RB, int CB, int S, pf_t *pf)
 {
-#define ACC(sp, r, cc, h) acc[(((sp) * RB + (r)) * CB + (cc)) * 2 + (h)]
+#define ACC(sp, r, cc, h) acc[(((sp)*RB + (r)) * CB + (cc)) * 2 + (h)]
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int r = 0; r < RB; r++)
@@ -450,7 +473,8 @@ static inline __attribute__((always_inline)) void pv_pass(float *o, uint32_t dv,
             ACC(0, r, cc, 0) = _mm512_load_ps(row);
             ACC(0, r, cc, 1) = _mm512_load_ps(row + 16);
 #pragma GCC unroll 16
-            for (int sp = 1; sp < S; sp++) ACC(sp, r, cc, 0) = ACC(sp, r, cc, 1) = _mm512_setzero_ps();
+            for (int sp = 1; sp < S; sp++)
+                ACC(sp, r, cc, 0) = ACC(sp, r, cc, 1) = _mm512_setzero_ps();
         }
     for (uint32_t gi = 0; gi < ng; gi++) {
         const size_t vst = g[gi].vst;
@@ -465,8 +489,10 @@ static inline __attribute__((always_inline)) void pv_pass(float *o, uint32_t dv,
                     const int tp = tp0 + sp;
 #pragma GCC unroll 16
                     for (int cc = 0; cc < CB; cc++) {
-                        __m512i x = _mm512_loadu_si512(v + (size_t)(2 * tp) * vst + (size_t)cc * 64);
-                        __m512i y = _mm512_loadu_si512(v + (size_t)(2 * tp + 1) * vst + (size_t)cc * 64);
+                        __m512i x =
+                            _mm512_loadu_si512(v + (size_t)(2 * tp) * vst + (size_t)cc * 64);
+                        __m512i y =
+                            _mm512_loadu_si512(v + (size_t)(2 * tp + 1) * vst + (size_t)cc * 64);
                         __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(x, y);
                         __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(x, y);
 #pragma GCC unroll 16
@@ -489,7 +515,8 @@ static inline __attribute__((always_inline)) void pv_pass(float *o, uint32_t dv,
                     const int t = t0 + sp;
 #pragma GCC unroll 16
                     for (int cc = 0; cc < CB; cc++) {
-                        const float *vr = (const float *)(const void *)(v + (size_t)t * vst + (size_t)cc * 128);
+                        const float *vr =
+                            (const float *)(const void *)(v + (size_t)t * vst + (size_t)cc * 128);
                         __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
 #pragma GCC unroll 16
                         for (int r = 0; r < RB; r++) {
@@ -508,7 +535,9 @@ static inline __attribute__((always_inline)) void pv_pass(float *o, uint32_t dv,
         for (int cc = 0; cc < CB; cc++) {
             __m512 x0 = ACC(0, r, cc, 0), x1 = ACC(0, r, cc, 1);
 #pragma GCC unroll 16
-            for (int sp = 1; sp < S; sp++) x0 = _mm512_add_ps(x0, ACC(sp, r, cc, 0)), x1 = _mm512_add_ps(x1, ACC(sp, r, cc, 1));
+            for (int sp = 1; sp < S; sp++)
+                x0 = _mm512_add_ps(x0, ACC(sp, r, cc, 0)),
+                x1 = _mm512_add_ps(x1, ACC(sp, r, cc, 1));
             float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
             _mm512_store_ps(row, x0);
             _mm512_store_ps(row + 16, x1);
@@ -519,18 +548,19 @@ static inline __attribute__((always_inline)) void pv_pass(float *o, uint32_t dv,
 /* All of P.V for a row tile: passes of RB = min(rt, 8) rows and the widest
  * CB (a power of two up to 8 / RB) that divides the chunks. */
 static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, const group_t *g,
-                                                      uint32_t ng, const float *s, const uint32_t *pp,
-                                                      int rt, bool bf16, pf_t *pf)
+                                                     uint32_t ng, const float *s,
+                                                     const uint32_t *pp, int rt, bool bf16,
+                                                     pf_t *pf)
 {
     const int RB = rt < 8 ? rt : 8;
     const uint32_t chunks = dv / 32;
     uint32_t cb = (uint32_t)(8 / RB);
     while (chunks % cb) cb /= 2;
 /* CB and S stay valid constants in the cases a given RB never takes */
-#define PV_CASE(CBV)                                                                              \
-    case CBV:                                                                                     \
-        pv_pass(o, dv, c, r0, g, ng, s, pp, rt, bf16, RB, CBV * RB <= 8 ? CBV : 1,                \
-                CBV * RB <= 8 ? 8 / (RB * CBV) : 1, pf);                                          \
+#define PV_CASE(CBV)                                                              \
+    case CBV:                                                                     \
+        pv_pass(o, dv, c, r0, g, ng, s, pp, rt, bf16, RB, CBV *RB <= 8 ? CBV : 1, \
+                CBV * RB <= 8 ? 8 / (RB * CBV) : 1, pf);                          \
         break;
     for (int r0 = 0; r0 < rt; r0 += RB)
         for (uint32_t c = 0; c < dv; c += 32 * cb) {
@@ -539,7 +569,8 @@ static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, cons
                 PV_CASE(4)
                 PV_CASE(2)
                 PV_CASE(1)
-            default: break;
+            default:
+                break;
             }
         }
 #undef PV_CASE
@@ -556,14 +587,14 @@ static const uint16_t pair_index[4][16] = {
 
 /* Everything one row tile does with one key tile: logits, mask, softmax
  * update, weights, P.V. */
-static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint32_t t,
-                                                            const group_t *g, uint32_t ng,
-                                                            int rt, bool bf16)
+static inline __attribute__((always_inline)) void
+row_tile(const job_t *j, uint32_t t, const group_t *g, uint32_t ng, int rt, bool bf16)
 {
     const kvc__attn_cfg_t *cfg = j->cfg;
     const ws_t *w = &j->w;
     const __m512i *qt = (const __m512i *)(const void *)(w->qt + t * j->qt_bytes);
-    const __m512i vlo = _mm512_load_si512(w->rlo + 16 * t), vhi = _mm512_load_si512(w->rhi + 16 * t);
+    const __m512i vlo = _mm512_load_si512(w->rlo + 16 * t),
+                  vhi = _mm512_load_si512(w->rhi + 16 * t);
     /* the rows' common range: groups inside it need no mask */
     const int32_t lo_max = _mm512_reduce_max_epi32(vlo), hi_min = _mm512_reduce_min_epi32(vhi);
     __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -573,15 +604,19 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
         const bool need_mask = g[gi].t0 < lo_max || g[gi].t0 + GT - 1 > hi_min;
         const __m512 ksv = g[gi].ktok ? _mm512_loadu_ps(g[gi].ktok) : _mm512_set1_ps(g[gi].ks);
         const bool kscaled = g[gi].ktok || g[gi].ks != 1.0f;
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < rt; v++) {
             __m512 x = sv[v];
-            if (g[gi].ktok) x = _mm512_mul_ps(x, _mm512_permutexvar_ps(tok_index(v, rt), ksv));
-            else if (kscaled) x = _mm512_mul_ps(x, ksv);
+            if (g[gi].ktok)
+                x = _mm512_mul_ps(x, _mm512_permutexvar_ps(tok_index(v, rt), ksv));
+            else if (kscaled)
+                x = _mm512_mul_ps(x, ksv);
             if (cfg->softcap > 0) x = softcap512(x, cfg->softcap);
             if (need_mask) {
-                __m512i pos = _mm512_add_epi32(tok_index(v, rt), _mm512_set1_epi32((int32_t)g[gi].t0));
-                __mmask16 ok = _mm512_cmpge_epi32_mask(pos, vlo) & _mm512_cmple_epi32_mask(pos, vhi);
+                __m512i pos =
+                    _mm512_add_epi32(tok_index(v, rt), _mm512_set1_epi32((int32_t)g[gi].t0));
+                __mmask16 ok =
+                    _mm512_cmpge_epi32_mask(pos, vlo) & _mm512_cmple_epi32_mask(pos, vhi);
                 x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), ok, x);
             }
             mx = _mm512_max_ps(mx, x);
@@ -594,8 +629,9 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
     if (_mm512_cmp_ps_mask(mx, _mm512_add_ps(m, _mm512_set1_ps(RESCALE_GAP)), _CMP_GT_OQ)) {
         __m512 mn = _mm512_max_ps(m, mx);
         __m512 diff = _mm512_sub_ps(m, mn);
-        diff = _mm512_mask_mov_ps(diff, _mm512_cmp_ps_mask(mn, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
-                                  _mm512_setzero_ps());
+        diff =
+            _mm512_mask_mov_ps(diff, _mm512_cmp_ps_mask(mn, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
+                               _mm512_setzero_ps());
         __m512 alpha = exp512(diff);
         _mm512_store_ps(w->lv + 16 * t, _mm512_mul_ps(_mm512_load_ps(w->lv + 16 * t), alpha));
         float al[16];
@@ -604,23 +640,25 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
         m = mn;
         _mm512_store_ps(w->mv + 16 * t, m);
     }
-    const __m512 mu = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
-                                         _mm512_setzero_ps());
+    const __m512 mu = _mm512_mask_mov_ps(
+        m, _mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), _mm512_setzero_ps());
     __m512 lsum = _mm512_setzero_ps();
     for (uint32_t gi = 0; gi < ng; gi++) {
         const __m512 vsv = g[gi].vtok ? _mm512_loadu_ps(g[gi].vtok) : _mm512_set1_ps(g[gi].vs);
         const bool vscaled = g[gi].vtok || g[gi].vs != 1.0f;
         __m512 pv[GT];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < rt; v++) {
             __m512 p = exp512(_mm512_sub_ps(_mm512_load_ps(w->s + ((size_t)gi * rt + v) * 16), mu));
             lsum = _mm512_add_ps(lsum, p);
-            if (g[gi].vtok) p = _mm512_mul_ps(p, _mm512_permutexvar_ps(tok_index(v, rt), vsv));
-            else if (vscaled) p = _mm512_mul_ps(p, vsv);
+            if (g[gi].vtok)
+                p = _mm512_mul_ps(p, _mm512_permutexvar_ps(tok_index(v, rt), vsv));
+            else if (vscaled)
+                p = _mm512_mul_ps(p, vsv);
             pv[v] = p;
         }
         if (!bf16) {
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int v = 0; v < rt; v++) _mm512_store_ps(w->s + ((size_t)gi * rt + v) * 16, pv[v]);
         } else if (rt == 16) {
             /* two tokens per pair: interleave the 16 rows' weights of tokens 2tp, 2tp+1 */
@@ -628,20 +666,23 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
                                              21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                              11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
             const __m512i il = _mm512_loadu_si512(ilw);
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int tp = 0; tp < GT / 2; tp++) {
                 __m512i b = (__m512i)_mm512_cvtne2ps_pbh(pv[2 * tp + 1], pv[2 * tp]);
-                _mm512_store_si512(w->pp + ((size_t)gi * (GT / 2) + tp) * 16, _mm512_permutexvar_epi16(il, b));
+                _mm512_store_si512(w->pp + ((size_t)gi * (GT / 2) + tp) * 16,
+                                   _mm512_permutexvar_epi16(il, b));
             }
         } else {
             /* vector v holds tokens v * (16 / rt) + u, u < 16 / rt, rows in lanes: word
              * 2 (tpl * rt + r) + b of the result is weight (token 2 tpl + b, row r) */
-            const __m256i il = _mm256_loadu_si256((const __m256i *)(const void *)pair_index[__builtin_ctz((unsigned)rt)]);
-            #pragma GCC unroll 16
+            const __m256i il = _mm256_loadu_si256(
+                (const __m256i *)(const void *)pair_index[__builtin_ctz((unsigned)rt)]);
+#pragma GCC unroll 16
             for (int v = 0; v < rt; v++) {
                 __m256i b = (__m256i)_mm512_cvtneps_pbh(pv[v]);
-                _mm256_store_si256((__m256i *)(void *)(w->pp + (size_t)gi * (GT / 2) * rt + (size_t)v * 8),
-                                   _mm256_permutexvar_epi16(il, b));
+                _mm256_store_si256(
+                    (__m256i *)(void *)(w->pp + (size_t)gi * (GT / 2) * rt + (size_t)v * 8),
+                    _mm256_permutexvar_epi16(il, b));
             }
         }
     }
@@ -654,11 +695,21 @@ static void row_tile_any(const job_t *j, uint32_t t, const group_t *g, uint32_t 
 {
     const bool b = j->cfg->bf16;
     switch (j->rt) {
-    case 1: b ? row_tile(j, t, g, ng, 1, true) : row_tile(j, t, g, ng, 1, false); break;
-    case 2: b ? row_tile(j, t, g, ng, 2, true) : row_tile(j, t, g, ng, 2, false); break;
-    case 4: b ? row_tile(j, t, g, ng, 4, true) : row_tile(j, t, g, ng, 4, false); break;
-    case 8: b ? row_tile(j, t, g, ng, 8, true) : row_tile(j, t, g, ng, 8, false); break;
-    default: b ? row_tile(j, t, g, ng, 16, true) : row_tile(j, t, g, ng, 16, false); break;
+    case 1:
+        b ? row_tile(j, t, g, ng, 1, true) : row_tile(j, t, g, ng, 1, false);
+        break;
+    case 2:
+        b ? row_tile(j, t, g, ng, 2, true) : row_tile(j, t, g, ng, 2, false);
+        break;
+    case 4:
+        b ? row_tile(j, t, g, ng, 4, true) : row_tile(j, t, g, ng, 4, false);
+        break;
+    case 8:
+        b ? row_tile(j, t, g, ng, 8, true) : row_tile(j, t, g, ng, 8, false);
+        break;
+    default:
+        b ? row_tile(j, t, g, ng, 16, true) : row_tile(j, t, g, ng, 16, false);
+        break;
     }
 }
 
@@ -712,15 +763,19 @@ static void convert_rows(const job_t *j, uint8_t *dst, const uint8_t *src, uint3
     const size_t el = kvc_dtype_bytes(dt);
     if (!kc) {
         /* rows are back to back on both sides: one flat run */
-        if (j->cfg->bf16) row_to_bf16((uint16_t *)(void *)dst, src, dt, n * dim, NULL, &j->lut);
-        else row_to_f32((float *)(void *)dst, src, dt, n * dim, NULL);
+        if (j->cfg->bf16)
+            row_to_bf16((uint16_t *)(void *)dst, src, dt, n * dim, NULL, &j->lut);
+        else
+            row_to_f32((float *)(void *)dst, src, dt, n * dim, NULL);
         return;
     }
     for (uint32_t r = 0; r < n; r++) {
         if (j->cfg->bf16)
-            row_to_bf16((uint16_t *)(void *)(dst + (size_t)r * dim * 2), src + (size_t)r * dim * el, dt, dim, kc, &j->lut);
+            row_to_bf16((uint16_t *)(void *)(dst + (size_t)r * dim * 2), src + (size_t)r * dim * el,
+                        dt, dim, kc, &j->lut);
         else
-            row_to_f32((float *)(void *)(dst + (size_t)r * dim * 4), src + (size_t)r * dim * el, dt, dim, kc);
+            row_to_f32((float *)(void *)(dst + (size_t)r * dim * 4), src + (size_t)r * dim * el, dt,
+                       dim, kc);
     }
 }
 
@@ -728,7 +783,8 @@ static inline const float *side_of(const job_t *j, uint32_t blk)
 {
     const kvc_kv_view_t *kv = j->cfg->kv;
     return (const float *)(const void *)((const uint8_t *)kv->base + (size_t)blk * kv->block_bytes +
-                                         kv->scale_offset) + (size_t)kv->layer * j->side_floats;
+                                         kv->scale_offset) +
+           (size_t)kv->layer * j->side_floats;
 }
 
 /* Rows [i0, i1] of a group from one block's rows starting at src (row 0 of
@@ -745,8 +801,10 @@ static const uint8_t *group_rows(const job_t *j, uint8_t *scr, const uint8_t *sr
     if (i0 > 0) memset(scr, 0, (size_t)i0 * out_row);
     if (i1 < GT - 1) memset(scr + (size_t)(i1 + 1) * out_row, 0, (size_t)(GT - 1 - i1) * out_row);
     uint32_t n = (uint32_t)(i1 - i0 + 1);
-    if (conv) convert_rows(j, scr + (size_t)i0 * out_row, src + (size_t)i0 * j->row, n, dim, kc);
-    else memcpy(scr + (size_t)i0 * out_row, src + (size_t)i0 * j->row, n * j->row);
+    if (conv)
+        convert_rows(j, scr + (size_t)i0 * out_row, src + (size_t)i0 * j->row, n, dim, kc);
+    else
+        memcpy(scr + (size_t)i0 * out_row, src + (size_t)i0 * j->row, n * j->row);
     *stride = out_row;
     return scr;
 }
@@ -808,7 +866,8 @@ static uint32_t build_groups(job_t *j, uint32_t kvh, int64_t tb, uint32_t tt)
         group_t *g = &w->grp[ng];
         const int64_t a = KVC_MAX(t0, it->lo_min), b = KVC_MIN(t0 + GT - 1, it->hi_max);
         const int i0 = (int)(a - t0), i1 = (int)(b - t0);
-        uint8_t *kd = w->kscr + (size_t)ng * GT * dk * j->cel, *vd = w->vscr + (size_t)ng * GT * dv * j->cel;
+        uint8_t *kd = w->kscr + (size_t)ng * GT * dk * j->cel,
+                *vd = w->vscr + (size_t)ng * GT * dv * j->cel;
         g->t0 = t0;
         g->ks = g->vs = 1.0f;
         g->ktok = g->vtok = NULL;
@@ -830,11 +889,13 @@ static uint32_t build_groups(job_t *j, uint32_t kvh, int64_t tb, uint32_t tt)
             } else {
                 g->vs = ts.v;
             }
-            g->k = group_rows(j, kd, kvc__row(kv, blk, kvh, off0, 0), i0, i1, dk, j->conv_k, ts.kc, &g->kst);
+            g->k = group_rows(j, kd, kvc__row(kv, blk, kvh, off0, 0), i0, i1, dk, j->conv_k, ts.kc,
+                              &g->kst);
             if (j->latent) {
                 g->v = g->k, g->vst = g->kst;
             } else {
-                g->v = group_rows(j, vd, kvc__row(kv, blk, kvh, off0, 1), i0, i1, dv, j->conv_v, NULL, &g->vst);
+                g->v = group_rows(j, vd, kvc__row(kv, blk, kvh, off0, 1), i0, i1, dv, j->conv_v,
+                                  NULL, &g->vst);
             }
             continue;
         }
@@ -851,16 +912,21 @@ static uint32_t build_groups(job_t *j, uint32_t kvh, int64_t tb, uint32_t tt)
             }
             const int64_t pos = t0 + i;
             const uint32_t blk = it->blocks[pos / bs], off = (uint32_t)(pos % bs);
-            kvc__tok_scales_t ts = kvc__tok_scales(kv, j->scaled ? side_of(j, blk) : NULL, kvh, off);
+            kvc__tok_scales_t ts =
+                kvc__tok_scales(kv, j->scaled ? side_of(j, blk) : NULL, kvh, off);
             ks[i] = ts.k;
             vs[i] = ts.v;
             const uint8_t *ksrc = kvc__row(kv, blk, kvh, off, 0);
-            if (j->conv_k) convert_rows(j, kr, ksrc, 1, dk, ts.kc);
-            else memcpy(kr, ksrc, ko);
+            if (j->conv_k)
+                convert_rows(j, kr, ksrc, 1, dk, ts.kc);
+            else
+                memcpy(kr, ksrc, ko);
             if (j->latent) continue;
             const uint8_t *vsrc = kvc__row(kv, blk, kvh, off, 1);
-            if (j->conv_v) convert_rows(j, vr, vsrc, 1, dv, NULL);
-            else memcpy(vr, vsrc, vo);
+            if (j->conv_v)
+                convert_rows(j, vr, vsrc, 1, dv, NULL);
+            else
+                memcpy(vr, vsrc, vo);
         }
         g->ktok = ks, g->vtok = vs;
         g->k = kd, g->kst = ko;
@@ -916,7 +982,8 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
     }
     /* out = O / l, undoing the bf16 path's channel order */
     const __m512i u0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i u1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __m512i u1 =
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     for (uint32_t t = 0; t < j.n_tiles; t++) {
         float l[16];
         _mm512_storeu_ps(l, allsum(_mm512_load_ps(j.w.lv + 16 * t), (int)j.rt));
@@ -928,7 +995,8 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
             for (uint32_t c = 0; c < cfg->dv; c += 32) {
                 __m512 a = _mm512_load_ps(o + c), b = _mm512_load_ps(o + c + 16);
                 if (cfg->bf16) {
-                    __m512 x = _mm512_permutex2var_ps(a, u0, b), y = _mm512_permutex2var_ps(a, u1, b);
+                    __m512 x = _mm512_permutex2var_ps(a, u0, b),
+                           y = _mm512_permutex2var_ps(a, u1, b);
                     a = x, b = y;
                 }
                 _mm512_storeu_ps(out + c, _mm512_mul_ps(a, inv));

@@ -11,7 +11,7 @@
 /* Query rows one work item handles: K/V are read once per item. */
 #define KVC__ROWS_MAX 64
 /* Most tokens in a key tile (kvc__tile_tokens). */
-#define KVC__TT_MAX 64
+#define KVC__TT_MAX   64
 
 /* ---- bit casts -------------------------------------------------------------- */
 static inline uint32_t kvc__f2u(float x)
@@ -119,8 +119,8 @@ static inline size_t kvc__row_bytes(const kvc_kv_view_t *kv)
 
 /* The row of token `off` of KV head `head` in `block`: kv 0 = K, 1 = V (a
  * latent view has only K; its "V" is the same row). */
-static inline uint8_t *kvc__row(const kvc_kv_view_t *kv, uint32_t block, uint32_t head, uint32_t off,
-                                int which)
+static inline uint8_t *kvc__row(const kvc_kv_view_t *kv, uint32_t block, uint32_t head,
+                                uint32_t off, int which)
 {
     size_t slab = which && kv->shape.n_kv == 2 ? kv->v_offset : kv->k_offset;
     return (uint8_t *)kv->base + (size_t)block * kv->block_bytes + slab +
@@ -159,7 +159,8 @@ static inline kvc__tok_scales_t kvc__tok_scales(const kvc_kv_view_t *kv, const f
         break;
     case KVC_SCALE_CHANNEL_TOKEN:
         t.kc = s + (size_t)head * sh->head_dim;
-        if (sh->n_kv == 2) t.v = s[(size_t)sh->n_kv_heads * sh->head_dim + (size_t)head * sh->block_size + off];
+        if (sh->n_kv == 2)
+            t.v = s[(size_t)sh->n_kv_heads * sh->head_dim + (size_t)head * sh->block_size + off];
         break;
     default:
         break;
@@ -170,10 +171,10 @@ static inline kvc__tok_scales_t kvc__tok_scales(const kvc_kv_view_t *kv, const f
 /* ---- the work of one item ------------------------------------------------------ */
 typedef struct {
     const kvc_kv_view_t *kv;
-    uint32_t dk, dv;  /* key and value dims; dv <= dk (a latent's V is its first dv channels) */
+    uint32_t dk, dv; /* key and value dims; dv <= dk (a latent's V is its first dv channels) */
     float sm_scale;
-    float softcap;    /* 0: off */
-    bool bf16;        /* the AVX-512 BF16 dot-product path */
+    float softcap; /* 0: off */
+    bool bf16;     /* the AVX-512 BF16 dot-product path */
 } kvc__attn_cfg_t;
 
 /* Rows of one item: the query rows of n_heads consecutive KV heads (head
@@ -182,12 +183,12 @@ typedef struct {
  * stream a block's K and V slabs in address order instead of one head's few
  * KiB at a time. */
 typedef struct {
-    const uint32_t *blocks;  /* the sequence's block table */
-    uint32_t kv_head;        /* the first KV head */
-    uint32_t n_heads;        /* >= 1 */
+    const uint32_t *blocks; /* the sequence's block table */
+    uint32_t kv_head;       /* the first KV head */
+    uint32_t n_heads;       /* >= 1 */
     uint32_t rows_per_head;
-    uint32_t n_rows;         /* n_heads * rows_per_head, 1 .. KVC__ROWS_MAX */
-    int64_t lo_min, hi_max;  /* union of the rows' ranges */
+    uint32_t n_rows;        /* n_heads * rows_per_head, 1 .. KVC__ROWS_MAX */
+    int64_t lo_min, hi_max; /* union of the rows' ranges */
     const float *q[KVC__ROWS_MAX];
     float *out[KVC__ROWS_MAX];
     int64_t lo[KVC__ROWS_MAX], hi[KVC__ROWS_MAX];

@@ -12,14 +12,18 @@ static double element(const kvc_kv_view_t *kv, const uint8_t *row, uint32_t c)
 {
     uint32_t code = 0;
     switch (kvc__el_bytes(kv)) {
-    case 4: memcpy(&code, row + 4 * (size_t)c, 4); break;
+    case 4:
+        memcpy(&code, row + 4 * (size_t)c, 4);
+        break;
     case 2: {
         uint16_t h;
         memcpy(&h, row + 2 * (size_t)c, 2);
         code = h;
         break;
     }
-    default: code = row[c]; break;
+    default:
+        code = row[c];
+        break;
     }
     return (double)kvc__decode(code, kv->shape.dtype);
 }
@@ -56,7 +60,8 @@ static double logit(const kvc_kv_view_t *kv, const key_t_ *k, const float *q, ui
 /* V element c of a key (a latent's V is its K row, scaled as K is). */
 static double value(const kvc_kv_view_t *kv, const key_t_ *k, uint32_t c)
 {
-    if (kv->shape.n_kv == 1) return element(kv, k->k, c) * (k->s.kc ? (double)k->s.kc[c] : (double)k->s.k);
+    if (kv->shape.n_kv == 1)
+        return element(kv, k->k, c) * (k->s.kc ? (double)k->s.kc[c] : (double)k->s.k);
     return element(kv, k->v, c) * (double)k->s.v;
 }
 
@@ -65,7 +70,8 @@ int kvc_attn_reference(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
 {
     if (!p || !kv || !batch || !q || !out) return KVC_EINVAL;
     const kvc_scale_shape_t *sh = &kv->shape;
-    if (kvc_scale_shape_check(sh) || !p->n_q_heads || p->n_q_heads % sh->n_kv_heads) return KVC_EINVAL;
+    if (kvc_scale_shape_check(sh) || !p->n_q_heads || p->n_q_heads % sh->n_kv_heads)
+        return KVC_EINVAL;
     const uint32_t d = sh->head_dim, bs = sh->block_size, hq = p->n_q_heads;
     const uint32_t g = hq / sh->n_kv_heads;
     const double sm = p->sm_scale > 0 ? p->sm_scale : 1.0 / sqrt((double)d);

@@ -15,7 +15,8 @@ static void decode_row(float *dst, const uint8_t *src, kvc_dtype_t dt, uint32_t 
     size_t el = kvc_dtype_bytes(dt);
     for (uint32_t c = 0; c < n; c++) {
         uint32_t code = 0;
-        if (el == 4) memcpy(&code, src + 4 * (size_t)c, 4);
+        if (el == 4)
+            memcpy(&code, src + 4 * (size_t)c, 4);
         else if (el == 2) {
             uint16_t h;
             memcpy(&h, src + 2 * (size_t)c, 2);
@@ -61,10 +62,13 @@ static void item_one_head(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it
             uint32_t blk = it->blocks[pos / bs], off = (uint32_t)(pos % bs);
             kvc__tok_scales_t ts = kvc__tok_scales(kv, kvc__scales(kv, blk), it->kv_head, off);
             float *kr = kb + (size_t)j * dk;
-            decode_row(kr, kvc__row(kv, blk, it->kv_head, off, 0), kv->shape.dtype, dk, ts.k, ts.kc);
-            if (latent) memcpy(vb + (size_t)j * dv, kr, sizeof(float) * dv);
-            else decode_row(vb + (size_t)j * dv, kvc__row(kv, blk, it->kv_head, off, 1),
-                            kv->shape.dtype, dv, ts.v, NULL);
+            decode_row(kr, kvc__row(kv, blk, it->kv_head, off, 0), kv->shape.dtype, dk, ts.k,
+                       ts.kc);
+            if (latent)
+                memcpy(vb + (size_t)j * dv, kr, sizeof(float) * dv);
+            else
+                decode_row(vb + (size_t)j * dv, kvc__row(kv, blk, it->kv_head, off, 1),
+                           kv->shape.dtype, dv, ts.v, NULL);
         }
         for (uint32_t r = 0; r < nr; r++) {
             const float *qr = qs + (size_t)r * dk;

@@ -24,7 +24,8 @@ static inline __m256i encode8(__m256 y, const kvc__fmt_t *f)
     const int sh = 23 - f->mbits;
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, sh), set1(1));
     __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, set1((1u << (sh - 1)) - 1)), lsb);
-    __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(r, sh), set1((uint32_t)(127 - f->bias) << f->mbits));
+    __m256i code =
+        _mm256_sub_epi32(_mm256_srli_epi32(r, sh), set1((uint32_t)(127 - f->bias) << f->mbits));
     if (f->bias != 127) {
         const __m256i min_normal = set1((uint32_t)(127 + 1 - f->bias) << 23);
         __m256i sub = _mm256_xor_si256(cmpge_u32(a, min_normal), set1(0xffffffffu));
@@ -80,15 +81,16 @@ void kvc__quantize_avx2(kvc_dtype_t dt, void *dst, const float *src, size_t n, f
             _mm256_storeu_ps((float *)dst + i, y);
         } else if (f->width == 16) {
             __m256i c0 = encode8(quotient8(src + i, sc, vscale, clipb, &clipped, &nonfinite), f);
-            __m256i c1 = encode8(quotient8(src + i + 8, sc ? sc + 8 : NULL, vscale, clipb, &clipped,
-                                           &nonfinite), f);
+            __m256i c1 = encode8(
+                quotient8(src + i + 8, sc ? sc + 8 : NULL, vscale, clipb, &clipped, &nonfinite), f);
             __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xd8);
             _mm256_storeu_si256((__m256i *)((uint16_t *)dst + i), w);
         } else {
             __m256i c[4];
             for (int j = 0; j < 4; j++)
                 c[j] = encode8(quotient8(src + i + 8 * j, sc ? sc + 8 * j : NULL, vscale, clipb,
-                                         &clipped, &nonfinite), f);
+                                         &clipped, &nonfinite),
+                               f);
             __m256i w01 = _mm256_packus_epi32(c[0], c[1]), w23 = _mm256_packus_epi32(c[2], c[3]);
             __m256i b = _mm256_packus_epi16(w01, w23);
             b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));

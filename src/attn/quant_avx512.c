@@ -16,8 +16,8 @@ static inline __m512i encode16(__m512 y, const kvc__fmt_t *f)
     /* normal results */
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, sh), _mm512_set1_epi32(1));
     __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (sh - 1)) - 1)), lsb);
-    __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(r, sh),
-                                    _mm512_set1_epi32((127 - f->bias) << f->mbits));
+    __m512i code =
+        _mm512_sub_epi32(_mm512_srli_epi32(r, sh), _mm512_set1_epi32((127 - f->bias) << f->mbits));
     if (f->bias != 127) {
         /* results below the smallest normal: n = RNE(M >> s) */
         const __m512i min_normal = _mm512_set1_epi32((127 + 1 - f->bias) << 23);
@@ -27,8 +27,8 @@ static inline __m512i encode16(__m512 y, const kvc__fmt_t *f)
             __m512i m = _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0x7fffff)),
                                         _mm512_set1_epi32(0x800000));
             __m512i s = _mm512_sub_epi32(_mm512_set1_epi32(150 + 1 - f->bias - f->mbits), e);
-            __m512i half = _mm512_sllv_epi32(_mm512_set1_epi32(1),
-                                             _mm512_sub_epi32(s, _mm512_set1_epi32(1)));
+            __m512i half =
+                _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_sub_epi32(s, _mm512_set1_epi32(1)));
             __m512i sl = _mm512_and_si512(_mm512_srlv_epi32(m, s), _mm512_set1_epi32(1));
             __m512i n = _mm512_add_epi32(_mm512_add_epi32(m, half), sl);
             n = _mm512_srlv_epi32(_mm512_sub_epi32(n, _mm512_set1_epi32(1)), s);
@@ -57,8 +57,8 @@ void kvc__quantize_avx512(kvc_dtype_t dt, void *dst, const float *src, size_t n,
     for (; i + 16 <= n; i += 16) {
         __m512 x = _mm512_loadu_ps(src + i);
         __m512 y = _mm512_div_ps(x, scales ? _mm512_loadu_ps(scales + i) : vscale);
-        __mmask16 nf = _mm512_cmpeq_epi32_mask(
-            _mm512_and_si512(_mm512_castps_si512(x), expmask), expmask);
+        __mmask16 nf =
+            _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), expmask), expmask);
         __mmask16 big = _mm512_cmpge_epu32_mask(_mm512_castps_si512(_mm512_abs_ps(y)), clipb);
         nonfinite += (uint64_t)__builtin_popcount(nf);
         clipped += (uint64_t)__builtin_popcount(big & (__mmask16)~nf);
