@@ -4,7 +4,9 @@
  * each token's channels broadcast 8 / rt at a time against a matching query
  * tile, an even/odd fold per 8 tokens that leaves logits in [token][row]
  * order, online softmax with lazy rescaling, and P.V with one broadcast
- * weight per (token, row) against 16 channels of V. */
+ * weight per (token, row) against 16 channels of V.  As there, an item's
+ * KV heads are worked through tile by tile with the next tile's rows
+ * prefetched in address order. */
 #include "attn/attn_int.h"
 
 #include <immintrin.h>
@@ -168,7 +170,7 @@ typedef struct {
 
 size_t kvc__attn_ws_avx2(uint32_t dk, uint32_t dv)
 {
-    size_t tt = kvc__tile_tokens(dk), r = KVC__ROWS_MAX, tiles = KVC__ROWS_MAX / GT;
+    size_t tt = kvc__tile_tokens(dk), r = KVC__ROWS_MAX, tiles = KVC__ROWS_MAX;
     return r * dk * 4 + r * dv * 4 + 4 * tiles * 32 + tt * 8 * 4 + tt * dk * 4 + tt * dv * 4 +
            2 * tt * 4 + tt / GT * sizeof(group_t) + 12 * 64;
 }
@@ -177,7 +179,7 @@ static ws_t carve(void *mem, uint32_t dk, uint32_t dv, uint32_t tt)
 {
     uint8_t *cur = mem;
     ws_t w;
-    size_t tiles = KVC__ROWS_MAX / GT;
+    size_t tiles = KVC__ROWS_MAX; /* one-row tiles of up to 64 heads */
     w.qt = kvc__ws_take(&cur, (size_t)KVC__ROWS_MAX * dk * 4);
     w.o = kvc__ws_take(&cur, (size_t)KVC__ROWS_MAX * dv * 4);
     w.mv = kvc__ws_take(&cur, tiles * 32);
@@ -198,10 +200,19 @@ typedef struct {
     const kvc__attn_item_t *it;
     ws_t w;
     uint32_t rt, n_tiles, nc;
+    uint32_t tph; /* tiles per KV head (tile t belongs to head t / tph) */
+    kvc__pf_t pf; /* prefetches of the next key tile */
 } job_t;
 
+/* The item row in slot r of tile t (slots past a head's last row repeat it). */
+static inline uint32_t tile_row(const job_t *j, uint32_t t, uint32_t r)
+{
+    const uint32_t head = t / j->tph, local = (t % j->tph) * j->rt + r, rph = j->it->rows_per_head;
+    return head * rph + KVC_MIN(local, rph - 1);
+}
+
 static inline __attribute__((always_inline)) void qk(const float *qt, uint32_t nc, const uint8_t *k,
-                                                     size_t kst, int rt, __m256 *out)
+                                                     size_t kst, int rt, kvc__pf_t *pf, __m256 *out)
 {
     const int P = GT / rt;
     __m256 acc[GT];
@@ -213,6 +224,7 @@ static inline __attribute__((always_inline)) void qk(const float *qt, uint32_t n
 #pragma GCC unroll 16
         for (int i = 0; i < GT; i++)
             acc[i] = _mm256_fmadd_ps(bcast(kc + (size_t)i * kst, P), qv, acc[i]);
+        if (pf) kvc__pf_step(pf);
     }
 #pragma GCC unroll 16
     for (int n = GT; n > rt; n /= 2)
@@ -274,7 +286,7 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
     __m256 mx = _mm256_set1_ps(-INFINITY);
     for (uint32_t gi = 0; gi < ng; gi++) {
         __m256 sv[GT];
-        qk(qt, j->nc, g[gi].k, g[gi].kst, rt, sv);
+        qk(qt, j->nc, g[gi].k, g[gi].kst, rt, t % j->tph == 0 ? (kvc__pf_t *)&j->pf : NULL, sv);
         const bool need_mask = g[gi].t0 < lo_max || g[gi].t0 + GT - 1 > hi_min;
         const __m256 ksv = _mm256_loadu_ps(w->ks + gi * GT);
 #pragma GCC unroll 16
@@ -358,83 +370,133 @@ static void build_qt(const job_t *j, uint32_t t)
     const int rt = (int)j->rt, P = GT / rt;
     float *dst = j->w.qt + (size_t)t * j->nc * 8;
     for (int r = 0; r < rt; r++) {
-        uint32_t row = KVC_MIN(t * j->rt + (uint32_t)r, j->it->n_rows - 1);
+        uint32_t row = tile_row(j, t, (uint32_t)r);
         const float *q = j->it->q[row];
         for (uint32_t u = 0; u < cfg->dk; u++)
             dst[(size_t)(u / (uint32_t)P) * 8 + (size_t)r * P + u % (uint32_t)P] =
                 q[u] * cfg->sm_scale;
     }
     for (int l = 0; l < 8; l++) {
-        uint32_t row = KVC_MIN(t * j->rt + (uint32_t)(l % rt), j->it->n_rows - 1);
+        uint32_t row = tile_row(j, t, (uint32_t)(l % rt));
         j->w.rlo[8 * t + (uint32_t)l] = (int32_t)j->it->lo[row];
         j->w.rhi[8 * t + (uint32_t)l] = (int32_t)j->it->hi[row];
     }
 }
 
-static uint32_t build_groups(const job_t *j, int64_t tb, uint32_t tt)
+/* Rows [i0, i1] of a group whose tokens all sit in one block, from the
+ * block's rows starting at src (the group's row 0), into the compute type;
+ * the other rows of the scratch are zeroed.  Returns the rows and stride. */
+static const uint8_t *group_rows(float *scr, const uint8_t *src, size_t row, int i0, int i1,
+                                 uint32_t dim, kvc_dtype_t dt, bool conv, const float *kc,
+                                 size_t *stride)
+{
+    if (i0 == 0 && i1 == GT - 1 && !conv) {
+        *stride = row;
+        return src;
+    }
+    if (i0 > 0) memset(scr, 0, (size_t)i0 * dim * sizeof(float));
+    if (i1 < GT - 1)
+        memset(scr + (size_t)(i1 + 1) * dim, 0, (size_t)(GT - 1 - i1) * dim * sizeof(float));
+    const uint32_t n = (uint32_t)(i1 - i0 + 1);
+    if (!kc) { /* rows are back to back on both sides: one flat run */
+        row_to_f32(scr + (size_t)i0 * dim, src + (size_t)i0 * row, dt, n * dim, NULL);
+    } else {
+        for (uint32_t r = 0; r < n; r++)
+            row_to_f32(scr + (size_t)(i0 + (int)r) * dim, src + (size_t)(i0 + (int)r) * row, dt,
+                       dim, kc);
+    }
+    *stride = (size_t)dim * sizeof(float);
+    return (const uint8_t *)scr;
+}
+
+/* The K/V rows of the groups of key tile [tb, tb + tt): whole groups of one
+ * block in fp32 are read in place; the others are converted (or gathered,
+ * for blocks smaller than a group) once into scratch. */
+static uint32_t build_groups(const job_t *j, uint32_t kvh, int64_t tb, uint32_t tt)
 {
     const kvc__attn_cfg_t *cfg = j->cfg;
     const kvc__attn_item_t *it = j->it;
     const kvc_kv_view_t *kv = cfg->kv;
     const ws_t *w = &j->w;
     const uint32_t bs = kv->shape.block_size, dk = cfg->dk, dv = cfg->dv;
+    const uint32_t H = kv->shape.n_kv_heads;
     const kvc_dtype_t dt = kv->shape.dtype;
     const size_t row = kvc__row_bytes(kv);
     const bool latent = kv->shape.n_kv == 1, scaled = kv->shape.layout != KVC_SCALE_NONE;
-    const bool conv = dt != KVC_DTYPE_F32 || kv->shape.layout == KVC_SCALE_CHANNEL_TOKEN;
+    const bool per_channel = kv->shape.layout == KVC_SCALE_CHANNEL_TOKEN;
+    const bool conv = dt != KVC_DTYPE_F32 || per_channel;
     uint32_t ng = 0;
     for (int64_t t0 = tb; t0 < tb + tt && t0 <= it->hi_max; t0 += GT, ng++) {
         group_t *g = &w->grp[ng];
         const int64_t a = KVC_MAX(t0, it->lo_min), b = KVC_MIN(t0 + GT - 1, it->hi_max);
-        const bool direct = a == t0 && b == t0 + GT - 1 && bs >= GT && !conv;
+        const int i0 = (int)(a - t0), i1 = (int)(b - t0);
         g->t0 = t0;
         g->kscaled = g->vscaled = false;
         float *ks = w->ks + ng * GT, *vs = w->vs + ng * GT;
         float *kd = (float *)(void *)w->kscr + (size_t)ng * GT * dk;
         float *vd = (float *)(void *)w->vscr + (size_t)ng * GT * dv;
-#pragma GCC unroll 16
+        if (bs >= GT) {
+            /* the whole group sits in one block: block-wide scales, rows back to back */
+            const uint32_t blk = it->blocks[t0 / bs], off0 = (uint32_t)(t0 % bs);
+            const float *sc = scaled ? kvc__scales(kv, blk) : NULL;
+            kvc__tok_scales_t ts = kvc__tok_scales(kv, sc, kvh, off0);
+            const float *vt =
+                per_channel && !latent ? sc + (size_t)H * dk + (size_t)kvh * bs + off0 : NULL;
+            for (int i = 0; i < GT; i++) {
+                bool valid = i >= i0 && i <= i1;
+                ks[i] = ts.k;
+                vs[i] = vt ? (valid ? vt[i] : 1.0f) : ts.v;
+                g->vscaled |= vs[i] != 1.0f;
+            }
+            g->kscaled = ts.k != 1.0f;
+            g->k = group_rows(kd, kvc__row(kv, blk, kvh, off0, 0), row, i0, i1, dk, dt, conv, ts.kc,
+                              &g->kst);
+            if (latent) {
+                g->v = g->k, g->vst = g->kst;
+            } else {
+                g->v = group_rows(vd, kvc__row(kv, blk, kvh, off0, 1), row, i0, i1, dv, dt,
+                                  dt != KVC_DTYPE_F32, NULL, &g->vst);
+            }
+            continue;
+        }
+        /* blocks smaller than a group: token by token */
         for (int i = 0; i < GT; i++) {
             int64_t pos = t0 + i;
-            bool valid = pos >= a && pos <= b;
+            bool valid = i >= i0 && i <= i1;
             uint32_t blk = valid ? it->blocks[pos / bs] : 0, off = (uint32_t)(pos % bs);
             kvc__tok_scales_t ts = {1.0f, 1.0f, NULL};
-            if (valid && scaled) ts = kvc__tok_scales(kv, kvc__scales(kv, blk), it->kv_head, off);
+            if (valid && scaled) ts = kvc__tok_scales(kv, kvc__scales(kv, blk), kvh, off);
             ks[i] = ts.k;
             vs[i] = ts.v;
             g->kscaled |= ts.k != 1.0f;
             g->vscaled |= ts.v != 1.0f;
-            if (direct) continue;
             float *kr = kd + (size_t)i * dk, *vr = vd + (size_t)i * dv;
             if (!valid) {
                 memset(kr, 0, dk * sizeof(float));
                 if (!latent) memset(vr, 0, dv * sizeof(float));
                 continue;
             }
-            row_to_f32(kr, kvc__row(kv, blk, it->kv_head, off, 0), dt, dk, ts.kc);
-            if (!latent) row_to_f32(vr, kvc__row(kv, blk, it->kv_head, off, 1), dt, dv, NULL);
+            row_to_f32(kr, kvc__row(kv, blk, kvh, off, 0), dt, dk, ts.kc);
+            if (!latent) row_to_f32(vr, kvc__row(kv, blk, kvh, off, 1), dt, dv, NULL);
         }
-        if (direct) {
-            uint32_t blk = it->blocks[t0 / bs], off = (uint32_t)(t0 % bs);
-            g->k = kvc__row(kv, blk, it->kv_head, off, 0);
-            g->v = latent ? g->k : kvc__row(kv, blk, it->kv_head, off, 1);
-            g->kst = g->vst = row;
-        } else {
-            g->k = (const uint8_t *)kd;
-            g->kst = (size_t)dk * 4;
-            g->v = latent ? g->k : (const uint8_t *)vd;
-            g->vst = latent ? g->kst : (size_t)dv * 4;
-        }
+        g->k = (const uint8_t *)kd;
+        g->kst = (size_t)dk * 4;
+        g->v = latent ? g->k : (const uint8_t *)vd;
+        g->vst = latent ? g->kst : (size_t)dv * 4;
     }
     return ng;
 }
 
-static void item_one_head(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it, void *ws)
+void kvc__attn_item_avx2(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it, void *ws)
 {
-    const uint32_t tt = kvc__tile_tokens(cfg->dk);
+    /* half the AVX-512 kernel's tile: converted fp32 rows of K and V for it
+     * must stay in L1 between conversion and use */
+    const uint32_t tt = kvc__tile_tokens(cfg->dk) / 2;
     job_t j = {.cfg = cfg, .it = it, .w = carve(ws, cfg->dk, cfg->dv, tt)};
     j.rt = 1;
-    while (j.rt < it->n_rows && j.rt < GT) j.rt *= 2;
-    j.n_tiles = (it->n_rows + j.rt - 1) / j.rt;
+    while (j.rt < it->rows_per_head && j.rt < GT) j.rt *= 2;
+    j.tph = (it->rows_per_head + j.rt - 1) / j.rt;
+    j.n_tiles = it->n_heads * j.tph;
     j.nc = cfg->dk * j.rt / GT;
     for (uint32_t t = 0; t < j.n_tiles; t++) {
         build_qt(&j, t);
@@ -442,34 +504,26 @@ static void item_one_head(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it
         _mm256_store_ps(j.w.lv + 8 * t, _mm256_setzero_ps());
     }
     memset(j.w.o, 0, sizeof(float) * j.n_tiles * j.rt * cfg->dv);
+    /* key tiles outside, heads inside, the next tile prefetched meanwhile */
     for (int64_t tb = it->lo_min & ~(int64_t)(GT - 1); tb <= it->hi_max; tb += tt) {
-        uint32_t ng = build_groups(&j, tb, tt);
-        for (uint32_t t = 0; t < j.n_tiles; t++) row_tile_any(&j, t, j.w.grp, ng);
+        uint32_t ngn = 0;
+        for (int64_t t0 = tb + tt; t0 < tb + 2 * tt && t0 <= it->hi_max; t0 += GT) ngn++;
+        kvc__pf_plan(&j.pf, it, cfg->kv, tb + tt, tt, GT, it->n_heads * (ngn ? ngn : 1) * j.nc);
+        for (uint32_t h = 0; h < it->n_heads; h++) {
+            uint32_t ng = build_groups(&j, it->kv_head + h, tb, tt);
+            for (uint32_t t = h * j.tph; t < (h + 1) * j.tph; t++) row_tile_any(&j, t, j.w.grp, ng);
+        }
     }
     for (uint32_t t = 0; t < j.n_tiles; t++) {
         float l[8];
         _mm256_storeu_ps(l, allsum(_mm256_load_ps(j.w.lv + 8 * t), (int)j.rt));
-        for (uint32_t r = 0; r < j.rt && t * j.rt + r < it->n_rows; r++) {
+        const uint32_t head = t / j.tph, local0 = (t % j.tph) * j.rt;
+        for (uint32_t r = 0; r < j.rt && local0 + r < it->rows_per_head; r++) {
             const float *o = j.w.o + (size_t)(t * j.rt + r) * cfg->dv;
-            float *out = it->out[t * j.rt + r];
+            float *out = it->out[head * it->rows_per_head + local0 + r];
             __m256 inv = _mm256_set1_ps(l[r] > 0 ? 1.0f / l[r] : 0.0f);
             for (uint32_t c = 0; c < cfg->dv; c += 8)
                 _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_load_ps(o + c), inv));
         }
-    }
-}
-
-/* Items of several KV heads run head by head (the AVX-512 kernel streams
- * them together; this one is the fallback for CPUs without it). */
-void kvc__attn_item_avx2(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it, void *ws)
-{
-    if (it->n_heads == 1) {
-        item_one_head(cfg, it, ws);
-        return;
-    }
-    kvc__attn_item_t sub;
-    for (uint32_t j = 0; j < it->n_heads; j++) {
-        kvc__item_head(it, j, &sub);
-        item_one_head(cfg, &sub, ws);
     }
 }

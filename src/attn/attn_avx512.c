@@ -335,36 +335,8 @@ static ws_t carve(void *mem, uint32_t dk, uint32_t dv, uint32_t tt)
 }
 
 /* ---- the pieces of a row tile, specialised by rt at compile time ------------------- */
-/* The next key tile's rows, prefetched a few lines at a time while the
- * current tile is multiplied: one run of K and one of V per group (V = K for
- * a latent), walked by a cursor. */
-#define PF_RUNS 64
-typedef struct {
-    const uint8_t *k[PF_RUNS], *v[PF_RUNS]; /* v NULL: K only (a latent) */
-    uint32_t lines[PF_RUNS];
-    uint32_t n, cur, line;
-    uint32_t per; /* lines per step */
-} pf_t;
-
-/* Issue the cursor's next `per` lines of K and of V. */
-static inline void pf_step(pf_t *c)
-{
-    uint32_t n = c->per;
-    while (n && c->cur < c->n) {
-        const uint32_t left = c->lines[c->cur] - c->line, m = n < left ? n : left;
-        const uint8_t *k = c->k[c->cur] + (size_t)c->line * 64;
-        for (uint32_t i = 0; i < m; i++)
-            _mm_prefetch((const char *)(k + (size_t)i * 64), _MM_HINT_T1);
-        if (c->v[c->cur]) {
-            const uint8_t *v = c->v[c->cur] + (size_t)c->line * 64;
-            for (uint32_t i = 0; i < m; i++)
-                _mm_prefetch((const char *)(v + (size_t)i * 64), _MM_HINT_T1);
-        }
-        c->line += m;
-        n -= m;
-        if (c->line == c->lines[c->cur]) c->cur++, c->line = 0;
-    }
-}
+typedef kvc__pf_t pf_t;
+#define pf_step kvc__pf_step
 
 typedef struct {
     const kvc__attn_cfg_t *cfg;
@@ -809,46 +781,14 @@ static const uint8_t *group_rows(const job_t *j, uint8_t *scr, const uint8_t *sr
     return scr;
 }
 
-/* Plan the prefetches of key tile [tb, tb + tt), issued while the tile
- * before it is multiplied.  Without them a paged cache streams badly: one KV
- * head's rows in a block are a few KiB, the next block is elsewhere, and
- * hardware prefetchers stop at page boundaries; spread over the work, they
- * keep a few chunks in flight at the rate the kernel consumes them. */
+/* Plan the prefetches of key tile [tb, tb + tt): one step per QK chunk and
+ * per P.V token step of each head's first row tile. */
 static void plan_prefetch(job_t *j, int64_t tb, uint32_t tt)
 {
-    const kvc__attn_item_t *it = j->it;
-    const kvc_kv_view_t *kv = j->cfg->kv;
-    const uint32_t bs = kv->shape.block_size, nh = it->n_heads;
-    pf_t *c = &j->pf;
-    c->n = c->cur = c->line = c->per = 0;
-    if (bs < GT || tb > it->hi_max) return; /* tiny blocks: rows are gathered one by one anyway */
-    const int64_t a0 = KVC_MAX(tb, it->lo_min), b0 = KVC_MIN(tb + tt - 1, it->hi_max);
-    uint32_t total = 0, ng = 0;
-    for (int64_t t0 = tb; t0 < tb + tt && t0 <= it->hi_max; t0 += GT) ng++;
-    for (int64_t a = a0; a <= b0;) {
-        const uint32_t blk = it->blocks[a / bs], off = (uint32_t)(a % bs);
-        const int64_t b = KVC_MIN(b0, a - off + bs - 1);
-        const size_t n = (size_t)(b - a + 1);
-        if (n == bs) {
-            /* the whole block: the item's heads are one run in each slab */
-            c->k[c->n] = kvc__row(kv, blk, it->kv_head, 0, 0);
-            c->v[c->n] = j->latent ? NULL : kvc__row(kv, blk, it->kv_head, 0, 1);
-            c->lines[c->n] = (uint32_t)((nh * n * j->row + 63) / 64);
-            total += c->lines[c->n++];
-        } else {
-            for (uint32_t h = 0; h < nh && c->n < PF_RUNS; h++) {
-                c->k[c->n] = kvc__row(kv, blk, it->kv_head + h, off, 0);
-                c->v[c->n] = j->latent ? NULL : kvc__row(kv, blk, it->kv_head + h, off, 1);
-                c->lines[c->n] = (uint32_t)((n * j->row + 63) / 64);
-                total += c->lines[c->n++];
-            }
-        }
-        if (c->n >= PF_RUNS) break;
-        a = b + 1;
-    }
-    /* a step per QK chunk and per P.V token step of each head's first row tile */
-    const uint32_t steps = nh * ng * (j->nc + j->pv_steps);
-    c->per = steps ? (total + steps - 1) / steps : total;
+    uint32_t ng = 0;
+    for (int64_t t0 = tb; t0 < tb + tt && t0 <= j->it->hi_max; t0 += GT) ng++;
+    kvc__pf_plan(&j->pf, j->it, j->cfg->kv, tb, tt, GT,
+                 j->it->n_heads * ng * (j->nc + j->pv_steps));
 }
 
 /* Find the K/V rows of the groups of key tile [tb, tb + tt): read in place

@@ -7,6 +7,7 @@
 #include "kvcache/attn.h"
 
 #include <string.h>
+#include <xmmintrin.h>
 
 /* Query rows one work item handles: K/V are read once per item. */
 #define KVC__ROWS_MAX 64
@@ -247,6 +248,73 @@ static inline void *kvc__ws_take(uint8_t **cur, size_t bytes)
     void *p = *cur;
     *cur += (bytes + 63) & ~(size_t)63;
     return p;
+}
+
+/* ---- prefetching the next key tile -------------------------------------------------
+ * The SIMD kernels prefetch the next key tile's K/V rows while they work on
+ * the current one, a few lines per step of work: one KV head's rows in a
+ * block of 16 tokens are only a few KiB, the next block is anywhere, and
+ * hardware prefetchers stop at page boundaries, so without this a paged
+ * cache streams at a fraction of the memory bandwidth; issued all at once,
+ * the prefetches overflow the miss queues and help little.  Runs are laid
+ * out in address order: for a whole block, the item's heads are one run in
+ * each of the K and V slabs. */
+#define KVC__PF_RUNS 64
+typedef struct {
+    const uint8_t *k[KVC__PF_RUNS], *v[KVC__PF_RUNS]; /* v NULL: K only (a latent) */
+    uint32_t lines[KVC__PF_RUNS];
+    uint32_t n, cur, line;
+    uint32_t per; /* lines of K (and of V) per step */
+} kvc__pf_t;
+
+/* Issue the cursor's next `per` lines of K and of V. */
+static inline void kvc__pf_step(kvc__pf_t *c)
+{
+    uint32_t n = c->per;
+    while (n && c->cur < c->n) {
+        const uint32_t left = c->lines[c->cur] - c->line, m = n < left ? n : left;
+        const uint8_t *k = c->k[c->cur] + (size_t)c->line * 64;
+        for (uint32_t i = 0; i < m; i++)
+            _mm_prefetch((const char *)(k + (size_t)i * 64), _MM_HINT_T1);
+        if (c->v[c->cur]) {
+            const uint8_t *v = c->v[c->cur] + (size_t)c->line * 64;
+            for (uint32_t i = 0; i < m; i++)
+                _mm_prefetch((const char *)(v + (size_t)i * 64), _MM_HINT_T1);
+        }
+        c->line += m;
+        n -= m;
+        if (c->line == c->lines[c->cur]) c->cur++, c->line = 0;
+    }
+}
+
+/* Plan the prefetches of key tile [tb, tb + tt) of an item, to be spread
+ * over `steps` calls of kvc__pf_step.  Blocks smaller than `gt` tokens are
+ * not prefetched (their rows are gathered one by one anyway). */
+static inline void kvc__pf_plan(kvc__pf_t *c, const kvc__attn_item_t *it, const kvc_kv_view_t *kv,
+                                int64_t tb, uint32_t tt, uint32_t gt, uint32_t steps)
+{
+    const uint32_t bs = kv->shape.block_size, nh = it->n_heads;
+    const size_t row = kvc__row_bytes(kv);
+    const bool latent = kv->shape.n_kv == 1;
+    c->n = c->cur = c->line = c->per = 0;
+    if (bs < gt || tb > it->hi_max) return;
+    const int64_t a0 = KVC_MAX(tb, it->lo_min), b0 = KVC_MIN(tb + tt - 1, it->hi_max);
+    uint32_t total = 0;
+    for (int64_t a = a0; a <= b0 && c->n < KVC__PF_RUNS;) {
+        const uint32_t blk = it->blocks[a / bs], off = (uint32_t)(a % bs);
+        const int64_t b = KVC_MIN(b0, a - off + bs - 1);
+        const size_t n = (size_t)(b - a + 1);
+        const uint32_t runs = n == bs ? 1 : nh; /* a whole block: one run per slab */
+        for (uint32_t h = 0; h < runs && c->n < KVC__PF_RUNS; h++) {
+            const uint32_t head = it->kv_head + h, o = n == bs ? 0 : off;
+            c->k[c->n] = kvc__row(kv, blk, head, o, 0);
+            c->v[c->n] = latent ? NULL : kvc__row(kv, blk, head, o, 1);
+            c->lines[c->n] = (uint32_t)(((n == bs ? nh : 1) * n * row + 63) / 64);
+            total += c->lines[c->n++];
+        }
+        a = b + 1;
+    }
+    c->per = steps ? (total + steps - 1) / steps : total;
 }
 
 #endif /* KVCACHE_ATTN_INT_H */
