@@ -351,6 +351,7 @@ typedef struct {
     size_t cel;          /* bytes of a compute-type element (2 or 4) */
     size_t side_floats;  /* scale floats per layer in a block */
     bool conv_k, conv_v; /* rows must be converted (not read in place) */
+    bool fused_v;        /* FP8 V decoded inside P.V (codes read in place) */
     bool latent, scaled, per_channel;
     lut_t lut;
     pf_t pf; /* prefetches of the next key tile */
@@ -548,6 +549,108 @@ static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, cons
 #undef PV_CASE
 }
 
+/* P.V straight from FP8 V codes (the BF16 path, V rows of dv % 64 == 0): a
+ * token pair's 64-code chunks are byte-interleaved, looked up (the bf16
+ * bits' high and low bytes) and word-interleaved, which gives the pair
+ * operands of VDPBF16PS without a scratch copy.  32-channel chunk c = 2m + h
+ * of the accumulators holds, for 128-bit lane l, channels 64m + 16l + 8h + j
+ * in its first vector and 64m + 16l + 8h + 4 + j in its second (j < 4). */
+static inline VBMI __attribute__((always_inline)) void
+pv_fp8_pass(float *o, uint32_t dv, uint32_t c0, int r0, const group_t *g, uint32_t ng,
+            const uint32_t *pp, int rt, int RB, int CB, int S, pf_t *pf, const lut_t *lut)
+{
+#define ACC(sp, r, cc, h) acc[(((sp)*RB + (r)) * CB + (cc)) * 2 + (h)]
+    const __m512i hi0 = lut->hi0, hi1 = lut->hi1, lo0 = lut->lo0, lo1 = lut->lo1;
+    const __m512i sgn = _mm512_set1_epi8((char)0x80);
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int cc = 0; cc < CB; cc++) {
+            const float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
+            ACC(0, r, cc, 0) = _mm512_load_ps(row);
+            ACC(0, r, cc, 1) = _mm512_load_ps(row + 16);
+#pragma GCC unroll 16
+            for (int sp = 1; sp < S; sp++)
+                ACC(sp, r, cc, 0) = ACC(sp, r, cc, 1) = _mm512_setzero_ps();
+        }
+    for (uint32_t gi = 0; gi < ng; gi++) {
+        const size_t vst = g[gi].vst;
+        const uint8_t *v = g[gi].v;
+        const uint32_t *p = pp + (size_t)gi * (GT / 2) * rt + r0;
+#pragma GCC unroll 16
+        for (int tp0 = 0; tp0 < GT / 2; tp0 += S) {
+            if (pf) pf_step(pf);
+#pragma GCC unroll 16
+            for (int sp = 0; sp < S; sp++) {
+                const int tp = tp0 + sp;
+#pragma GCC unroll 16
+                for (int cc = 0; cc < CB; cc++) {
+                    const uint32_t c32 = c0 / 32 + (uint32_t)cc;
+                    const uint8_t *vx = v + (size_t)(2 * tp) * vst + (size_t)(c32 / 2) * 64;
+                    __m512i x = _mm512_loadu_si512(vx), y = _mm512_loadu_si512(vx + vst);
+                    __m512i z = c32 & 1 ? _mm512_unpackhi_epi8(x, y) : _mm512_unpacklo_epi8(x, y);
+                    __m512i hb = _mm512_permutex2var_epi8(hi0, z, hi1);
+                    __m512i lb = _mm512_permutex2var_epi8(lo0, z, lo1);
+                    hb = _mm512_ternarylogic_epi32(hb, z, sgn, 0xf8); /* hb | (z & 0x80) */
+                    __m512bh lo = (__m512bh)_mm512_unpacklo_epi8(lb, hb);
+                    __m512bh hi = (__m512bh)_mm512_unpackhi_epi8(lb, hb);
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; r++) {
+                        __m512bh w = (__m512bh)_mm512_set1_epi32((int)p[tp * rt + r]);
+                        ACC(sp, r, cc, 0) = _mm512_dpbf16_ps(ACC(sp, r, cc, 0), lo, w);
+                        ACC(sp, r, cc, 1) = _mm512_dpbf16_ps(ACC(sp, r, cc, 1), hi, w);
+                    }
+                }
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int cc = 0; cc < CB; cc++) {
+            __m512 x0 = ACC(0, r, cc, 0), x1 = ACC(0, r, cc, 1);
+#pragma GCC unroll 16
+            for (int sp = 1; sp < S; sp++)
+                x0 = _mm512_add_ps(x0, ACC(sp, r, cc, 0)),
+                x1 = _mm512_add_ps(x1, ACC(sp, r, cc, 1));
+            float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
+            _mm512_store_ps(row, x0);
+            _mm512_store_ps(row + 16, x1);
+        }
+#undef ACC
+}
+
+/* All of the fused P.V for a row tile, split as pv() splits it (a function of
+ * its own: only it may use VBMI). */
+static VBMI __attribute__((noinline)) void pv_fp8(float *o, uint32_t dv, const group_t *g,
+                                                  uint32_t ng, const uint32_t *pp, int rt, pf_t *pf,
+                                                  const lut_t *lut)
+{
+    const int RB = rt < 8 ? rt : 8;
+    const uint32_t chunks = dv / 32;
+    uint32_t cb = (uint32_t)(8 / RB);
+    while (chunks % cb) cb /= 2;
+#define PV_FP8(RBV, CBV)                                                                      \
+    if (RB == RBV && cb == CBV) {                                                             \
+        for (int r0 = 0; r0 < rt; r0 += RBV)                                                  \
+            for (uint32_t c = 0; c < dv; c += 32 * CBV)                                       \
+                pv_fp8_pass(o, dv, c, r0, g, ng, pp, rt, RBV, CBV, 8 / (RBV * CBV), pf, lut); \
+        return;                                                                               \
+    }
+    PV_FP8(1, 8)
+    PV_FP8(1, 4)
+    PV_FP8(1, 2)
+    PV_FP8(1, 1)
+    PV_FP8(2, 4)
+    PV_FP8(2, 2)
+    PV_FP8(2, 1)
+    PV_FP8(4, 2)
+    PV_FP8(4, 1)
+    PV_FP8(8, 1)
+#undef PV_FP8
+}
+
 /* For rt = 1, 2, 4, 8: word 2 (tpl * rt + r) + b of a weight vector in
  * pair order is word (2 tpl + b) * rt + r of the [token][row] vector. */
 static const uint16_t pair_index[4][16] = {
@@ -659,8 +762,12 @@ row_tile(const job_t *j, uint32_t t, const group_t *g, uint32_t ng, int rt, bool
         }
     }
     _mm512_store_ps(w->lv + 16 * t, _mm512_add_ps(_mm512_load_ps(w->lv + 16 * t), lsum));
-    pv(w->o + (size_t)t * rt * cfg->dv, cfg->dv, g, ng, w->s, w->pp, rt, bf16,
-       t % j->tph == 0 ? (pf_t *)&j->pf : NULL);
+    pf_t *pf = t % j->tph == 0 ? (pf_t *)&j->pf : NULL;
+    float *o = w->o + (size_t)t * rt * cfg->dv;
+    if (bf16 && j->fused_v)
+        pv_fp8(o, cfg->dv, g, ng, w->pp, rt, pf, &j->lut);
+    else
+        pv(o, cfg->dv, g, ng, w->s, w->pp, rt, bf16, pf);
 }
 
 static void row_tile_any(const job_t *j, uint32_t t, const group_t *g, uint32_t ng)
@@ -834,14 +941,27 @@ static uint32_t build_groups(job_t *j, uint32_t kvh, int64_t tb, uint32_t tt)
             if (j->latent) {
                 g->v = g->k, g->vst = g->kst;
             } else {
-                g->v = group_rows(j, vd, kvc__row(kv, blk, kvh, off0, 1), i0, i1, dv, j->conv_v,
-                                  NULL, &g->vst);
+                if (j->fused_v) {
+                    /* codes in place, or copied with zeros (0.0) past the valid rows */
+                    const uint8_t *src = kvc__row(kv, blk, kvh, off0, 1);
+                    if (i0 == 0 && i1 == GT - 1) {
+                        g->v = src, g->vst = j->row;
+                    } else {
+                        memset(vd, 0, (size_t)GT * dv);
+                        memcpy(vd + (size_t)i0 * dv, src + (size_t)i0 * j->row,
+                               (size_t)(i1 - i0 + 1) * dv);
+                        g->v = vd, g->vst = dv;
+                    }
+                } else {
+                    g->v = group_rows(j, vd, kvc__row(kv, blk, kvh, off0, 1), i0, i1, dv, j->conv_v,
+                                      NULL, &g->vst);
+                }
             }
             continue;
         }
         /* blocks smaller than a group: gather token by token */
         float *ks = w->ks + ng * GT, *vs = w->vs + ng * GT;
-        const size_t ko = (size_t)dk * j->cel, vo = (size_t)dv * j->cel;
+        const size_t ko = (size_t)dk * j->cel, vo = j->fused_v ? dv : (size_t)dv * j->cel;
         for (int i = 0; i < GT; i++) {
             ks[i] = vs[i] = 1.0f;
             uint8_t *kr = kd + (size_t)i * ko, *vr = vd + (size_t)i * vo;
@@ -863,7 +983,7 @@ static uint32_t build_groups(job_t *j, uint32_t kvh, int64_t tb, uint32_t tt)
                 memcpy(kr, ksrc, ko);
             if (j->latent) continue;
             const uint8_t *vsrc = kvc__row(kv, blk, kvh, off, 1);
-            if (j->conv_v)
+            if (j->conv_v && !j->fused_v)
                 convert_rows(j, vr, vsrc, 1, dv, NULL);
             else
                 memcpy(vr, vsrc, vo);
@@ -904,6 +1024,7 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
     j.per_channel = kv->shape.layout == KVC_SCALE_CHANNEL_TOKEN;
     j.conv_k = dt != ct || j.per_channel;
     j.conv_v = dt != ct;
+    j.fused_v = cfg->bf16 && j.conv_v && !j.latent && cfg->dv % 64 == 0;
     if (cfg->bf16 && dt != KVC_DTYPE_BF16) j.lut = make_lut(dt);
     for (uint32_t t = 0; t < j.n_tiles; t++) {
         build_qt(&j, t);
@@ -934,7 +1055,19 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
             __m512 inv = _mm512_set1_ps(l[r] > 0 ? 1.0f / l[r] : 0.0f);
             for (uint32_t c = 0; c < cfg->dv; c += 32) {
                 __m512 a = _mm512_load_ps(o + c), b = _mm512_load_ps(o + c + 16);
-                if (cfg->bf16) {
+                if (j.fused_v) {
+                    /* chunk c = 2m + h: lane 4l + j of vector v is channel
+                     * 64m + 16l + 8h + 4v + j: gather this 32-channel run from
+                     * the chunk pair */
+                    const uint32_t m64 = c / 64, half = (c / 32) & 1;
+                    float tmp[32];
+                    for (uint32_t q = 0; q < 32; q++) {
+                        const uint32_t ch = half * 32 + q; /* channel within the 64 */
+                        const uint32_t ln = ch / 16, h = (ch / 8) & 1, v = (ch / 4) & 1, jj = ch & 3;
+                        tmp[q] = o[m64 * 64 + h * 32 + v * 16 + ln * 4 + jj];
+                    }
+                    a = _mm512_loadu_ps(tmp), b = _mm512_loadu_ps(tmp + 16);
+                } else if (cfg->bf16) {
                     __m512 x = _mm512_permutex2var_ps(a, u0, b),
                            y = _mm512_permutex2var_ps(a, u1, b);
                     a = x, b = y;
