@@ -10,6 +10,7 @@
 #include "kvcache/sched.h"
 #include "kvcache/plan.h"
 #include "kvcache/sim.h"
+#include "kvcache/attn.h"
 
 #define KVC_VERSION "0.1.0"
 
