@@ -164,7 +164,7 @@ static int run_variant(const variant_t *va, const data_t *d, float *out, double 
         vgiven[0] = kvc_scale_from_amax(va->dtype, vmx, 1.0f);
         qs.k_scale = kgiven, qs.v_scale = vgiven;
     }
-    uint32_t *slots = malloc(sizeof(uint32_t) * S);
+    int64_t *slots = malloc(sizeof(int64_t) * S);
     for (uint32_t t = 0; t < S; t++) slots[t] = t;
     /* prefill, then token by token */
     uint32_t first = KVC_MIN(S, PREFILL);
@@ -212,7 +212,7 @@ static int reference(const data_t *d, double *ref)
     uint8_t *buf = aligned_alloc(64, bb * nb);
     kvc_kv_view_t kv;
     int rc = kvc_kv_view_contiguous(buf, bb * nb, nb, &sh, 0, &kv);
-    uint32_t *slots = malloc(sizeof(uint32_t) * S);
+    int64_t *slots = malloc(sizeof(int64_t) * S);
     for (uint32_t t = 0; t < S; t++) slots[t] = t;
     if (!rc) rc = kvc_attn_write_kv(&kv, slots, S, d->k, d->v, NULL, KVC_ISA_AUTO);
     uint32_t *idx = malloc(sizeof(uint32_t) * nb * NQ), indptr[NQ + 1] = {0}, last[NQ];

@@ -133,7 +133,7 @@ static void cache_make(cache_t *c, const cache_cfg_t *cf, kvc_rng_t *rng)
     for (uint32_t s = 0; s < cf->n_seqs; s++) {
         uint32_t S = cf->lens[s];
         float *k = malloc(sizeof(float) * S * H * d), *v = malloc(sizeof(float) * S * H * d);
-        uint32_t *slots = malloc(sizeof(uint32_t) * S);
+        int64_t *slots = malloc(sizeof(int64_t) * S);
         for (uint32_t t = 0; t < S; t++) {
             uint32_t blk = c->kv_indices[c->kv_indptr[s] + t / bs];
             slots[t] = blk * bs + t % bs;
@@ -789,7 +789,7 @@ static void write_sets_block_scales_and_counts_clipping(void **state)
     for (uint32_t i = 0; i < 3 * H * d; i++)
         k[i] = (float)(i % 7) - 3.0f, v[i] = 0.5f * (float)(i % 5);
     /* step 1: tokens 0..2 into block 5; head 0's K max is 3, V max is 2 */
-    uint32_t slots[3] = {5 * bs + 0, 5 * bs + 1, 5 * bs + 2};
+    int64_t slots[3] = {5 * bs + 0, 5 * bs + 1, 5 * bs + 2};
     assert_ok(kvc_attn_write_kv(&kv, slots, 3, k, v, &qs, KVC_ISA_AUTO));
     const float *sc = (const float *)kvc_pool_scale_data(pool, 5) + kvc_scale_floats_per_layer(&sh);
     assert_true(kam[2] == 3.0f && kam[3] == 3.0f && vam[2] == 2.0f && kam[0] == 0.0f);
@@ -806,7 +806,7 @@ static void write_sets_block_scales_and_counts_clipping(void **state)
      * fixed) and is counted; the running max grows */
     float k2[H * d], v2[H * d];
     for (uint32_t i = 0; i < H * d; i++) k2[i] = i == 3 ? 30.0f : 1.0f, v2[i] = 1.0f;
-    uint32_t s3 = 5 * bs + 3;
+    int64_t s3 = 5 * bs + 3;
     assert_ok(kvc_attn_write_kv(&kv, &s3, 1, k2, v2, &qs, KVC_ISA_AUTO));
     assert_int_equal(qs.k_stats.n_clipped, 1);
     assert_true(sc[0] == 3.0f / 448.0f);
@@ -814,7 +814,7 @@ static void write_sets_block_scales_and_counts_clipping(void **state)
     const uint8_t *k3 = (const uint8_t *)kvc_pool_kv_data(pool, 5, 1, 0) + 3 * d;
     assert_int_equal(k3[3], 0x7e); /* saturated at 448 */
     /* step 3: a new block takes the grown maximum */
-    uint32_t s4 = 2 * bs;
+    int64_t s4 = 2 * bs;
     assert_ok(kvc_attn_write_kv(&kv, &s4, 1, k2, v2, &qs, KVC_ISA_AUTO));
     const float *sc2 =
         (const float *)kvc_pool_scale_data(pool, 2) + kvc_scale_floats_per_layer(&sh);
@@ -823,7 +823,7 @@ static void write_sets_block_scales_and_counts_clipping(void **state)
     /* given scales win over the running maxima */
     float given_k[4] = {1, 1, 0.5f, 0.25f}, given_v[4] = {1, 1, 2, 2};
     qs.k_scale = given_k, qs.v_scale = given_v;
-    uint32_t s5 = 3 * bs;
+    int64_t s5 = 3 * bs;
     assert_ok(kvc_attn_write_kv(&kv, &s5, 1, k2, v2, &qs, KVC_ISA_AUTO));
     const float *sc3 =
         (const float *)kvc_pool_scale_data(pool, 3) + kvc_scale_floats_per_layer(&sh);
@@ -831,11 +831,11 @@ static void write_sets_block_scales_and_counts_clipping(void **state)
     given_k[2] = 0.0f; /* bad given scale: refused, nothing written */
     uint8_t before[64];
     memcpy(before, kvc_pool_kv_data(pool, 4, 1, 0), 64);
-    uint32_t s6 = 4 * bs;
+    int64_t s6 = 4 * bs;
     assert_int_equal(kvc_attn_write_kv(&kv, &s6, 1, k2, v2, &qs, KVC_ISA_AUTO), KVC_EINVAL);
     assert_memory_equal(before, kvc_pool_kv_data(pool, 4, 1, 0), 64);
     /* slots out of range, missing V */
-    uint32_t bad = 8 * bs;
+    int64_t bad = 8 * bs;
     qs.k_scale = qs.v_scale = NULL;
     assert_int_equal(kvc_attn_write_kv(&kv, &bad, 1, k2, v2, &qs, KVC_ISA_AUTO), KVC_EINVAL);
     assert_int_equal(kvc_attn_write_kv(&kv, &s6, 1, k2, NULL, &qs, KVC_ISA_AUTO), KVC_EINVAL);
@@ -876,7 +876,7 @@ static void channel_token_scales(void **state)
     float k[2 * 64], v[2 * 64];
     for (uint32_t i = 0; i < 2 * d; i++)
         k[i] = (float)((i % d) + 1), v[i] = i < d ? 1000.0f : 1e-3f * (float)i;
-    uint32_t slots[2] = {bs, bs + 1};
+    int64_t slots[2] = {bs, bs + 1};
     assert_ok(kvc_attn_write_kv(&kv, slots, 2, k, v, &qs, KVC_ISA_AUTO));
     const float *sc = (const float *)(buf + bb + kv.scale_offset);
     for (uint32_t c = 0; c < d; c++) assert_true(sc[c] == (float)(c + 1) / 57344.0f);

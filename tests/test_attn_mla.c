@@ -91,7 +91,7 @@ static void run_case(const mcase_t *mc, kvc_rng_t *rng)
     for (uint32_t s = 0; s < mc->n_seqs; s++) {
         uint32_t S = mc->lens[s];
         float *lat = malloc(sizeof(float) * S * dk);
-        uint32_t *slots = malloc(sizeof(uint32_t) * S);
+        int64_t *slots = malloc(sizeof(int64_t) * S);
         for (uint32_t t = 0; t < S; t++) {
             slots[t] = idx[indptr[s] + t / bs] * bs + t % bs;
             for (uint32_t c = 0; c < dk; c++)

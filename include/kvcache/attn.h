@@ -147,13 +147,13 @@ int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
 
 /* ---- writing new K/V ------------------------------------------------------
  * Store n_tokens new tokens: token i goes to slot slots[i] (= block *
- * block_size + offset), k and v are (n_tokens, n_kv_heads, head_dim) fp32
+ * block_size + offset, as kvc_seq_reserve gives them; negative: KVC_EINVAL), k and v are (n_tokens, n_kv_heads, head_dim) fp32
  * (v NULL for a latent cache, n_kv = 1).  Quantises for the view's dtype
  * and scale layout, setting block scales as quant.h describes (quant may
  * be NULL only for KVC_SCALE_NONE; clipping is still counted if given).
  * KVC_EINVAL for a bad slot (block out of range) or missing arguments;
  * nothing is written then.  KVC_ENOTSUP for a forced ISA this CPU lacks. */
-int kvc_attn_write_kv(const kvc_kv_view_t *kv, const uint32_t *slots, uint32_t n_tokens,
+int kvc_attn_write_kv(const kvc_kv_view_t *kv, const int64_t *slots, uint32_t n_tokens,
                       const float *k, const float *v, kvc_kv_quant_t *quant, kvc_isa_t isa);
 
 /* ---- MLA (multi-head latent attention), absorbed form ----------------------

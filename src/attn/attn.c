@@ -429,7 +429,7 @@ static void init_block_scales(const kvc_kv_view_t *kv, const kvc_kv_quant_t *qs,
     }
 }
 
-int kvc_attn_write_kv(const kvc_kv_view_t *kv, const uint32_t *slots, uint32_t n_tokens,
+int kvc_attn_write_kv(const kvc_kv_view_t *kv, const int64_t *slots, uint32_t n_tokens,
                       const float *k, const float *v, kvc_kv_quant_t *quant, kvc_isa_t isa)
 {
     if (!view_ok(kv)) return KVC_EINVAL;
@@ -441,7 +441,7 @@ int kvc_attn_write_kv(const kvc_kv_view_t *kv, const uint32_t *slots, uint32_t n
     if (rc) return rc;
     const uint32_t bs = sh->block_size, H = sh->n_kv_heads, d = sh->head_dim;
     for (uint32_t i = 0; i < n_tokens; i++)
-        if (slots[i] / bs >= kv->n_blocks) return KVC_EINVAL;
+        if (slots[i] < 0 || (uint64_t)slots[i] / bs >= kv->n_blocks) return KVC_EINVAL;
     const bool scaled = sh->layout != KVC_SCALE_NONE;
     if (scaled) {
         if (!quant) return KVC_EINVAL;
@@ -457,7 +457,7 @@ int kvc_attn_write_kv(const kvc_kv_view_t *kv, const uint32_t *slots, uint32_t n
     kvc_quant_stats_t kst = {0}, vst = {0};
     const kvc_dtype_t dt = sh->dtype;
     for (uint32_t i = 0; i < n_tokens; i++) {
-        uint32_t blk = slots[i] / bs, off = slots[i] % bs;
+        uint32_t blk = (uint32_t)((uint64_t)slots[i] / bs), off = (uint32_t)((uint64_t)slots[i] % bs);
         float *sc = kvc__scales(kv, blk);
         if (sc && (off == 0 || sc[0] == 0.0f)) init_block_scales(kv, quant, sc);
         for (uint32_t h = 0; h < H; h++) {
