@@ -40,7 +40,7 @@
 
 #define HEAD_DIM 128
 #define KV_HEADS 8
-#define BLOCK    16 /* block size of the main table */
+static uint32_t BLOCK = 16; /* block size of the main table (--block) */
 
 /* ---- a team of threads, the caller being thread 0 ------------------------------ */
 typedef void (*work_fn)(void *ctx, int tid, int n_threads);
@@ -177,6 +177,47 @@ static double measure_bw(team_t *t, const uint8_t *buf, size_t bytes, int reps)
     double v[32];
     team_run(t, bw_work, &c); /* warm up (page faults are long gone) */
     for (int i = 0; i < reps; i++) v[i] = (double)bytes / team_run(t, bw_work, &c);
+    return median(v, reps);
+}
+
+/* Read runs of `run` bytes at random places: what a paged cache's blocks
+ * cost the memory system, with nothing else in the way.  The runs are a
+ * random permutation of the buffer's run-sized pieces, split among the
+ * threads. */
+typedef struct {
+    const uint8_t *buf;
+    size_t run;
+    const uint32_t *order;
+    size_t n_runs;
+    volatile uint64_t sink[8];
+} runs_ctx_t;
+
+static void runs_work(void *ctx, int tid, int n)
+{
+    runs_ctx_t *c = ctx;
+    size_t b = c->n_runs * (size_t)tid / (size_t)n, e = c->n_runs * (size_t)(tid + 1) / (size_t)n;
+    uint64_t acc = 0;
+    for (size_t i = b; i < e; i++) acc += read_avx2(c->buf + (size_t)c->order[i] * c->run, c->run);
+    c->sink[tid] = acc;
+}
+
+static double measure_runs(team_t *t, const uint8_t *buf, size_t bytes, size_t run, int reps)
+{
+    runs_ctx_t c = {.buf = buf, .run = run, .n_runs = bytes / run};
+    uint32_t *order = malloc(sizeof(uint32_t) * c.n_runs);
+    uint64_t st = 0x2545f4914f6cdd1dull;
+    for (size_t i = 0; i < c.n_runs; i++) order[i] = (uint32_t)i;
+    for (size_t i = c.n_runs - 1; i > 0; i--) {
+        st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+        size_t j = (size_t)(st % (i + 1));
+        uint32_t x = order[i];
+        order[i] = order[j], order[j] = x;
+    }
+    c.order = order;
+    double v[32];
+    team_run(t, runs_work, &c);
+    for (int i = 0; i < reps; i++) v[i] = (double)(c.n_runs * run) / team_run(t, runs_work, &c);
+    free(order);
     return median(v, reps);
 }
 
@@ -501,6 +542,8 @@ int main(int argc, char **argv)
             csv_path = argv[++i];
         else if (!strcmp(argv[i], "--no-huge"))
             use_huge = false;
+        else if (!strcmp(argv[i], "--block") && i + 1 < argc)
+            BLOCK = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--blocks-only"))
             blocks_only = true;
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
@@ -546,7 +589,8 @@ int main(int argc, char **argv)
 
     /* the machine */
     size_t bw_bytes = (size_t)1 << 30;
-    uint8_t *bw_buf = aligned_alloc(4096, bw_bytes);
+    uint8_t *bw_buf = aligned_alloc((size_t)2 << 20, bw_bytes);
+    if (use_huge) madvise(bw_buf, bw_bytes, MADV_HUGEPAGE); /* as the pool's storage */
     memset(bw_buf, 1, bw_bytes);
     double bw[2], fma[2], dp[2] = {0, 0};
     for (int t = 0; t < 2; t++) {
@@ -565,6 +609,16 @@ int main(int argc, char **argv)
         printf("BF16 dot: not available\n");
     printf("AMX-BF16 tiles: %s\n", cpu->amx_bf16 ? "present, not measured (no kernel uses AMX)"
                                                  : "not present on this CPU");
+    /* one block of the main table holds K and V of all heads: 16 tokens are
+     * 32 KiB (fp8), 64 KiB (bf16), 128 KiB (f32) */
+    printf("read of runs at random places (the pages of a paged cache):\n");
+    for (size_t run = 32 << 10; run <= (size_t)1 << 20; run *= 2) {
+        double r1 = measure_runs(&team[0], bw_buf, bw_bytes, run, reps);
+        double r2 = measure_runs(&team[1], bw_buf, bw_bytes, run, reps);
+        printf("  runs of %4zu KiB               %7.1f GB/s  %7.1f GB/s   (%3.0f%% / %3.0f%% of "
+               "one stream)\n",
+               run >> 10, r1 * 1e-9, r2 * 1e-9, 100 * r1 / bw[0], 100 * r2 / bw[1]);
+    }
     printf("ridge point (peak / bandwidth): FMA %.1f FLOP/B per thread%s\n", fma[0] / bw[0],
            cpu->avx512_bf16 ? "" : "");
     if (cpu->avx512_bf16)
@@ -636,20 +690,29 @@ int main(int argc, char **argv)
     /* paged vs contiguous as blocks grow: a paged block is a random jump, so
      * the gap is what each jump costs against the bytes read between jumps */
     if (!only_ctx && only_dt < 0) {
-        printf("\npaged vs contiguous by block size (32K, bf16, g=4, 1 thread)\n%-6s %9s %9s %7s\n",
-               "block", "paged", "contig", "ratio");
-        const uint32_t bss[] = {16, 64, 256};
-        for (int bi = 0; bi < 3; bi++) {
+        printf("\npaged vs contiguous by block size (32K, bf16, 1 thread; frac: of the roofline "
+               "bound %.1f GB/s)\n%-6s %2s %9s %9s %7s %6s\n",
+               bw[0] * 1e-9, "block", "g", "paged", "contig", "ratio", "frac");
+        const uint32_t bss[] = {16, 32, 64, 128, 256};
+        for (int bi = 0; bi < 5; bi++) {
             setup_t s;
             int rc = setup_make(&s, KVC_DTYPE_BF16, 32768, min_mib * 1048576.0, 2, bss[bi]);
             if (rc) return fprintf(stderr, "bench_attn: setup: %s\n", kvc_strerror(rc)), 1;
-            double tp = time_decode(&team[0], &s, 4, true, false, isa, reps);
-            double tc = time_decode(&team[0], &s, 4, false, false, isa, reps);
-            printf("%-6u %6.1f GB/s %6.1f GB/s %6.0f%%\n", bss[bi], s.kv_bytes / tp * 1e-9,
-                   s.kv_bytes / tc * 1e-9, 100.0 * tc / tp);
-            if (csv)
-                fprintf(csv, "32768,4,bf16,1,paged-vs-contig-block%u,packed,%u,%.4f,%.3f,,,,%.4f\n",
-                        bss[bi], s.n_seqs, tp * 1e3, s.kv_bytes / tp * 1e-9, tc / tp);
+            for (size_t gi = 0; gi < 3; gi++) {
+                const uint32_t g = groups[gi];
+                double tp = time_decode(&team[0], &s, g, true, false, isa, reps);
+                double tc = time_decode(&team[0], &s, g, false, false, isa, reps);
+                double bound = bw[0];
+                const double fpb = 4.0 * g / 2.0, pk = bf16_path ? dp[0] : fma[0];
+                if (pk / fpb < bound) bound = pk / fpb;
+                printf("%-6u %2u %6.1f GB/s %6.1f GB/s %6.0f%% %5.0f%%\n", bss[bi], g,
+                       s.kv_bytes / tp * 1e-9, s.kv_bytes / tc * 1e-9, 100.0 * tc / tp,
+                       100.0 * s.kv_bytes / tp / bound);
+                if (csv)
+                    fprintf(csv,
+                            "32768,%u,bf16,1,paged-vs-contig-block%u,packed,%u,%.4f,%.3f,,,,%.4f\n",
+                            g, bss[bi], s.n_seqs, tp * 1e3, s.kv_bytes / tp * 1e-9, tc / tp);
+            }
             setup_free(&s, 2);
         }
     }

@@ -260,6 +260,10 @@ static inline void *kvc__ws_take(uint8_t **cur, size_t bytes)
  * out in address order: for a whole block, the item's heads are one run in
  * each of the K and V slabs. */
 #define KVC__PF_RUNS 64
+/* Into L1: one key tile ahead is little enough to fit beside the working
+ * set, and on the Zen 5 this was measured on it beat T1 (L2) by 0-35% on
+ * the bf16 and f32 rows (FP8 within noise). */
+#define KVC__PF_HINT _MM_HINT_T0
 typedef struct {
     const uint8_t *k[KVC__PF_RUNS], *v[KVC__PF_RUNS]; /* v NULL: K only (a latent) */
     uint32_t lines[KVC__PF_RUNS];
@@ -275,11 +279,11 @@ static inline void kvc__pf_step(kvc__pf_t *c)
         const uint32_t left = c->lines[c->cur] - c->line, m = n < left ? n : left;
         const uint8_t *k = c->k[c->cur] + (size_t)c->line * 64;
         for (uint32_t i = 0; i < m; i++)
-            _mm_prefetch((const char *)(k + (size_t)i * 64), _MM_HINT_T1);
+            _mm_prefetch((const char *)(k + (size_t)i * 64), KVC__PF_HINT);
         if (c->v[c->cur]) {
             const uint8_t *v = c->v[c->cur] + (size_t)c->line * 64;
             for (uint32_t i = 0; i < m; i++)
-                _mm_prefetch((const char *)(v + (size_t)i * 64), _MM_HINT_T1);
+                _mm_prefetch((const char *)(v + (size_t)i * 64), KVC__PF_HINT);
         }
         c->line += m;
         n -= m;
