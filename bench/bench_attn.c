@@ -10,9 +10,12 @@
  *   - decode attention over the paged cache, in bytes of K/V read per second,
  *     for contexts of 4K, 32K and 128K tokens, head_dim 128, 8 KV heads,
  *     group sizes 1, 4 and 8, storage f32, bf16 and fp8-e4m3 (per-head
- *     scales), with 1 and 2 threads, paged (blocks of 16 in random order)
- *     and contiguous (the same pool, blocks in order), and GQA packing
- *     against a loop over query heads.
+ *     scales), with 1 and 2 threads, paged (blocks of 16 in random order;
+ *     --block N for another size) and contiguous (the same pool, blocks in
+ *     order), and GQA packing against a loop over query heads;
+ *   - what paging costs the memory system alone: reads of runs of 32 KiB to
+ *     1 MiB at random places (a block of the main table is one such run),
+ *     and paged vs contiguous decode for blocks of 16 to 256 tokens.
  * Each row prints its roofline bound, min(read bandwidth, peak rate /
  * arithmetic intensity), and the fraction of it reached; the bandwidth is
  * measured again before each block of rows (the machine is shared) and the
@@ -23,7 +26,7 @@
  * caches), so every step streams from memory.
  *
  *   bench_attn [--quick] [--reps N] [--min-mib M] [--csv FILE] [--isa NAME]
- *              [--ctx TOKENS] [--dtype NAME] [--no-huge] [--blocks-only]
+ *              [--ctx TOKENS] [--dtype NAME] [--block N] [--no-huge] [--blocks-only]
  * (--no-huge: no transparent huge pages for the pool; --blocks-only: only the
  * paged-vs-contiguous sweep over block sizes)
  */
@@ -543,7 +546,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-huge"))
             use_huge = false;
         else if (!strcmp(argv[i], "--block") && i + 1 < argc)
+        {
             BLOCK = (uint32_t)atoi(argv[++i]);
+            if (BLOCK < 1 || BLOCK > 4096 || (BLOCK & (BLOCK - 1)))
+                return fprintf(stderr, "bench_attn: --block must be a power of two, 1-4096\n"), 2;
+        }
         else if (!strcmp(argv[i], "--blocks-only"))
             blocks_only = true;
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
@@ -558,8 +565,8 @@ int main(int argc, char **argv)
             fprintf(
                 stderr,
                 "usage: bench_attn [--quick] [--reps N] [--min-mib M] [--csv FILE] [--isa NAME]\n"
-                "                  [--ctx TOKENS] [--dtype f32|bf16|fp8-e4m3] [--no-huge]\n"
-                "                  [--blocks-only]\n");
+                "                  [--ctx TOKENS] [--dtype f32|bf16|fp8-e4m3] [--block N]\n"
+                "                  [--no-huge] [--blocks-only]\n");
             return 2;
         }
     }
