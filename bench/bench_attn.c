@@ -484,6 +484,7 @@ typedef struct {
     kvc_attn_params_t p;
     kvc_attn_batch_t batch;
     uint32_t n_items;
+    int iters; /* steps per timed run (0: 1) */
     int rc[8];
 } dec_ctx_t;
 
@@ -492,15 +493,16 @@ static void dec_work(void *ctx, int tid, int n)
     dec_ctx_t *c = ctx;
     uint32_t b = (uint32_t)((uint64_t)c->n_items * (uint64_t)tid / (uint64_t)n);
     uint32_t e = (uint32_t)((uint64_t)c->n_items * (uint64_t)(tid + 1) / (uint64_t)n);
-    c->rc[tid] = kvc_attn_forward(&c->p, &c->s->view, &c->batch, c->s->q, c->s->out, c->s->ws[tid],
-                                  c->s->ws_bytes, b, e);
+    for (int i = 0; i < (c->iters > 0 ? c->iters : 1); i++)
+        c->rc[tid] = kvc_attn_forward(&c->p, &c->s->view, &c->batch, c->s->q, c->s->out,
+                                      c->s->ws[tid], c->s->ws_bytes, b, e);
 }
 
 /* Median seconds per decode step. */
-static double time_decode(team_t *t, const setup_t *s, uint32_t g, bool paged, bool per_head,
-                          kvc_isa_t isa, int reps)
+static double time_decode_n(team_t *t, const setup_t *s, uint32_t g, bool paged, bool per_head,
+                            kvc_isa_t isa, int reps, int iters)
 {
-    dec_ctx_t c = {.s = s};
+    dec_ctx_t c = {.s = s, .iters = iters};
     c.p = kvc_attn_params_default();
     c.p.n_q_heads = KV_HEADS * g;
     c.p.per_head = per_head;
@@ -519,8 +521,15 @@ static double time_decode(team_t *t, const setup_t *s, uint32_t g, bool paged, b
             fprintf(stderr, "bench_attn: kvc_attn_forward: %s\n", kvc_strerror(c.rc[i]));
             exit(1);
         }
-    for (int i = 0; i < reps; i++) v[i] = team_run(t, dec_work, &c);
+    for (int i = 0; i < reps; i++) v[i] = team_run(t, dec_work, &c) / (iters > 0 ? iters : 1);
     return median(v, reps);
+}
+
+/* Median seconds per decode step (each step streams from memory). */
+static double time_decode(team_t *t, const setup_t *s, uint32_t g, bool paged, bool per_head,
+                          kvc_isa_t isa, int reps)
+{
+    return time_decode_n(t, s, g, paged, per_head, isa, reps, 1);
 }
 
 /* ---- main ------------------------------------------------------------------------------- */
@@ -690,6 +699,37 @@ int main(int argc, char **argv)
                         fflush(stdout);
                     }
                 }
+            }
+            setup_free(&s, 2);
+        }
+    }
+    /* the kernels' compute ceiling: the same decode with K/V resident in the
+     * caches (one sequence of 1K tokens, 2-8 MiB), so memory is no limit;
+     * a row can only overlap its memory time fully if this is well above
+     * the read bandwidth */
+    if ((!only_ctx || only_ctx == 1024) && !blocks_only) {
+        printf("\ncompute ceiling: K/V in cache (1 sequence of 1K tokens, contiguous, 1 thread)\n"
+               "%-8s %2s %9s %10s %8s %7s\n",
+               "storage", "g", "KV GB/s", "GFLOP/s", "of peak", "x read");
+        for (size_t di = 0; di < 3; di++) {
+            if (only_dt >= 0 && (int)dts[di] != only_dt) continue;
+            setup_t s;
+            int rc = setup_make(&s, dts[di], 1024, 0, 2, BLOCK);
+            if (rc) return fprintf(stderr, "bench_attn: setup: %s\n", kvc_strerror(rc)), 1;
+            const bool b16 = bf16_path && dts[di] != KVC_DTYPE_F32;
+            const int iters = (int)fmax(1.0, 0.02 * 30e9 / s.kv_bytes);
+            for (size_t gi = 0; gi < 3; gi++) {
+                const uint32_t g = groups[gi];
+                const double sec = time_decode_n(&team[0], &s, g, false, false, isa, reps, iters);
+                const double flop = 4.0 * g * KV_HEADS * HEAD_DIM * 1024.0;
+                const double pk = b16 ? dp[0] : fma[0];
+                printf("%-8s %2u %9.1f %10.1f %7.0f%% %6.2fx\n", kvc_dtype_name(dts[di]), g,
+                       s.kv_bytes / sec * 1e-9, flop / sec * 1e-9, 100.0 * flop / sec / pk,
+                       s.kv_bytes / sec / bw[0]);
+                if (csv)
+                    fprintf(csv, "1024,%u,%s,1,in-cache,packed,1,%.4f,%.3f,%.2f,,compute,%.4f\n", g,
+                            kvc_dtype_name(dts[di]), sec * 1e3, s.kv_bytes / sec * 1e-9,
+                            flop / s.kv_bytes, flop / sec / pk);
             }
             setup_free(&s, 2);
         }
