@@ -750,7 +750,8 @@ int main(int argc, char **argv)
                 double tp = time_decode(&team[0], &s, g, true, false, isa, reps);
                 double tc = time_decode(&team[0], &s, g, false, false, isa, reps);
                 double bound = bw[0];
-                const double fpb = 4.0 * g / 2.0, pk = bf16_path ? dp[0] : fma[0];
+                /* 4 FLOP per (query head, key, channel) over 2 bytes of K and V each */
+                const double fpb = 4.0 * g / 4.0, pk = bf16_path ? dp[0] : fma[0];
                 if (pk / fpb < bound) bound = pk / fpb;
                 printf("%-6u %2u %6.1f GB/s %6.1f GB/s %6.0f%% %5.0f%%\n", bss[bi], g,
                        s.kv_bytes / tp * 1e-9, s.kv_bytes / tc * 1e-9, 100.0 * tc / tp,
