@@ -11,7 +11,8 @@
  * Work unit: the query rows of one item (up to 64, of one or more KV heads)
  * in row tiles of RT = 1, 2, 4, 8 or 16 rows of one head, over keys in
  * groups of 16 tokens aligned to absolute positions, one group to a key
- * tile for decode-like items (up to 8 rows per head) and four otherwise.  A group's K/V rows are read in place when they sit in one block in
+ * tile for decode-like items (up to 8 rows per head) and four otherwise.
+ * A group's K/V rows are read in place when they sit in one block in
  * the compute type, or converted once into a scratch tile otherwise; every
  * row tile of the head then reuses them, so storage is read once per item
  * (GQA packing).  Key tiles are the outer loop and heads the inner one, and
@@ -1000,8 +1001,8 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
 {
     /* Key tiles of one group for decode-like items (a few rows per head):
      * all heads of 16 tokens, then the next 16, which keeps the prefetch
-     * lead short (one block's worth) and the miss queues steady; measured
-     * 1.1-1.4x over 64-token tiles at g = 4 and 8.  Longer row sets
+     * lead short and the miss queues steady; measured 1.1-1.4x over
+     * 64-token tiles at g = 4 and 8 with blocks of 64.  Longer row sets
      * (prefill chunks, MLA) keep long tiles, which spread the softmax
      * bookkeeping over more keys. */
     const uint32_t tt = it->rows_per_head <= 8 ? GT : kvc__tile_tokens(cfg->dk);

@@ -260,9 +260,9 @@ static inline void *kvc__ws_take(uint8_t **cur, size_t bytes)
  * out in address order: for a whole block, the item's heads are one run in
  * each of the K and V slabs. */
 #define KVC__PF_RUNS 64
-/* Into L1: one key tile ahead is little enough to fit beside the working
- * set, and on the Zen 5 this was measured on it beat T1 (L2) by 0-35% on
- * the bf16 and f32 rows (FP8 within noise). */
+/* Into L1: on the Zen 5, in alternating runs against L2 (T1), 0-35% faster
+ * on the bf16 and f32 decode rows, FP8 within noise.  (Two distances, the
+ * next tile into L2 and the next head into L1, measured 15% slower.) */
 #define KVC__PF_HINT _MM_HINT_T0
 typedef struct {
     const uint8_t *k[KVC__PF_RUNS], *v[KVC__PF_RUNS]; /* v NULL: K only (a latent) */
