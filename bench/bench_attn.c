@@ -183,6 +183,24 @@ static double measure_bw(team_t *t, const uint8_t *buf, size_t bytes, int reps)
     return median(v, reps);
 }
 
+/* xorshift64, and a Fisher-Yates shuffle of 0 .. n - 1 with it (the order a
+ * pool hands out blocks after churn; the order random reads visit runs). */
+static uint64_t xs(uint64_t *s)
+{
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
+static void shuffled_iota(uint32_t *a, size_t n, uint64_t *st)
+{
+    for (size_t i = 0; i < n; i++) a[i] = (uint32_t)i;
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)(xs(st) % i);
+        uint32_t x = a[i - 1];
+        a[i - 1] = a[j], a[j] = x;
+    }
+}
+
 /* Read runs of `run` bytes at random places: what a paged cache's blocks
  * cost the memory system, with nothing else in the way.  The runs are a
  * random permutation of the buffer's run-sized pieces, split among the
@@ -209,13 +227,7 @@ static double measure_runs(team_t *t, const uint8_t *buf, size_t bytes, size_t r
     runs_ctx_t c = {.buf = buf, .run = run, .n_runs = bytes / run};
     uint32_t *order = malloc(sizeof(uint32_t) * c.n_runs);
     uint64_t st = 0x2545f4914f6cdd1dull;
-    for (size_t i = 0; i < c.n_runs; i++) order[i] = (uint32_t)i;
-    for (size_t i = c.n_runs - 1; i > 0; i--) {
-        st ^= st << 13, st ^= st >> 7, st ^= st << 17;
-        size_t j = (size_t)(st % (i + 1));
-        uint32_t x = order[i];
-        order[i] = order[j], order[j] = x;
-    }
+    shuffled_iota(order, c.n_runs, &st);
     c.order = order;
     double v[32];
     team_run(t, runs_work, &c);
@@ -376,11 +388,6 @@ typedef struct {
     double kv_bytes; /* K and V bytes one step reads */
 } setup_t;
 
-static uint64_t xs(uint64_t *s)
-{
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return *s;
-}
 
 /* Fill a block's K/V with values of a plausible spread (the speed does not
  * depend on them, but NaNs would make the softmax meaningless). */
@@ -453,11 +460,8 @@ static int setup_make(setup_t *s, kvc_dtype_t dt, uint32_t ctx, double min_bytes
      * contiguous: each sequence's blocks in order, one after another */
     s->paged_idx = malloc(sizeof(uint32_t) * nb);
     s->contig_idx = malloc(sizeof(uint32_t) * nb);
-    for (uint32_t i = 0; i < nb; i++) s->paged_idx[i] = s->contig_idx[i] = i;
-    for (uint32_t i = nb - 1; i > 0; i--) {
-        uint32_t j = (uint32_t)(xs(&st) % (i + 1)), t = s->paged_idx[i];
-        s->paged_idx[i] = s->paged_idx[j], s->paged_idx[j] = t;
-    }
+    for (uint32_t i = 0; i < nb; i++) s->contig_idx[i] = i;
+    shuffled_iota(s->paged_idx, nb, &st);
     s->indptr = malloc(sizeof(uint32_t) * (s->n_seqs + 1));
     s->last = malloc(sizeof(uint32_t) * s->n_seqs);
     for (uint32_t i = 0; i <= s->n_seqs; i++) s->indptr[i] = i * s->blocks_per_seq;
@@ -484,7 +488,7 @@ typedef struct {
     kvc_attn_params_t p;
     kvc_attn_batch_t batch;
     uint32_t n_items;
-    int iters; /* steps per timed run (0: 1) */
+    int iters; /* steps per timed run, >= 1 */
     int rc[8];
 } dec_ctx_t;
 
@@ -493,7 +497,7 @@ static void dec_work(void *ctx, int tid, int n)
     dec_ctx_t *c = ctx;
     uint32_t b = (uint32_t)((uint64_t)c->n_items * (uint64_t)tid / (uint64_t)n);
     uint32_t e = (uint32_t)((uint64_t)c->n_items * (uint64_t)(tid + 1) / (uint64_t)n);
-    for (int i = 0; i < (c->iters > 0 ? c->iters : 1); i++)
+    for (int i = 0; i < c->iters; i++)
         c->rc[tid] = kvc_attn_forward(&c->p, &c->s->view, &c->batch, c->s->q, c->s->out,
                                       c->s->ws[tid], c->s->ws_bytes, b, e);
 }
@@ -521,7 +525,7 @@ static double time_decode_n(team_t *t, const setup_t *s, uint32_t g, bool paged,
             fprintf(stderr, "bench_attn: kvc_attn_forward: %s\n", kvc_strerror(c.rc[i]));
             exit(1);
         }
-    for (int i = 0; i < reps; i++) v[i] = team_run(t, dec_work, &c) / (iters > 0 ? iters : 1);
+    for (int i = 0; i < reps; i++) v[i] = team_run(t, dec_work, &c) / iters;
     return median(v, reps);
 }
 
@@ -554,13 +558,11 @@ int main(int argc, char **argv)
             csv_path = argv[++i];
         else if (!strcmp(argv[i], "--no-huge"))
             use_huge = false;
-        else if (!strcmp(argv[i], "--block") && i + 1 < argc)
-        {
+        else if (!strcmp(argv[i], "--block") && i + 1 < argc) {
             BLOCK = (uint32_t)atoi(argv[++i]);
             if (BLOCK < 1 || BLOCK > 4096 || (BLOCK & (BLOCK - 1)))
                 return fprintf(stderr, "bench_attn: --block must be a power of two, 1-4096\n"), 2;
-        }
-        else if (!strcmp(argv[i], "--blocks-only"))
+        } else if (!strcmp(argv[i], "--blocks-only"))
             blocks_only = true;
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
             only_ctx = (uint32_t)atoi(argv[++i]);
