@@ -255,7 +255,8 @@ __attribute__((target("avx512f,fma"))) static float fma512(void)
         F(a0)
         F(a1)
         F(a2)
-        F(a3) F(a4) F(a5) F(a6) F(a7) F(a8) F(a9) F(a10) F(a11)
+        F(a3)
+        F(a4) F(a5) F(a6) F(a7) F(a8) F(a9) F(a10) F(a11)
 #undef F
             __asm__ volatile(""
                              : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
@@ -277,7 +278,8 @@ __attribute__((target("avx2,fma"))) static float fma256(void)
         F(a0)
         F(a1)
         F(a2)
-        F(a3) F(a4) F(a5) F(a6) F(a7) F(a8) F(a9) F(a10) F(a11)
+        F(a3)
+        F(a4) F(a5) F(a6) F(a7) F(a8) F(a9) F(a10) F(a11)
 #undef F
             __asm__ volatile(""
                              : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6),
@@ -301,7 +303,8 @@ __attribute__((target("avx512f,avx512bf16"))) static float dpbf16(void)
         D(a0)
         D(a1)
         D(a2)
-        D(a3) D(a4) D(a5) D(a6) D(a7) D(a8) D(a9) D(a10) D(a11)
+        D(a3)
+        D(a4) D(a5) D(a6) D(a7) D(a8) D(a9) D(a10) D(a11)
 #undef D
             __asm__ volatile(""
                              : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
@@ -387,7 +390,6 @@ typedef struct {
     size_t ws_bytes;
     double kv_bytes; /* K and V bytes one step reads */
 } setup_t;
-
 
 /* Fill a block's K/V with values of a plausible spread (the speed does not
  * depend on them, but NaNs would make the softmax meaningless). */

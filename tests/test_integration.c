@@ -16,18 +16,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BS 4
-#define HEADS 2
+#define BS     4
+#define HEADS  2
 #define QHEADS 4
-#define DIM 64
+#define DIM    64
 #define MAXTOK 96
 
 static void kv_of(kvc_token_t t, size_t pos, float *k, float *v)
 {
     for (int h = 0; h < HEADS; h++)
         for (int d = 0; d < DIM; d++) {
-            k[h * DIM + d] = sinf(0.31f * (float)t + 0.017f * (float)pos + 0.5f * (float)h + 0.11f * (float)d);
-            v[h * DIM + d] = cosf(0.23f * (float)t - 0.013f * (float)pos + 0.7f * (float)h + 0.05f * (float)d);
+            k[h * DIM + d] =
+                sinf(0.31f * (float)t + 0.017f * (float)pos + 0.5f * (float)h + 0.11f * (float)d);
+            v[h * DIM + d] =
+                cosf(0.23f * (float)t - 0.013f * (float)pos + 0.7f * (float)h + 0.05f * (float)d);
         }
 }
 
@@ -46,7 +48,8 @@ static void engine_init(engine_t *e, kvc_dtype_t dt)
     kvc_pool_params_t pp = kvc_pool_params_default();
     pp.n_blocks = 128;
     pp.block_size = BS;
-    pp.storage = (kvc_storage_desc_t){.n_layers = 1, .n_kv_heads = HEADS, .head_dim = DIM, .dtype = dt};
+    pp.storage =
+        (kvc_storage_desc_t){.n_layers = 1, .n_kv_heads = HEADS, .head_dim = DIM, .dtype = dt};
     assert_ok(kvc_pool_create(&pp, &e->pool));
     kvc_prefix_params_t cp = kvc_prefix_params_default();
     cp.hash_seed = 5;
@@ -74,7 +77,9 @@ static void step(engine_t *e, kvc_seq_t s, uint32_t n)
     int64_t slots[MAXTOK];
     float k[MAXTOK * HEADS * DIM], v[MAXTOK * HEADS * DIM];
     assert_ok(kvc_seq_reserve(e->seqs, s, n, slots));
-    for (uint32_t i = 0; i < n; i++) kv_of(tok[info.n_reserved + i], info.n_reserved + i, k + i * HEADS * DIM, v + i * HEADS * DIM);
+    for (uint32_t i = 0; i < n; i++)
+        kv_of(tok[info.n_reserved + i], info.n_reserved + i, k + i * HEADS * DIM,
+              v + i * HEADS * DIM);
     assert_ok(kvc_attn_write_kv(&e->view, slots, n, k, v, NULL, KVC_ISA_AUTO));
     assert_ok(kvc_seq_complete(e->seqs, s, n));
 }
@@ -100,7 +105,8 @@ static void check_batch(engine_t *e, const kvc_seq_t *rows, uint32_t n_rows, uin
 {
     uint32_t indptr[16], indices[512], last[16];
     assert_ok(kvc_seqs_csr(e->seqs, rows, n_rows, 0, indptr, indices, 512, last));
-    kvc_attn_batch_t b = {.n_seqs = n_rows, .kv_indptr = indptr, .kv_indices = indices, .kv_last_len = last};
+    kvc_attn_batch_t b = {
+        .n_seqs = n_rows, .kv_indptr = indptr, .kv_indices = indices, .kv_last_len = last};
     kvc_attn_params_t p = kvc_attn_params_default();
     p.n_q_heads = QHEADS;
     p.window = window;
@@ -118,8 +124,13 @@ static void check_batch(engine_t *e, const kvc_seq_t *rows, uint32_t n_rows, uin
         assert_ok(kvc_seq_info(e->seqs, rows[r], &info));
         size_t n_keys = info.n_computed;
         uint32_t nb = (uint32_t)((n_keys + BS - 1) / BS);
-        kvc_scale_shape_t shape = {.n_layers = 1, .n_kv = 2, .n_kv_heads = HEADS, .head_dim = DIM,
-                                   .block_size = BS, .dtype = e->dt, .layout = KVC_SCALE_NONE};
+        kvc_scale_shape_t shape = {.n_layers = 1,
+                                   .n_kv = 2,
+                                   .n_kv_heads = HEADS,
+                                   .head_dim = DIM,
+                                   .block_size = BS,
+                                   .dtype = e->dt,
+                                   .layout = KVC_SCALE_NONE};
         size_t bytes = kvc_kv_block_bytes(&shape) * nb;
         void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
         memset(buf, 0, bytes);
@@ -134,8 +145,10 @@ static void check_batch(engine_t *e, const kvc_seq_t *rows, uint32_t n_rows, uin
         assert_ok(kvc_attn_write_kv(&cv, slots, (uint32_t)n_keys, k, v, NULL, KVC_ISA_AUTO));
         uint32_t cind[64], cptr[2] = {0, nb}, clast = (uint32_t)(n_keys - (nb - 1) * BS);
         for (uint32_t i = 0; i < nb; i++) cind[i] = i;
-        kvc_attn_batch_t cb = {.n_seqs = 1, .kv_indptr = cptr, .kv_indices = cind, .kv_last_len = &clast};
-        assert_ok(kvc_attn_forward(&p, &cv, &cb, q + r * QHEADS * DIM, ref, ws, ws_bytes, 0, UINT32_MAX));
+        kvc_attn_batch_t cb = {
+            .n_seqs = 1, .kv_indptr = cptr, .kv_indices = cind, .kv_last_len = &clast};
+        assert_ok(
+            kvc_attn_forward(&p, &cv, &cb, q + r * QHEADS * DIM, ref, ws, ws_bytes, 0, UINT32_MAX));
         assert_memory_equal(out + r * QHEADS * DIM, ref, sizeof ref); /* bit for bit */
         free(buf);
     }
@@ -167,8 +180,10 @@ static void run(kvc_dtype_t dt, uint32_t window)
     step(&e, sa, 1);
     assert_ok(kvc_seq_fork(e.seqs, sa, &sd));
     rows[3] = sd;
-    for (int i = 0; i < 6; i++) { /* a and d diverge: the first write into the shared block copies */
-        kvc_token_t ta = (kvc_token_t)(100 + i), td = (kvc_token_t)(200 + i), tb = (kvc_token_t)(300 + i);
+    for (int i = 0; i < 6;
+         i++) { /* a and d diverge: the first write into the shared block copies */
+        kvc_token_t ta = (kvc_token_t)(100 + i), td = (kvc_token_t)(200 + i),
+                    tb = (kvc_token_t)(300 + i);
         assert_ok(kvc_seq_append(e.seqs, sa, &ta, 1));
         assert_ok(kvc_seq_append(e.seqs, sd, &td, 1));
         assert_ok(kvc_seq_append(e.seqs, sb, &tb, 1));

@@ -147,8 +147,9 @@ int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
 
 /* ---- writing new K/V ------------------------------------------------------
  * Store n_tokens new tokens: token i goes to slot slots[i] (= block *
- * block_size + offset, as kvc_seq_reserve gives them; negative: KVC_EINVAL), k and v are (n_tokens, n_kv_heads, head_dim) fp32
- * (v NULL for a latent cache, n_kv = 1).  Quantises for the view's dtype
+ * block_size + offset, as kvc_seq_reserve gives them; negative:
+ * KVC_EINVAL); k and v are (n_tokens, n_kv_heads, head_dim) fp32 (v NULL
+ * for a latent cache, n_kv = 1).  Quantises for the view's dtype
  * and scale layout, setting block scales as quant.h describes (quant may
  * be NULL only for KVC_SCALE_NONE; clipping is still counted if given).
  * KVC_EINVAL for a bad slot (block out of range) or missing arguments;

@@ -457,7 +457,8 @@ int kvc_attn_write_kv(const kvc_kv_view_t *kv, const int64_t *slots, uint32_t n_
     kvc_quant_stats_t kst = {0}, vst = {0};
     const kvc_dtype_t dt = sh->dtype;
     for (uint32_t i = 0; i < n_tokens; i++) {
-        uint32_t blk = (uint32_t)((uint64_t)slots[i] / bs), off = (uint32_t)((uint64_t)slots[i] % bs);
+        uint32_t blk = (uint32_t)((uint64_t)slots[i] / bs),
+                 off = (uint32_t)((uint64_t)slots[i] % bs);
         float *sc = kvc__scales(kv, blk);
         if (sc && (off == 0 || sc[0] == 0.0f)) init_block_scales(kv, quant, sc);
         for (uint32_t h = 0; h < H; h++) {

@@ -147,15 +147,15 @@ int kvc_cmd_plan(int argc, char **argv)
         char opt_name[64];
         kvc_cli_opt_name(opt_name, sizeof opt_name, opts, li, ch, argc, argv);
         li = -1;
-#define U64(lo, hi, field)                                                                 \
-    do {                                                                                   \
-        if (!kvc_cli_opt_u64(CMD, opt_name, optarg, lo, hi, &u)) return 1;                   \
-        field = u;                                                                         \
+#define U64(lo, hi, field)                                                 \
+    do {                                                                   \
+        if (!kvc_cli_opt_u64(CMD, opt_name, optarg, lo, hi, &u)) return 1; \
+        field = u;                                                         \
     } while (0)
-#define DBL(lo, hi, field)                                                                 \
-    do {                                                                                   \
-        if (!kvc_cli_opt_double(CMD, opt_name, optarg, lo, hi, &d)) return 1;             \
-        field = d;                                                                         \
+#define DBL(lo, hi, field)                                                    \
+    do {                                                                      \
+        if (!kvc_cli_opt_double(CMD, opt_name, optarg, lo, hi, &d)) return 1; \
+        field = d;                                                            \
     } while (0)
 #define SIZE(field)                                                                         \
     do {                                                                                    \

@@ -183,15 +183,15 @@ static int parse(int argc, char **argv, opts_t *o)
         int handled = kvc_cli_deploy_option(&o->dep, CMD, ch, opt_name, optarg);
         if (handled < 0) return 1;
         if (handled) continue;
-#define U64(lo, hi, field)                                                                 \
-    do {                                                                                   \
-        if (!kvc_cli_opt_u64(CMD, opt_name, optarg, lo, hi, &u)) return 1;                   \
-        field = u;                                                                         \
+#define U64(lo, hi, field)                                                 \
+    do {                                                                   \
+        if (!kvc_cli_opt_u64(CMD, opt_name, optarg, lo, hi, &u)) return 1; \
+        field = u;                                                         \
     } while (0)
-#define DBL(lo, hi, field)                                                                 \
-    do {                                                                                   \
-        if (!kvc_cli_opt_double(CMD, opt_name, optarg, lo, hi, &d)) return 1;             \
-        field = d;                                                                         \
+#define DBL(lo, hi, field)                                                    \
+    do {                                                                      \
+        if (!kvc_cli_opt_double(CMD, opt_name, optarg, lo, hi, &d)) return 1; \
+        field = d;                                                            \
     } while (0)
         switch (ch) {
         case O_WORKLOAD:

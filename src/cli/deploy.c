@@ -191,15 +191,15 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const ch
     kvc_plan_params_t *pp = &d->p;
     uint64_t u;
     double dv;
-#define U64(lo, hi, field)                                                                 \
-    do {                                                                                   \
-        if (!kvc_cli_opt_u64(CMD, opt_name, value, lo, hi, &u)) return -1;                   \
-        field = u;                                                                         \
+#define U64(lo, hi, field)                                                 \
+    do {                                                                   \
+        if (!kvc_cli_opt_u64(CMD, opt_name, value, lo, hi, &u)) return -1; \
+        field = u;                                                         \
     } while (0)
-#define DBL(lo, hi, field)                                                                 \
-    do {                                                                                   \
-        if (!kvc_cli_opt_double(CMD, opt_name, value, lo, hi, &dv)) return -1;             \
-        field = dv;                                                                         \
+#define DBL(lo, hi, field)                                                     \
+    do {                                                                       \
+        if (!kvc_cli_opt_double(CMD, opt_name, value, lo, hi, &dv)) return -1; \
+        field = dv;                                                            \
     } while (0)
 #define SIZE(field)                                                                          \
     do {                                                                                     \
