@@ -376,6 +376,43 @@ static void decode_matches_reference(void **state)
     }
 }
 
+/* Many KV heads in one item (20, where the tests above use up to 3, so that
+ * the prefetch plan spans many heads' rows): every dtype, block sizes
+ * that read K/V in place, gather them (4) or span groups (64), and lengths
+ * that leave partial groups in the last block. */
+static void decode_many_heads_in_one_item(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 23);
+    const uint32_t bss[] = {4, 16, 64};
+    const int n_cases = KVC_TEST_SANITIZED ? 5 : 10;
+    for (int i = 0; i < n_cases; i++) {
+        kvc_dtype_t dt = DTYPES[i % 5];
+        uint32_t lens[2] = {1 + (uint32_t)kvc_rng_below(&rng, 90),
+                            17 + (uint32_t)kvc_rng_below(&rng, 200)};
+        cache_cfg_t cf = {.dtype = dt,
+                          .layout = layout_for(dt, (uint32_t)i),
+                          .n_kv_heads = 20,
+                          .head_dim = 64,
+                          .block_size = bss[i % 3],
+                          .n_seqs = 2,
+                          .lens = lens,
+                          .paged = i % 2,
+                          .k_spread = 1.0f + (float)(i % 3),
+                          .outliers = i % 4 == 1};
+        cache_t c;
+        cache_make(&c, &cf, &rng);
+        kvc_attn_params_t p = kvc_attn_params_default();
+        p.n_q_heads = 20 * (i % 2 ? 4 : 1);
+        p.kv_heads_per_item = 20;
+        float *q = make_q(n_rows(&c), p.n_q_heads, 64, &rng);
+        check_all(&p, &c, q, "decode, 20 heads an item");
+        free(q);
+        cache_free(&c);
+    }
+}
+
 /* Chunked prefill: T new queries at the end of S keys (invariant 8). */
 static void prefill_uses_absolute_positions(void **state)
 {
@@ -952,6 +989,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(decode_matches_reference),
+        cmocka_unit_test(decode_many_heads_in_one_item),
         cmocka_unit_test(prefill_uses_absolute_positions),
         cmocka_unit_test(top_left_mask_gives_a_different_wrong_answer),
         cmocka_unit_test(sliding_window_and_softcap),
