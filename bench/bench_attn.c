@@ -236,6 +236,71 @@ static double measure_runs(team_t *t, const uint8_t *buf, size_t bytes, size_t r
     return median(v, reps);
 }
 
+/* Read K/V in the decode kernel's order and nothing else: blocks of 16
+ * tokens (a K slab and a V slab of KV_HEADS heads), each head's K rows then
+ * its V rows, the next block's matching rows prefetched line by line as the
+ * kernel does.  Contiguous (blocks in address order) against paged (blocks
+ * in random order): the cost of paging to the memory system when the
+ * kernel's own prefetching is in place, with no arithmetic in the way. */
+typedef struct {
+    const uint8_t *buf;
+    size_t row; /* bytes of one token row of one head */
+    const uint32_t *order;
+    size_t n_blocks;
+    volatile uint64_t sink[8];
+} pat_ctx_t;
+
+__attribute__((target("avx2"))) static __m256i pat_run(const uint8_t *p, const uint8_t *next,
+                                                       size_t n, __m256i a)
+{
+    for (size_t i = 0; i < n; i += 64) {
+        if (next) _mm_prefetch((const char *)(next + i), _MM_HINT_T0);
+        a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(const void *)(p + i)));
+        a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(const void *)(p + i + 32)));
+    }
+    return a;
+}
+
+__attribute__((target("avx2"))) static void pat_work(void *ctx, int tid, int n)
+{
+    pat_ctx_t *c = ctx;
+    const size_t chunk = 16 * c->row, slab = KV_HEADS * chunk, block = 2 * slab;
+    size_t b = c->n_blocks * (size_t)tid / (size_t)n,
+           e = c->n_blocks * (size_t)(tid + 1) / (size_t)n;
+    __m256i a = _mm256_setzero_si256();
+    for (size_t i = b; i < e; i++) {
+        const uint8_t *k = c->buf + (size_t)c->order[i] * block;
+        const uint8_t *kn = i + 1 < e ? c->buf + (size_t)c->order[i + 1] * block : NULL;
+        for (size_t h = 0; h < KV_HEADS; h++) {
+            a = pat_run(k + h * chunk, kn ? kn + h * chunk : NULL, chunk, a);
+            a = pat_run(k + slab + h * chunk, kn ? kn + slab + h * chunk : NULL, chunk, a);
+        }
+    }
+    uint64_t o[4];
+    _mm256_storeu_si256((__m256i *)(void *)o, a);
+    c->sink[tid] = o[0] + o[1] + o[2] + o[3];
+}
+
+/* GB/s of pat_work over `bytes` of buf, blocks contiguous or shuffled. */
+static double measure_pattern(team_t *t, const uint8_t *buf, size_t bytes, size_t row, bool paged,
+                              int reps)
+{
+    pat_ctx_t c = {.buf = buf, .row = row, .n_blocks = bytes / (2 * KV_HEADS * 16 * row)};
+    uint32_t *order = malloc(sizeof(uint32_t) * c.n_blocks);
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    if (paged)
+        shuffled_iota(order, c.n_blocks, &st);
+    else
+        for (size_t i = 0; i < c.n_blocks; i++) order[i] = (uint32_t)i;
+    c.order = order;
+    double v[32];
+    team_run(t, pat_work, &c);
+    for (int i = 0; i < reps; i++)
+        v[i] = (double)(c.n_blocks * 2 * KV_HEADS * 16 * row) / team_run(t, pat_work, &c);
+    free(order);
+    return median(v, reps);
+}
+
 /* ---- peak arithmetic ---------------------------------------------------------------- */
 #define PEAK_ITERS 20000000L
 
@@ -251,16 +316,23 @@ __attribute__((target("avx512f,fma"))) static float fma512(void)
            a8 = a0, a9 = a0, a10 = a0, a11 = a0;
     const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-9f);
     for (long r = 0; r < PEAK_ITERS; r++) {
-#define F(x) x = _mm512_fmadd_ps(x, b, c);
-        F(a0)
-        F(a1)
-        F(a2)
-        F(a3)
-        F(a4) F(a5) F(a6) F(a7) F(a8) F(a9) F(a10) F(a11)
+#define F(x) x = _mm512_fmadd_ps(x, b, c)
+        F(a0);
+        F(a1);
+        F(a2);
+        F(a3);
+        F(a4);
+        F(a5);
+        F(a6);
+        F(a7);
+        F(a8);
+        F(a9);
+        F(a10);
+        F(a11);
 #undef F
-            __asm__ volatile(""
-                             : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-                               "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+        __asm__ volatile(""
+                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                           "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
     }
     __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                              _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
@@ -274,16 +346,23 @@ __attribute__((target("avx2,fma"))) static float fma256(void)
            a8 = a0, a9 = a0, a10 = a0, a11 = a0;
     const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-9f);
     for (long r = 0; r < PEAK_ITERS; r++) {
-#define F(x) x = _mm256_fmadd_ps(x, b, c);
-        F(a0)
-        F(a1)
-        F(a2)
-        F(a3)
-        F(a4) F(a5) F(a6) F(a7) F(a8) F(a9) F(a10) F(a11)
+#define F(x) x = _mm256_fmadd_ps(x, b, c)
+        F(a0);
+        F(a1);
+        F(a2);
+        F(a3);
+        F(a4);
+        F(a5);
+        F(a6);
+        F(a7);
+        F(a8);
+        F(a9);
+        F(a10);
+        F(a11);
 #undef F
-            __asm__ volatile(""
-                             : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6),
-                               "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
+        __asm__ volatile(""
+                         : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6),
+                           "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
     }
     __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
                              _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
@@ -299,16 +378,23 @@ __attribute__((target("avx512f,avx512bf16"))) static float dpbf16(void)
            a8 = a0, a9 = a0, a10 = a0, a11 = a0;
     const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3000);
     for (long r = 0; r < PEAK_ITERS; r++) {
-#define D(x) x = _mm512_dpbf16_ps(x, b, c);
-        D(a0)
-        D(a1)
-        D(a2)
-        D(a3)
-        D(a4) D(a5) D(a6) D(a7) D(a8) D(a9) D(a10) D(a11)
+#define D(x) x = _mm512_dpbf16_ps(x, b, c)
+        D(a0);
+        D(a1);
+        D(a2);
+        D(a3);
+        D(a4);
+        D(a5);
+        D(a6);
+        D(a7);
+        D(a8);
+        D(a9);
+        D(a10);
+        D(a11);
 #undef D
-            __asm__ volatile(""
-                             : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-                               "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+        __asm__ volatile(""
+                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                           "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
     }
     __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                              _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
@@ -638,6 +724,20 @@ int main(int argc, char **argv)
         printf("  runs of %4zu KiB               %7.1f GB/s  %7.1f GB/s   (%3.0f%% / %3.0f%% of "
                "one stream)\n",
                run >> 10, r1 * 1e-9, r2 * 1e-9, 100 * r1 / bw[0], 100 * r2 / bw[1]);
+    }
+    printf("read in the decode kernel's order (16-token blocks, each head's K then V, the next\n"
+           "block prefetched as the kernel does; no arithmetic; 1 thread):\n");
+    {
+        const size_t rows[] = {HEAD_DIM * 4, HEAD_DIM * 2, HEAD_DIM};
+        const char *names[] = {"f32", "bf16", "fp8"};
+        for (int i = 0; i < 3; i++) {
+            double c = measure_pattern(&team[0], bw_buf, bw_bytes, rows[i], false, reps);
+            double pg = measure_pattern(&team[0], bw_buf, bw_bytes, rows[i], true, reps);
+            printf(
+                "  %-4s contiguous %5.1f GB/s (%3.0f%%)  paged %5.1f GB/s (%3.0f%%)  paged/contig "
+                "%3.0f%%\n",
+                names[i], c * 1e-9, 100 * c / bw[0], pg * 1e-9, 100 * pg / bw[0], 100 * pg / c);
+        }
     }
     printf("ridge point (peak / bandwidth): FMA %.1f FLOP/B per thread%s\n", fma[0] / bw[0],
            cpu->avx512_bf16 ? "" : "");
