@@ -339,21 +339,6 @@ static ws_t carve(void *mem, uint32_t dk, uint32_t dv, uint32_t tt)
 typedef kvc__pf_t pf_t;
 #define pf_step kvc__pf_step
 
-/* QK^T chunks and P.V token steps per prefetch step.  The BF16 path at 4 or
- * more rows per tile would otherwise take a step per chunk that issues a
- * line or two, and the cursor's bookkeeping costs more than the fine spacing
- * gains: in alternating runs (paged, 16-token blocks) bf16 g=8 and FP8 g=4
- * and 8 ran 3-6% faster; f32 g=4 ran 9% slower, so the F32 path keeps one
- * step per chunk. */
-static inline int pf_qk_every(int rt, bool bf16)
-{
-    return bf16 && rt >= 4 ? 4 : 1;
-}
-static inline int pf_pv_every(int rt, bool bf16)
-{
-    return bf16 && rt >= 4 ? 2 : 1;
-}
-
 typedef struct {
     const kvc__attn_cfg_t *cfg;
     const kvc__attn_item_t *it;
@@ -416,8 +401,7 @@ static inline __attribute__((always_inline)) void qk(const __m512i *qt, uint32_t
         p0 += step, p1 += step, p2 += step, p3 += step;
         /* the next tile's rows, spread evenly over the chunks so that the
          * memory system sees a steady stream rather than a burst */
-        if (pf && (int)(c % (uint32_t)pf_qk_every(rt, bf16)) == pf_qk_every(rt, bf16) - 1)
-            pf_step(pf);
+        if (pf) pf_step(pf);
     }
 #undef KVC_QK_STEP
 #pragma GCC unroll 16
@@ -473,8 +457,7 @@ pv_pass(float *o, uint32_t dv, uint32_t c0, int r0, const group_t *g, uint32_t n
             const uint32_t *p = pp + (size_t)gi * (GT / 2) * rt + r0;
 #pragma GCC unroll 16
             for (int tp0 = 0; tp0 < GT / 2; tp0 += S) {
-                if (pf && (tp0 / S) % pf_pv_every(rt, true) == pf_pv_every(rt, true) - 1)
-                    pf_step(pf);
+                if (pf) pf_step(pf);
 #pragma GCC unroll 16
                 for (int sp = 0; sp < S; sp++) {
                     const int tp = tp0 + sp;
@@ -500,8 +483,7 @@ pv_pass(float *o, uint32_t dv, uint32_t c0, int r0, const group_t *g, uint32_t n
             const float *p = s + (size_t)gi * GT * rt + r0;
 #pragma GCC unroll 16
             for (int t0 = 0; t0 < GT; t0 += S) {
-                if (pf && (t0 / S) % pf_pv_every(rt, false) == pf_pv_every(rt, false) - 1)
-                    pf_step(pf);
+                if (pf) pf_step(pf);
 #pragma GCC unroll 16
                 for (int sp = 0; sp < S; sp++) {
                     const int t = t0 + sp;
@@ -599,7 +581,7 @@ pv_fp8_pass(float *o, uint32_t dv, uint32_t c0, int r0, const group_t *g, uint32
         const uint32_t *p = pp + (size_t)gi * (GT / 2) * rt + r0;
 #pragma GCC unroll 16
         for (int tp0 = 0; tp0 < GT / 2; tp0 += S) {
-            if (pf && (tp0 / S) % pf_pv_every(rt, true) == pf_pv_every(rt, true) - 1) pf_step(pf);
+            if (pf) pf_step(pf);
 #pragma GCC unroll 16
             for (int sp = 0; sp < S; sp++) {
                 const int tp = tp0 + sp;
@@ -908,15 +890,13 @@ static const uint8_t *group_rows(const job_t *j, uint8_t *scr, const uint8_t *sr
 }
 
 /* Plan the prefetches of key tile [tb, tb + tt): one step per QK chunk and
- * per P.V token step of each head's first row tile, or per few of them
- * (pf_qk_every, pf_pv_every). */
+ * per P.V token step of each head's first row tile. */
 static void plan_prefetch(job_t *j, int64_t tb, uint32_t tt)
 {
     uint32_t ng = 0;
     for (int64_t t0 = tb; t0 < tb + tt && t0 <= j->it->hi_max; t0 += GT) ng++;
     kvc__pf_plan(&j->pf, j->it, j->cfg->kv, tb, tt, GT,
-                 j->it->n_heads * ng *
-                     (j->nc / (uint32_t)pf_qk_every((int)j->rt, j->cfg->bf16) + j->pv_steps));
+                 j->it->n_heads * ng * (j->nc + j->pv_steps));
 }
 
 /* Find the K/V rows of the groups of key tile [tb, tb + tt): read in place
@@ -1038,9 +1018,8 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
         const uint32_t RB = j.rt < 8 ? j.rt : 8, chunks = cfg->dv / 32;
         uint32_t cb = 8 / RB;
         while (chunks % cb) cb /= 2;
-        const uint32_t S = 8 / (RB * cb), rt = j.rt;
-        j.pv_steps = (rt / RB) * (chunks / cb) *
-                     ((cfg->bf16 ? GT / 2 : GT) / S / (uint32_t)pf_pv_every((int)rt, cfg->bf16));
+        const uint32_t S = 8 / (RB * cb);
+        j.pv_steps = (j.rt / RB) * (chunks / cb) * ((cfg->bf16 ? GT / 2 : GT) / S);
     }
     const kvc_kv_view_t *kv = cfg->kv;
     const kvc_dtype_t dt = kv->shape.dtype, ct = cfg->bf16 ? KVC_DTYPE_BF16 : KVC_DTYPE_F32;
@@ -1091,8 +1070,7 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
                     float tmp[32];
                     for (uint32_t q = 0; q < 32; q++) {
                         const uint32_t ch = half * 32 + q; /* channel within the 64 */
-                        const uint32_t ln = ch / 16, h = (ch / 8) & 1, v = (ch / 4) & 1,
-                                       jj = ch & 3;
+                        const uint32_t ln = ch / 16, h = (ch / 8) & 1, v = (ch / 4) & 1, jj = ch & 3;
                         tmp[q] = o[m64 * 64 + h * 32 + v * 16 + ln * 4 + jj];
                     }
                     a = _mm512_loadu_ps(tmp), b = _mm512_loadu_ps(tmp + 16);
