@@ -338,6 +338,26 @@ static kvc_scale_layout_t layout_for(kvc_dtype_t dt, uint32_t i)
     return (kvc_scale_layout_t)(i % KVC_SCALE__COUNT);
 }
 
+/* One decode case: a cache of `cf` with case number i's spread and
+ * outliers, n_q_heads query heads (items of up to heads_per_item KV heads,
+ * 0: the default), every variant against the reference. */
+static void decode_case(cache_cfg_t cf, int i, uint32_t n_q_heads, uint32_t heads_per_item,
+                        kvc_rng_t *rng, const char *what)
+{
+    cf.paged = i % 2;
+    cf.k_spread = 1.0f + (float)(i % 3);
+    cf.outliers = i % 4 == 1;
+    cache_t c;
+    cache_make(&c, &cf, rng);
+    kvc_attn_params_t p = kvc_attn_params_default();
+    p.n_q_heads = n_q_heads;
+    p.kv_heads_per_item = heads_per_item;
+    float *q = make_q(n_rows(&c), p.n_q_heads, cf.head_dim, rng);
+    check_all(&p, &c, q, what);
+    free(q);
+    cache_free(&c);
+}
+
 /* Decode over several sequences: every dtype and scale layout, head dims
  * 64/128/256, block sizes 1..256, group sizes 1..16, lengths from 1 up. */
 static void decode_matches_reference(void **state)
@@ -361,18 +381,8 @@ static void decode_matches_reference(void **state)
                           .head_dim = d,
                           .block_size = bs,
                           .n_seqs = 3,
-                          .lens = lens,
-                          .paged = i % 2,
-                          .k_spread = 1.0f + (float)(i % 3),
-                          .outliers = i % 4 == 1};
-        cache_t c;
-        cache_make(&c, &cf, &rng);
-        kvc_attn_params_t p = kvc_attn_params_default();
-        p.n_q_heads = hk * g;
-        float *q = make_q(n_rows(&c), p.n_q_heads, d, &rng);
-        check_all(&p, &c, q, "decode");
-        free(q);
-        cache_free(&c);
+                          .lens = lens};
+        decode_case(cf, i, hk * g, 0, &rng, "decode");
     }
 }
 
@@ -397,19 +407,8 @@ static void decode_many_heads_in_one_item(void **state)
                           .head_dim = 64,
                           .block_size = bss[i % 3],
                           .n_seqs = 2,
-                          .lens = lens,
-                          .paged = i % 2,
-                          .k_spread = 1.0f + (float)(i % 3),
-                          .outliers = i % 4 == 1};
-        cache_t c;
-        cache_make(&c, &cf, &rng);
-        kvc_attn_params_t p = kvc_attn_params_default();
-        p.n_q_heads = 20 * (i % 2 ? 4 : 1);
-        p.kv_heads_per_item = 20;
-        float *q = make_q(n_rows(&c), p.n_q_heads, 64, &rng);
-        check_all(&p, &c, q, "decode, 20 heads an item");
-        free(q);
-        cache_free(&c);
+                          .lens = lens};
+        decode_case(cf, i, 20 * (i % 2 ? 4 : 1), 20, &rng, "decode, 20 heads an item");
     }
 }
 
