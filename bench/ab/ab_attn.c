@@ -122,8 +122,8 @@ int main(int argc, char **argv)
             idx[i] = idx[j], idx[j] = t;
         }
     uint32_t indptr[2] = {0, nb}, last[1] = {bs};
-    kvc_attn_batch_t batch = {.n_seqs = 1, .kv_indptr = indptr, .kv_indices = idx,
-                              .kv_last_len = last};
+    kvc_attn_batch_t batch = {
+        .n_seqs = 1, .kv_indptr = indptr, .kv_indices = idx, .kv_last_len = last};
     kvc_attn_params_t pa = kvc_attn_params_default();
     pa.n_q_heads = H * g;
     float *q = malloc(sizeof(float) * D * H * g), *out = malloc(sizeof(float) * D * H * g);

@@ -1070,7 +1070,8 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
                     float tmp[32];
                     for (uint32_t q = 0; q < 32; q++) {
                         const uint32_t ch = half * 32 + q; /* channel within the 64 */
-                        const uint32_t ln = ch / 16, h = (ch / 8) & 1, v = (ch / 4) & 1, jj = ch & 3;
+                        const uint32_t ln = ch / 16, h = (ch / 8) & 1, v = (ch / 4) & 1,
+                                       jj = ch & 3;
                         tmp[q] = o[m64 * 64 + h * 32 + v * 16 + ln * 4 + jj];
                     }
                     a = _mm512_loadu_ps(tmp), b = _mm512_loadu_ps(tmp + 16);
