@@ -423,6 +423,44 @@ static void rescale_rows(float *o, uint32_t dv, const float *alpha, int rt)
     }
 }
 
+/* The accumulators of a P.V pass, ACC(sp, r, cc, h): rows r0 .. + RB of
+ * O, 32-channel chunks from c0, S token splits; split 0 starts from O,
+ * the others from zero, and they are summed back into O at the end. */
+#define ACC(sp, r, cc, h) acc[(((sp)*RB + (r)) * CB + (cc)) * 2 + (h)]
+static inline __attribute__((always_inline)) void
+acc_load(__m512 *acc, const float *o, uint32_t dv, uint32_t c0, int r0, int RB, int CB, int S)
+{
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int cc = 0; cc < CB; cc++) {
+            const float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
+            ACC(0, r, cc, 0) = _mm512_load_ps(row);
+            ACC(0, r, cc, 1) = _mm512_load_ps(row + 16);
+#pragma GCC unroll 16
+            for (int sp = 1; sp < S; sp++)
+                ACC(sp, r, cc, 0) = ACC(sp, r, cc, 1) = _mm512_setzero_ps();
+        }
+}
+
+static inline __attribute__((always_inline)) void
+acc_store(const __m512 *acc, float *o, uint32_t dv, uint32_t c0, int r0, int RB, int CB, int S)
+{
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 16
+        for (int cc = 0; cc < CB; cc++) {
+            __m512 x0 = ACC(0, r, cc, 0), x1 = ACC(0, r, cc, 1);
+#pragma GCC unroll 16
+            for (int sp = 1; sp < S; sp++)
+                x0 = _mm512_add_ps(x0, ACC(sp, r, cc, 0)),
+                x1 = _mm512_add_ps(x1, ACC(sp, r, cc, 1));
+            float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
+            _mm512_store_ps(row, x0);
+            _mm512_store_ps(row + 16, x1);
+        }
+}
+
 /* P.V: O[rows] += P V over the key tile's groups.  A pass keeps RB rows x
  * CB 32-channel chunks x 2 vectors in registers, S times over (tokens split
  * S ways and summed at the end), so that 2 RB CB S = 16 accumulators hide
@@ -437,19 +475,8 @@ static inline __attribute__((always_inline)) void
 pv_pass(float *o, uint32_t dv, uint32_t c0, int r0, const group_t *g, uint32_t ng, const float *s,
         const uint32_t *pp, int rt, bool bf16, int RB, int CB, int S, pf_t *pf)
 {
-#define ACC(sp, r, cc, h) acc[(((sp)*RB + (r)) * CB + (cc)) * 2 + (h)]
     __m512 acc[16];
-#pragma GCC unroll 16
-    for (int r = 0; r < RB; r++)
-#pragma GCC unroll 16
-        for (int cc = 0; cc < CB; cc++) {
-            const float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
-            ACC(0, r, cc, 0) = _mm512_load_ps(row);
-            ACC(0, r, cc, 1) = _mm512_load_ps(row + 16);
-#pragma GCC unroll 16
-            for (int sp = 1; sp < S; sp++)
-                ACC(sp, r, cc, 0) = ACC(sp, r, cc, 1) = _mm512_setzero_ps();
-        }
+    acc_load(acc, o, dv, c0, r0, RB, CB, S);
     for (uint32_t gi = 0; gi < ng; gi++) {
         const size_t vst = g[gi].vst;
         if (bf16) {
@@ -503,20 +530,7 @@ pv_pass(float *o, uint32_t dv, uint32_t c0, int r0, const group_t *g, uint32_t n
             }
         }
     }
-#pragma GCC unroll 16
-    for (int r = 0; r < RB; r++)
-#pragma GCC unroll 16
-        for (int cc = 0; cc < CB; cc++) {
-            __m512 x0 = ACC(0, r, cc, 0), x1 = ACC(0, r, cc, 1);
-#pragma GCC unroll 16
-            for (int sp = 1; sp < S; sp++)
-                x0 = _mm512_add_ps(x0, ACC(sp, r, cc, 0)),
-                x1 = _mm512_add_ps(x1, ACC(sp, r, cc, 1));
-            float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
-            _mm512_store_ps(row, x0);
-            _mm512_store_ps(row + 16, x1);
-        }
-#undef ACC
+    acc_store(acc, o, dv, c0, r0, RB, CB, S);
 }
 
 /* All of P.V for a row tile: passes of RB = min(rt, 8) rows and the widest
@@ -560,21 +574,10 @@ static inline VBMI __attribute__((always_inline)) void
 pv_fp8_pass(float *o, uint32_t dv, uint32_t c0, int r0, const group_t *g, uint32_t ng,
             const uint32_t *pp, int rt, int RB, int CB, int S, pf_t *pf, const lut_t *lut)
 {
-#define ACC(sp, r, cc, h) acc[(((sp)*RB + (r)) * CB + (cc)) * 2 + (h)]
     const __m512i hi0 = lut->hi0, hi1 = lut->hi1, lo0 = lut->lo0, lo1 = lut->lo1;
     const __m512i sgn = _mm512_set1_epi8((char)0x80);
     __m512 acc[16];
-#pragma GCC unroll 16
-    for (int r = 0; r < RB; r++)
-#pragma GCC unroll 16
-        for (int cc = 0; cc < CB; cc++) {
-            const float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
-            ACC(0, r, cc, 0) = _mm512_load_ps(row);
-            ACC(0, r, cc, 1) = _mm512_load_ps(row + 16);
-#pragma GCC unroll 16
-            for (int sp = 1; sp < S; sp++)
-                ACC(sp, r, cc, 0) = ACC(sp, r, cc, 1) = _mm512_setzero_ps();
-        }
+    acc_load(acc, o, dv, c0, r0, RB, CB, S);
     for (uint32_t gi = 0; gi < ng; gi++) {
         const size_t vst = g[gi].vst;
         const uint8_t *v = g[gi].v;
@@ -606,21 +609,9 @@ pv_fp8_pass(float *o, uint32_t dv, uint32_t c0, int r0, const group_t *g, uint32
             }
         }
     }
-#pragma GCC unroll 16
-    for (int r = 0; r < RB; r++)
-#pragma GCC unroll 16
-        for (int cc = 0; cc < CB; cc++) {
-            __m512 x0 = ACC(0, r, cc, 0), x1 = ACC(0, r, cc, 1);
-#pragma GCC unroll 16
-            for (int sp = 1; sp < S; sp++)
-                x0 = _mm512_add_ps(x0, ACC(sp, r, cc, 0)),
-                x1 = _mm512_add_ps(x1, ACC(sp, r, cc, 1));
-            float *row = o + (size_t)(r0 + r) * dv + (size_t)(c0 + (uint32_t)cc * 32);
-            _mm512_store_ps(row, x0);
-            _mm512_store_ps(row + 16, x1);
-        }
-#undef ACC
+    acc_store(acc, o, dv, c0, r0, RB, CB, S);
 }
+#undef ACC
 
 /* All of the fused P.V for a row tile, split as pv() splits it (a function of
  * its own: only it may use VBMI). */
