@@ -201,55 +201,31 @@ static void shuffled_iota(uint32_t *a, size_t n, uint64_t *st)
     }
 }
 
-/* Read runs of `run` bytes at random places: what a paged cache's blocks
- * cost the memory system, with nothing else in the way.  The runs are a
- * random permutation of the buffer's run-sized pieces, split among the
- * threads. */
+/* Reads of the buffer in pieces of `unit` bytes visited in an order (a
+ * permutation of the pieces, or address order), split among the threads:
+ * what paging costs the memory system, with no arithmetic in the way. */
 typedef struct {
     const uint8_t *buf;
-    size_t run;
-    const uint32_t *order;
-    size_t n_runs;
+    size_t unit;           /* bytes of one piece */
+    size_t row;            /* pat_work: bytes of one token row of one head */
+    const uint32_t *order; /* the pieces in visiting order */
+    size_t n;              /* pieces */
     volatile uint64_t sink[8];
-} runs_ctx_t;
+} order_ctx_t;
 
+/* Each piece read straight through, no software prefetch: runs at random
+ * places, as a reader that does not know the next block would see them. */
 static void runs_work(void *ctx, int tid, int n)
 {
-    runs_ctx_t *c = ctx;
-    size_t b = c->n_runs * (size_t)tid / (size_t)n, e = c->n_runs * (size_t)(tid + 1) / (size_t)n;
+    order_ctx_t *c = ctx;
+    size_t b = c->n * (size_t)tid / (size_t)n, e = c->n * (size_t)(tid + 1) / (size_t)n;
     uint64_t acc = 0;
-    for (size_t i = b; i < e; i++) acc += read_avx2(c->buf + (size_t)c->order[i] * c->run, c->run);
+    for (size_t i = b; i < e; i++)
+        acc += read_avx2(c->buf + (size_t)c->order[i] * c->unit, c->unit);
     c->sink[tid] = acc;
 }
 
-static double measure_runs(team_t *t, const uint8_t *buf, size_t bytes, size_t run, int reps)
-{
-    runs_ctx_t c = {.buf = buf, .run = run, .n_runs = bytes / run};
-    uint32_t *order = malloc(sizeof(uint32_t) * c.n_runs);
-    uint64_t st = 0x2545f4914f6cdd1dull;
-    shuffled_iota(order, c.n_runs, &st);
-    c.order = order;
-    double v[32];
-    team_run(t, runs_work, &c);
-    for (int i = 0; i < reps; i++) v[i] = (double)(c.n_runs * run) / team_run(t, runs_work, &c);
-    free(order);
-    return median(v, reps);
-}
-
-/* Read K/V in the decode kernel's order and nothing else: blocks of 16
- * tokens (a K slab and a V slab of KV_HEADS heads), each head's K rows then
- * its V rows, the next block's matching rows prefetched line by line as the
- * kernel does.  Contiguous (blocks in address order) against paged (blocks
- * in random order): the cost of paging to the memory system when the
- * kernel's own prefetching is in place, with no arithmetic in the way. */
-typedef struct {
-    const uint8_t *buf;
-    size_t row; /* bytes of one token row of one head */
-    const uint32_t *order;
-    size_t n_blocks;
-    volatile uint64_t sink[8];
-} pat_ctx_t;
-
+/* n bytes at p, prefetching the same bytes of `next` (NULL: none) as it goes. */
 __attribute__((target("avx2"))) static __m256i pat_run(const uint8_t *p, const uint8_t *next,
                                                        size_t n, __m256i a)
 {
@@ -261,16 +237,20 @@ __attribute__((target("avx2"))) static __m256i pat_run(const uint8_t *p, const u
     return a;
 }
 
+/* Pieces are blocks of 16 tokens (a K slab and a V slab of KV_HEADS heads),
+ * read in the decode kernel's order: each head's K rows then its V rows,
+ * the next block's matching rows prefetched line by line as the kernel
+ * does.  Paged against contiguous, this is the cost of paging when the
+ * kernel's own prefetching is in place. */
 __attribute__((target("avx2"))) static void pat_work(void *ctx, int tid, int n)
 {
-    pat_ctx_t *c = ctx;
-    const size_t chunk = 16 * c->row, slab = KV_HEADS * chunk, block = 2 * slab;
-    size_t b = c->n_blocks * (size_t)tid / (size_t)n,
-           e = c->n_blocks * (size_t)(tid + 1) / (size_t)n;
+    order_ctx_t *c = ctx;
+    const size_t chunk = 16 * c->row, slab = KV_HEADS * chunk;
+    size_t b = c->n * (size_t)tid / (size_t)n, e = c->n * (size_t)(tid + 1) / (size_t)n;
     __m256i a = _mm256_setzero_si256();
     for (size_t i = b; i < e; i++) {
-        const uint8_t *k = c->buf + (size_t)c->order[i] * block;
-        const uint8_t *kn = i + 1 < e ? c->buf + (size_t)c->order[i + 1] * block : NULL;
+        const uint8_t *k = c->buf + (size_t)c->order[i] * c->unit;
+        const uint8_t *kn = i + 1 < e ? c->buf + (size_t)c->order[i + 1] * c->unit : NULL;
         for (size_t h = 0; h < KV_HEADS; h++) {
             a = pat_run(k + h * chunk, kn ? kn + h * chunk : NULL, chunk, a);
             a = pat_run(k + slab + h * chunk, kn ? kn + slab + h * chunk : NULL, chunk, a);
@@ -281,22 +261,22 @@ __attribute__((target("avx2"))) static void pat_work(void *ctx, int tid, int n)
     c->sink[tid] = o[0] + o[1] + o[2] + o[3];
 }
 
-/* GB/s of pat_work over `bytes` of buf, blocks contiguous or shuffled. */
-static double measure_pattern(team_t *t, const uint8_t *buf, size_t bytes, size_t row, bool paged,
-                              int reps)
+/* Median GB/s of fn over the buffer's pieces of `unit` bytes, visited in
+ * a random order or in address order. */
+static double measure_order(team_t *t, work_fn fn, const uint8_t *buf, size_t bytes, size_t unit,
+                            size_t row, bool shuffled, int reps)
 {
-    pat_ctx_t c = {.buf = buf, .row = row, .n_blocks = bytes / (2 * KV_HEADS * 16 * row)};
-    uint32_t *order = malloc(sizeof(uint32_t) * c.n_blocks);
-    uint64_t st = 0x9e3779b97f4a7c15ull;
-    if (paged)
-        shuffled_iota(order, c.n_blocks, &st);
+    order_ctx_t c = {.buf = buf, .unit = unit, .row = row, .n = bytes / unit};
+    uint32_t *order = malloc(sizeof(uint32_t) * c.n);
+    uint64_t st = 0x2545f4914f6cdd1dull;
+    if (shuffled)
+        shuffled_iota(order, c.n, &st);
     else
-        for (size_t i = 0; i < c.n_blocks; i++) order[i] = (uint32_t)i;
+        for (size_t i = 0; i < c.n; i++) order[i] = (uint32_t)i;
     c.order = order;
     double v[32];
-    team_run(t, pat_work, &c);
-    for (int i = 0; i < reps; i++)
-        v[i] = (double)(c.n_blocks * 2 * KV_HEADS * 16 * row) / team_run(t, pat_work, &c);
+    team_run(t, fn, &c);
+    for (int i = 0; i < reps; i++) v[i] = (double)(c.n * unit) / team_run(t, fn, &c);
     free(order);
     return median(v, reps);
 }
@@ -719,8 +699,8 @@ int main(int argc, char **argv)
      * 32 KiB (fp8), 64 KiB (bf16), 128 KiB (f32) */
     printf("read of runs at random places (the pages of a paged cache):\n");
     for (size_t run = 32 << 10; run <= (size_t)1 << 20; run *= 2) {
-        double r1 = measure_runs(&team[0], bw_buf, bw_bytes, run, reps);
-        double r2 = measure_runs(&team[1], bw_buf, bw_bytes, run, reps);
+        double r1 = measure_order(&team[0], runs_work, bw_buf, bw_bytes, run, 0, true, reps);
+        double r2 = measure_order(&team[1], runs_work, bw_buf, bw_bytes, run, 0, true, reps);
         printf("  runs of %4zu KiB               %7.1f GB/s  %7.1f GB/s   (%3.0f%% / %3.0f%% of "
                "one stream)\n",
                run >> 10, r1 * 1e-9, r2 * 1e-9, 100 * r1 / bw[0], 100 * r2 / bw[1]);
@@ -731,8 +711,11 @@ int main(int argc, char **argv)
         const size_t rows[] = {HEAD_DIM * 4, HEAD_DIM * 2, HEAD_DIM};
         const char *names[] = {"f32", "bf16", "fp8"};
         for (int i = 0; i < 3; i++) {
-            double c = measure_pattern(&team[0], bw_buf, bw_bytes, rows[i], false, reps);
-            double pg = measure_pattern(&team[0], bw_buf, bw_bytes, rows[i], true, reps);
+            const size_t block = 2 * KV_HEADS * 16 * rows[i];
+            double c =
+                measure_order(&team[0], pat_work, bw_buf, bw_bytes, block, rows[i], false, reps);
+            double pg =
+                measure_order(&team[0], pat_work, bw_buf, bw_bytes, block, rows[i], true, reps);
             printf(
                 "  %-4s contiguous %5.1f GB/s (%3.0f%%)  paged %5.1f GB/s (%3.0f%%)  paged/contig "
                 "%3.0f%%\n",
