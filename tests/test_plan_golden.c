@@ -1,4 +1,4 @@
-/* test_plan_golden.c - the planner on the real configs in ../shared/configs,
+/* test_plan_golden.c - the planner on the real configs in tests/data/configs,
  * against numbers derived by hand in the comments (and, where an engine
  * published its own, against that).  Each built-in preset must also equal
  * what its config says, and each GPU preset its sources. */
@@ -15,7 +15,7 @@
 static void load(const char *file, kvc_plan_model_t *m)
 {
     char path[512], msg[256] = "";
-    snprintf(path, sizeof path, "%s/configs/%s", KVC_SHARED_DIR, file);
+    snprintf(path, sizeof path, "%s/configs/%s", KVC_DATA_DIR, file);
     int rc = kvc_plan_model_load(path, m, msg, sizeof msg);
     if (rc) fail_msg("%s: %s", path, msg);
 }

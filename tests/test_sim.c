@@ -366,7 +366,7 @@ static void a_bigger_pool_hits_more_of_the_mooncake_trace(void **state)
     (void)state;
     /* arrivals stretched 3x, so that one replica keeps up (as in examples/scenarios/mooncake.json)
      */
-    kvc_workload_t *w = load_scaled(KVC_SHARED_DIR "/traces/mooncake_synthetic_trace.jsonl",
+    kvc_workload_t *w = load_scaled(KVC_DATA_DIR "/traces/mooncake_synthetic_trace.jsonl",
                                     KVC_TEST_SANITIZED ? 400 : 1200, 3.0);
     kvc_sim_config_t c = config(0);
     char msg[256];

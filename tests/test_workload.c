@@ -14,7 +14,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 
-#define MOONCAKE_SAMPLE KVC_SHARED_DIR "/traces/mooncake_synthetic_trace.jsonl"
+#define MOONCAKE_SAMPLE KVC_DATA_DIR "/traces/mooncake_synthetic_trace.jsonl"
 
 /* ---- helpers ------------------------------------------------------------------------- */
 static kvc_workload_t *load_ok(const char *text, const kvc_workload_params_t *p)

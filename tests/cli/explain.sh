@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CLI tests for `kvcache explain` and the command dispatcher.
-# usage: explain.sh <kvcache-binary> <source-dir> <shared-dir>
+# usage: explain.sh <kvcache-binary> <source-dir> <test-data-dir>
 set -u
 KVC=$1
 SRC=$2

@@ -3,11 +3,11 @@
 # on stderr, nothing on stdout and exit status 1; a refusal exits 3 and names
 # the phase; a plan that starts exits 0; the JSON carries the documented keys.
 #
-# usage: bash plan.sh <kvcache binary> <source dir> <shared dir>
+# usage: bash plan.sh <kvcache binary> <source dir> <test data dir>
 set -u
 KVC=$1
-SHARED=$3
-CONFIGS=$SHARED/configs
+DATA=$3
+CONFIGS=$DATA/configs
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 failures=0

@@ -3,7 +3,7 @@
 # output: each pasted block must still match what `kvcache plan` prints, so the
 # README section cannot drift from the code.
 #
-# usage: bash plan_docs.sh <kvcache binary> <source dir> <shared dir>
+# usage: bash plan_docs.sh <kvcache binary> <source dir> <test data dir>
 set -u
 KVC=$1
 DOC=$2/README.md

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # CLI tests for `kvcache sim`: outputs, determinism, scenarios, every bad-input path.
-# usage: sim.sh <kvcache-binary> <source-dir> <shared-dir>
+# usage: sim.sh <kvcache-binary> <source-dir> <test-data-dir>
 set -u
 KVC=$1
 SRC=$2
-SHARED=$3
+DATA=$3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 fails=0
