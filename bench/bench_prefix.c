@@ -168,7 +168,8 @@ int main(int argc, char **argv)
             kvc_prefix_query_t qh = q;
             qh.hashes = hashes;
             kvc_prefix_hit_t hit;
-            kvc_prefix_lookup(c.pc, &qh, table, N_FULL, &hit);
+            int rc = kvc_prefix_lookup(c.pc, &qh, table, N_FULL, &hit);
+            if (rc) die("B: lookup", rc);
             uint64_t t2 = kvc_now_ns();
             if (hit.n_hit_blocks != N_FULL - 1) die("B: expected 127 hit blocks", KVC_ECORRUPT);
             kvc_pool_release(c.pool, table, (uint32_t)hit.n_hit_blocks);
@@ -209,7 +210,8 @@ int main(int argc, char **argv)
             kvc_prefix_hash(c.pc, &qc, hashes, N_FULL, &n);
             qc.hashes = hashes;
             kvc_prefix_hit_t hit;
-            kvc_prefix_lookup(c.pc, &qc, table, N_FULL, &hit);
+            int rc = kvc_prefix_lookup(c.pc, &qc, table, N_FULL, &hit);
+            if (rc) die("C: lookup", rc);
             if (hit.n_hit_blocks) die("C: unexpected hit", KVC_ECORRUPT);
             if (kvc_pool_alloc(c.pool, N_FULL, table)) die("alloc", KVC_ENOSPC);
             insert_all(&c, &qc, table, 0);

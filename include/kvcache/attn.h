@@ -78,16 +78,16 @@ typedef struct {
  * KVC_EINVAL if the pool has no storage, the layer is out of range, the
  * layout does not suit the dtype, or the pool's scale_bytes are fewer than
  * kvc_scale_bytes() asks for. */
-int kvc_kv_view_from_pool(kvc_pool_t *pool, uint32_t layer, kvc_scale_layout_t layout,
+KVC_API int kvc_kv_view_from_pool(kvc_pool_t *pool, uint32_t layer, kvc_scale_layout_t layout,
                           kvc_kv_view_t *out);
 
 /* Bytes one block takes when laid out as a pool would lay it out (data,
  * then kvc_scale_bytes of side data, padded to 64). 0 if the shape is bad. */
-size_t kvc_kv_block_bytes(const kvc_scale_shape_t *shape);
+KVC_API size_t kvc_kv_block_bytes(const kvc_scale_shape_t *shape);
 /* A view of one layer of a caller buffer of n_blocks blocks laid out as a
  * pool lays them out (kvc_kv_block_bytes each).  KVC_EINVAL for a bad shape
  * or layer, KVC_ERANGE if `bytes` is too small. */
-int kvc_kv_view_contiguous(void *buf, size_t bytes, uint32_t n_blocks,
+KVC_API int kvc_kv_view_contiguous(void *buf, size_t bytes, uint32_t n_blocks,
                            const kvc_scale_shape_t *shape, uint32_t layer, kvc_kv_view_t *out);
 
 /* ---- batches ------------------------------------------------------------- */
@@ -121,15 +121,15 @@ typedef struct {
 
 /* n_q_heads 1, sm_scale 0 (1/sqrt(d)), full attention, no capping, packed,
  * AUTO compute, AUTO ISA. */
-kvc_attn_params_t kvc_attn_params_default(void);
+KVC_API kvc_attn_params_t kvc_attn_params_default(void);
 
 /* Bytes of workspace one thread needs for attention over this view (with
  * `mla` non-NULL: for kvc_attn_mla).  64-byte aligned memory is best. */
 typedef struct kvc_mla_dims kvc_mla_dims_t;
-size_t kvc_attn_workspace_bytes(const kvc_kv_view_t *kv, const kvc_mla_dims_t *mla);
+KVC_API size_t kvc_attn_workspace_bytes(const kvc_kv_view_t *kv, const kvc_mla_dims_t *mla);
 
 /* Work items of a call (see above); 0 on invalid arguments. */
-uint32_t kvc_attn_n_items(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
+KVC_API uint32_t kvc_attn_n_items(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
                           const kvc_attn_batch_t *batch);
 
 /* Attention for the queries of a batch: q (n_rows, n_q_heads, head_dim) fp32,
@@ -141,7 +141,7 @@ uint32_t kvc_attn_n_items(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
  * than kvc_attn_workspace_bytes), KVC_ENOTSUP (a forced ISA this CPU lacks,
  * or head_dim above KVC_ATTN_MAX_DV).  The same call over a paged and a
  * contiguous copy of the same data gives bit-identical outputs. */
-int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
+KVC_API int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
                      const kvc_attn_batch_t *batch, const float *q, float *out, void *ws,
                      size_t ws_bytes, uint32_t item_begin, uint32_t item_end);
 
@@ -154,7 +154,7 @@ int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
  * be NULL only for KVC_SCALE_NONE; clipping is still counted if given).
  * KVC_EINVAL for a bad slot (block out of range) or missing arguments;
  * nothing is written then.  KVC_ENOTSUP for a forced ISA this CPU lacks. */
-int kvc_attn_write_kv(const kvc_kv_view_t *kv, const int64_t *slots, uint32_t n_tokens,
+KVC_API int kvc_attn_write_kv(const kvc_kv_view_t *kv, const int64_t *slots, uint32_t n_tokens,
                       const float *k, const float *v, kvc_kv_quant_t *quant, kvc_isa_t isa);
 
 /* ---- MLA (multi-head latent attention), absorbed form ----------------------
@@ -175,7 +175,7 @@ struct kvc_mla_dims {
 };
 
 /* Work items of an MLA call: one per (sequence, group of up to 64 query rows). */
-uint32_t kvc_attn_mla_n_items(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims,
+KVC_API uint32_t kvc_attn_mla_n_items(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims,
                               const kvc_kv_view_t *kv, const kvc_attn_batch_t *batch);
 
 /* Absorbed MLA attention.  q_nope (n_rows, H, nope_dim), q_rope (n_rows, H,
@@ -184,7 +184,7 @@ uint32_t kvc_attn_mla_n_items(const kvc_attn_params_t *p, const kvc_mla_dims_t *
  * ignored (H is dims->n_heads), p->window / softcap apply as usual.
  * Failures as kvc_attn_forward (the workspace must hold
  * kvc_attn_workspace_bytes(kv, dims)). */
-int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims, const kvc_kv_view_t *kv,
+KVC_API int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims, const kvc_kv_view_t *kv,
                  const kvc_attn_batch_t *batch, const float *q_nope, const float *q_rope,
                  const float *w_uk, const float *w_uv, float *out, void *ws, size_t ws_bytes,
                  uint32_t item_begin, uint32_t item_end);
@@ -194,7 +194,7 @@ int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims, const k
  * the keys, exact decoding, exp/tanh from libm): what every kernel is tested
  * against.  out is double (n_rows, n_q_heads, head_dim).  p->isa,
  * p->compute and p->per_head are ignored.  Slow; no workspace. */
-int kvc_attn_reference(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
+KVC_API int kvc_attn_reference(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
                        const kvc_attn_batch_t *batch, const float *q, double *out);
 
 #ifdef __cplusplus

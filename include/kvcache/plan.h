@@ -44,12 +44,12 @@ typedef enum {
 } kvc_plan_dtype_t;
 
 /* "bf16", "fp16", "fp8", "int4"; "?" for an invalid value. */
-const char *kvc_plan_dtype_name(kvc_plan_dtype_t dt);
+KVC_API const char *kvc_plan_dtype_name(kvc_plan_dtype_t dt);
 /* Parse a name (also "bfloat16", "float16", "half", "fp8_e4m3", "e4m3", "e5m2").
  * Returns 0 or KVC_EINVAL. */
-int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out);
+KVC_API int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out);
 /* Bits per element: 16, 16, 8, 4; 0 for an invalid value. */
-uint32_t kvc_plan_dtype_bits(kvc_plan_dtype_t dt);
+KVC_API uint32_t kvc_plan_dtype_bits(kvc_plan_dtype_t dt);
 
 /* ---- the model -------------------------------------------------------------
  * What the math needs from a transformer decoder.  A zeroed field means "not
@@ -107,19 +107,19 @@ typedef struct {
 
 /* Count parameters (gated MLPs, RMSNorm weights, no biases beyond qkv_bias).
  * The model must have passed kvc_plan_model_check. */
-void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_count_t *out);
+KVC_API void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_count_t *out);
 
 /* Check that a model is complete and consistent.  Returns 0, or KVC_EINVAL
  * with one line in msg naming the field (msg may be NULL). */
-int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t msg_len);
+KVC_API int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t msg_len);
 
 /* Built-in model presets, their numbers written in the source from the
  * public config.json files named there.  Lookup is case-insensitive.
  * Returns 0 or KVC_ENOENT. */
-int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out);
-size_t kvc_plan_model_preset_count(void);
+KVC_API int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out);
+KVC_API size_t kvc_plan_model_preset_count(void);
 /* The i-th preset's name, or NULL past the end. */
-const char *kvc_plan_model_preset_name(size_t i);
+KVC_API const char *kvc_plan_model_preset_name(size_t i);
 
 /* Read a Hugging Face config.json held in text[0..len).  Reads what the math
  * needs (see the field comments); a multimodal config's nested text_config
@@ -127,11 +127,11 @@ const char *kvc_plan_model_preset_name(size_t i);
  * KVC_EPARSE (malformed JSON, a field of the wrong type) or KVC_EINVAL (a
  * field the math needs is missing or impossible), with one line in msg
  * naming it.  `name` (may be NULL) goes into out->name. */
-int kvc_plan_model_from_json(const char *text, size_t len, const char *name, kvc_plan_model_t *out,
+KVC_API int kvc_plan_model_from_json(const char *text, size_t len, const char *name, kvc_plan_model_t *out,
                              char *msg, size_t msg_len);
 /* As kvc_plan_model_from_json, reading the file at path (at most 16 MiB).
  * Fails also with KVC_EIO (unreadable) or KVC_EOVERFLOW (too large). */
-int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size_t msg_len);
+KVC_API int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size_t msg_len);
 
 /* ---- the GPU ------------------------------------------------------------- */
 typedef struct {
@@ -148,21 +148,21 @@ typedef struct {
 /* Presets: "a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200", "b200", "l40s",
  * "mi300x" (case-insensitive; also "a100", "h100").  Each value's public
  * source is named in the source.  Returns 0 or KVC_ENOENT. */
-int kvc_plan_gpu_preset(const char *name, kvc_plan_gpu_t *out);
-size_t kvc_plan_gpu_preset_count(void);
-const char *kvc_plan_gpu_preset_name(size_t i);
+KVC_API int kvc_plan_gpu_preset(const char *name, kvc_plan_gpu_t *out);
+KVC_API size_t kvc_plan_gpu_preset_count(void);
+KVC_API const char *kvc_plan_gpu_preset_name(size_t i);
 /* Check the numbers are usable (memory, bandwidth and bf16 FLOP/s > 0).
  * Returns 0 or KVC_EINVAL with one line in msg. */
-int kvc_plan_gpu_check(const kvc_plan_gpu_t *g, char *msg, size_t msg_len);
+KVC_API int kvc_plan_gpu_check(const kvc_plan_gpu_t *g, char *msg, size_t msg_len);
 
 /* ---- quantities with units ------------------------------------------------
  * "80GiB", "85GB", "512 MiB", "1.5e9", "1234" (bytes).  Decimal prefixes
  * (kB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB) of
  * 1024.  Returns 0 or KVC_EINVAL (junk, negative, or over 2^63). */
-int kvc_plan_parse_bytes(const char *s, uint64_t *out);
+KVC_API int kvc_plan_parse_bytes(const char *s, uint64_t *out);
 /* A rate in bytes per second: "3.35TB/s", "900GB/s", "64 GiB/s"; a bare
  * number means GB/s.  Returns 0 or KVC_EINVAL. */
-int kvc_plan_parse_rate(const char *s, double *out);
+KVC_API int kvc_plan_parse_rate(const char *s, double *out);
 
 /* ---- the deployment -------------------------------------------------------- */
 typedef struct {
@@ -218,12 +218,12 @@ typedef struct {
  * disaggregation link, host link from the GPU, 7 GB/s NVMe, 12.5 GB/s network,
  * an arrival rate of half the sustainable one (arrival_rate 0), a 7,008 TB-rated
  * SSD, no speculation (acceptance 0.7 for the table). */
-kvc_plan_params_t kvc_plan_params_default(void);
+KVC_API kvc_plan_params_t kvc_plan_params_default(void);
 
 /* ---- the result ------------------------------------------------------------ */
 typedef enum { KVC_PLAN_MEASURED = 0, KVC_PLAN_ESTIMATED, KVC_PLAN_CONFIGURED } kvc_plan_kind_t;
 /* "measured", "estimated", "configured". */
-const char *kvc_plan_kind_name(kvc_plan_kind_t k);
+KVC_API const char *kvc_plan_kind_name(kvc_plan_kind_t k);
 
 /* How a ledger line enters the arithmetic. */
 typedef enum {
@@ -234,7 +234,7 @@ typedef enum {
     KVC_PLAN_OP_REMAINDER  /* what is left: the KV pool */
 } kvc_plan_op_t;
 /* "total", "budget", "subtract", "outside", "remainder". */
-const char *kvc_plan_op_name(kvc_plan_op_t op);
+KVC_API const char *kvc_plan_op_name(kvc_plan_op_t op);
 
 typedef struct {
     const char *name; /* static: "memory_visible", "budget", "weights", ... */
@@ -255,7 +255,7 @@ typedef enum {
 } kvc_plan_phase_id_t;
 /* "init", "load_weights", "profile", "allocate_kv_pool", "check_max_model_len",
  * "capture_cuda_graphs". */
-const char *kvc_plan_phase_name(kvc_plan_phase_id_t id);
+KVC_API const char *kvc_plan_phase_name(kvc_plan_phase_id_t id);
 
 typedef enum {
     KVC_PLAN_PHASE_OK = 0,
@@ -264,7 +264,7 @@ typedef enum {
     KVC_PLAN_PHASE_NOT_REACHED /* an earlier phase failed */
 } kvc_plan_phase_status_t;
 /* "ok", "failed", "skipped", "not reached". */
-const char *kvc_plan_phase_status_name(kvc_plan_phase_status_t s);
+KVC_API const char *kvc_plan_phase_status_name(kvc_plan_phase_status_t s);
 
 typedef struct {
     kvc_plan_phase_status_t status;
@@ -281,7 +281,7 @@ typedef enum {
     KVC_PLAN_CEIL__COUNT
 } kvc_plan_ceiling_id_t;
 /* "kv_memory", "compute", "max_num_seqs", "max_num_batched_tokens". */
-const char *kvc_plan_ceiling_name(kvc_plan_ceiling_id_t id);
+KVC_API const char *kvc_plan_ceiling_name(kvc_plan_ceiling_id_t id);
 
 #define KVC_PLAN_LEDGER_MAX 8
 #define KVC_PLAN_SWEEP_MAX  8
@@ -466,21 +466,21 @@ typedef struct {
  * longer than max_model_len, int4 KV, ...); *out is then unspecified.  A
  * deployment that does not start is NOT an error: out->fits is false and
  * out->failed_phase names the phase.  Writes only *out and msg. */
-int kvc_plan_compute(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
+KVC_API int kvc_plan_compute(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
                      const kvc_plan_params_t *params, kvc_plan_result_t *out, char *msg,
                      size_t msg_len);
 
 /* Bytes of KV one request of n_tokens takes per GPU in the plan's pool
  * (block-rounded, window freeing as configured). */
-uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n_tokens);
+KVC_API uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n_tokens);
 
 /* Render the derivation as text (twelve sections: formula, numbers
  * substituted, result, kind) or as one JSON object (keys in the README).
  * *out is a NUL-terminated string the caller frees with kvc_plan_string_free.
  * Returns 0 or KVC_ENOMEM. */
-int kvc_plan_render_text(const kvc_plan_result_t *r, char **out);
-int kvc_plan_render_json(const kvc_plan_result_t *r, char **out);
-void kvc_plan_string_free(char *s);
+KVC_API int kvc_plan_render_text(const kvc_plan_result_t *r, char **out);
+KVC_API int kvc_plan_render_json(const kvc_plan_result_t *r, char **out);
+KVC_API void kvc_plan_string_free(char *s);
 
 #ifdef __cplusplus
 }

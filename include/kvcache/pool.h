@@ -39,12 +39,12 @@ typedef enum {
 } kvc_dtype_t;
 
 /* Bytes per element (4, 2, 2, 1, 1); 0 for an invalid dtype. */
-size_t kvc_dtype_bytes(kvc_dtype_t dt);
+KVC_API size_t kvc_dtype_bytes(kvc_dtype_t dt);
 /* "f32", "f16", "bf16", "fp8-e4m3", "fp8-e5m2"; "?" for an invalid dtype. */
-const char *kvc_dtype_name(kvc_dtype_t dt);
+KVC_API const char *kvc_dtype_name(kvc_dtype_t dt);
 /* Parse a name as printed by kvc_dtype_name (also "fp32", "fp16", "fp8" = e4m3).
  * Returns 0 or KVC_EINVAL. */
-int kvc_dtype_parse(const char *name, kvc_dtype_t *out);
+KVC_API int kvc_dtype_parse(const char *name, kvc_dtype_t *out);
 
 /* What lives behind one block.  Per block the layout is
  *
@@ -72,7 +72,7 @@ typedef struct {
 } kvc_pool_params_t;
 
 /* n_blocks 1024, block_size 16, metadata only, libc allocator. */
-kvc_pool_params_t kvc_pool_params_default(void);
+KVC_API kvc_pool_params_t kvc_pool_params_default(void);
 
 typedef struct kvc_pool kvc_pool_t;
 
@@ -95,12 +95,12 @@ typedef struct {
 /* Create a pool.  Fails with KVC_EINVAL (bad sizes; the params are not
  * changed) or KVC_ENOMEM.  Block storage is 64-byte aligned and zeroed.
  * The caller owns *out and frees it with kvc_pool_destroy. */
-int kvc_pool_create(const kvc_pool_params_t *params, kvc_pool_t **out);
+KVC_API KVC_NODISCARD int kvc_pool_create(const kvc_pool_params_t *params, kvc_pool_t **out);
 /* Free the pool and its storage.  NULL is a no-op. */
-void kvc_pool_destroy(kvc_pool_t *pool);
+KVC_API void kvc_pool_destroy(kvc_pool_t *pool);
 
 /* Set the evictor (NULL: cached blocks are reused without asking). */
-void kvc_pool_set_evictor(kvc_pool_t *pool, kvc_evict_fn fn, void *ctx);
+KVC_API void kvc_pool_set_evictor(kvc_pool_t *pool, kvc_evict_fn fn, void *ctx);
 
 /* Take n blocks from the head of the free queue, refcount 1 each, into
  * out[0..n).  All or nothing: on failure no block changes hands and out is
@@ -108,69 +108,69 @@ void kvc_pool_set_evictor(kvc_pool_t *pool, kvc_evict_fn fn, void *ctx);
  * KVC_EBUSY when enough are free but the evictor refuses to give up enough
  * of them (cached blocks held back by their cached children).  n = 0 is a
  * no-op. */
-int kvc_pool_alloc(kvc_pool_t *pool, uint32_t n, uint32_t *out);
+KVC_API KVC_NODISCARD int kvc_pool_alloc(kvc_pool_t *pool, uint32_t n, uint32_t *out);
 
 /* Add a reference (pin).  A free block leaves the free queue but keeps its
  * identity.  KVC_EINVAL for a bad id, KVC_EOVERFLOW at the counter's limit. */
-int kvc_pool_ref(kvc_pool_t *pool, uint32_t block);
+KVC_API KVC_NODISCARD int kvc_pool_ref(kvc_pool_t *pool, uint32_t block);
 
 /* Drop a reference.  At zero the block joins the free queue: at the tail if
  * cached, at the head otherwise.  KVC_EINVAL for a bad id; KVC_EUNDERFLOW if
  * the refcount is already zero (nothing changes: no block is freed twice). */
-int kvc_pool_unref(kvc_pool_t *pool, uint32_t block);
+KVC_API int kvc_pool_unref(kvc_pool_t *pool, uint32_t block);
 
 /* Release a block table: unref table[n-1] down to table[0] (tail first), so
  * that a request's tail blocks are evicted before its head blocks.  Entries
  * equal to KVC_NONE are skipped.  The table is validated first: on
  * KVC_EINVAL (bad id) or KVC_EUNDERFLOW (a free block, or one listed more
  * times than it is referenced) nothing changes. */
-int kvc_pool_release(kvc_pool_t *pool, const uint32_t *table, uint32_t n);
+KVC_API int kvc_pool_release(kvc_pool_t *pool, const uint32_t *table, uint32_t n);
 
 /* Mark a block cached (hittable) or not.  A free block moves to the run of
  * the queue its new state belongs to (a cached block to the tail).  For the
  * prefix layer. */
-void kvc_pool_set_cached(kvc_pool_t *pool, uint32_t block, bool cached);
-bool kvc_pool_is_cached(const kvc_pool_t *pool, uint32_t block);
+KVC_API void kvc_pool_set_cached(kvc_pool_t *pool, uint32_t block, bool cached);
+KVC_API bool kvc_pool_is_cached(const kvc_pool_t *pool, uint32_t block);
 
-uint32_t kvc_pool_refcount(const kvc_pool_t *pool, uint32_t block);
-uint32_t kvc_pool_n_blocks(const kvc_pool_t *pool);
-uint32_t kvc_pool_n_free(const kvc_pool_t *pool);
-uint32_t kvc_pool_block_size(const kvc_pool_t *pool);
-void kvc_pool_stats(const kvc_pool_t *pool, kvc_pool_stats_t *out);
+KVC_API uint32_t kvc_pool_refcount(const kvc_pool_t *pool, uint32_t block);
+KVC_API uint32_t kvc_pool_n_blocks(const kvc_pool_t *pool);
+KVC_API uint32_t kvc_pool_n_free(const kvc_pool_t *pool);
+KVC_API uint32_t kvc_pool_block_size(const kvc_pool_t *pool);
+KVC_API void kvc_pool_stats(const kvc_pool_t *pool, kvc_pool_stats_t *out);
 
 /* Walk the free queue: the block after `block` (which must be free), or the
  * head when block is KVC_NONE; KVC_NONE past the tail.  O(1). */
-uint32_t kvc_pool_free_next(const kvc_pool_t *pool, uint32_t block);
+KVC_API uint32_t kvc_pool_free_next(const kvc_pool_t *pool, uint32_t block);
 /* The oldest free cached block (the head of the cached run), or KVC_NONE. */
-uint32_t kvc_pool_free_cached_first(const kvc_pool_t *pool);
+KVC_API uint32_t kvc_pool_free_cached_first(const kvc_pool_t *pool);
 
 /* ---- storage --------------------------------------------------------- */
 /* Bytes one block of `block_size` tokens takes under a storage descriptor,
  * padding included (0 for a zeroed descriptor), without creating a pool: for
  * accounting in metadata-only runs.  KVC_EINVAL / KVC_EOVERFLOW. */
-int kvc_storage_block_bytes(const kvc_storage_desc_t *desc, uint32_t block_size, size_t *bytes);
+KVC_API int kvc_storage_block_bytes(const kvc_storage_desc_t *desc, uint32_t block_size, size_t *bytes);
 
 /* The storage descriptor (zeroed for a metadata-only pool). */
-const kvc_storage_desc_t *kvc_pool_storage(const kvc_pool_t *pool);
+KVC_API const kvc_storage_desc_t *kvc_pool_storage(const kvc_pool_t *pool);
 /* Bytes behind one block, padding included (0 when metadata-only). */
-size_t kvc_pool_block_bytes(const kvc_pool_t *pool);
+KVC_API size_t kvc_pool_block_bytes(const kvc_pool_t *pool);
 /* Pointer to a block's bytes; NULL when metadata-only.  Borrowed: valid
  * until the pool is destroyed. */
-void *kvc_pool_block_data(kvc_pool_t *pool, uint32_t block);
+KVC_API void *kvc_pool_block_data(kvc_pool_t *pool, uint32_t block);
 /* Pointer to (n_kv_heads, block_size, head_dim) elements for one layer and
  * kv (0 = K, 1 = V) of a block; NULL when metadata-only. */
-void *kvc_pool_kv_data(kvc_pool_t *pool, uint32_t block, uint32_t layer, uint32_t kv);
+KVC_API void *kvc_pool_kv_data(kvc_pool_t *pool, uint32_t block, uint32_t layer, uint32_t kv);
 /* Pointer to a block's scale bytes (NULL when there are none). */
-void *kvc_pool_scale_data(kvc_pool_t *pool, uint32_t block);
+KVC_API void *kvc_pool_scale_data(kvc_pool_t *pool, uint32_t block);
 /* Copy one block's bytes to another (copy-on-write); no-op when
  * metadata-only.  KVC_EINVAL for bad ids. */
-int kvc_pool_copy_block(kvc_pool_t *pool, uint32_t dst, uint32_t src);
+KVC_API int kvc_pool_copy_block(kvc_pool_t *pool, uint32_t dst, uint32_t src);
 
 /* Check the pool's invariants (DESIGN.md invariant 1, pool side): a block is
  * in the free queue iff its refcount is 0; the queue's links, length and
  * cached count agree with the blocks; uncached free blocks precede cached
  * ones.  Returns 0 or KVC_ECORRUPT with a description in msg (if msg_cap > 0). */
-int kvc_pool_check(const kvc_pool_t *pool, char *msg, size_t msg_cap);
+KVC_API int kvc_pool_check(const kvc_pool_t *pool, char *msg, size_t msg_cap);
 
 #ifdef __cplusplus
 }

@@ -58,7 +58,7 @@ typedef struct {
 #define KVC_MAX_GROUPS 4
 
 /* Set ns->salt from a string (XXH3-128 of its bytes); NULL or "" clears it. */
-void kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt);
+KVC_API void kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt);
 
 /* A multimodal input (image, audio clip) whose placeholder tokens occupy
  * positions [start, start + length) of the request.  Its hash is computed
@@ -118,7 +118,7 @@ typedef struct {
 } kvc_prefix_params_t;
 
 /* Random seed, 4 extra keys per block, no events, XXH3-128, libc. */
-kvc_prefix_params_t kvc_prefix_params_default(void);
+KVC_API kvc_prefix_params_t kvc_prefix_params_default(void);
 
 typedef struct kvc_prefix kvc_prefix_t;
 
@@ -136,7 +136,7 @@ typedef enum {
 } kvc_block_status_t;
 
 /* "hit", "miss", "collision", "after-miss", "last-token", "partial", "out-of-window". */
-const char *kvc_block_status_name(kvc_block_status_t s);
+KVC_API const char *kvc_block_status_name(kvc_block_status_t s);
 
 typedef struct {
     size_t n_full_blocks;    /* full blocks in the query */
@@ -168,20 +168,20 @@ typedef struct {
 /* Create a prefix cache over `pool` (borrowed: it must outlive the cache)
  * and install it as the pool's evictor.  One cache per pool.  Fails with
  * KVC_EINVAL or KVC_ENOMEM.  The caller frees it with kvc_prefix_destroy. */
-int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_prefix_t **out);
+KVC_API KVC_NODISCARD int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_prefix_t **out);
 /* Forget every identity (the blocks stay where they are, uncached), remove
  * the evictor, free the cache.  No events are sent.  NULL is a no-op. */
-void kvc_prefix_destroy(kvc_prefix_t *pc);
+KVC_API void kvc_prefix_destroy(kvc_prefix_t *pc);
 
 /* The seed the cache hashes with (the random one if none was given). */
-uint64_t kvc_prefix_seed(const kvc_prefix_t *pc);
+KVC_API uint64_t kvc_prefix_seed(const kvc_prefix_t *pc);
 
 /* Hash the query's full blocks: out[i] for block i, i < n_tokens / block_size,
  * into out[0..cap).  *n_out receives the number of full blocks (even when it
  * exceeds cap, in which case nothing is written and KVC_ERANGE is returned).
  * KVC_ERANGE also when more multimodal inputs than max_extra_keys overlap one
  * block; KVC_EINVAL for a malformed query. */
-int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
+KVC_API int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
                     size_t cap, size_t *n_out);
 
 /* Incremental hashing for a growing sequence: the hash (and, if fp is not
@@ -189,13 +189,13 @@ int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_has
  * block index - 1's values (prev_hash / prev_fp; ignored when index is 0).
  * KVC_EINVAL for a partial or missing block, KVC_ERANGE for too many extra
  * keys. */
-int kvc_prefix_hash_next(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index,
+KVC_API int kvc_prefix_hash_next(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index,
                          const kvc_hash128_t *prev_hash, const kvc_hash128_t *prev_fp,
                          kvc_hash128_t *hash, kvc_hash128_t *fp);
 
 /* The fingerprints (sliding-window identity) of the query's full blocks, as
  * kvc_prefix_hash gives the hashes; same errors. */
-int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
+KVC_API int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
                            size_t cap, size_t *n_out);
 
 /* Which of the query's first `limit` full blocks are cached with the exact
@@ -203,7 +203,7 @@ int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, 
  * the chain stops at the first miss; for a sliding-window group each block is
  * looked up on its own.  Pins nothing, counts nothing.  *n_present (if not
  * NULL) receives how many were found. */
-int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit, uint32_t *present,
+KVC_API int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit, uint32_t *present,
                      size_t *n_present);
 
 /* The longest cached prefix of the query, without pinning anything.
@@ -214,7 +214,7 @@ int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit
  * physical block of hit i; status[i] (if status != NULL) receives the status of
  * block i for every block of the query, partial one included (status needs
  * ceil(n_tokens / block_size) entries).  Never fails on a well-formed query. */
-int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
+KVC_API int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
                      kvc_block_status_t *status, kvc_prefix_hit_t *hit);
 
 /* Look up the query's longest cached prefix and pin it: the hit blocks get
@@ -222,7 +222,7 @@ int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *bl
  * written to blocks[0..n_hit_blocks) (KVC_NONE before a sliding window).  The hit never covers the
  * last token and never exceeds cap blocks.  The caller owns the references (release them with
  * kvc_pool_release).  Counts in the stats. */
-int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
+KVC_API KVC_NODISCARD int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
                       kvc_prefix_hit_t *hit);
 
 /* Give physical `block` the identity of full block `index` of the query.
@@ -236,26 +236,26 @@ int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
  * block, a parent that is not cached or does not hold block index - 1's
  * tokens, a block that is free or already cached with another identity),
  * KVC_ERANGE (too many extra keys). */
-int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index, uint32_t parent,
+KVC_API KVC_NODISCARD int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index, uint32_t parent,
                       uint32_t block, uint32_t *canonical);
 
 /* Evict up to n free cached blocks, in the pool's order (leaves only), and
  * report how many went.  For tiers and for tests; allocation evicts on its
  * own. */
-int kvc_prefix_evict(kvc_prefix_t *pc, uint32_t n, uint32_t *n_evicted);
+KVC_API int kvc_prefix_evict(kvc_prefix_t *pc, uint32_t n, uint32_t *n_evicted);
 
 /* Identity of a cached block (KVC_ENOENT if it is not cached). */
-int kvc_prefix_block_hash(const kvc_prefix_t *pc, uint32_t block, kvc_hash128_t *hash);
+KVC_API int kvc_prefix_block_hash(const kvc_prefix_t *pc, uint32_t block, kvc_hash128_t *hash);
 /* Parent of a cached block (KVC_NONE for roots and uncached blocks). */
-uint32_t kvc_prefix_block_parent(const kvc_prefix_t *pc, uint32_t block);
+KVC_API uint32_t kvc_prefix_block_parent(const kvc_prefix_t *pc, uint32_t block);
 /* Tokens of a cached block (block_size of them), NULL if it is not cached. */
-const kvc_token_t *kvc_prefix_block_tokens(const kvc_prefix_t *pc, uint32_t block);
+KVC_API const kvc_token_t *kvc_prefix_block_tokens(const kvc_prefix_t *pc, uint32_t block);
 
-void kvc_prefix_stats(const kvc_prefix_t *pc, kvc_prefix_stats_t *out);
+KVC_API void kvc_prefix_stats(const kvc_prefix_t *pc, kvc_prefix_stats_t *out);
 
 /* Cached blocks that no lookup can reach: a parent that is not cached, or not
  * the parent its hash was chained from.  Must be zero; O(n_blocks). */
-uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc);
+KVC_API uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc);
 
 /* Check invariants 2 to 4 of DESIGN.md and the index's own consistency:
  * each cached block is in its hash chain exactly once and nothing else is;
@@ -263,7 +263,7 @@ uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc);
  * and counts it as a child; child counts are exact; the pool's cached marks
  * match.  Also runs kvc_pool_check.  Returns 0 or KVC_ECORRUPT with a
  * description in msg.  O(n_blocks * block_size). */
-int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t msg_cap);
+KVC_API int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t msg_cap);
 
 #ifdef __cplusplus
 }

@@ -60,31 +60,31 @@ typedef struct {
 } kvc_cpu_t;
 
 /* The detected features.  Never NULL; the result is computed once. */
-const kvc_cpu_t *kvc_cpu(void);
+KVC_API const kvc_cpu_t *kvc_cpu(void);
 /* True if `isa` can run here (KVC_ISA_AUTO and KVC_ISA_SCALAR always can). */
-bool kvc_isa_supported(kvc_isa_t isa);
+KVC_API bool kvc_isa_supported(kvc_isa_t isa);
 /* The ISA that KVC_ISA_AUTO resolves to. */
-kvc_isa_t kvc_isa_best(void);
+KVC_API kvc_isa_t kvc_isa_best(void);
 /* "auto", "scalar", "avx2", "avx512"; "?" for an invalid value. */
-const char *kvc_isa_name(kvc_isa_t isa);
+KVC_API const char *kvc_isa_name(kvc_isa_t isa);
 /* Parse a name as printed by kvc_isa_name.  Returns 0 or KVC_EINVAL. */
-int kvc_isa_parse(const char *name, kvc_isa_t *out);
+KVC_API int kvc_isa_parse(const char *name, kvc_isa_t *out);
 
 /* ---- scalar conversions ---------------------------------------------------
  * Encoders round to nearest even and saturate as described above.  The
  * NaN codes they produce keep the sign: 0x7f / 0xff (e4m3), 0x7e / 0xfe
  * (e5m2), 0x7e00 | sign (f16), 0x7fc0 | sign (bf16). */
-uint8_t kvc_fp8_e4m3_from_f32(float x);
-float kvc_fp8_e4m3_to_f32(uint8_t code);
-uint8_t kvc_fp8_e5m2_from_f32(float x);
-float kvc_fp8_e5m2_to_f32(uint8_t code);
-uint16_t kvc_bf16_from_f32(float x);
-float kvc_bf16_to_f32(uint16_t code);
-uint16_t kvc_f16_from_f32(float x);
-float kvc_f16_to_f32(uint16_t code);
+KVC_API uint8_t kvc_fp8_e4m3_from_f32(float x);
+KVC_API float kvc_fp8_e4m3_to_f32(uint8_t code);
+KVC_API uint8_t kvc_fp8_e5m2_from_f32(float x);
+KVC_API float kvc_fp8_e5m2_to_f32(uint8_t code);
+KVC_API uint16_t kvc_bf16_from_f32(float x);
+KVC_API float kvc_bf16_to_f32(uint16_t code);
+KVC_API uint16_t kvc_f16_from_f32(float x);
+KVC_API float kvc_f16_to_f32(uint16_t code);
 
 /* Largest finite value of a format (448, 57344, 65504, ...); 0 if invalid. */
-float kvc_dtype_max(kvc_dtype_t dt);
+KVC_API float kvc_dtype_max(kvc_dtype_t dt);
 
 /* Counts kept by quantisation so that clipping is visible, not silent. */
 typedef struct {
@@ -99,12 +99,12 @@ typedef struct {
  * must be positive and finite (KVC_EINVAL otherwise, nothing written).
  * `isa` picks the implementation; every one gives the same bits.
  * KVC_ENOTSUP if the forced ISA is not available. */
-int kvc_quantize(kvc_dtype_t dt, void *dst, const float *src, size_t n, float scale,
+KVC_API int kvc_quantize(kvc_dtype_t dt, void *dst, const float *src, size_t n, float scale,
                  const float *scales, kvc_isa_t isa, kvc_quant_stats_t *stats);
 /* Decode n values: dst[i] = decode(src[i]) * (scales ? scales[i] : scale).
  * Exact when the scale is 1 (or a power of two that keeps the result in
  * range).  KVC_EINVAL for a bad dtype. */
-int kvc_dequantize(kvc_dtype_t dt, float *dst, const void *src, size_t n, float scale,
+KVC_API int kvc_dequantize(kvc_dtype_t dt, float *dst, const void *src, size_t n, float scale,
                    const float *scales);
 
 /* ---- scale layouts ----------------------------------------------------- */
@@ -127,8 +127,8 @@ typedef enum {
 } kvc_scale_layout_t;
 
 /* "none", "tensor", "head", "channel-token"; "?" if invalid. */
-const char *kvc_scale_layout_name(kvc_scale_layout_t layout);
-int kvc_scale_layout_parse(const char *name, kvc_scale_layout_t *out);
+KVC_API const char *kvc_scale_layout_name(kvc_scale_layout_t layout);
+KVC_API int kvc_scale_layout_parse(const char *name, kvc_scale_layout_t *out);
 
 /* Shape of the storage a scale layout applies to. */
 typedef struct {
@@ -153,13 +153,13 @@ typedef struct {
  * layer l's floats start at l * (floats per layer).  A scale of 0 means "not
  * set yet" (the pool zeroes new storage).  0 for an invalid shape; check
  * with kvc_scale_shape_check first. */
-size_t kvc_scale_bytes(const kvc_scale_shape_t *shape);
+KVC_API size_t kvc_scale_bytes(const kvc_scale_shape_t *shape);
 /* Floats of side data per layer in one block. */
-size_t kvc_scale_floats_per_layer(const kvc_scale_shape_t *shape);
+KVC_API size_t kvc_scale_floats_per_layer(const kvc_scale_shape_t *shape);
 /* KVC_EINVAL unless the shape is usable: sizes nonzero, n_kv 1 or 2 (1 only
  * with one head), a known dtype and layout, and a layout other than NONE only
  * for f16 and the FP8 formats. */
-int kvc_scale_shape_check(const kvc_scale_shape_t *shape);
+KVC_API int kvc_scale_shape_check(const kvc_scale_shape_t *shape);
 
 /* ---- where new blocks get their scales -----------------------------------
  * A block's scales are fixed once tokens are in it: re-scaling would change
@@ -191,11 +191,11 @@ typedef struct {
 } kvc_kv_quant_t;
 
 /* Floats in the K (is_value = false) or V state array of a layout. */
-size_t kvc_kv_quant_len(const kvc_scale_shape_t *shape, bool is_value);
+KVC_API size_t kvc_kv_quant_len(const kvc_scale_shape_t *shape, bool is_value);
 /* The scale that maps amax to the format's max with `headroom` to spare:
  * amax * headroom / kvc_dtype_max(dt); 1 when amax is 0 or not finite;
  * never below the smallest normal float. */
-float kvc_scale_from_amax(kvc_dtype_t dt, float amax, float headroom);
+KVC_API float kvc_scale_from_amax(kvc_dtype_t dt, float amax, float headroom);
 
 #ifdef __cplusplus
 }

@@ -50,10 +50,10 @@ typedef enum {
                                   request remains; a deadlock is broken by recompute */
 } kvc_preemption_t;
 
-const char *kvc_admission_name(kvc_admission_t a); /* "greedy", "reserve-max", "reserve-expected" */
-const char *kvc_preemption_name(kvc_preemption_t p); /* "recompute", "swap", "backpressure" */
-int kvc_admission_parse(const char *s, kvc_admission_t *out);
-int kvc_preemption_parse(const char *s, kvc_preemption_t *out);
+KVC_API const char *kvc_admission_name(kvc_admission_t a); /* "greedy", "reserve-max", "reserve-expected" */
+KVC_API const char *kvc_preemption_name(kvc_preemption_t p); /* "recompute", "swap", "backpressure" */
+KVC_API int kvc_admission_parse(const char *s, kvc_admission_t *out);
+KVC_API int kvc_preemption_parse(const char *s, kvc_preemption_t *out);
 
 /* Draft tokens for speculative decoding: write n proposals for request id into out. */
 typedef void (*kvc_draft_fn)(void *ctx, uint32_t id, uint32_t n, kvc_token_t *out);
@@ -84,7 +84,7 @@ typedef struct {
     kvc_allocator_t allocator;
 } kvc_sched_params_t;
 
-kvc_sched_params_t kvc_sched_params_default(void);
+KVC_API kvc_sched_params_t kvc_sched_params_default(void);
 
 typedef struct {
     const kvc_token_t *prompt; /* (n_prompt), borrowed until admission */
@@ -99,10 +99,10 @@ typedef struct kvc_sched kvc_sched_t;
 
 /* Create a scheduler over `seqs` (borrowed; its pool and prefix cache are the
  * ones it manages).  KVC_EINVAL / KVC_ENOMEM. */
-int kvc_sched_create(kvc_seqs_t *seqs, kvc_pool_t *pool, const kvc_sched_params_t *params,
+KVC_API KVC_NODISCARD int kvc_sched_create(kvc_seqs_t *seqs, kvc_pool_t *pool, const kvc_sched_params_t *params,
                      kvc_sched_t **out);
 /* Free the scheduler and every request's sequence.  NULL is a no-op. */
-void kvc_sched_destroy(kvc_sched_t *s);
+KVC_API void kvc_sched_destroy(kvc_sched_t *s);
 
 /* Queue a request arriving at `now`; *id names it from then on.  The prompt
  * is borrowed until the request is first admitted (its sequence copies it).
@@ -111,9 +111,9 @@ void kvc_sched_destroy(kvc_sched_t *s);
  * preempts itself forever.  KVC_EINVAL (empty prompt, bad class or tenant),
  * KVC_ERANGE (it could never fit: prompt + 1 needs more blocks than the pool
  * has, or than a cap allows), KVC_ENOMEM. */
-int kvc_sched_add(kvc_sched_t *s, const kvc_sched_req_t *req, double now, uint32_t *id);
+KVC_API KVC_NODISCARD int kvc_sched_add(kvc_sched_t *s, const kvc_sched_req_t *req, double now, uint32_t *id);
 /* Abort a request (client gone); its blocks are freed when no step uses them. */
-int kvc_sched_abort(kvc_sched_t *s, uint32_t id);
+KVC_API int kvc_sched_abort(kvc_sched_t *s, uint32_t id);
 
 typedef struct {
     uint32_t id;
@@ -137,7 +137,7 @@ typedef struct {
 /* Plan one step at time `now`.  The plan (borrowed until the next call) lists
  * the rows to compute; their slots are reserved (kvc_seq_slots gives them).
  * An empty plan means nothing can run now. */
-int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan);
+KVC_API KVC_NODISCARD int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan);
 
 typedef struct {
     uint32_t id;
@@ -149,7 +149,7 @@ typedef struct {
 /* The executor ran the last plan; results[i] belongs to plan->entries[i]
  * (same order, same ids: KVC_EINVAL otherwise, nothing applied).  `now` is
  * the time the step ended. */
-int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *results, uint32_t n, double now);
+KVC_API KVC_NODISCARD int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *results, uint32_t n, double now);
 
 /* A finished request's account. */
 typedef struct {
@@ -167,7 +167,7 @@ typedef struct {
 } kvc_sched_done_t;
 
 /* Requests finished since the last call (borrowed until the next call). */
-int kvc_sched_take_finished(kvc_sched_t *s, const kvc_sched_done_t **done, uint32_t *n);
+KVC_API int kvc_sched_take_finished(kvc_sched_t *s, const kvc_sched_done_t **done, uint32_t *n);
 
 typedef struct {
     uint32_t n_waiting, n_running, n_swapped;
@@ -181,17 +181,17 @@ typedef struct {
     uint64_t tenant_computed[KVC_MAX_TENANTS]; /* tokens computed */
 } kvc_sched_stats_t;
 
-void kvc_sched_stats(const kvc_sched_t *s, kvc_sched_stats_t *out);
+KVC_API void kvc_sched_stats(const kvc_sched_t *s, kvc_sched_stats_t *out);
 
 /* The decisions of the last step, in words (NULL-terminated string; empty
  * unless params.trace).  Borrowed until the next step. */
-const char *kvc_sched_trace(const kvc_sched_t *s);
+KVC_API const char *kvc_sched_trace(const kvc_sched_t *s);
 
 /* Check the scheduler's bookkeeping against the seq table and the pool:
  * every running request's sequence is live and its block counts add up per
  * class and tenant; waiting and swapped requests hold no blocks; caps hold;
  * plus kvc_seqs_check.  0 or KVC_ECORRUPT with msg. */
-int kvc_sched_check(const kvc_sched_t *s, char *msg, size_t msg_cap);
+KVC_API int kvc_sched_check(const kvc_sched_t *s, char *msg, size_t msg_cap);
 
 #ifdef __cplusplus
 }

@@ -67,7 +67,7 @@ typedef struct {
     kvc_allocator_t allocator;
 } kvc_seqs_params_t;
 
-kvc_seqs_params_t kvc_seqs_params_default(void);
+KVC_API kvc_seqs_params_t kvc_seqs_params_default(void);
 
 typedef struct kvc_seqs kvc_seqs_t;
 
@@ -75,10 +75,10 @@ typedef struct kvc_seqs kvc_seqs_t;
  * caching) `pc`; both are borrowed and must outlive it.  KVC_EINVAL for bad
  * parameters (including windows that disagree with the prefix cache),
  * KVC_ENOMEM.  The caller destroys it with kvc_seqs_destroy. */
-int kvc_seqs_create(kvc_pool_t *pool, kvc_prefix_t *pc, const kvc_seqs_params_t *params,
+KVC_API KVC_NODISCARD int kvc_seqs_create(kvc_pool_t *pool, kvc_prefix_t *pc, const kvc_seqs_params_t *params,
                     kvc_seqs_t **out);
 /* Release every sequence's blocks (tail first) and free the table.  NULL is a no-op. */
-void kvc_seqs_destroy(kvc_seqs_t *seqs);
+KVC_API void kvc_seqs_destroy(kvc_seqs_t *seqs);
 
 /* ---- lifecycle ----------------------------------------------------------- */
 typedef struct {
@@ -93,27 +93,27 @@ typedef struct {
 /* Register a request: its prompt is known, nothing is allocated yet.
  * KVC_EINVAL (empty prompt, bad namespace), KVC_ENOSPC (all slots taken),
  * KVC_ERANGE (too many multimodal inputs in one block), KVC_ENOMEM. */
-int kvc_seq_create(kvc_seqs_t *seqs, const kvc_seq_desc_t *desc, kvc_seq_t *out);
+KVC_API KVC_NODISCARD int kvc_seq_create(kvc_seqs_t *seqs, const kvc_seq_desc_t *desc, kvc_seq_t *out);
 
 /* Finish or abort a request.  Its blocks are released tail-first now, or,
  * if a step that uses it is in flight, when the last such step completes
  * (deferred reclamation).  The handle is stale from this call on either way.
  * KVC_ESTALE for a stale handle. */
-int kvc_seq_destroy(kvc_seqs_t *seqs, kvc_seq_t h);
+KVC_API int kvc_seq_destroy(kvc_seqs_t *seqs, kvc_seq_t h);
 
 /* Preemption: release every block (tail first) and drop pending drafts, but
  * keep the committed tokens and the accepted/emitted counts; n_reserved and
  * n_computed go back to 0 and the sequence may look its prefix up again
  * (its own full blocks stay cached until their memory is needed, so a
  * recompute can hit them).  KVC_EBUSY while a step that uses it is in flight. */
-int kvc_seq_reset(kvc_seqs_t *seqs, kvc_seq_t h);
+KVC_API int kvc_seq_reset(kvc_seqs_t *seqs, kvc_seq_t h);
 
 /* The table's KV groups (its params.n_groups), and whether any has a sliding window. */
-uint32_t kvc_seqs_n_groups(const kvc_seqs_t *seqs);
-bool kvc_seqs_has_sliding(const kvc_seqs_t *seqs);
+KVC_API uint32_t kvc_seqs_n_groups(const kvc_seqs_t *seqs);
+KVC_API bool kvc_seqs_has_sliding(const kvc_seqs_t *seqs);
 
 /* True if h names a live sequence. */
-bool kvc_seq_valid(const kvc_seqs_t *seqs, kvc_seq_t h);
+KVC_API bool kvc_seq_valid(const kvc_seqs_t *seqs, kvc_seq_t h);
 
 /* ---- prefix reuse, reservation, completion ------------------------------------ */
 /* Look up the prompt's longest cached prefix across all groups and pin it:
@@ -122,7 +122,7 @@ bool kvc_seq_valid(const kvc_seqs_t *seqs, kvc_seq_t h);
  * n_reserved become the hit length (never the whole prompt: the last token is
  * computed).  Only before the first reservation (KVC_EBUSY otherwise).
  * *n_hit_tokens (if not NULL) receives the hit. */
-int kvc_seq_lookup(kvc_seqs_t *seqs, kvc_seq_t h, size_t *n_hit_tokens);
+KVC_API KVC_NODISCARD int kvc_seq_lookup(kvc_seqs_t *seqs, kvc_seq_t h, size_t *n_hit_tokens);
 
 /* Reserve slots for the next n positions [n_reserved, n_reserved + n), which
  * must hold known tokens.  Allocates blocks as positions cross block
@@ -130,49 +130,49 @@ int kvc_seq_lookup(kvc_seqs_t *seqs, kvc_seq_t h, size_t *n_hit_tokens);
  * nothing: KVC_ENOSPC / KVC_EBUSY (from the pool) or KVC_ERANGE (beyond the
  * known tokens) and no change.  slots (if not NULL) receives n_groups * n
  * entries, group-major: block * block_size + offset of each position. */
-int kvc_seq_reserve(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n, int64_t *slots);
+KVC_API KVC_NODISCARD int kvc_seq_reserve(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n, int64_t *slots);
 
 /* Blocks a reservation of n more positions would take from the pool now
  * (new blocks plus copies), so a scheduler can plan without trying. */
-int kvc_seq_blocks_needed(const kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n, uint32_t *n_blocks);
+KVC_API int kvc_seq_blocks_needed(const kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n, uint32_t *n_blocks);
 
 /* A step wrote the KV of the next n reserved positions: n_computed += n
  * (KVC_ERANGE past n_reserved).  Full blocks now written and committed are
  * inserted into the prefix cache (a duplicate is replaced by the cached copy
  * and ours goes back to the pool); sliding groups release the blocks that
  * fell out of the window of the next position. */
-int kvc_seq_complete(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n);
+KVC_API KVC_NODISCARD int kvc_seq_complete(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n);
 
 /* Append known tokens after the committed ones (sampled outputs): no
  * allocation.  KVC_EBUSY while drafts are pending. */
-int kvc_seq_append(kvc_seqs_t *seqs, kvc_seq_t h, const kvc_token_t *tokens, uint32_t n);
+KVC_API int kvc_seq_append(kvc_seqs_t *seqs, kvc_seq_t h, const kvc_token_t *tokens, uint32_t n);
 
 /* ---- speculative decoding --------------------------------------------------- */
 /* Append draft tokens (unverified).  Reserve their slots with kvc_seq_reserve. */
-int kvc_seq_draft(kvc_seqs_t *seqs, kvc_seq_t h, const kvc_token_t *tokens, uint32_t n);
+KVC_API KVC_NODISCARD int kvc_seq_draft(kvc_seqs_t *seqs, kvc_seq_t h, const kvc_token_t *tokens, uint32_t n);
 
 /* Verification accepted the first n_accepted pending drafts: they become
  * committed, the rest are rolled back (kvc_seq_rollback).  The bonus token,
  * if any, is then appended with kvc_seq_append.  KVC_ERANGE if n_accepted
  * exceeds the pending drafts. */
-int kvc_seq_accept(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n_accepted);
+KVC_API int kvc_seq_accept(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n_accepted);
 
 /* Remove the last n pending drafts as if they had never been appended:
  * tokens, reservations, computed count and blocks (blocks that covered only
  * rolled-back positions return to the pool, where they are reused first)
  * go back to exactly their state before.  KVC_ERANGE if fewer drafts are
  * pending. */
-int kvc_seq_rollback(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n);
+KVC_API int kvc_seq_rollback(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n);
 
 /* The user received n more output tokens.  Only committed output tokens can
  * be emitted (KVC_ERANGE otherwise), so an emitted token is never rolled back. */
-int kvc_seq_emit(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n);
+KVC_API int kvc_seq_emit(kvc_seqs_t *seqs, kvc_seq_t h, uint32_t n);
 
 /* ---- forks and beams -------------------------------------------------------- */
 /* A child that shares all of the parent's blocks and state.  The parent must
  * have nothing reserved beyond its computed positions and no drafts
  * (KVC_EBUSY).  KVC_ENOSPC when all slots are taken. */
-int kvc_seq_fork(kvc_seqs_t *seqs, kvc_seq_t parent, kvc_seq_t *child);
+KVC_API KVC_NODISCARD int kvc_seq_fork(kvc_seqs_t *seqs, kvc_seq_t parent, kvc_seq_t *child);
 
 typedef struct {
     uint32_t parent;   /* index into the current beams */
@@ -188,7 +188,7 @@ typedef struct {
  * slots (if not NULL) receives n_groups * n_choices entries, group-major.
  * If the blocks the survivors need are not free after the dead beams are gone
  * (KVC_ENOSPC), the surviving beams are left unchanged. */
-int kvc_seq_beam_step(kvc_seqs_t *seqs, const kvc_seq_t *beams, uint32_t n_beams,
+KVC_API KVC_NODISCARD int kvc_seq_beam_step(kvc_seqs_t *seqs, const kvc_seq_t *beams, uint32_t n_beams,
                       const kvc_beam_choice_t *choices, uint32_t n_choices, kvc_seq_t *new_beams,
                       int64_t *slots);
 
@@ -198,7 +198,7 @@ typedef uint64_t kvc_step_id_t;
 /* A step is launched over rows[0..n_rows): row i computes for rows[i].  All
  * handles live and distinct (KVC_ESTALE / KVC_EINVAL); KVC_EBUSY when
  * max_inflight_steps are already in flight. */
-int kvc_step_launch(kvc_seqs_t *seqs, const kvc_seq_t *rows, uint32_t n_rows, kvc_step_id_t *id);
+KVC_API KVC_NODISCARD int kvc_step_launch(kvc_seqs_t *seqs, const kvc_seq_t *rows, uint32_t n_rows, kvc_step_id_t *id);
 
 /* The step completed.  `rows` must be exactly the rows it was launched with,
  * in the same order: an unknown or already-completed step id, or rows that
@@ -206,7 +206,7 @@ int kvc_step_launch(kvc_seqs_t *seqs, const kvc_seq_t *rows, uint32_t n_rows, kv
  * stats).  On success live[i] (if not NULL) says whether row i's sequence is
  * still live, i.e. whether its results may be applied; sequences destroyed
  * while the step was in flight are reclaimed now. */
-int kvc_step_complete(kvc_seqs_t *seqs, kvc_step_id_t id, const kvc_seq_t *rows, uint32_t n_rows,
+KVC_API KVC_NODISCARD int kvc_step_complete(kvc_seqs_t *seqs, kvc_step_id_t id, const kvc_seq_t *rows, uint32_t n_rows,
                       bool *live);
 
 /* ---- what kernels and schedulers read ------------------------------------------ */
@@ -220,25 +220,25 @@ typedef struct {
     uint32_t n_inflight;               /* launched steps not yet completed */
 } kvc_seq_info_t;
 
-int kvc_seq_info(const kvc_seqs_t *seqs, kvc_seq_t h, kvc_seq_info_t *out);
+KVC_API int kvc_seq_info(const kvc_seqs_t *seqs, kvc_seq_t h, kvc_seq_info_t *out);
 
 /* The counts a scheduler reads every step, cheaply: tokens known, tokens
  * computed, blocks held (all groups).  Any pointer may be NULL. */
-int kvc_seq_progress(const kvc_seqs_t *seqs, kvc_seq_t h, size_t *n_tokens, size_t *n_computed,
+KVC_API int kvc_seq_progress(const kvc_seqs_t *seqs, kvc_seq_t h, size_t *n_tokens, size_t *n_computed,
                      uint32_t *n_blocks);
 
 /* The sequence's tokens (borrowed until the next call that changes it). */
-int kvc_seq_tokens(const kvc_seqs_t *seqs, kvc_seq_t h, const kvc_token_t **tokens, size_t *n);
+KVC_API int kvc_seq_tokens(const kvc_seqs_t *seqs, kvc_seq_t h, const kvc_token_t **tokens, size_t *n);
 
 /* A group's block table: logical block i -> physical block, KVC_NONE for a
  * sliding group's released blocks.  Borrowed until the next call that
  * changes the sequence. */
-int kvc_seq_table(const kvc_seqs_t *seqs, kvc_seq_t h, uint32_t group, const uint32_t **table,
+KVC_API int kvc_seq_table(const kvc_seqs_t *seqs, kvc_seq_t h, uint32_t group, const uint32_t **table,
                   uint32_t *n_blocks);
 
 /* Slots of positions [first, first + n) in a group (KVC_ERANGE outside the
  * reserved positions or in a released block). */
-int kvc_seq_slots(const kvc_seqs_t *seqs, kvc_seq_t h, uint32_t group, size_t first, uint32_t n,
+KVC_API int kvc_seq_slots(const kvc_seqs_t *seqs, kvc_seq_t h, uint32_t group, size_t first, uint32_t n,
                   int64_t *slots);
 
 /* The paged-attention view of a batch for one group, in the CSR form kernels
@@ -246,7 +246,7 @@ int kvc_seq_slots(const kvc_seqs_t *seqs, kvc_seq_t h, uint32_t group, size_t fi
  * order (KVC_NONE for released sliding blocks), and last_page_len[i] tokens of
  * its last block are in use (reserved positions count: they are written
  * before attention reads them).  KVC_ERANGE if indices_cap is too small. */
-int kvc_seqs_csr(const kvc_seqs_t *seqs, const kvc_seq_t *rows, uint32_t n_rows, uint32_t group,
+KVC_API int kvc_seqs_csr(const kvc_seqs_t *seqs, const kvc_seq_t *rows, uint32_t n_rows, uint32_t group,
                  uint32_t *indptr, uint32_t *indices, size_t indices_cap, uint32_t *last_page_len);
 
 typedef struct {
@@ -263,7 +263,7 @@ typedef struct {
     uint64_t n_rejected_completions;
 } kvc_seqs_stats_t;
 
-void kvc_seqs_stats(const kvc_seqs_t *seqs, kvc_seqs_stats_t *out);
+KVC_API void kvc_seqs_stats(const kvc_seqs_t *seqs, kvc_seqs_stats_t *out);
 
 /* Check the sequences' invariants, assuming the seq layer is the pool's only
  * user: every block's refcount equals the number of tables holding it (1);
@@ -271,7 +271,7 @@ void kvc_seqs_stats(const kvc_seqs_t *seqs, kvc_seqs_stats_t *out);
  * written are in blocks no one else holds (7); inserted blocks carry the
  * sequence's own hashes; counts are ordered; plus kvc_prefix_check (or
  * kvc_pool_check without a prefix cache).  0 or KVC_ECORRUPT with msg. */
-int kvc_seqs_check(const kvc_seqs_t *seqs, char *msg, size_t msg_cap);
+KVC_API int kvc_seqs_check(const kvc_seqs_t *seqs, char *msg, size_t msg_cap);
 
 #ifdef __cplusplus
 }

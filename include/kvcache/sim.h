@@ -94,7 +94,7 @@ typedef struct {
 
 /* seed 1, all requests, time_scale 1, vocab 32000, block_tokens 512,
  * max_tokens KVC_SIM_MAX_TOKENS, contiguous prompts, format detected, libc. */
-kvc_workload_params_t kvc_workload_params_default(void);
+KVC_API kvc_workload_params_t kvc_workload_params_default(void);
 
 typedef struct kvc_workload kvc_workload_t; /* opaque: owns requests, tokens, names */
 
@@ -110,44 +110,44 @@ typedef struct kvc_workload kvc_workload_t; /* opaque: owns requests, tokens, na
  * not NULL, err holds one line naming the file, the line (JSONL) and the
  * field: KVC_EIO (unreadable), KVC_EPARSE (malformed or inconsistent
  * input, no requests), KVC_EINVAL (bad params), KVC_ENOMEM. */
-int kvc_workload_load(const char *path_or_spec, const kvc_workload_params_t *params,
+KVC_API int kvc_workload_load(const char *path_or_spec, const kvc_workload_params_t *params,
                       kvc_workload_t **out, char *err, size_t err_cap);
 
 /* The same from bytes in memory (`data` need not be NUL-terminated);
  * `name` labels error messages.  An inline spec string is not recognised
  * here: pass format KVC_WORKLOAD_SPEC and a JSON object, or AUTO. */
-int kvc_workload_load_buffer(const char *data, size_t len, const char *name,
+KVC_API int kvc_workload_load_buffer(const char *data, size_t len, const char *name,
                              const kvc_workload_params_t *params, kvc_workload_t **out, char *err,
                              size_t err_cap);
 
 /* Free the workload, its requests, tokens and names.  NULL is a no-op. */
-void kvc_workload_destroy(kvc_workload_t *w);
+KVC_API void kvc_workload_destroy(kvc_workload_t *w);
 
 /* Number of requests. */
-size_t kvc_workload_size(const kvc_workload_t *w);
+KVC_API size_t kvc_workload_size(const kvc_workload_t *w);
 /* Request i (i < size), borrowed until the workload is destroyed (or, while
  * building, until the next kvc_workload_add). */
-const kvc_sim_request_t *kvc_workload_request(const kvc_workload_t *w, size_t i);
+KVC_API const kvc_sim_request_t *kvc_workload_request(const kvc_workload_t *w, size_t i);
 /* Copy request i's prompt into buf (cap tokens): works whether or not
  * tokens is materialised.  KVC_EINVAL (i out of range), KVC_ERANGE (cap <
  * n_prompt; buf untouched). */
-int kvc_workload_prompt(const kvc_workload_t *w, size_t i, kvc_token_t *buf, size_t cap);
+KVC_API int kvc_workload_prompt(const kvc_workload_t *w, size_t i, kvc_token_t *buf, size_t cap);
 
 /* Tenants and classes: at least one each ("default" when the source names
  * none).  Names are borrowed; index order is the order of declaration (or
  * first appearance).  Class 0 is the most urgent.  Out-of-range: NULL. */
-uint32_t kvc_workload_n_tenants(const kvc_workload_t *w);
-const char *kvc_workload_tenant_name(const kvc_workload_t *w, uint32_t t);
-uint32_t kvc_workload_n_classes(const kvc_workload_t *w);
-const char *kvc_workload_class_name(const kvc_workload_t *w, uint32_t c);
+KVC_API uint32_t kvc_workload_n_tenants(const kvc_workload_t *w);
+KVC_API const char *kvc_workload_tenant_name(const kvc_workload_t *w, uint32_t t);
+KVC_API uint32_t kvc_workload_n_classes(const kvc_workload_t *w);
+KVC_API const char *kvc_workload_class_name(const kvc_workload_t *w, uint32_t c);
 /* The name arrays themselves (n_tenants / n_classes entries), for kvc_report_params_t. */
-const char *const *kvc_workload_tenant_names(const kvc_workload_t *w);
-const char *const *kvc_workload_class_names(const kvc_workload_t *w);
+KVC_API const char *const *kvc_workload_tenant_names(const kvc_workload_t *w);
+KVC_API const char *const *kvc_workload_class_names(const kvc_workload_t *w);
 
 /* Where the workload came from. */
-kvc_workload_format_t kvc_workload_format(const kvc_workload_t *w);
+KVC_API kvc_workload_format_t kvc_workload_format(const kvc_workload_t *w);
 /* "mooncake", "jsonl", "spec", "built" ("auto" for KVC_WORKLOAD_AUTO). */
-const char *kvc_workload_format_name(kvc_workload_format_t f);
+KVC_API const char *kvc_workload_format_name(kvc_workload_format_t f);
 
 typedef struct {
     size_t n_requests;
@@ -164,22 +164,22 @@ typedef struct {
 
 /* Totals over the workload: O(n log n) (conversations are counted by
  * sorting their ids).  KVC_ENOMEM (out is then zeroed). */
-int kvc_workload_stats(const kvc_workload_t *w, kvc_workload_stats_t *out);
+KVC_API int kvc_workload_stats(const kvc_workload_t *w, kvc_workload_stats_t *out);
 
 /* Write the workload in the kvcache JSONL format: a header line naming the
  * tenants and classes, then one request a line with every field, tokens
  * included.  Loading the output gives the same workload.  KVC_EIO on a
  * write error, KVC_ENOMEM. */
-int kvc_workload_write_jsonl(const kvc_workload_t *w, FILE *f);
+KVC_API int kvc_workload_write_jsonl(const kvc_workload_t *w, FILE *f);
 
 /* ---- building a workload by hand (tests, embedders) ---------------------
  * kvc_workload_create makes an empty workload; names and requests are then
  * added in arrival order.  A built workload is then used like a loaded one. */
-int kvc_workload_create(const kvc_workload_params_t *params, kvc_workload_t **out);
+KVC_API int kvc_workload_create(const kvc_workload_params_t *params, kvc_workload_t **out);
 /* Index of tenant (or class) `name`, declaring it if new.  KVC_EINVAL (NULL
  * or empty name), KVC_ENOMEM. */
-int kvc_workload_add_tenant(kvc_workload_t *w, const char *name, uint32_t *index);
-int kvc_workload_add_class(kvc_workload_t *w, const char *name, uint32_t *index);
+KVC_API int kvc_workload_add_tenant(kvc_workload_t *w, const char *name, uint32_t *index);
+KVC_API int kvc_workload_add_class(kvc_workload_t *w, const char *name, uint32_t *index);
 /* Append a copy of *req (its tokens and output_tokens are copied; NULL
  * output_tokens get deterministic filler; max_output 0 means n_output).
  * A request naming tenant or class 0 when none is declared declares
@@ -187,7 +187,7 @@ int kvc_workload_add_class(kvc_workload_t *w, const char *name, uint32_t *index)
  * max_output < n_output, an undeclared tenant or class, an arrival that is
  * negative, not finite or earlier than the previous request's), KVC_ENOMEM;
  * no request is added on failure. */
-int kvc_workload_add(kvc_workload_t *w, const kvc_sim_request_t *req);
+KVC_API int kvc_workload_add(kvc_workload_t *w, const kvc_sim_request_t *req);
 
 /* ======================================================================
  * reports
@@ -233,47 +233,47 @@ typedef struct {
 } kvc_report_params_t;
 
 /* No SLOs, no names, adaptive sampling with at most 4096 rows, libc. */
-kvc_report_params_t kvc_report_params_default(void);
+KVC_API kvc_report_params_t kvc_report_params_default(void);
 
 typedef struct kvc_report kvc_report_t; /* accumulates records and samples */
 
 /* Create an empty report.  KVC_EINVAL (negative or non-finite SLOs or
  * interval, max_rows < 16, NULL or empty names), KVC_ENOMEM.  The caller
  * frees it with kvc_report_destroy. */
-int kvc_report_create(const kvc_report_params_t *p, kvc_report_t **out);
+KVC_API int kvc_report_create(const kvc_report_params_t *p, kvc_report_t **out);
 /* Free the report.  NULL is a no-op. */
-void kvc_report_destroy(kvc_report_t *r);
+KVC_API void kvc_report_destroy(kvc_report_t *r);
 
 /* Record one finished request (copied).  KVC_EINVAL for an inconsistent
  * record (times not finite, not arrival <= first_token <= finish, n_prompt or
  * n_output 0, n_hit_tokens > n_prompt, tenant or priority >= 65536) or after
  * kvc_report_finish; KVC_ENOMEM.  Amortised O(1). */
-int kvc_report_add(kvc_report_t *r, const kvc_sim_record_t *rec);
+KVC_API int kvc_report_add(kvc_report_t *r, const kvc_sim_record_t *rec);
 /* Add a time-series sample.  Samples fold into rows of one interval each:
  * a row keeps the maxima of the counts, the last kv_blocks_total, and the
  * sum and maximum of batch_tokens.  KVC_EINVAL (t_s not finite or earlier
  * than the previous sample, or after finish), KVC_ENOMEM.  O(1) amortised. */
-int kvc_report_sample(kvc_report_t *r, const kvc_sim_sample_t *s);
+KVC_API int kvc_report_sample(kvc_report_t *r, const kvc_sim_sample_t *s);
 /* Compute the percentiles, goodput and breakdowns; after this the report
  * takes no more records or samples (KVC_EINVAL), and a second call is
  * KVC_EINVAL.  KVC_ENOMEM (the report stays unfinished and may be retried). */
-int kvc_report_finish(kvc_report_t *r, const kvc_report_totals_t *t);
+KVC_API int kvc_report_finish(kvc_report_t *r, const kvc_report_totals_t *t);
 
 /* Add a named setting shown in the text report and under "config" in the
  * JSON (the cost model's constants, the policies): a string or a number.
  * Settings keep their order; a repeated key is KVC_EEXIST.  KVC_EINVAL
  * (NULL/empty key, non-finite number), KVC_ENOMEM. */
-int kvc_report_add_config(kvc_report_t *r, const char *key, const char *value);
-int kvc_report_add_config_num(kvc_report_t *r, const char *key, double value);
+KVC_API int kvc_report_add_config(kvc_report_t *r, const char *key, const char *value);
+KVC_API int kvc_report_add_config_num(kvc_report_t *r, const char *key, double value);
 
 /* Writers: KVC_EINVAL before kvc_report_finish, KVC_EIO on a write error.
  * They write nothing else to f and do not close it. */
-int kvc_report_write_text(const kvc_report_t *r, FILE *f); /* human report */
-int kvc_report_write_json(const kvc_report_t *r, FILE *f); /* one JSON object and '\n' */
-int kvc_report_write_csv(const kvc_report_t *r, FILE *f);  /* the time series */
+KVC_API int kvc_report_write_text(const kvc_report_t *r, FILE *f); /* human report */
+KVC_API int kvc_report_write_json(const kvc_report_t *r, FILE *f); /* one JSON object and '\n' */
+KVC_API int kvc_report_write_csv(const kvc_report_t *r, FILE *f);  /* the time series */
 /* Write kv_usage.svg, batch.svg and latency_cdf.svg into dir (created if
  * missing, one level).  KVC_EIO (cannot create or write), KVC_ENOMEM. */
-int kvc_report_write_svg(const kvc_report_t *r, const char *dir);
+KVC_API int kvc_report_write_svg(const kvc_report_t *r, const char *dir);
 
 /* ---- reading a finished report back (tests, sweeps) --------------------- */
 typedef enum { KVC_REPORT_ALL, KVC_REPORT_TENANT, KVC_REPORT_CLASS } kvc_report_scope_t;
@@ -295,13 +295,13 @@ typedef struct {
 /* The figures of one scope: everything (index ignored), tenant `index` or
  * class `index`.  KVC_EINVAL before finish, KVC_ENOENT for an index the
  * report has never seen or been named. */
-int kvc_report_summary(const kvc_report_t *r, kvc_report_scope_t scope, uint32_t index,
+KVC_API int kvc_report_summary(const kvc_report_t *r, kvc_report_scope_t scope, uint32_t index,
                        kvc_report_summary_t *out);
 
 /* Nearest-rank percentile of sorted[0..n) (ascending): the value at
  * 1-based rank ceil(p / 100 * n), p in [0, 100] taken to 0.01; rank 0 is
  * read as 1.  0 when n is 0. */
-double kvc_percentile_sorted(const double *sorted, size_t n, double p);
+KVC_API double kvc_percentile_sorted(const double *sorted, size_t n, double p);
 
 /* ---- progress bar ---------------------------------------------------------
  * For command-line front ends: a one-line bar redrawn in place.  Nothing is
@@ -320,11 +320,11 @@ typedef struct {
     void *now_ctx;
 } kvc_progress_t;
 
-void kvc_progress_start(kvc_progress_t *p, FILE *f, const char *label, bool force);
+KVC_API void kvc_progress_start(kvc_progress_t *p, FILE *f, const char *label, bool force);
 /* Note progress (done of total, in any unit); draws when due.  Cheap. */
-void kvc_progress_update(kvc_progress_t *p, uint64_t done, uint64_t total);
+KVC_API void kvc_progress_update(kvc_progress_t *p, uint64_t done, uint64_t total);
 /* Draw the final state and end the line, if anything was drawn. */
-void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t total);
+KVC_API void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t total);
 
 /* ======================================================================
  * the engine: the real scheduler, pool, prefix cache and sequences in
@@ -367,7 +367,7 @@ typedef struct {
 
 /* The cost model of a planned deployment (kvc_plan_compute's result and its
  * inputs).  step_overhead_s and allreduce_latency_s come from the caller. */
-int kvc_sim_cost_model(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
+KVC_API int kvc_sim_cost_model(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
                        const kvc_plan_params_t *plan, const kvc_plan_result_t *result,
                        double step_overhead_s, double allreduce_latency_s,
                        kvc_sim_cost_model_t *out);
@@ -378,7 +378,7 @@ typedef struct {
 } kvc_sim_step_cost_t;
 
 /* Seconds one planned step takes; detail (may be NULL) gets the parts. */
-double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t *plan,
+KVC_API double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t *plan,
                          kvc_sim_step_cost_t *detail);
 
 typedef struct {
@@ -412,7 +412,7 @@ typedef struct {
     bool check_every_step;
 } kvc_sim_config_t;
 
-kvc_sim_config_t kvc_sim_config_default(void);
+KVC_API kvc_sim_config_t kvc_sim_config_default(void);
 
 typedef struct {
     kvc_plan_result_t planned; /* the planner's view of the deployment */
@@ -436,7 +436,7 @@ typedef struct {
  * counted (out->rejected), as a server would answer it with an error; its
  * output stops at max_model_len.  Fails with KVC_EINVAL and a one-line message
  * (a deployment that does not start, bad parameters), or KVC_ENOMEM. */
-int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report_t *report,
+KVC_API int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report_t *report,
                 kvc_sim_result_t *out, char *err, size_t err_cap);
 
 #ifdef __cplusplus

@@ -17,6 +17,22 @@
 extern "C" {
 #endif
 
+/* ---- symbol visibility and checked results ---------------------------------
+ * The library is built with -fvisibility=hidden: only declarations marked
+ * KVC_API are exported from the shared library; kvc__ internals shared across
+ * the library's own files stay private.  KVC_NODISCARD marks results that are
+ * a bug to ignore (an error code that says whether memory or a reference
+ * changed hands); GCC warns even through a (void) cast, so a caller that
+ * really means to ignore one says why in a comment and tests it anyway.
+ */
+#if defined(__GNUC__) || defined(__clang__)
+#define KVC_API       __attribute__((visibility("default")))
+#define KVC_NODISCARD __attribute__((warn_unused_result))
+#else
+#define KVC_API
+#define KVC_NODISCARD
+#endif
+
 /* ---- errors --------------------------------------------------------------
  * Functions return 0 on success or a negative KVC_E* code.  One table makes
  * the enum and kvc_strerror() / kvc_errname(), so they cannot drift apart.
@@ -48,16 +64,16 @@ typedef enum {
 } kvc_err_t;
 
 /* Human-readable message for a KVC_E* code (or "success" for 0). Never NULL. */
-const char *kvc_strerror(int err);
+KVC_API const char *kvc_strerror(int err);
 /* The code's name without the KVC_ prefix, e.g. "ENOSPC". Never NULL. */
-const char *kvc_errname(int err);
+KVC_API const char *kvc_errname(int err);
 
 /* ---- assertions ----------------------------------------------------------
  * KVC_ASSERT is for programmer errors and stays on in release builds: it
  * prints file:line and the expression to stderr and aborts.  Bad input from
  * users gets an error code, never an assertion.
  */
-void kvc__assert_fail(const char *expr, const char *file, int line, const char *func)
+KVC_API void kvc__assert_fail(const char *expr, const char *file, int line, const char *func)
     __attribute__((noreturn, cold));
 #define KVC_ASSERT(expr) ((expr) ? (void)0 : kvc__assert_fail(#expr, __FILE__, __LINE__, __func__))
 
@@ -133,9 +149,9 @@ typedef struct {
 
 /* Allocate / free through `a` (NULL or zeroed: the C library).  kvc_alloc does not zero;
  * kvc_calloc zeroes and checks n * size for overflow. */
-void *kvc_alloc(const kvc_allocator_t *a, size_t bytes, size_t align);
-void *kvc_calloc(const kvc_allocator_t *a, size_t n, size_t size, size_t align);
-void kvc_free(const kvc_allocator_t *a, void *p);
+KVC_API void *kvc_alloc(const kvc_allocator_t *a, size_t bytes, size_t align);
+KVC_API void *kvc_calloc(const kvc_allocator_t *a, size_t n, size_t size, size_t align);
+KVC_API void kvc_free(const kvc_allocator_t *a, void *p);
 
 /* A counting allocator that fails the Nth allocation (and, if `fail_after`,
  * every one after it).  fail_at = 0 never fails.  Caller owns the struct. */
@@ -148,7 +164,7 @@ typedef struct {
 } kvc_failing_alloc_t;
 
 /* An allocator that routes through `state`. */
-kvc_allocator_t kvc_failing_allocator(kvc_failing_alloc_t *state);
+KVC_API kvc_allocator_t kvc_failing_allocator(kvc_failing_alloc_t *state);
 
 /* ---- 128-bit hash values ------------------------------------------------ */
 typedef struct {
@@ -160,12 +176,12 @@ static inline bool kvc_hash128_eq(kvc_hash128_t a, kvc_hash128_t b)
     return a.lo == b.lo && a.hi == b.hi;
 }
 /* XXH3-128 of `len` bytes with `seed`. */
-kvc_hash128_t kvc_hash128(const void *data, size_t len, uint64_t seed);
+KVC_API kvc_hash128_t kvc_hash128(const void *data, size_t len, uint64_t seed);
 /* 32 lowercase hex digits (hi then lo) and a NUL into out[33]. */
-void kvc_hash128_hex(kvc_hash128_t h, char out[33]);
+KVC_API void kvc_hash128_hex(kvc_hash128_t h, char out[33]);
 /* 64 random bits from the operating system (getrandom); falls back to the
  * clock and address entropy if the call fails.  For per-process hash seeds. */
-uint64_t kvc_random_seed(void);
+KVC_API uint64_t kvc_random_seed(void);
 
 /* ---- deterministic PRNG (xoshiro256**, seeded by splitmix64) ---------------
  * For tests, simulators and benchmarks: the same seed gives the same stream
@@ -174,17 +190,17 @@ typedef struct {
     uint64_t s[4];
 } kvc_rng_t;
 
-void kvc_rng_seed(kvc_rng_t *r, uint64_t seed);
-uint64_t kvc_rng_next(kvc_rng_t *r);
+KVC_API void kvc_rng_seed(kvc_rng_t *r, uint64_t seed);
+KVC_API uint64_t kvc_rng_next(kvc_rng_t *r);
 /* Uniform integer in [0, n); n > 0.  Unbiased (Lemire's method). */
-uint64_t kvc_rng_below(kvc_rng_t *r, uint64_t n);
+KVC_API uint64_t kvc_rng_below(kvc_rng_t *r, uint64_t n);
 /* Uniform double in [0, 1). */
-double kvc_rng_double(kvc_rng_t *r);
+KVC_API double kvc_rng_double(kvc_rng_t *r);
 
 /* ---- clocks ------------------------------------------------------------
  * Monotonic nanoseconds, for benchmarks and the CLI.  The scheduler never
  * reads a clock: time is passed in. */
-uint64_t kvc_now_ns(void);
+KVC_API uint64_t kvc_now_ns(void);
 
 #ifdef __cplusplus
 }

@@ -261,7 +261,10 @@ static int run_prompt(ctx_t *c, size_t index, const prompt_t *p)
     q.hashes = hashes;
     kvc_prefix_hit_t hit;
     kvc_prefix_match(c->pc, &q, NULL, 0, status, &hit);
-    kvc_prefix_lookup(c->pc, &q, table, n_all, &hit);
+    if ((err = kvc_prefix_lookup(c->pc, &q, table, n_all, &hit))) {
+        kvc_cli_error(CMD, "line %zu: lookup failed: %s", p->line, kvc_strerror(err));
+        goto out;
+    }
 
     /* Allocate the rest; record what eviction takes. */
     uint32_t need = (uint32_t)(n_all - hit.n_hit_blocks);
@@ -287,8 +290,12 @@ static int run_prompt(ctx_t *c, size_t index, const prompt_t *p)
             /* Already cached (the last-token rule made us compute it again): share the cached
              * copy and give ours back, as a server would. */
             origin[i] = table[i];
-            kvc_pool_ref(c->pool, canonical);
-            kvc_pool_unref(c->pool, table[i]);
+            if ((err = kvc_pool_ref(c->pool, canonical)) ||
+                (err = kvc_pool_unref(c->pool, table[i]))) {
+                kvc_cli_error(CMD, "line %zu: sharing a duplicate failed: %s", p->line,
+                              kvc_strerror(err));
+                goto out;
+            }
             table[i] = canonical;
         }
         parent = table[i];

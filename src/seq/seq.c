@@ -610,7 +610,10 @@ static void insert_ready(kvc_seqs_t *s, seq_t *q)
                     break;
                 }
                 if (canon != b) { /* share the identical cached copy, give ours back */
-                    (void)kvc_pool_ref(s->pool, canon);
+                    /* cannot fail: canon is cached and held by us (the caller of insert),
+                     * and a block's references never exceed the live tables */
+                    rc = kvc_pool_ref(s->pool, canon);
+                    KVC_ASSERT(rc == 0);
                     (void)kvc_pool_unref(s->pool, b);
                     gr->v[i] = canon;
                     s->stats.n_duplicates_shared++;
@@ -775,7 +778,10 @@ static int fork_into(kvc_seqs_t *s, seq_t *p, kvc_seq_t *child)
         const group_t *pg = &p->g[g];
         memcpy(cg->v, pg->v, pg->n * sizeof(uint32_t));
         for (uint32_t i = 0; i < pg->n; i++)
-            if (pg->v[i] != KVC_NONE) (void)kvc_pool_ref(s->pool, pg->v[i]);
+            if (pg->v[i] != KVC_NONE) { /* the parent holds it; refs <= live tables */
+                int ref_rc = kvc_pool_ref(s->pool, pg->v[i]);
+                KVC_ASSERT(ref_rc == 0);
+            }
         cg->n = pg->n;
         cg->n_released = pg->n_released;
         cg->n_inserted = pg->n_inserted;
