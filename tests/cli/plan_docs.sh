@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# plan_docs.sh - the worked examples in README.md are the program's real
+# plan_docs.sh - the worked examples in docs/plan.md are the program's real
 # output: each pasted block must still match what `kvcache plan` prints, so the
-# README section cannot drift from the code.
+# page cannot drift from the code.
 #
 # usage: bash plan_docs.sh <kvcache binary> <source dir> <test data dir>
 set -u
 KVC=$1
-DOC=$2/README.md
+DOC=$2/docs/plan.md
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 failures=0
@@ -30,7 +30,7 @@ check() {
   local n=$1
   shift
   block "$n" >"$TMP/doc"
-  [ -s "$TMP/doc" ] || { fail "README.md: example $n not found"; return; }
+  [ -s "$TMP/doc" ] || { fail "docs/plan.md: example $n not found"; return; }
   "$KVC" plan "$@" >"$TMP/out" 2>/dev/null
   local rc=$?
   if grep -q '^exit ' "$TMP/doc"; then
@@ -58,7 +58,7 @@ check 3 --model deepseek-v3 --gpu h200 --tp 8 --weight-dtype fp8
 
 # the JSON excerpt: every line shown (indented two spaces per level) appears in the output
 block 4 | grep -vE '^ *(\.\.\.|\{|\})$' >"$TMP/doc"
-[ -s "$TMP/doc" ] || fail "README.md: the JSON example not found"
+[ -s "$TMP/doc" ] || fail "docs/plan.md: the JSON example not found"
 "$KVC" plan --model deepseek-v3 --gpu h200 --tp 8 --weight-dtype fp8 --json |
   sed 's/\t/  /g' >"$TMP/out"
 while IFS= read -r line; do
