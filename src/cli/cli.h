@@ -12,11 +12,46 @@ int kvc_cmd_explain(int argc, char **argv);
 int kvc_cmd_sim(int argc, char **argv);
 int kvc_cmd_plan(int argc, char **argv);
 
-/* Print "kvcache <cmd>: <message>" on one line to stderr; returns 1 (the exit status). */
+/* ---- what every subcommand shares (args.c) ---- */
+/* Print "kvcache <cmd>: <message>" on one line to stderr (cmd NULL: "kvcache: <message>");
+ * returns 1 (the exit status).  The message is escaped as kvc_cli_escape does, so file names,
+ * option values and input lines it quotes can never put raw control bytes on a terminal. */
 int kvc_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Parse a whole decimal number into [min, max]; false on junk or out of range. */
+/* Bytes kvc_cli_escape may write for n input bytes, the terminating NUL included. */
+#define KVC_CLI_ESCAPED_MAX(n) (4 * (size_t)(n) + 1)
+/* Copy s[0..n) to out (KVC_CLI_ESCAPED_MAX(n) bytes), NUL-terminated, with every byte a
+ * terminal could act on or that is not text escaped: \n \r \t \\ for those, \xNN for other
+ * C0 controls, DEL, the bytes of a C1 control (U+0080..U+009F) and each byte that is not part
+ * of well-formed UTF-8 (overlong forms, surrogates, past U+10FFFF).  Valid printable UTF-8 is
+ * kept as it is.  Returns the length written (without the NUL). */
+size_t kvc_cli_escape(char *out, const char *s, size_t n);
+/* True if s[0..n) is well-formed UTF-8 (what JSON text and JSON output must be). */
+bool kvc_cli_utf8_valid(const char *s, size_t n);
+/* kvc_cli_escape of a C string into a malloc'd copy (the caller frees it); NULL: no memory. */
+char *kvc_cli_escape_dup(const char *s);
+
+/* Parse a whole unsigned decimal number into [min, max]: one or more ASCII digits and nothing
+ * else (no sign, no spaces before or after, no base prefix; leading zeros are digits).  False on
+ * anything else, on overflow and out of range; *out is untouched then. */
 bool kvc_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+/* Parse a whole decimal number into [min, max]: [-]digits[.digits][e[+-]digits] (".5" and "5."
+ * too), nothing before or after it: no spaces, no '+', no hex floats, no inf or nan.  False on
+ * anything else, on overflow or underflow (ERANGE) and out of range.  "-0" gives 0. */
+bool kvc_cli_parse_double(const char *s, double min, double max, double *out);
+
+/* What kvc_cli_parse_json_uint made of a number. */
+typedef enum {
+    KVC_CLI_NUM_OK = 0,
+    KVC_CLI_NUM_MALFORMED,   /* not a decimal number */
+    KVC_CLI_NUM_NOT_INTEGER, /* a fraction: 1.5, 1e-3 */
+    KVC_CLI_NUM_NEGATIVE,    /* a whole number below 0 */
+    KVC_CLI_NUM_TOO_LARGE,   /* a whole number above max (1e30, 1e400 included) */
+} kvc_cli_num_t;
+/* Parse the text s[0..n) of a JSON number (as written: [-]digits[.digits][(e|E)[+-]digits]) as
+ * an exact whole number in [0, max], never through a double: 18446744073709551615 is itself,
+ * 1.5e3 is 1500, -0 is 0.  On KVC_CLI_NUM_OK *out receives it; otherwise *out is untouched. */
+kvc_cli_num_t kvc_cli_parse_json_uint(const char *s, size_t n, uint64_t max, uint64_t *out);
 
 /* ---- the deployment options kvcache plan and kvcache sim share (deploy.c) ---- */
 #include <getopt.h>
@@ -51,7 +86,6 @@ int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *cmd, kvc_plan_
 /* Concatenate two NULL-terminated option tables into out (cap entries); -1 if too many. */
 int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a,
                          const struct option *b);
-bool kvc_cli_parse_double(const char *s, double min, double max, double *out);
 /* Parse an option's value; on failure print the one-line error naming the option and the
  * accepted range, and return false. */
 bool kvc_cli_opt_u64(const char *cmd, const char *opt, const char *value, uint64_t lo, uint64_t hi,

@@ -3,7 +3,6 @@
  * One table, one parser, one resolver, so the two commands cannot drift. */
 #include "cli.h"
 
-#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
@@ -138,17 +137,6 @@ void kvc_cli_deploy_init(kvc_cli_deploy_t *d)
                             .g_fp8 = NAN,
                             .g_link = NAN,
                             .g_pcie = NAN};
-}
-
-bool kvc_cli_parse_double(const char *s, double min, double max, double *out)
-{
-    if (!s || !*s) return false;
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v) || v < min || v > max) return false;
-    *out = v;
-    return true;
 }
 
 int kvc_cli_presets_line(char *buf, size_t len, bool models)

@@ -2,9 +2,6 @@
 #include "cli.h"
 #include "kvcache/kvcache.h"
 
-#include <errno.h>
-#include <stdarg.h>
-#include <stdlib.h>
 #include <string.h>
 
 static const struct {
@@ -30,28 +27,6 @@ static void usage(FILE *f)
     fprintf(f, "\n'kvcache <command> --help' describes a command's options.\n");
 }
 
-int kvc_cli_error(const char *cmd, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "kvcache %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 1;
-}
-
-bool kvc_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
-{
-    if (!s || !*s || *s == '-' || *s == '+') return false;
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < min || v > max) return false;
-    *out = v;
-    return true;
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -68,6 +43,6 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < KVC_ARRAY_LEN(commands); i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "kvcache: unknown command '%s' (try 'kvcache --help')\n", argv[1]);
+    kvc_cli_error(NULL, "unknown command '%s' (try 'kvcache --help')", argv[1]);
     return 2;
 }

@@ -57,6 +57,47 @@ for key in '"prompt":' '"line":' '"n_tokens":' '"blocks":\[' '"status":"' '"hash
   head -1 "$TMP/j" | grep -q "$key" || fail "--json lacks $key"
 done
 
+# The library's request path (seq) prints exactly what the hand-written driver printed: the
+# whole output, hashes masked (the hash function is the library's business), against the
+# driver's output recorded in tests/cli/explain/ before the change.
+mask() { sed -E 's/[0-9a-f]{32}/<hash>/g; s/hash seed [0-9]+/hash seed <seed>/'; }
+golden() { # golden NAME -- ARGS...: the masked stdout equals tests/cli/explain/NAME
+  local name=$1; shift 2
+  "$KVC" "$@" 2>"$TMP/gerr" | mask >"$TMP/golden" || fail "golden $name: exit $? ($(cat "$TMP/gerr"))"
+  diff -u "$SRC/tests/cli/explain/$name" "$TMP/golden" >"$TMP/gdiff" || fail "golden $name differs: $(head -20 "$TMP/gdiff")"
+}
+golden prompts.txt.out -- explain --seed 7 --pool-blocks 12 --block-size 4 "$SRC/examples/prompts.txt"
+golden prompts.txt.json -- explain --json --seed 7 --pool-blocks 12 --block-size 4 "$SRC/examples/prompts.txt"
+golden prompts.jsonl.json -- explain --json --seed 3 "$SRC/examples/prompts.jsonl"
+printf '1 2 3 4 5 6 7 8 9 10\n1 2 3\n' >"$TMP/small"
+golden small-pool.out -- explain --pool-blocks 2 --block-size 2 --seed 1 "$TMP/small"
+golden small-pool.json -- explain --json --pool-blocks 2 --block-size 2 --seed 1 "$TMP/small"
+# a block computed again under the last-token rule is swapped for the cached copy
+grep -q '"recomputed_in":' "$SRC/tests/cli/explain/prompts.txt.json" || fail "golden lacks a recomputed block"
+
+# JSON integers are read exactly, from their text: lora reaches the whole range --lora takes,
+# and --json prints it as an integer, never as a double
+printf '{"tokens": [1, 2], "lora": 18446744073709551615}\n{"tokens": [1, 2], "lora": 9.2233720368547758e18}\n' >"$TMP/lora"
+"$KVC" explain --json "$TMP/lora" >"$TMP/o" 2>"$TMP/err" || fail "lora 2^64-1: exit $? ($(cat "$TMP/err"))"
+sed -n 1p "$TMP/o" | grep -q '"lora":18446744073709551615,' || fail "--json lora 2^64-1 is not exact: $(head -c 120 "$TMP/o")"
+sed -n 2p "$TMP/o" | grep -q '"lora":9223372036854775800,' || fail "--json lora 9.2233720368547758e18 is not exact"
+"$KVC" explain "$TMP/lora" | grep -q ', lora 18446744073709551615$' || fail "text lora 2^64-1"
+"$KVC" explain --json --lora 18446744073709551615 "$TMP/small" | grep -q '"lora":18446744073709551615,' \
+  || fail "--lora 2^64-1 printed inexactly"
+# the same ids however they are written: 15 and 1.5e1 hash alike, and hit
+printf '{"tokens": [15, 16, 3]}\n{"tokens": [1.5e1, 160e-1, 3]}\n' >"$TMP/notation"
+"$KVC" explain --block-size 2 "$TMP/notation" | grep -q "hit 2 of 3 tokens" || fail "1.5e1 should be token 15"
+
+# The library's path and the explanation agree: what a lookup pins is what match explained,
+# on a pool small enough that eviction and failed reservations happen
+for seed in 1 2 3; do
+  awk -v s=$seed 'BEGIN { srand(s); for (l = 0; l < 40; l++) { n = 1 + int(rand() * 30); p = int(rand() * 3);
+    for (i = 0; i < n; i++) printf "%d%s", (i < 12 ? p * 100 + i : int(rand() * 20)), (i + 1 < n ? " " : "\n") } }' >"$TMP/rand"
+  "$KVC" explain --seed $seed --pool-blocks 9 --block-size 2 "$TMP/rand" >"$TMP/o" 2>"$TMP/err" \
+    || fail "random prompts (seed $seed): exit $? ($(cat "$TMP/err"))"
+  grep -q '^totals: 40 lookups' "$TMP/o" || fail "random prompts (seed $seed): no totals"
+done
+
 # stdin, commas, comments
 printf '# a comment\n1,2,3,4,5\n1, 2, 3, 4, 6\n' | "$KVC" explain --block-size 2 --seed 1 - >"$TMP/s" \
   || fail "stdin input"
@@ -83,6 +124,55 @@ printf '{"tokens": [1], "salt": 3}\n' >"$TMP/bad12"; expect_error "salt type" "b
 printf '{"tokens": [1], "lora": -2}\n' >"$TMP/bad13"; expect_error "lora" "bad13:1: \"lora\" is not a non-negative integer" -- explain "$TMP/bad13"
 printf '# only comments\n' >"$TMP/bad14";      expect_error "no prompts" "no prompts" -- explain "$TMP/bad14"
 expect_error "missing file" "cannot open $TMP/nope" -- explain "$TMP/nope"
+
+# JSON numbers past what a double holds as an integer: "too large", never a float-cast overflow
+# (UBSan) or "not an integer"; fractions stay "not an integer", however close to one
+n=20
+jerr() { # jerr NAME LINE REGEX: a file holding LINE is refused with REGEX (line 2: after a good one)
+  n=$((n + 1)); printf '1 2\n%s\n' "$2" >"$TMP/bad$n"
+  expect_error "$1" "bad$n:2: $3" -- explain "$TMP/bad$n"
+}
+jerr "token 1e30" '{"tokens": [1e30]}' 'token id 1e30 is too large \(max 2147483647\)$'
+jerr "token 2^63" '{"tokens": [9.2233720368547758e18]}' 'token id 9.2233720368547758e18 is too large'
+jerr "token 1e400" '{"tokens": [1e400]}' 'token id 1e400 is too large'
+jerr "token -1e400" '{"tokens": [-1e400]}' 'token id -1e400 is negative'
+jerr "token 2^31" '{"tokens": [2147483648]}' 'token id 2147483648 is too large'
+jerr "token near 1" '{"tokens": [1.0000000000000001]}' 'token id 1.0000000000000001 is not an integer'
+jerr "token 1e-400" '{"tokens": [1e-400]}' 'token id 1e-400 is not an integer'
+jerr "lora 1e20" '{"tokens": [1], "lora": 1e20}' '"lora" 1e20 is too large \(max 18446744073709551615\)$'
+jerr "lora 2^64" '{"tokens": [1], "lora": 18446744073709551616}' '"lora" 18446744073709551616 is too large'
+jerr "lora 1e400" '{"tokens": [1], "lora": 1e400}' '"lora" 1e400 is too large'
+jerr "lora fraction" '{"tokens": [1], "lora": 0.5}' '"lora" is not a non-negative integer'
+jerr "lora string" '{"tokens": [1], "lora": "7"}' '"lora" is not a non-negative integer'
+# a line says one thing, whole: no trailing text, nothing after a NUL, no key it does not know
+jerr "json trailing" '{"tokens": [1]} x' "text after the JSON object: 'x'$"
+jerr "json twice" '{"tokens": [1]}{"tokens": [2]}' "text after the JSON object"
+jerr "json key typo" '{"tokens": [1], "lroa": 5}' 'unknown key "lroa"'
+jerr "json duplicate" '{"tokens": [1], "tokens": [2]}' '"tokens" is given twice'
+jerr "escaped NUL" '{"tokens": [1], "salt": "a\u0000b"}' 'a string holds U\+0000 \(NUL\)$'
+jerr "escaped NUL key" '{"tokens": [1], "salt\u0000x": "a"}' 'a string holds U\+0000 \(NUL\)$'
+jerr "text plus" '1 +2' "'\\+2' is not a token id"
+jerr "text fraction" '1 1.5' "'1.5' is not a token id"
+jerr "text vtab" $'1 \v2' "'\\\\x0b2' is not a token id"
+printf '1 2\n3 4\0 5 6\n' >"$TMP/nul1";      expect_error "NUL in text" "nul1:2: a NUL byte at column 4" -- explain "$TMP/nul1"
+printf '{"tokens": [1]}\0{"x\n' >"$TMP/nul2"; expect_error "NUL in json" "nul2:1: a NUL byte at column 16" -- explain "$TMP/nul2"
+printf '{"tokens": [1], "salt": "\xff"}\n' >"$TMP/utf1"; expect_error "json not utf-8" "utf1:1: not valid UTF-8" -- explain "$TMP/utf1"
+expect_error "salt not utf-8" "--salt: '\\\\xff' is not valid UTF-8" -- explain --salt $'\xff' "$TMP/big"
+# numbers are plain digits: strtoull skipped spaces and negated (' -18446744073709551615' was 1)
+expect_error "pool blocks negated" "--pool-blocks: ' -18446744073709551615'" -- explain --pool-blocks ' -18446744073709551615' "$TMP/big"
+expect_error "lora negated" "--lora: ' -1' is not" -- explain --lora ' -1' "$TMP/big"
+expect_error "lora plus" "--lora: '\\+1' is not" -- explain --lora +1 "$TMP/big"
+expect_error "pool blocks space" "--pool-blocks: '5 '" -- explain --pool-blocks '5 ' "$TMP/big"
+expect_error "seed 2^64" "--seed: '18446744073709551616'" -- explain --seed 18446744073709551616 "$TMP/big"
+# input quoted in an error is escaped: no raw control byte reaches the terminal
+expect_error "escaped file name" 'cannot open .*/evil\\x1b\[2J\\nname' -- explain "$TMP/evil"$'\x1b[2J\n'name
+grep -q $'\x1b' "$TMP/err" && fail "a raw ESC in the error"
+printf '1 2\n3 \x1b]0;pwned\x07\n' >"$TMP/esc1"; expect_error "escaped token" "esc1:2: '\\\\x1b\\]0;pwned\\\\x07' is not a token id" -- explain "$TMP/esc1"
+expect_error "escaped value" "--pool-blocks: '1\\\\n2'" -- explain --pool-blocks $'1\n2' "$TMP/big"
+# ... and in the text report: the salt
+"$KVC" explain --salt $'t\x1b[31m' "$TMP/big" >"$TMP/o" || fail "control-byte salt: exit $?"
+grep -q $'\x1b' "$TMP/o" && fail "a raw ESC in the report"
+grep -qF "salt 't\x1b[31m'" "$TMP/o" || fail "the salt is not shown escaped"
 expect_error "block size" "--block-size: '3' is not a power of two" -- explain --block-size 3 "$TMP/big"
 expect_error "block size big" "--block-size: '512'" -- explain --block-size 512 "$TMP/big"
 expect_error "pool blocks" "--pool-blocks: '0'" -- explain --pool-blocks 0 "$TMP/big"
