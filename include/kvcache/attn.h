@@ -79,7 +79,7 @@ typedef struct {
  * layout does not suit the dtype, or the pool's scale_bytes are fewer than
  * kvc_scale_bytes() asks for. */
 KVC_API int kvc_kv_view_from_pool(kvc_pool_t *pool, uint32_t layer, kvc_scale_layout_t layout,
-                          kvc_kv_view_t *out);
+                                  kvc_kv_view_t *out);
 
 /* Bytes one block takes when laid out as a pool would lay it out (data,
  * then kvc_scale_bytes of side data, padded to 64). 0 if the shape is bad. */
@@ -88,7 +88,8 @@ KVC_API size_t kvc_kv_block_bytes(const kvc_scale_shape_t *shape);
  * pool lays them out (kvc_kv_block_bytes each).  KVC_EINVAL for a bad shape
  * or layer, KVC_ERANGE if `bytes` is too small. */
 KVC_API int kvc_kv_view_contiguous(void *buf, size_t bytes, uint32_t n_blocks,
-                           const kvc_scale_shape_t *shape, uint32_t layer, kvc_kv_view_t *out);
+                                   const kvc_scale_shape_t *shape, uint32_t layer,
+                                   kvc_kv_view_t *out);
 
 /* ---- batches ------------------------------------------------------------- */
 typedef struct {
@@ -130,7 +131,7 @@ KVC_API size_t kvc_attn_workspace_bytes(const kvc_kv_view_t *kv, const kvc_mla_d
 
 /* Work items of a call (see above); 0 on invalid arguments. */
 KVC_API uint32_t kvc_attn_n_items(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
-                          const kvc_attn_batch_t *batch);
+                                  const kvc_attn_batch_t *batch);
 
 /* Attention for the queries of a batch: q (n_rows, n_q_heads, head_dim) fp32,
  * out (n_rows, n_q_heads, head_dim) fp32, where n_rows = n_seqs for decode
@@ -142,8 +143,33 @@ KVC_API uint32_t kvc_attn_n_items(const kvc_attn_params_t *p, const kvc_kv_view_
  * or head_dim above KVC_ATTN_MAX_DV).  The same call over a paged and a
  * contiguous copy of the same data gives bit-identical outputs. */
 KVC_API int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
-                     const kvc_attn_batch_t *batch, const float *q, float *out, void *ws,
-                     size_t ws_bytes, uint32_t item_begin, uint32_t item_end);
+                             const kvc_attn_batch_t *batch, const float *q, float *out, void *ws,
+                             size_t ws_bytes, uint32_t item_begin, uint32_t item_end);
+
+/* ---- which kernel runs ----------------------------------------------------
+ * The kernel that kvc_attn_forward (mla NULL) or kvc_attn_mla (mla: its dims)
+ * runs with these parameters over this view on this CPU, chosen by the same
+ * code: the ISA that p->isa resolves to (AUTO: kvc_isa_best()), except that
+ * a K or V head dim that is not a multiple of 32 runs the scalar kernel, and
+ * that on AVX-512, KVC_ATTN_COMPUTE_AUTO over bf16 or FP8 storage runs the
+ * BF16 dot-product path where the CPU has AVX512-BF16 and VBMI (fp32
+ * products otherwise).  For reports and tests: what runs, not what was
+ * asked for. */
+typedef enum {
+    KVC_ATTN_KERNEL_SCALAR = 0,
+    KVC_ATTN_KERNEL_AVX2,
+    KVC_ATTN_KERNEL_AVX512,      /* fp32 products */
+    KVC_ATTN_KERNEL_AVX512_BF16, /* VDPBF16PS on bf16 operands, fp32 accumulation */
+    KVC_ATTN_KERNEL__COUNT
+} kvc_attn_kernel_t;
+
+/* Sets *out.  KVC_EINVAL (p, kv or out NULL, a bad view, mla dims that do not
+ * match the view, an invalid isa or compute value), KVC_ENOTSUP (a forced
+ * ISA this CPU lacks): the codes the call itself would return for them. */
+KVC_API KVC_NODISCARD int kvc_attn_kernel(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
+                                          const kvc_mla_dims_t *mla, kvc_attn_kernel_t *out);
+/* "scalar", "avx2", "avx512", "avx512-bf16"; "?" for an invalid value. */
+KVC_API const char *kvc_attn_kernel_name(kvc_attn_kernel_t k);
 
 /* ---- writing new K/V ------------------------------------------------------
  * Store n_tokens new tokens: token i goes to slot slots[i] (= block *
@@ -155,7 +181,7 @@ KVC_API int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv
  * KVC_EINVAL for a bad slot (block out of range) or missing arguments;
  * nothing is written then.  KVC_ENOTSUP for a forced ISA this CPU lacks. */
 KVC_API int kvc_attn_write_kv(const kvc_kv_view_t *kv, const int64_t *slots, uint32_t n_tokens,
-                      const float *k, const float *v, kvc_kv_quant_t *quant, kvc_isa_t isa);
+                              const float *k, const float *v, kvc_kv_quant_t *quant, kvc_isa_t isa);
 
 /* ---- MLA (multi-head latent attention), absorbed form ----------------------
  * The cache holds one latent row per token: c (kv_lora_rank) then the
@@ -176,7 +202,7 @@ struct kvc_mla_dims {
 
 /* Work items of an MLA call: one per (sequence, group of up to 64 query rows). */
 KVC_API uint32_t kvc_attn_mla_n_items(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims,
-                              const kvc_kv_view_t *kv, const kvc_attn_batch_t *batch);
+                                      const kvc_kv_view_t *kv, const kvc_attn_batch_t *batch);
 
 /* Absorbed MLA attention.  q_nope (n_rows, H, nope_dim), q_rope (n_rows, H,
  * rope_dim), w_uk (H, nope_dim, kv_lora_rank), w_uv (H, v_head_dim,
@@ -184,10 +210,11 @@ KVC_API uint32_t kvc_attn_mla_n_items(const kvc_attn_params_t *p, const kvc_mla_
  * ignored (H is dims->n_heads), p->window / softcap apply as usual.
  * Failures as kvc_attn_forward (the workspace must hold
  * kvc_attn_workspace_bytes(kv, dims)). */
-KVC_API int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims, const kvc_kv_view_t *kv,
-                 const kvc_attn_batch_t *batch, const float *q_nope, const float *q_rope,
-                 const float *w_uk, const float *w_uv, float *out, void *ws, size_t ws_bytes,
-                 uint32_t item_begin, uint32_t item_end);
+KVC_API int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims,
+                         const kvc_kv_view_t *kv, const kvc_attn_batch_t *batch,
+                         const float *q_nope, const float *q_rope, const float *w_uk,
+                         const float *w_uv, float *out, void *ws, size_t ws_bytes,
+                         uint32_t item_begin, uint32_t item_end);
 
 /* ---- the reference ----------------------------------------------------------
  * The same attention computed directly in double precision (two passes over
@@ -195,7 +222,7 @@ KVC_API int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims,
  * against.  out is double (n_rows, n_q_heads, head_dim).  p->isa,
  * p->compute and p->per_head are ignored.  Slow; no workspace. */
 KVC_API int kvc_attn_reference(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
-                       const kvc_attn_batch_t *batch, const float *q, double *out);
+                               const kvc_attn_batch_t *batch, const float *q, double *out);
 
 #ifdef __cplusplus
 }
