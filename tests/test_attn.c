@@ -979,6 +979,24 @@ static void bad_arguments_are_refused(void **state)
     kvc_scale_shape_t sh = c.shape;
     sh.layout = KVC_SCALE_HEAD; /* bf16 has no scales */
     assert_int_equal(kvc_kv_view_contiguous(c.buf, 1 << 20, 1, &sh, 0, &bad), KVC_EINVAL);
+    /* the reference refuses what the kernels refuse, instead of reading through it */
+    double ref[4 * 4 * 64];
+    assert_ok(kvc_attn_reference(&p, &c.view, &c.batch, q, ref));
+    bad = c.view;
+    bad.base = NULL;
+    assert_int_equal(kvc_attn_reference(&p, &bad, &c.batch, q, ref), KVC_EINVAL);
+    bad = c.view;
+    bad.layer = 2;
+    assert_int_equal(kvc_attn_reference(&p, &bad, &c.batch, q, ref), KVC_EINVAL);
+    kvc_attn_batch_t nb = c.batch;
+    nb.kv_indptr = NULL;
+    assert_int_equal(kvc_attn_reference(&p, &c.view, &nb, q, ref), KVC_EINVAL);
+    nb = c.batch;
+    nb.kv_last_len = NULL;
+    assert_int_equal(kvc_attn_reference(&p, &c.view, &nb, q, ref), KVC_EINVAL);
+    nb = c.batch;
+    nb.kv_indices = NULL;
+    assert_int_equal(kvc_attn_reference(&p, &c.view, &nb, q, ref), KVC_EINVAL);
     free(ws);
     cache_free(&c);
 }

@@ -460,6 +460,7 @@ static void scale_layouts_have_documented_sizes(void **state)
                            .dtype = KVC_DTYPE_FP8_E4M3};
     s.layout = KVC_SCALE_NONE;
     assert_int_equal(kvc_scale_bytes(&s), 0);
+    assert_int_equal(kvc_scale_bytes(NULL), 0); /* an invalid shape, not a crash */
     s.layout = KVC_SCALE_TENSOR;
     assert_int_equal(kvc_scale_bytes(&s), 3 * 2 * 4);
     assert_int_equal(kvc_kv_quant_len(&s, false), 3);
