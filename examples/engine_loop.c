@@ -12,8 +12,8 @@
  *     per layer:           project Q/K/V, kvc_attn_write_kv at the slots, kvc_attn_forward
  *                          over the block tables, the output projection
  *     sample               one token per row that finishes its prompt or decodes
- *     kvc_step_complete    the step's rows are done (a row whose request was aborted
- *                          meanwhile is reported not live: its result is dropped)
+ *     kvc_step_complete    the step's rows are done; it says which rows' sequences are
+ *                          still live (one destroyed meanwhile was reclaimed just now)
  *     kvc_sched_complete   the sampled tokens go back: outputs grow, requests finish, the
  *                          blocks just written become hittable prefixes
  *
@@ -394,9 +394,13 @@ static void run_step(engine_t *e, const kvc_sched_plan_t *plan)
         /* .finished = true at an end-of-sequence token; here the output cap ends requests */
     }
 
-    /* The step is done.  live[i] is false for a row whose request went away while it ran;
-     * the scheduler (which destroyed it) ignores that row's result. */
+    /* The step is done.  live[i] is false for a row whose sequence was destroyed while the
+     * step ran; an engine that destroys sequences itself drops such a row's result.  Under
+     * the scheduler that cannot happen: kvc_sched_abort on a request in the open plan takes
+     * effect in kvc_sched_complete, which applies every row. */
     CHECK(kvc_step_complete(e->seqs, step, e->rows, n, e->live));
+    for (uint32_t i = 0; i < n; i++)
+        if (!e->live[i]) CHECK(KVC_ESTALE);
 }
 
 /* ---- the loop --------------------------------------------------------------------------- */
