@@ -1,11 +1,15 @@
 # The two commands: `make demo` runs the main job, `make test` runs every test.
 # Both install missing Debian packages first (scripts/install-deps.sh).
+# `make install` installs the library, its headers, kvcache.pc, the CMake package and the
+# kvcache command under $(PREFIX), staged under $(DESTDIR) if set.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 CMAKE_Q    := cmake --log-level=WARNING
+PREFIX     ?= /usr/local
+DESTDIR    ?=
 
-.PHONY: all deps build build-asan test test-fast demo bench format clean
+.PHONY: all deps build build-asan test test-fast demo bench install uninstall format clean
 
 all: build
 
@@ -46,6 +50,16 @@ demo: build
 
 bench: build
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b; done
+
+# Install the optimised build: make install PREFIX=$$HOME/.local, or
+# make install DESTDIR=/tmp/stage PREFIX=/usr (a package's staging tree).
+install: build
+	@DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
+
+# Remove what the last `make install` from $(BUILD) installed (its manifest lists the files).
+uninstall:
+	@test -f $(BUILD)/install_manifest.txt || { echo "uninstall: no $(BUILD)/install_manifest.txt"; exit 1; }
+	@while IFS= read -r f || [ -n "$$f" ]; do rm -fv -- "$(DESTDIR)$$f"; done < $(BUILD)/install_manifest.txt
 
 format:
 	@clang-format -i $$(git ls-files '*.c' '*.h')

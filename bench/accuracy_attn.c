@@ -21,11 +21,15 @@
  * Variants: each storage type (f32, f16, bf16, fp8-e4m3, fp8-e5m2) with the
  * scale layouts it takes, scales from the running maximum with headroom 1
  * or 4 ("hr4"); per-tensor scales calibrated on the prefill and frozen (a
- * static calibration); and the BF16 dot-product kernel ("dot", what AUTO
- * runs on AVX512-BF16) against fp32 products for bf16 / FP8 storage.
+ * static calibration); and compute AUTO ("auto": the BF16 dot-product
+ * kernel where the CPU has AVX512-BF16) against fp32 products for bf16 /
+ * FP8 storage.  Every row is labelled with the kernel that ran
+ * (kvc_attn_kernel), not the one asked for: on a CPU without AVX512-BF16 an
+ * "auto" row ran fp32 products and equals its fp32 twin.
  *
  * Output: a table (relative L2 error of the attention output, mean and max
- * over query rows, and the fraction of values clipped) and a CSV file.
+ * over query rows, and the fraction of values clipped) and a CSV file with
+ * the kernel in its own column.
  *
  *   accuracy_attn [--quick] [--csv FILE] [--max-ctx TOKENS]
  */
@@ -133,8 +137,10 @@ typedef struct {
 } result_t;
 
 /* Write the data into a fresh cache with the variant's format; run decode
- * for NQ queries (sequences sharing the cache's blocks). */
-static int run_variant(const variant_t *va, const data_t *d, float *out, double *clip_frac)
+ * for NQ queries (sequences sharing the cache's blocks).  *kernel: the one
+ * that ran. */
+static int run_variant(const variant_t *va, const data_t *d, float *out, double *clip_frac,
+                       kvc_attn_kernel_t *kernel)
 {
     const uint32_t S = d->S, nb = (S + BLOCK - 1) / BLOCK;
     kvc_scale_shape_t sh = {.n_layers = 1,
@@ -192,6 +198,7 @@ static int run_variant(const variant_t *va, const data_t *d, float *out, double 
     p.compute = va->compute;
     size_t wb = kvc_attn_workspace_bytes(&kv, NULL);
     void *ws = aligned_alloc(64, wb);
+    if (!rc) rc = kvc_attn_kernel(&p, &kv, NULL, kernel);
     if (!rc) rc = kvc_attn_forward(&p, &kv, &batch, d->q, out, ws, wb, 0, UINT32_MAX);
     free(ws), free(idx), free(idx4), free(slots), free(kam), free(vam), free(kgiven), free(vgiven),
         free(buf);
@@ -272,7 +279,7 @@ int main(int argc, char **argv)
         {"f32", KVC_DTYPE_F32, KVC_SCALE_NONE, false, KVC_ATTN_COMPUTE_AUTO, 1},
         {"f16", KVC_DTYPE_F16, KVC_SCALE_NONE, false, KVC_ATTN_COMPUTE_AUTO, 1},
         {"bf16", KVC_DTYPE_BF16, KVC_SCALE_NONE, false, KVC_ATTN_COMPUTE_F32, 1},
-        {"bf16 bf16-dot", KVC_DTYPE_BF16, KVC_SCALE_NONE, false, KVC_ATTN_COMPUTE_AUTO, 1},
+        {"bf16 auto", KVC_DTYPE_BF16, KVC_SCALE_NONE, false, KVC_ATTN_COMPUTE_AUTO, 1},
         {"e4m3 none", KVC_DTYPE_FP8_E4M3, KVC_SCALE_NONE, false, KVC_ATTN_COMPUTE_F32, 1},
         {"e4m3 tensor-calib", KVC_DTYPE_FP8_E4M3, KVC_SCALE_TENSOR, true, KVC_ATTN_COMPUTE_F32, 1},
         {"e4m3 tensor", KVC_DTYPE_FP8_E4M3, KVC_SCALE_TENSOR, false, KVC_ATTN_COMPUTE_F32, 1},
@@ -282,7 +289,7 @@ int main(int argc, char **argv)
          1},
         {"e4m3 chan-tok hr4", KVC_DTYPE_FP8_E4M3, KVC_SCALE_CHANNEL_TOKEN, false,
          KVC_ATTN_COMPUTE_F32, 4},
-        {"e4m3 head hr4 dot", KVC_DTYPE_FP8_E4M3, KVC_SCALE_HEAD, false, KVC_ATTN_COMPUTE_AUTO, 4},
+        {"e4m3 head hr4 auto", KVC_DTYPE_FP8_E4M3, KVC_SCALE_HEAD, false, KVC_ATTN_COMPUTE_AUTO, 4},
         {"e5m2 none", KVC_DTYPE_FP8_E5M2, KVC_SCALE_NONE, false, KVC_ATTN_COMPUTE_F32, 1},
         {"e5m2 head hr4", KVC_DTYPE_FP8_E5M2, KVC_SCALE_HEAD, false, KVC_ATTN_COMPUTE_F32, 4},
         {"e5m2 chan-tok hr4", KVC_DTYPE_FP8_E5M2, KVC_SCALE_CHANNEL_TOKEN, false,
@@ -291,14 +298,15 @@ int main(int argc, char **argv)
     const size_t nvar = KVC_ARRAY_LEN(variants);
     FILE *csv = fopen(csv_path, "w");
     if (!csv) return fprintf(stderr, "accuracy_attn: cannot write %s\n", csv_path), 1;
-    fprintf(csv,
-            "ctx,variant,dtype,layout,headroom,compute,mean_rel_l2,max_rel_l2,clipped_fraction\n");
+    fprintf(csv, "ctx,variant,dtype,layout,headroom,compute,kernel,mean_rel_l2,max_rel_l2,"
+                 "clipped_fraction\n");
     printf("attention output error vs the fp64 reference on unquantised fp32 K/V\n");
-    printf("(L2 error of each output row over the RMS norm of the reference rows: mean / max over\n"
-           " %d rows; clipped = share of K+V values that rounded past their scale's range;\n"
-           " %d KV heads x %d queries, head_dim %d, blocks of %d)\n\n",
-           NQ * HQ, KVH, G, D, BLOCK);
-    printf("%-20s", "variant \\ ctx");
+    printf(
+        "(L2 error of each output row over the RMS norm of the reference rows: mean / max over\n"
+        " %d rows; clipped = share of K+V values that rounded past their scale's range;\n"
+        " %d KV heads x %d queries, head_dim %d, blocks of %d; [kernel] is the one that ran)\n\n",
+        NQ * HQ, KVH, G, D, BLOCK);
+    printf("%-34s", "variant [kernel] \\ ctx");
     uint32_t ctxs[8];
     int nctx = 0;
     for (uint32_t c = 1024; c <= max_ctx; c *= quick ? 4 : 2) ctxs[nctx++] = c;
@@ -306,6 +314,7 @@ int main(int argc, char **argv)
     printf("   clipped@max\n");
     double(*mean)[8] = calloc(nvar, sizeof *mean), (*mx)[8] = calloc(nvar, sizeof *mx);
     double *clip = calloc(nvar * 8, sizeof(double));
+    kvc_attn_kernel_t *kernel = calloc(nvar, sizeof *kernel);
     for (int ci = 0; ci < nctx; ci++) {
         data_t d;
         make_data(&d, ctxs[ci], 1234 + ctxs[ci]);
@@ -315,35 +324,37 @@ int main(int argc, char **argv)
         if (rc) return fprintf(stderr, "accuracy_attn: reference: %s\n", kvc_strerror(rc)), 1;
         for (size_t v = 0; v < nvar; v++) {
             double cf = 0;
-            rc = run_variant(&variants[v], &d, out, &cf);
+            rc = run_variant(&variants[v], &d, out, &cf, &kernel[v]);
             if (rc)
                 return fprintf(stderr, "accuracy_attn: %s: %s\n", variants[v].name,
                                kvc_strerror(rc)),
                        1;
             result_t r = compare(out, ref);
             mean[v][ci] = r.mean_rel, mx[v][ci] = r.max_rel, clip[v * 8 + (size_t)ci] = cf;
-            fprintf(csv, "%u,%s,%s,%s,%g,%s,%.6e,%.6e,%.6e\n", ctxs[ci], variants[v].name,
+            fprintf(csv, "%u,%s,%s,%s,%g,%s,%s,%.6e,%.6e,%.6e\n", ctxs[ci], variants[v].name,
                     kvc_dtype_name(variants[v].dtype),
                     variants[v].calibrated ? "tensor-calibrated"
                                            : kvc_scale_layout_name(variants[v].layout),
                     (double)variants[v].headroom,
-                    variants[v].compute == KVC_ATTN_COMPUTE_AUTO ? "auto" : "f32", r.mean_rel,
-                    r.max_rel, cf);
+                    variants[v].compute == KVC_ATTN_COMPUTE_AUTO ? "auto" : "f32",
+                    kvc_attn_kernel_name(kernel[v]), r.mean_rel, r.max_rel, cf);
         }
         fflush(csv);
         free(ref), free(out);
         free_data(&d);
     }
     for (size_t v = 0; v < nvar; v++) {
-        printf("%-20s", variants[v].name);
+        char label[64];
+        snprintf(label, sizeof label, "%s [%s]", variants[v].name, kvc_attn_kernel_name(kernel[v]));
+        printf("%-34s", label);
         for (int i = 0; i < nctx; i++) printf(" %8.2e", mean[v][i]);
         printf("   %.2e\n", clip[v * 8 + (size_t)(nctx - 1)]);
-        printf("%-20s", "  (max)");
+        printf("%-34s", "  (max)");
         for (int i = 0; i < nctx; i++) printf(" %8.2e", mx[v][i]);
         printf("\n");
     }
     printf("\nCSV: %s\n", csv_path);
     fclose(csv);
-    free(mean), free(mx), free(clip);
+    free(mean), free(mx), free(clip), free(kernel);
     return 0;
 }

@@ -1,6 +1,8 @@
 /* test_attn.c - attention over the paged cache: every kernel (scalar, AVX2,
- * AVX-512 fp32 and AVX-512 BF16, forced through the dispatch) against the
- * double-precision reference, on random inputs and on the edges: S = 1,
+ * AVX-512 fp32 and AVX-512 BF16, forced through the dispatch, one per ctest
+ * entry: attn.scalar, attn.avx2, attn.avx512, attn.avx512-bf16; see
+ * isa_variant.h) against the double-precision reference, on random inputs
+ * and on the edges: S = 1,
  * T = S, partial last blocks, block sizes 1 .. 256, head dims 64 / 128 / 256,
  * group sizes 1 .. 16, sliding windows starting inside blocks, soft-capping,
  * released (KVC_NONE) blocks outside the window, garbage after the end of a
@@ -30,9 +32,21 @@
 #include <string.h>
 
 #include "attn/attn_int.h"
+#include "isa_variant.h"
 
 #define TOL_F32  2e-5
 #define TOL_BF16 4e-3
+
+/* The variant this run is about (--isa NAME), or NULL for the ISA-independent tests, and how
+ * many cases ran each kernel. */
+static const kvc_test_variant_t *variant;
+static kvc_test_kernel_count_t kernels;
+
+/* The ISA the tests force: the variant's (so that its write path runs too), else AUTO. */
+static kvc_isa_t test_isa(void)
+{
+    return variant ? variant->isa : KVC_ISA_AUTO;
+}
 
 /* ---- a cache with sequences written through kvc_attn_write_kv ------------------------ */
 typedef struct {
@@ -150,7 +164,7 @@ static void cache_make(cache_t *c, const cache_cfg_t *cf, kvc_rng_t *rng)
             uint32_t n = KVC_MIN(S - t0, chunk);
             int wrc = kvc_attn_write_kv(&c->view, slots + t0, n, k + (size_t)t0 * H * d,
                                         c->shape.n_kv == 2 ? v + (size_t)t0 * H * d : NULL, &qs,
-                                        KVC_ISA_AUTO);
+                                        test_isa());
             if (wrc)
                 fail_msg("write: %s, dtype %s layout %s bs %u", kvc_strerror(wrc),
                          kvc_dtype_name(c->shape.dtype), kvc_scale_layout_name(c->shape.layout),
@@ -187,25 +201,33 @@ static float *make_q(uint32_t n, uint32_t hq, uint32_t d, kvc_rng_t *rng)
 }
 
 /* ---- running kernels -------------------------------------------------------------------- */
-typedef struct {
-    kvc_isa_t isa;
-    kvc_attn_compute_t compute;
-} variant_t;
-
-static const variant_t VARIANTS[] = {
-    {KVC_ISA_SCALAR, KVC_ATTN_COMPUTE_AUTO},
-    {KVC_ISA_AVX2, KVC_ATTN_COMPUTE_AUTO},
-    {KVC_ISA_AVX512, KVC_ATTN_COMPUTE_F32},
-    {KVC_ISA_AVX512, KVC_ATTN_COMPUTE_AUTO},
-};
-
-static bool uses_bf16(const variant_t *v, const kvc_kv_view_t *kv, uint32_t dk)
+/* The kernel attn.h says the variant runs over this view: the scalar one for head dims that
+ * are not a multiple of 32, fp32 products on AVX-512 for storage the BF16 path does not take.
+ * (Called only for variants this CPU has.) */
+static kvc_attn_kernel_t expected_kernel(const kvc_test_variant_t *v, const kvc_kv_view_t *kv,
+                                         uint32_t dv)
 {
     kvc_dtype_t dt = kv->shape.dtype;
-    return v->isa == KVC_ISA_AVX512 && v->compute == KVC_ATTN_COMPUTE_AUTO &&
-           kvc__has_bf16_path() &&
-           (dt == KVC_DTYPE_BF16 || dt == KVC_DTYPE_FP8_E4M3 || dt == KVC_DTYPE_FP8_E5M2) &&
-           dk % 32 == 0;
+    if (kv->shape.head_dim % 32 || dv % 32) return KVC_ATTN_KERNEL_SCALAR;
+    if (v->kernel == KVC_ATTN_KERNEL_AVX512_BF16 &&
+        !(dt == KVC_DTYPE_BF16 || dt == KVC_DTYPE_FP8_E4M3 || dt == KVC_DTYPE_FP8_E5M2))
+        return KVC_ATTN_KERNEL_AVX512;
+    return v->kernel;
+}
+
+/* The variant's parameters on p; returns the kernel that will run (checked against what
+ * attn.h promises) and counts the case under it. */
+static kvc_attn_kernel_t use_variant(kvc_attn_params_t *p, const kvc_kv_view_t *kv)
+{
+    p->isa = variant->isa;
+    p->compute = variant->compute;
+    kvc_attn_kernel_t k;
+    assert_ok(kvc_attn_kernel(p, kv, NULL, &k));
+    if (k != expected_kernel(variant, kv, kv->shape.head_dim))
+        fail_msg("%s over %s d %u ran %s", variant->name, kvc_dtype_name(kv->shape.dtype),
+                 kv->shape.head_dim, kvc_attn_kernel_name(k));
+    kernels.ran[k]++;
+    return k;
 }
 
 static int run(const kvc_attn_params_t *p, const cache_t *c, const float *q, float *out)
@@ -286,46 +308,32 @@ static double max_err(const float *a, const double *b, size_t n)
     return e;
 }
 
-/* Every variant this CPU has against the reference; returns how many ran. */
-static int check_all(const kvc_attn_params_t *p0, const cache_t *c, const float *q,
-                     const char *what)
+/* The variant's kernel against the reference. */
+static void check_all(const kvc_attn_params_t *p0, const cache_t *c, const float *q,
+                      const char *what)
 {
     const uint32_t d = c->shape.head_dim;
     size_t n = (size_t)n_rows(c) * p0->n_q_heads * d;
     float *out = malloc(sizeof(float) * n);
-    double *ref = malloc(sizeof(double) * n), *ref16 = malloc(sizeof(double) * n);
-    reference_for(p0, c, q, false, ref);
-    bool have16 = false;
-    int ran = 0;
-    for (size_t vi = 0; vi < KVC_ARRAY_LEN(VARIANTS); vi++) {
-        const variant_t *v = &VARIANTS[vi];
-        kvc_attn_params_t p = *p0;
-        p.isa = v->isa;
-        p.compute = v->compute;
-        if (!kvc_isa_supported(v->isa)) {
-            assert_int_equal(run(&p, c, q, out), KVC_ENOTSUP);
-            continue;
-        }
-        bool b16 = uses_bf16(v, &c->view, d);
-        if (b16 && !have16) reference_for(p0, c, q, true, ref16), have16 = true;
-        memset(out, 0xff, sizeof(float) * n);
-        assert_ok(run(&p, c, q, out));
-        double err = max_err(out, b16 ? ref16 : ref, n);
-        double tol = (b16 ? TOL_BF16 : TOL_F32) * c->vmax;
-        if (!(err <= tol))
-            fail_msg("%s: %s%s dtype %s layout %s d %u bs %u hq %u: error %.3g > tol %.3g", what,
-                     kvc_isa_name(v->isa), b16 ? "-bf16" : "", kvc_dtype_name(c->shape.dtype),
-                     kvc_scale_layout_name(c->shape.layout), d, c->shape.block_size, p.n_q_heads,
-                     err, tol);
-        if (getenv("KVC_TEST_VERBOSE"))
-            print_message("%s %s%s %s %s d%u bs%u: err/vmax %.2e\n", what, kvc_isa_name(v->isa),
-                          b16 ? "-bf16" : "", kvc_dtype_name(c->shape.dtype),
-                          kvc_scale_layout_name(c->shape.layout), d, c->shape.block_size,
-                          err / c->vmax);
-        ran++;
-    }
-    free(out), free(ref), free(ref16);
-    return ran;
+    double *ref = malloc(sizeof(double) * n);
+    kvc_attn_params_t p = *p0;
+    const kvc_attn_kernel_t k = use_variant(&p, &c->view);
+    const bool b16 = k == KVC_ATTN_KERNEL_AVX512_BF16;
+    reference_for(p0, c, q, b16, ref);
+    memset(out, 0xff, sizeof(float) * n);
+    assert_ok(run(&p, c, q, out));
+    double err = max_err(out, ref, n);
+    double tol = (b16 ? TOL_BF16 : TOL_F32) * c->vmax;
+    if (!(err <= tol))
+        fail_msg("%s: %s dtype %s layout %s d %u bs %u hq %u: error %.3g > tol %.3g", what,
+                 kvc_attn_kernel_name(k), kvc_dtype_name(c->shape.dtype),
+                 kvc_scale_layout_name(c->shape.layout), d, c->shape.block_size, p.n_q_heads, err,
+                 tol);
+    if (getenv("KVC_TEST_VERBOSE"))
+        print_message("%s %s %s %s d%u bs%u: err/vmax %.2e\n", what, kvc_attn_kernel_name(k),
+                      kvc_dtype_name(c->shape.dtype), kvc_scale_layout_name(c->shape.layout), d,
+                      c->shape.block_size, err / c->vmax);
+    free(out), free(ref);
 }
 
 /* ---- tests ---------------------------------------------------------------------------- */
@@ -631,14 +639,10 @@ static void paged_equals_contiguous_bitwise(void **state)
         float *o1 = malloc(sizeof(float) * n), *o2 = malloc(sizeof(float) * n);
         size_t wb = kvc_attn_workspace_bytes(&c.view, NULL);
         void *ws = xalloc(wb);
-        for (size_t vi = 0; vi < KVC_ARRAY_LEN(VARIANTS); vi++) {
-            if (!kvc_isa_supported(VARIANTS[vi].isa)) continue;
-            p.isa = VARIANTS[vi].isa;
-            p.compute = VARIANTS[vi].compute;
-            assert_ok(kvc_attn_forward(&p, &c.view, &c.batch, q, o1, ws, wb, 0, UINT32_MAX));
-            assert_ok(kvc_attn_forward(&p, &pv, &pb, q, o2, ws, wb, 0, UINT32_MAX));
-            assert_memory_equal(o1, o2, sizeof(float) * n);
-        }
+        (void)use_variant(&p, &c.view);
+        assert_ok(kvc_attn_forward(&p, &c.view, &c.batch, q, o1, ws, wb, 0, UINT32_MAX));
+        assert_ok(kvc_attn_forward(&p, &pv, &pb, q, o2, ws, wb, 0, UINT32_MAX));
+        assert_memory_equal(o1, o2, sizeof(float) * n);
         free(ws), free(q), free(o1), free(o2), free(pidx), free(pbuf);
         cache_free(&c);
     }
@@ -688,48 +692,43 @@ static void packing_and_work_split_do_not_change_results(void **state)
     float *q = make_q(n_rows(&c), 16, 128, &rng);
     size_t n = (size_t)n_rows(&c) * 16 * 128;
     float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
-    for (size_t vi = 0; vi < KVC_ARRAY_LEN(VARIANTS); vi++) {
-        if (!kvc_isa_supported(VARIANTS[vi].isa)) continue;
-        p.isa = VARIANTS[vi].isa;
-        p.compute = VARIANTS[vi].compute;
-        p.per_head = false;
-        assert_ok(run(&p, &c, q, a));
-        /* items split into two threads, then item by item */
-        uint32_t ni = kvc_attn_n_items(&p, &c.view, &c.batch);
-        assert_true(ni >= 2 * 4);
-        memset(b, 0xff, sizeof(float) * n);
-        thr_t t[2] = {{&p, &c, q, b, 0, ni / 3, -1}, {&p, &c, q, b, ni / 3, ni, -1}};
-        pthread_t th[2];
-        for (int i = 0; i < 2; i++)
-            assert_int_equal(pthread_create(&th[i], NULL, thr_main, &t[i]), 0);
-        for (int i = 0; i < 2; i++) {
-            pthread_join(th[i], NULL);
-            assert_ok(t[i].rc);
-        }
-        assert_memory_equal(a, b, sizeof(float) * n);
-        memset(b, 0xff, sizeof(float) * n);
-        for (uint32_t i = 0; i < ni; i++) {
-            thr_t one = {&p, &c, q, b, i, i + 1, -1};
-            thr_main(&one);
-            assert_ok(one.rc);
-        }
-        assert_memory_equal(a, b, sizeof(float) * n);
-        /* one KV head per item instead of several: more items, the same bits */
-        p.kv_heads_per_item = 1;
-        assert_true(kvc_attn_n_items(&p, &c.view, &c.batch) > ni);
-        memset(b, 0xff, sizeof(float) * n);
-        assert_ok(run(&p, &c, q, b));
-        assert_memory_equal(a, b, sizeof(float) * n);
-        p.kv_heads_per_item = 0;
-        /* per head: more items, K/V read per query head, the same answer */
-        p.per_head = true;
-        assert_true(kvc_attn_n_items(&p, &c.view, &c.batch) > ni);
-        assert_ok(run(&p, &c, q, b));
-        double err = 0;
-        for (size_t i = 0; i < n; i++) err = fmax(err, fabs((double)a[i] - b[i]));
-        bool b16 = uses_bf16(&VARIANTS[vi], &c.view, 128);
-        assert_true(err <= (b16 ? TOL_BF16 : TOL_F32) * c.vmax);
+    const kvc_attn_kernel_t k = use_variant(&p, &c.view);
+    p.per_head = false;
+    assert_ok(run(&p, &c, q, a));
+    /* items split into two threads, then item by item */
+    uint32_t ni = kvc_attn_n_items(&p, &c.view, &c.batch);
+    assert_true(ni >= 2 * 4);
+    memset(b, 0xff, sizeof(float) * n);
+    thr_t t[2] = {{&p, &c, q, b, 0, ni / 3, -1}, {&p, &c, q, b, ni / 3, ni, -1}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, thr_main, &t[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_ok(t[i].rc);
     }
+    assert_memory_equal(a, b, sizeof(float) * n);
+    memset(b, 0xff, sizeof(float) * n);
+    for (uint32_t i = 0; i < ni; i++) {
+        thr_t one = {&p, &c, q, b, i, i + 1, -1};
+        thr_main(&one);
+        assert_ok(one.rc);
+    }
+    assert_memory_equal(a, b, sizeof(float) * n);
+    /* one KV head per item instead of several: more items, the same bits */
+    p.kv_heads_per_item = 1;
+    assert_true(kvc_attn_n_items(&p, &c.view, &c.batch) > ni);
+    memset(b, 0xff, sizeof(float) * n);
+    assert_ok(run(&p, &c, q, b));
+    assert_memory_equal(a, b, sizeof(float) * n);
+    p.kv_heads_per_item = 0;
+    /* per head: more items, K/V read per query head, the same answer */
+    p.per_head = true;
+    assert_true(kvc_attn_n_items(&p, &c.view, &c.batch) > ni);
+    assert_ok(run(&p, &c, q, b));
+    double err = 0;
+    for (size_t i = 0; i < n; i++) err = fmax(err, fabs((double)a[i] - b[i]));
+    const bool b16 = k == KVC_ATTN_KERNEL_AVX512_BF16;
+    assert_true(err <= (b16 ? TOL_BF16 : TOL_F32) * c.vmax);
     free(q), free(a), free(b);
     cache_free(&c);
 }
@@ -980,26 +979,168 @@ static void bad_arguments_are_refused(void **state)
     kvc_scale_shape_t sh = c.shape;
     sh.layout = KVC_SCALE_HEAD; /* bf16 has no scales */
     assert_int_equal(kvc_kv_view_contiguous(c.buf, 1 << 20, 1, &sh, 0, &bad), KVC_EINVAL);
+    /* the reference refuses what the kernels refuse, instead of reading through it */
+    double ref[4 * 4 * 64];
+    assert_ok(kvc_attn_reference(&p, &c.view, &c.batch, q, ref));
+    bad = c.view;
+    bad.base = NULL;
+    assert_int_equal(kvc_attn_reference(&p, &bad, &c.batch, q, ref), KVC_EINVAL);
+    bad = c.view;
+    bad.layer = 2;
+    assert_int_equal(kvc_attn_reference(&p, &bad, &c.batch, q, ref), KVC_EINVAL);
+    kvc_attn_batch_t nb = c.batch;
+    nb.kv_indptr = NULL;
+    assert_int_equal(kvc_attn_reference(&p, &c.view, &nb, q, ref), KVC_EINVAL);
+    nb = c.batch;
+    nb.kv_last_len = NULL;
+    assert_int_equal(kvc_attn_reference(&p, &c.view, &nb, q, ref), KVC_EINVAL);
+    nb = c.batch;
+    nb.kv_indices = NULL;
+    assert_int_equal(kvc_attn_reference(&p, &c.view, &nb, q, ref), KVC_EINVAL);
     free(ws);
     cache_free(&c);
 }
 
-int main(void)
+/* ---- which kernel runs ---------------------------------------------------------------- */
+/* kvc_attn_kernel says what the dispatch does, on this CPU, for every forced ISA. */
+static void kernel_choice_is_reported(void **state)
 {
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 12);
+    uint32_t lens[1] = {20};
+    cache_cfg_t cf = {.dtype = KVC_DTYPE_BF16,
+                      .n_kv_heads = 1,
+                      .head_dim = 64,
+                      .block_size = 16,
+                      .n_seqs = 1,
+                      .lens = lens,
+                      .k_spread = 1.0f};
+    cache_t c;
+    cache_make(&c, &cf, &rng);
+    kvc_attn_params_t p = kvc_attn_params_default();
+    kvc_attn_kernel_t k;
+    p.isa = KVC_ISA_SCALAR;
+    assert_ok(kvc_attn_kernel(&p, &c.view, NULL, &k));
+    assert_int_equal(k, KVC_ATTN_KERNEL_SCALAR);
+    /* AUTO: the best ISA, with BF16 dot products for bf16 storage only where the CPU has them */
+    p.isa = KVC_ISA_AUTO;
+    assert_ok(kvc_attn_kernel(&p, &c.view, NULL, &k));
+    kvc_attn_kernel_t best = kvc_isa_best() == KVC_ISA_AVX512 ? KVC_ATTN_KERNEL_AVX512
+                             : kvc_isa_best() == KVC_ISA_AVX2 ? KVC_ATTN_KERNEL_AVX2
+                                                              : KVC_ATTN_KERNEL_SCALAR;
+    const kvc_cpu_t *cpu = kvc_cpu();
+    bool bf16_path = cpu->avx512 && cpu->avx512_bf16 && cpu->avx512_vbmi;
+    assert_int_equal(k, best == KVC_ATTN_KERNEL_AVX512 && bf16_path ? KVC_ATTN_KERNEL_AVX512_BF16
+                                                                    : best);
+    p.compute = KVC_ATTN_COMPUTE_F32;
+    assert_ok(kvc_attn_kernel(&p, &c.view, NULL, &k));
+    assert_int_equal(k, best);
+    /* a forced ISA this CPU lacks: what kvc_attn_forward says too */
+    for (kvc_isa_t isa = KVC_ISA_SCALAR; isa < KVC_ISA__COUNT; isa++) {
+        p.isa = isa;
+        int rc = kvc_attn_kernel(&p, &c.view, NULL, &k);
+        assert_int_equal(rc, kvc_isa_supported(isa) ? 0 : KVC_ENOTSUP);
+        float q[64] = {0}, out[64];
+        if (!kvc_isa_supported(isa)) assert_int_equal(run(&p, &c, q, out), KVC_ENOTSUP);
+    }
+    /* head dims the SIMD kernels do not take run scalar, whatever was asked */
+    kvc_scale_shape_t sh = c.shape;
+    sh.head_dim = 40;
+    kvc_kv_view_t v40;
+    size_t bb = kvc_kv_block_bytes(&sh);
+    void *buf = xalloc(bb);
+    assert_ok(kvc_kv_view_contiguous(buf, bb, 1, &sh, 0, &v40));
+    p.isa = KVC_ISA_AUTO;
+    assert_ok(kvc_attn_kernel(&p, &v40, NULL, &k));
+    assert_int_equal(k, KVC_ATTN_KERNEL_SCALAR);
+    free(buf);
+    /* MLA dims must match the view; bad values are refused */
+    kvc_mla_dims_t m = {
+        .n_heads = 2, .kv_lora_rank = 32, .rope_dim = 32, .nope_dim = 16, .v_head_dim = 16};
+    assert_int_equal(kvc_attn_kernel(&p, &c.view, &m, &k), KVC_EINVAL); /* n_kv = 2 */
+    p.isa = (kvc_isa_t)99;
+    assert_int_equal(kvc_attn_kernel(&p, &c.view, NULL, &k), KVC_EINVAL);
+    p.isa = KVC_ISA_AUTO;
+    p.compute = (kvc_attn_compute_t)7;
+    assert_int_equal(kvc_attn_kernel(&p, &c.view, NULL, &k), KVC_EINVAL);
+    assert_int_equal(kvc_attn_kernel(NULL, &c.view, NULL, &k), KVC_EINVAL);
+    assert_int_equal(kvc_attn_kernel(&p, &c.view, NULL, NULL), KVC_EINVAL);
+    assert_string_equal(kvc_attn_kernel_name(KVC_ATTN_KERNEL_AVX512_BF16), "avx512-bf16");
+    assert_string_equal(kvc_attn_kernel_name(KVC_ATTN_KERNEL__COUNT), "?");
+    cache_free(&c);
+}
+
+/* A variant this CPU lacks: forcing its ISA fails with KVC_ENOTSUP everywhere (and the BF16
+ * path, on an AVX-512 CPU without it, is reported as the fp32 kernel it falls back to). */
+static void missing_variant_is_refused(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 13);
+    uint32_t lens[1] = {9};
+    cache_cfg_t cf = {.dtype = KVC_DTYPE_BF16,
+                      .n_kv_heads = 1,
+                      .head_dim = 64,
+                      .block_size = 16,
+                      .n_seqs = 1,
+                      .lens = lens,
+                      .k_spread = 1.0f};
+    cache_t c;
+    const kvc_test_variant_t *v = variant;
+    variant = NULL; /* write the cache with AUTO */
+    cache_make(&c, &cf, &rng);
+    variant = v;
+    kvc_attn_params_t p = kvc_attn_params_default();
+    p.isa = v->isa;
+    p.compute = v->compute;
+    kvc_attn_kernel_t k;
+    float q[64] = {0}, out[64], kv[64] = {0};
+    int64_t slot = 12;
+    if (!kvc_isa_supported(v->isa)) {
+        assert_int_equal(kvc_attn_kernel(&p, &c.view, NULL, &k), KVC_ENOTSUP);
+        assert_int_equal(run(&p, &c, q, out), KVC_ENOTSUP);
+        assert_int_equal(kvc_attn_write_kv(&c.view, &slot, 1, kv, kv, NULL, v->isa), KVC_ENOTSUP);
+    } else {
+        assert_ok(kvc_attn_kernel(&p, &c.view, NULL, &k));
+        assert_int_equal(k, KVC_ATTN_KERNEL_AVX512);
+    }
+    cache_free(&c);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const names[] = {"scalar", "avx2", "avx512", "avx512-bf16", NULL};
+    int rc = kvc_test_variant_parse(argc, argv, names, &variant);
+    if (rc) return rc;
+    if (!variant) {
+        const struct CMUnitTest common[] = {
+            cmocka_unit_test(top_left_mask_gives_a_different_wrong_answer),
+            cmocka_unit_test(write_sets_block_scales_and_counts_clipping),
+            cmocka_unit_test(channel_token_scales),
+            cmocka_unit_test(bad_arguments_are_refused),
+            cmocka_unit_test(kernel_choice_is_reported),
+        };
+        return cmocka_run_group_tests_name("attn", common, NULL, NULL);
+    }
+    char group[64], why[160];
+    snprintf(group, sizeof group, "attn.%s", variant->name);
+    if (kvc_test_variant_missing(variant, why, sizeof why)[0]) {
+        const struct CMUnitTest refused[] = {cmocka_unit_test(missing_variant_is_refused)};
+        if ((rc = cmocka_run_group_tests_name(group, refused, NULL, NULL))) return rc;
+        return kvc_test_variant_skip("attn", variant);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(decode_matches_reference),
         cmocka_unit_test(decode_many_heads_in_one_item),
         cmocka_unit_test(prefill_uses_absolute_positions),
-        cmocka_unit_test(top_left_mask_gives_a_different_wrong_answer),
         cmocka_unit_test(sliding_window_and_softcap),
         cmocka_unit_test(online_softmax_handles_wide_logit_ranges),
         cmocka_unit_test(paged_equals_contiguous_bitwise),
         cmocka_unit_test(packing_and_work_split_do_not_change_results),
         cmocka_unit_test(tiny_sequences),
         cmocka_unit_test(odd_head_dims_fall_back_to_scalar),
-        cmocka_unit_test(write_sets_block_scales_and_counts_clipping),
-        cmocka_unit_test(channel_token_scales),
-        cmocka_unit_test(bad_arguments_are_refused),
     };
-    return cmocka_run_group_tests_name("attn", tests, NULL, NULL);
+    if ((rc = cmocka_run_group_tests_name(group, tests, NULL, NULL))) return rc;
+    return kvc_test_kernel_report("attn", variant, &kernels);
 }

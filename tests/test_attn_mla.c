@@ -23,6 +23,12 @@
 #include <string.h>
 
 #include "attn/attn_int.h"
+#include "isa_variant.h"
+
+/* The variant this run is about (--isa NAME; isa_variant.h), or NULL for the ISA-independent
+ * checks, and how many cases ran each kernel. */
+static const kvc_test_variant_t *variant;
+static kvc_test_kernel_count_t kernels;
 
 static float randn(kvc_rng_t *r)
 {
@@ -97,7 +103,8 @@ static void run_case(const mcase_t *mc, kvc_rng_t *rng)
             for (uint32_t c = 0; c < dk; c++)
                 lat[(size_t)t * dk + c] = randn(rng) * (c % 61 == 3 ? 8.0f : 1.0f);
         }
-        assert_ok(kvc_attn_write_kv(&kv, slots, S, lat, NULL, &qs, KVC_ISA_AUTO));
+        assert_ok(kvc_attn_write_kv(&kv, slots, S, lat, NULL, &qs,
+                                    variant ? variant->isa : KVC_ISA_AUTO));
         free(lat), free(slots);
     }
     kvc_attn_batch_t batch = {.n_seqs = mc->n_seqs,
@@ -113,121 +120,132 @@ static void run_case(const mcase_t *mc, kvc_rng_t *rng)
     for (size_t i = 0; i < (size_t)rows * H * N; i++) qn[i] = 1.5f * randn(rng);
     for (size_t i = 0; i < (size_t)rows * H * R; i++) qr[i] = 1.5f * randn(rng);
     const double sm = 1.0 / sqrt((double)(N + R));
-
-    /* the unabsorbed computation, in double */
-    double *ref = malloc(sizeof(double) * rows * H * V);
-    double *cr = malloc(sizeof(double) * dk);
-    for (uint32_t s = 0; s < mc->n_seqs; s++) {
-        uint32_t S = mc->lens[s], T = mc->T ? mc->T[s] : 1;
-        const uint32_t *blocks = idx + indptr[s];
-        double *K = malloc(sizeof(double) * S * H * (N + R)),
-               *Vv = malloc(sizeof(double) * S * H * V);
-        for (uint32_t t = 0; t < S; t++) {
-            latent_row(&kv, blocks, t, cr);
-            for (uint32_t h = 0; h < H; h++) {
-                double *k = K + ((size_t)t * H + h) * (N + R), *v = Vv + ((size_t)t * H + h) * V;
-                for (uint32_t a = 0; a < N; a++) {
-                    double acc = 0;
-                    for (uint32_t j = 0; j < r; j++)
-                        acc += (double)wuk[((size_t)h * N + a) * r + j] * cr[j];
-                    k[a] = acc;
-                }
-                for (uint32_t a = 0; a < R; a++) k[N + a] = cr[r + a];
-                for (uint32_t e = 0; e < V; e++) {
-                    double acc = 0;
-                    for (uint32_t j = 0; j < r; j++)
-                        acc += (double)wuv[((size_t)h * V + e) * r + j] * cr[j];
-                    v[e] = acc;
-                }
-            }
-        }
-        for (uint32_t i = 0; i < T; i++) {
-            uint32_t row = qo[s] + i;
-            int64_t pos = (int64_t)S - T + i;
-            for (uint32_t h = 0; h < H; h++) {
-                double *z = malloc(sizeof(double) * (size_t)(pos + 1)), mx = -INFINITY, sum = 0;
-                for (int64_t t = 0; t <= pos; t++) {
-                    const double *k = K + ((size_t)t * H + h) * (N + R);
-                    double acc = 0;
-                    for (uint32_t a = 0; a < N; a++)
-                        acc += (double)qn[((size_t)row * H + h) * N + a] * k[a];
-                    for (uint32_t a = 0; a < R; a++)
-                        acc += (double)qr[((size_t)row * H + h) * R + a] * k[N + a];
-                    z[t] = acc * sm;
-                    mx = fmax(mx, z[t]);
-                }
-                double *o = ref + ((size_t)row * H + h) * V;
-                for (uint32_t e = 0; e < V; e++) o[e] = 0;
-                for (int64_t t = 0; t <= pos; t++) {
-                    double w = exp(z[t] - mx);
-                    sum += w;
-                    for (uint32_t e = 0; e < V; e++) o[e] += w * Vv[((size_t)t * H + h) * V + e];
-                }
-                for (uint32_t e = 0; e < V; e++) o[e] /= sum;
-                free(z);
-            }
-        }
-        free(K), free(Vv);
-    }
-    double rms = 0;
-    for (size_t i = 0; i < (size_t)rows * H * V; i++) rms += ref[i] * ref[i];
-    rms = sqrt(rms / ((double)rows * H));
-
-    /* the absorbed computation with the BF16 kernel's roundings emulated:
-     * q~ as the library computes it, times sm, to bf16; the reference over
-     * the latent view (its "V" is the whole latent row) then W_UV */
-    double *emu = NULL;
-    if (kvc__has_bf16_path() && mc->layout != KVC_SCALE_CHANNEL_TOKEN &&
-        mc->dtype != KVC_DTYPE_F32) {
-        float *qa = malloc(sizeof(float) * rows * H * dk);
-        for (uint32_t row = 0; row < rows; row++)
-            for (uint32_t h = 0; h < H; h++) {
-                float *x = qa + ((size_t)row * H + h) * dk;
-                for (uint32_t j = 0; j < r; j++) x[j] = 0.0f;
-                for (uint32_t a = 0; a < N; a++) {
-                    const float qv = qn[((size_t)row * H + h) * N + a],
-                                *w = wuk + ((size_t)h * N + a) * r;
-                    for (uint32_t j = 0; j < r; j++) x[j] += qv * w[j];
-                }
-                memcpy(x + r, qr + ((size_t)row * H + h) * R, sizeof(float) * R);
-                const float smf = 1.0f / sqrtf((float)(N + R));
-                for (uint32_t j = 0; j < dk; j++)
-                    x[j] = kvc_bf16_to_f32(kvc_bf16_from_f32(x[j] * smf));
-            }
-        double *lat = malloc(sizeof(double) * rows * H * dk);
-        kvc_attn_params_t rp = kvc_attn_params_default();
-        rp.n_q_heads = H;
-        rp.sm_scale = 1.0f;
-        assert_ok(kvc_attn_reference(&rp, &kv, &batch, qa, lat));
-        emu = malloc(sizeof(double) * rows * H * V);
-        for (uint32_t row = 0; row < rows; row++)
-            for (uint32_t h = 0; h < H; h++)
-                for (uint32_t e = 0; e < V; e++) {
-                    double acc = 0;
-                    for (uint32_t j = 0; j < r; j++)
-                        acc += (double)wuv[((size_t)h * V + e) * r + j] *
-                               lat[((size_t)row * H + h) * dk + j];
-                    emu[((size_t)row * H + h) * V + e] = acc;
-                }
-        free(qa), free(lat);
-    }
-
-    /* every kernel variant */
     size_t wb = kvc_attn_workspace_bytes(&kv, m);
     void *ws = xalloc(wb);
     float *out = malloc(sizeof(float) * rows * H * V);
-    const kvc_isa_t isas[] = {KVC_ISA_SCALAR, KVC_ISA_AVX2, KVC_ISA_AVX512, KVC_ISA_AVX512};
-    for (int vi = 0; vi < 4; vi++) {
+    if (variant) { /* the variant's kernel against the unabsorbed computation */
+
+        /* the kernel this variant runs here, as attn.h describes the choice: the BF16 path for
+         * bf16 and FP8 latents, the scalar kernel for dims that are not multiples of 32 */
         kvc_attn_params_t p = kvc_attn_params_default();
-        p.isa = isas[vi];
-        p.compute = vi == 2 ? KVC_ATTN_COMPUTE_F32 : KVC_ATTN_COMPUTE_AUTO;
-        if (!kvc_isa_supported(p.isa)) continue;
-        bool b16 = p.isa == KVC_ISA_AVX512 && p.compute == KVC_ATTN_COMPUTE_AUTO &&
-                   kvc__has_bf16_path() && mc->dtype != KVC_DTYPE_F32 && mc->dtype != KVC_DTYPE_F16;
+        p.isa = variant->isa;
+        p.compute = variant->compute;
+        kvc_attn_kernel_t kern, want = variant->kernel;
+        assert_ok(kvc_attn_kernel(&p, &kv, m, &kern));
+        if (dk % 32 || r % 32)
+            want = KVC_ATTN_KERNEL_SCALAR;
+        else if (want == KVC_ATTN_KERNEL_AVX512_BF16 && mc->dtype != KVC_DTYPE_BF16 &&
+                 mc->dtype != KVC_DTYPE_FP8_E4M3 && mc->dtype != KVC_DTYPE_FP8_E5M2)
+            want = KVC_ATTN_KERNEL_AVX512;
+        if (kern != want)
+            fail_msg("%s over %s: %s ran, want %s", variant->name, kvc_dtype_name(mc->dtype),
+                     kvc_attn_kernel_name(kern), kvc_attn_kernel_name(want));
+        kernels.ran[kern]++;
+        const bool b16 = kern == KVC_ATTN_KERNEL_AVX512_BF16;
+
+        /* the unabsorbed computation, in double */
+        double *ref = malloc(sizeof(double) * rows * H * V);
+        double *cr = malloc(sizeof(double) * dk);
+        for (uint32_t s = 0; s < mc->n_seqs; s++) {
+            uint32_t S = mc->lens[s], T = mc->T ? mc->T[s] : 1;
+            const uint32_t *blocks = idx + indptr[s];
+            double *K = malloc(sizeof(double) * S * H * (N + R)),
+                   *Vv = malloc(sizeof(double) * S * H * V);
+            for (uint32_t t = 0; t < S; t++) {
+                latent_row(&kv, blocks, t, cr);
+                for (uint32_t h = 0; h < H; h++) {
+                    double *k = K + ((size_t)t * H + h) * (N + R),
+                           *v = Vv + ((size_t)t * H + h) * V;
+                    for (uint32_t a = 0; a < N; a++) {
+                        double acc = 0;
+                        for (uint32_t j = 0; j < r; j++)
+                            acc += (double)wuk[((size_t)h * N + a) * r + j] * cr[j];
+                        k[a] = acc;
+                    }
+                    for (uint32_t a = 0; a < R; a++) k[N + a] = cr[r + a];
+                    for (uint32_t e = 0; e < V; e++) {
+                        double acc = 0;
+                        for (uint32_t j = 0; j < r; j++)
+                            acc += (double)wuv[((size_t)h * V + e) * r + j] * cr[j];
+                        v[e] = acc;
+                    }
+                }
+            }
+            for (uint32_t i = 0; i < T; i++) {
+                uint32_t row = qo[s] + i;
+                int64_t pos = (int64_t)S - T + i;
+                for (uint32_t h = 0; h < H; h++) {
+                    double *z = malloc(sizeof(double) * (size_t)(pos + 1)), mx = -INFINITY, sum = 0;
+                    for (int64_t t = 0; t <= pos; t++) {
+                        const double *k = K + ((size_t)t * H + h) * (N + R);
+                        double acc = 0;
+                        for (uint32_t a = 0; a < N; a++)
+                            acc += (double)qn[((size_t)row * H + h) * N + a] * k[a];
+                        for (uint32_t a = 0; a < R; a++)
+                            acc += (double)qr[((size_t)row * H + h) * R + a] * k[N + a];
+                        z[t] = acc * sm;
+                        mx = fmax(mx, z[t]);
+                    }
+                    double *o = ref + ((size_t)row * H + h) * V;
+                    for (uint32_t e = 0; e < V; e++) o[e] = 0;
+                    for (int64_t t = 0; t <= pos; t++) {
+                        double w = exp(z[t] - mx);
+                        sum += w;
+                        for (uint32_t e = 0; e < V; e++)
+                            o[e] += w * Vv[((size_t)t * H + h) * V + e];
+                    }
+                    for (uint32_t e = 0; e < V; e++) o[e] /= sum;
+                    free(z);
+                }
+            }
+            free(K), free(Vv);
+        }
+        double rms = 0;
+        for (size_t i = 0; i < (size_t)rows * H * V; i++) rms += ref[i] * ref[i];
+        rms = sqrt(rms / ((double)rows * H));
+
+        /* the absorbed computation with the BF16 kernel's roundings emulated:
+         * q~ as the library computes it, times sm, to bf16; the reference over
+         * the latent view (its "V" is the whole latent row) then W_UV */
+        double *emu = NULL;
+        if (b16 && mc->layout != KVC_SCALE_CHANNEL_TOKEN) {
+            float *qa = malloc(sizeof(float) * rows * H * dk);
+            for (uint32_t row = 0; row < rows; row++)
+                for (uint32_t h = 0; h < H; h++) {
+                    float *x = qa + ((size_t)row * H + h) * dk;
+                    for (uint32_t j = 0; j < r; j++) x[j] = 0.0f;
+                    for (uint32_t a = 0; a < N; a++) {
+                        const float qv = qn[((size_t)row * H + h) * N + a],
+                                    *w = wuk + ((size_t)h * N + a) * r;
+                        for (uint32_t j = 0; j < r; j++) x[j] += qv * w[j];
+                    }
+                    memcpy(x + r, qr + ((size_t)row * H + h) * R, sizeof(float) * R);
+                    const float smf = 1.0f / sqrtf((float)(N + R));
+                    for (uint32_t j = 0; j < dk; j++)
+                        x[j] = kvc_bf16_to_f32(kvc_bf16_from_f32(x[j] * smf));
+                }
+            double *lat = malloc(sizeof(double) * rows * H * dk);
+            kvc_attn_params_t rp = kvc_attn_params_default();
+            rp.n_q_heads = H;
+            rp.sm_scale = 1.0f;
+            assert_ok(kvc_attn_reference(&rp, &kv, &batch, qa, lat));
+            emu = malloc(sizeof(double) * rows * H * V);
+            for (uint32_t row = 0; row < rows; row++)
+                for (uint32_t h = 0; h < H; h++)
+                    for (uint32_t e = 0; e < V; e++) {
+                        double acc = 0;
+                        for (uint32_t j = 0; j < r; j++)
+                            acc += (double)wuv[((size_t)h * V + e) * r + j] *
+                                   lat[((size_t)row * H + h) * dk + j];
+                        emu[((size_t)row * H + h) * V + e] = acc;
+                    }
+            free(qa), free(lat);
+        }
+
+        /* the variant's kernel; two halves of the items, as two threads would run them */
         uint32_t ni = kvc_attn_mla_n_items(&p, m, &kv, &batch);
         assert_true(ni > 0);
         memset(out, 0xff, sizeof(float) * rows * H * V);
-        /* two halves, as two threads would */
         assert_ok(kvc_attn_mla(&p, m, &kv, &batch, qn, qr, wuk, wuv, out, ws, wb, 0, ni / 2));
         assert_ok(kvc_attn_mla(&p, m, &kv, &batch, qn, qr, wuk, wuv, out, ws, wb, ni / 2, ni));
         double worst = 0, worst_emu = 0;
@@ -243,24 +261,33 @@ static void run_case(const mcase_t *mc, kvc_rng_t *rng)
         }
         double tol = b16 ? 3e-2 : 1e-5;
         if (getenv("KVC_TEST_VERBOSE"))
-            print_message("mla H%u r%u %s %s %s%s: %.2e (emulated %.2e)\n", H, r,
+            print_message("mla H%u r%u %s %s %s: %.2e (emulated %.2e)\n", H, r,
                           kvc_dtype_name(mc->dtype), kvc_scale_layout_name(mc->layout),
-                          kvc_isa_name(p.isa), b16 ? "-bf16" : "", worst, worst_emu);
+                          kvc_attn_kernel_name(kern), worst, worst_emu);
         if (!(worst <= tol))
-            fail_msg("mla H=%u r=%u %s %s: %s%s error %.3g > %.3g", H, r, kvc_dtype_name(mc->dtype),
-                     kvc_scale_layout_name(mc->layout), kvc_isa_name(p.isa), b16 ? "-bf16" : "",
-                     worst, tol);
+            fail_msg("mla H=%u r=%u %s %s: %s error %.3g > %.3g", H, r, kvc_dtype_name(mc->dtype),
+                     kvc_scale_layout_name(mc->layout), kvc_attn_kernel_name(kern), worst, tol);
         if (b16 && emu && !(worst_emu <= 1e-2)) fail_msg("mla bf16 vs emulated: %.3g", worst_emu);
+        free(ref), free(emu), free(cr);
     }
     /* argument checks */
-    kvc_attn_params_t p = kvc_attn_params_default();
-    assert_int_equal(kvc_attn_mla(&p, m, &kv, &batch, qn, qr, wuk, wuv, out, ws, wb / 3, 0, 1),
+    kvc_attn_params_t pa = kvc_attn_params_default();
+    assert_int_equal(kvc_attn_mla(&pa, m, &kv, &batch, qn, qr, wuk, wuv, out, ws, wb / 3, 0, 1),
                      KVC_EINVAL);
     kvc_mla_dims_t bad = *m;
     bad.rope_dim += 1;
-    assert_int_equal(kvc_attn_mla(&p, &bad, &kv, &batch, qn, qr, wuk, wuv, out, ws, wb, 0, 1),
+    assert_int_equal(kvc_attn_mla(&pa, &bad, &kv, &batch, qn, qr, wuk, wuv, out, ws, wb, 0, 1),
                      KVC_EINVAL);
-    free(ws), free(out), free(ref), free(emu), free(cr), free(wuk), free(wuv), free(qn), free(qr);
+    kvc_attn_kernel_t kk;
+    assert_int_equal(kvc_attn_kernel(&pa, &kv, &bad, &kk), KVC_EINVAL);
+    for (kvc_isa_t isa = KVC_ISA_SCALAR; isa < KVC_ISA__COUNT; isa++)
+        if (!kvc_isa_supported(isa)) {
+            pa.isa = isa;
+            assert_int_equal(kvc_attn_kernel(&pa, &kv, m, &kk), KVC_ENOTSUP);
+            assert_int_equal(kvc_attn_mla(&pa, m, &kv, &batch, qn, qr, wuk, wuv, out, ws, wb, 0, 1),
+                             KVC_ENOTSUP);
+        }
+    free(ws), free(out), free(wuk), free(wuv), free(qn), free(qr);
     free(kamax), free(buf), free(idx), free(indptr), free(qo), free(last);
 }
 
@@ -318,11 +345,26 @@ static void absorbed_equals_unabsorbed_many_heads_and_chunks(void **state)
     run_case(&mc2, &rng);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    static const char *const names[] = {"scalar", "avx2", "avx512", "avx512-bf16", NULL};
+    int rc = kvc_test_variant_parse(argc, argv, names, &variant);
+    if (rc) return rc;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(absorbed_equals_unabsorbed_deepseek_dims),
         cmocka_unit_test(absorbed_equals_unabsorbed_many_heads_and_chunks),
     };
-    return cmocka_run_group_tests_name("attn_mla", tests, NULL, NULL);
+    /* without a variant: the same cases, their argument checks only */
+    if (!variant) return cmocka_run_group_tests_name("attn_mla", tests, NULL, NULL);
+    char group[64], why[160];
+    snprintf(group, sizeof group, "attn_mla.%s", variant->name);
+    if (kvc_test_variant_missing(variant, why, sizeof why)[0]) {
+        /* the argument checks (KVC_ENOTSUP for an ISA this CPU lacks) still run */
+        const kvc_test_variant_t *v = variant;
+        variant = NULL;
+        if ((rc = cmocka_run_group_tests_name(group, tests, NULL, NULL))) return rc;
+        return kvc_test_variant_skip("attn_mla", v);
+    }
+    if ((rc = cmocka_run_group_tests_name(group, tests, NULL, NULL))) return rc;
+    return kvc_test_kernel_report("attn_mla", variant, &kernels);
 }

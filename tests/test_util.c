@@ -1,7 +1,30 @@
-/* test_util.c - errors, lists, allocators, hashing, PRNG. */
+/* test_util.c - version, errors, lists, allocators, hashing, PRNG. */
 #include "test_helpers.h"
 
+#include <stdio.h>
 #include <string.h>
+
+/* The library, its headers and CMakeLists.txt's project() say one version: version.h is
+ * generated from project(), and kvc_version() is compiled from version.h. */
+static void version_is_the_project_version(void **state)
+{
+    (void)state;
+    assert_string_equal(kvc_version(), KVC_VERSION);
+    char parts[32];
+    snprintf(parts, sizeof parts, "%d.%d.%d", KVC_VERSION_MAJOR, KVC_VERSION_MINOR,
+             KVC_VERSION_PATCH);
+    assert_string_equal(parts, KVC_VERSION);
+    assert_int_equal(KVC_VERSION_NUMBER,
+                     KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH);
+    FILE *f = fopen(KVC_SOURCE_DIR "/CMakeLists.txt", "r");
+    assert_non_null(f);
+    char line[256], want[64];
+    snprintf(want, sizeof want, "project(kvcache VERSION %s ", KVC_VERSION);
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = strncmp(line, want, strlen(want)) == 0;
+    fclose(f);
+    if (!found) fail_msg("CMakeLists.txt has no line starting '%s': a stale build?", want);
+}
 
 static void error_table_names_every_code(void **state)
 {
@@ -127,6 +150,7 @@ static void rng_is_deterministic_and_bounded(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(version_is_the_project_version),
         cmocka_unit_test(error_table_names_every_code),
         cmocka_unit_test(list_push_remove_and_order),
         cmocka_unit_test(failing_allocator_fails_the_nth),

@@ -38,6 +38,13 @@
  * across threads, each thread with its own workspace.  A packed item reads
  * each K/V row once for all query heads that share it.
  *
+ * Return values.  The functions that return int return 0 or a KVC_E* code,
+ * each one named at the declaration; a failed call writes nothing.  These
+ * return something else: kvc_kv_block_bytes and kvc_attn_workspace_bytes
+ * (sizes, 0 for invalid arguments), kvc_attn_n_items and
+ * kvc_attn_mla_n_items (counts, 0 for invalid arguments),
+ * kvc_attn_params_default (a struct), kvc_attn_kernel_name (a string).
+ *
  * Thread-safety: reentrant.  Concurrent calls may read the same storage;
  * kvc_attn_write_kv must not run concurrently with readers of the slots it
  * writes, nor with another write to the same blocks.
@@ -75,20 +82,25 @@ typedef struct {
 } kvc_kv_view_t;
 
 /* A view of one layer of a pool's storage with the given scale layout.
- * KVC_EINVAL if the pool has no storage, the layer is out of range, the
- * layout does not suit the dtype, or the pool's scale_bytes are fewer than
- * kvc_scale_bytes() asks for. */
+ * KVC_EINVAL if pool or out is NULL, the pool has no storage, the layer is
+ * out of range, the layout does not suit the dtype (kvc_scale_shape_check),
+ * the pool's scale_bytes are fewer than kvc_scale_bytes() asks for, or a
+ * block's data is not a whole number of floats (the scales that follow it
+ * would be misaligned).  No other error. */
 KVC_API int kvc_kv_view_from_pool(kvc_pool_t *pool, uint32_t layer, kvc_scale_layout_t layout,
-                          kvc_kv_view_t *out);
+                                  kvc_kv_view_t *out);
 
 /* Bytes one block takes when laid out as a pool would lay it out (data,
  * then kvc_scale_bytes of side data, padded to 64). 0 if the shape is bad. */
 KVC_API size_t kvc_kv_block_bytes(const kvc_scale_shape_t *shape);
 /* A view of one layer of a caller buffer of n_blocks blocks laid out as a
- * pool lays them out (kvc_kv_block_bytes each).  KVC_EINVAL for a bad shape
- * or layer, KVC_ERANGE if `bytes` is too small. */
+ * pool lays them out (kvc_kv_block_bytes each).  KVC_EINVAL if out is NULL,
+ * the shape is bad (kvc_scale_shape_check), layer >= n_layers, n_blocks is
+ * 0 or a block's data is not a whole number of floats; KVC_ERANGE if buf is
+ * NULL or `bytes` is less than n_blocks blocks. */
 KVC_API int kvc_kv_view_contiguous(void *buf, size_t bytes, uint32_t n_blocks,
-                           const kvc_scale_shape_t *shape, uint32_t layer, kvc_kv_view_t *out);
+                                   const kvc_scale_shape_t *shape, uint32_t layer,
+                                   kvc_kv_view_t *out);
 
 /* ---- batches ------------------------------------------------------------- */
 typedef struct {
@@ -124,26 +136,58 @@ typedef struct {
 KVC_API kvc_attn_params_t kvc_attn_params_default(void);
 
 /* Bytes of workspace one thread needs for attention over this view (with
- * `mla` non-NULL: for kvc_attn_mla).  64-byte aligned memory is best. */
+ * `mla` non-NULL: for kvc_attn_mla); 0 if kv is NULL or its shape is bad.
+ * 64-byte aligned memory is best. */
 typedef struct kvc_mla_dims kvc_mla_dims_t;
 KVC_API size_t kvc_attn_workspace_bytes(const kvc_kv_view_t *kv, const kvc_mla_dims_t *mla);
 
-/* Work items of a call (see above); 0 on invalid arguments. */
+/* Work items of a call (see above): a count, 0 for any argument that
+ * kvc_attn_forward would refuse with KVC_EINVAL. */
 KVC_API uint32_t kvc_attn_n_items(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
-                          const kvc_attn_batch_t *batch);
+                                  const kvc_attn_batch_t *batch);
 
 /* Attention for the queries of a batch: q (n_rows, n_q_heads, head_dim) fp32,
  * out (n_rows, n_q_heads, head_dim) fp32, where n_rows = n_seqs for decode
  * (qo_indptr NULL) or qo_indptr[n_seqs].  Computes items [item_begin,
  * item_end) (clamped to n_items) and writes only their output rows.
- * Fails without writing anything: KVC_EINVAL (bad shapes, tables, block ids
- * out of range or KVC_NONE where a query looks, T > S, a workspace smaller
- * than kvc_attn_workspace_bytes), KVC_ENOTSUP (a forced ISA this CPU lacks,
- * or head_dim above KVC_ATTN_MAX_DV).  The same call over a paged and a
- * contiguous copy of the same data gives bit-identical outputs. */
+ * Fails without writing anything: KVC_EINVAL (p, kv, q, out or ws NULL; a
+ * bad view; n_q_heads 0 or not a multiple of the view's n_kv_heads; bad
+ * tables: missing arrays, kv_indptr[0] or qo_indptr[0] not 0, a sequence
+ * with no block, indptrs that decrease, kv_last_len 0 or above block_size,
+ * T > S, more than 2^31 keys, block ids out of range or KVC_NONE where a
+ * query looks; a workspace smaller than kvc_attn_workspace_bytes; an
+ * invalid isa or compute value), KVC_ENOTSUP (a forced ISA this CPU lacks,
+ * or head_dim above KVC_ATTN_MAX_DV).  An item range beyond n_items is
+ * clamped, not an error.  The same call over a paged and a contiguous copy
+ * of the same data gives bit-identical outputs. */
 KVC_API int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
-                     const kvc_attn_batch_t *batch, const float *q, float *out, void *ws,
-                     size_t ws_bytes, uint32_t item_begin, uint32_t item_end);
+                             const kvc_attn_batch_t *batch, const float *q, float *out, void *ws,
+                             size_t ws_bytes, uint32_t item_begin, uint32_t item_end);
+
+/* ---- which kernel runs ----------------------------------------------------
+ * The kernel that kvc_attn_forward (mla NULL) or kvc_attn_mla (mla: its dims)
+ * runs with these parameters over this view on this CPU, chosen by the same
+ * code: the ISA that p->isa resolves to (AUTO: kvc_isa_best()), except that
+ * a K or V head dim that is not a multiple of 32 runs the scalar kernel, and
+ * that on AVX-512, KVC_ATTN_COMPUTE_AUTO over bf16 or FP8 storage runs the
+ * BF16 dot-product path where the CPU has AVX512-BF16 and VBMI (fp32
+ * products otherwise).  For reports and tests: what runs, not what was
+ * asked for. */
+typedef enum {
+    KVC_ATTN_KERNEL_SCALAR = 0,
+    KVC_ATTN_KERNEL_AVX2,
+    KVC_ATTN_KERNEL_AVX512,      /* fp32 products */
+    KVC_ATTN_KERNEL_AVX512_BF16, /* VDPBF16PS on bf16 operands, fp32 accumulation */
+    KVC_ATTN_KERNEL__COUNT
+} kvc_attn_kernel_t;
+
+/* Sets *out.  KVC_EINVAL (p, kv or out NULL, a bad view, mla dims that do not
+ * match the view, an invalid isa or compute value), KVC_ENOTSUP (a forced
+ * ISA this CPU lacks): the codes the call itself would return for them. */
+KVC_API KVC_NODISCARD int kvc_attn_kernel(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
+                                          const kvc_mla_dims_t *mla, kvc_attn_kernel_t *out);
+/* "scalar", "avx2", "avx512", "avx512-bf16"; "?" for an invalid value. */
+KVC_API const char *kvc_attn_kernel_name(kvc_attn_kernel_t k);
 
 /* ---- writing new K/V ------------------------------------------------------
  * Store n_tokens new tokens: token i goes to slot slots[i] (= block *
@@ -152,10 +196,15 @@ KVC_API int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv
  * for a latent cache, n_kv = 1).  Quantises for the view's dtype
  * and scale layout, setting block scales as quant.h describes (quant may
  * be NULL only for KVC_SCALE_NONE; clipping is still counted if given).
- * KVC_EINVAL for a bad slot (block out of range) or missing arguments;
- * nothing is written then.  KVC_ENOTSUP for a forced ISA this CPU lacks. */
+ * n_tokens 0 writes nothing and returns 0 (for a valid view).  Fails
+ * without writing anything: KVC_EINVAL (a bad view; slots or k NULL; v
+ * given for a latent view or missing for a K/V one; a negative slot or one
+ * whose block is out of range; quant NULL for a scaled layout, or a state
+ * array it needs that is neither given nor has maxima; given scales that
+ * are not positive and finite; an invalid isa value), KVC_ENOTSUP (a
+ * forced ISA this CPU lacks). */
 KVC_API int kvc_attn_write_kv(const kvc_kv_view_t *kv, const int64_t *slots, uint32_t n_tokens,
-                      const float *k, const float *v, kvc_kv_quant_t *quant, kvc_isa_t isa);
+                              const float *k, const float *v, kvc_kv_quant_t *quant, kvc_isa_t isa);
 
 /* ---- MLA (multi-head latent attention), absorbed form ----------------------
  * The cache holds one latent row per token: c (kv_lora_rank) then the
@@ -174,28 +223,39 @@ struct kvc_mla_dims {
     uint32_t v_head_dim;   /* per-head value dim, e.g. 128 */
 };
 
-/* Work items of an MLA call: one per (sequence, group of up to 64 query rows). */
+/* Work items of an MLA call: one per (sequence, group of up to 64 query
+ * rows); a count, 0 for arguments kvc_attn_mla would refuse with KVC_EINVAL. */
 KVC_API uint32_t kvc_attn_mla_n_items(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims,
-                              const kvc_kv_view_t *kv, const kvc_attn_batch_t *batch);
+                                      const kvc_kv_view_t *kv, const kvc_attn_batch_t *batch);
 
 /* Absorbed MLA attention.  q_nope (n_rows, H, nope_dim), q_rope (n_rows, H,
  * rope_dim), w_uk (H, nope_dim, kv_lora_rank), w_uv (H, v_head_dim,
  * kv_lora_rank), out (n_rows, H, v_head_dim), all fp32; p->n_q_heads is
  * ignored (H is dims->n_heads), p->window / softcap apply as usual.
- * Failures as kvc_attn_forward (the workspace must hold
- * kvc_attn_workspace_bytes(kv, dims)). */
-KVC_API int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims, const kvc_kv_view_t *kv,
-                 const kvc_attn_batch_t *batch, const float *q_nope, const float *q_rope,
-                 const float *w_uk, const float *w_uv, float *out, void *ws, size_t ws_bytes,
-                 uint32_t item_begin, uint32_t item_end);
+ * Failures as kvc_attn_forward, and also KVC_EINVAL for dims that do not
+ * match the view (n_kv must be 1 and head_dim kv_lora_rank + rope_dim; no
+ * dim but rope_dim may be 0), q_rope NULL with rope_dim > 0, or w_uk / w_uv
+ * NULL; KVC_ENOTSUP for a head_dim above KVC_ATTN_MAX_DK or a kv_lora_rank
+ * above KVC_ATTN_MAX_DV.  The workspace must hold
+ * kvc_attn_workspace_bytes(kv, dims). */
+KVC_API int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims,
+                         const kvc_kv_view_t *kv, const kvc_attn_batch_t *batch,
+                         const float *q_nope, const float *q_rope, const float *w_uk,
+                         const float *w_uv, float *out, void *ws, size_t ws_bytes,
+                         uint32_t item_begin, uint32_t item_end);
 
 /* ---- the reference ----------------------------------------------------------
  * The same attention computed directly in double precision (two passes over
  * the keys, exact decoding, exp/tanh from libm): what every kernel is tested
  * against.  out is double (n_rows, n_q_heads, head_dim).  p->isa,
- * p->compute and p->per_head are ignored.  Slow; no workspace. */
+ * p->compute and p->per_head are ignored.  Slow; no workspace.  KVC_EINVAL
+ * (p, kv, batch, q or out NULL, a bad view, n_q_heads 0 or not a multiple
+ * of n_kv_heads, missing table arrays, a sequence with no block or a
+ * decreasing kv_indptr, kv_last_len 0 or above block_size, T > S, a block
+ * id out of range or KVC_NONE where a query looks); no other error, and
+ * nothing is written then. */
 KVC_API int kvc_attn_reference(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
-                       const kvc_attn_batch_t *batch, const float *q, double *out);
+                               const kvc_attn_batch_t *batch, const float *q, double *out);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,12 @@
-/* kvcache/kvcache.h - the umbrella header: every public layer of libkvcache.
- * See ../shared/DESIGN.md for the layers and their invariants. */
+/* kvcache/kvcache.h - the umbrella header: every public layer of libkvcache,
+ * and the version macros (kvcache/version.h, through util.h).  See
+ * docs/design.md for the layers and their invariants.
+ *
+ * Building against the installed library:
+ *     cc app.c $(pkg-config --cflags --libs kvcache)
+ * or, in CMake:
+ *     find_package(kvcache 0.1 REQUIRED)
+ *     target_link_libraries(app PRIVATE kvcache::kvcache)   (or kvcache::kvcache_static) */
 #ifndef KVCACHE_KVCACHE_H
 #define KVCACHE_KVCACHE_H
 
@@ -11,7 +18,5 @@
 #include "kvcache/plan.h"
 #include "kvcache/sim.h"
 #include "kvcache/attn.h"
-
-#define KVC_VERSION "0.1.0"
 
 #endif /* KVCACHE_KVCACHE_H */

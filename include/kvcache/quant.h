@@ -25,6 +25,15 @@
  * carries the scales it was written with (copies, prefix hits and offloads stay correct without any
  * outside bookkeeping).
  *
+ * Return values.  Five functions return an error code (0 or KVC_E*, named
+ * at each): kvc_isa_parse, kvc_quantize, kvc_dequantize,
+ * kvc_scale_layout_parse and kvc_scale_shape_check.  The others return
+ * values: codes and floats (the conversions, kvc_dtype_max,
+ * kvc_scale_from_amax), sizes and lengths that are 0 for an invalid shape
+ * (kvc_scale_bytes, kvc_scale_floats_per_layer, kvc_kv_quant_len), a bool
+ * (kvc_isa_supported), an ISA (kvc_isa_best), a pointer that is never NULL
+ * (kvc_cpu) or a string that is never NULL (the _name functions).
+ *
  * Thread-safety: every function here is reentrant.  kvc_kv_quant_t is owned
  * by its caller and is updated by writes: one writer per state at a time.
  */
@@ -67,7 +76,8 @@ KVC_API bool kvc_isa_supported(kvc_isa_t isa);
 KVC_API kvc_isa_t kvc_isa_best(void);
 /* "auto", "scalar", "avx2", "avx512"; "?" for an invalid value. */
 KVC_API const char *kvc_isa_name(kvc_isa_t isa);
-/* Parse a name as printed by kvc_isa_name.  Returns 0 or KVC_EINVAL. */
+/* Parse a name as printed by kvc_isa_name.  Returns 0, or KVC_EINVAL (name
+ * or out NULL, or an unknown name: *out unchanged). */
 KVC_API int kvc_isa_parse(const char *name, kvc_isa_t *out);
 
 /* ---- scalar conversions ---------------------------------------------------
@@ -95,17 +105,20 @@ typedef struct {
 
 /* Encode n values: dst[i] = encode(fl32(src[i] / s_i)), where s_i is
  * scales[i] when `scales` is non-NULL and `scale` otherwise; dst holds n
- * elements of dt.  Counts go to *stats (added; NULL: not counted).  Scales
- * must be positive and finite (KVC_EINVAL otherwise, nothing written).
- * `isa` picks the implementation; every one gives the same bits.
- * KVC_ENOTSUP if the forced ISA is not available. */
+ * elements of dt.  Counts go to *stats (added; NULL: not counted).  `isa`
+ * picks the implementation; every one gives the same bits.  Fails without
+ * writing anything: KVC_EINVAL (an invalid dtype; dst or src NULL with
+ * n > 0; a scale that is not positive and finite; an invalid isa value),
+ * KVC_ENOTSUP (a forced ISA this CPU lacks). */
 KVC_API int kvc_quantize(kvc_dtype_t dt, void *dst, const float *src, size_t n, float scale,
-                 const float *scales, kvc_isa_t isa, kvc_quant_stats_t *stats);
+                         const float *scales, kvc_isa_t isa, kvc_quant_stats_t *stats);
 /* Decode n values: dst[i] = decode(src[i]) * (scales ? scales[i] : scale).
  * Exact when the scale is 1 (or a power of two that keeps the result in
- * range).  KVC_EINVAL for a bad dtype. */
+ * range).  The scales are not checked (a 0 gives 0, a NaN gives NaN).
+ * KVC_EINVAL (an invalid dtype, or dst or src NULL with n > 0); no other
+ * error. */
 KVC_API int kvc_dequantize(kvc_dtype_t dt, float *dst, const void *src, size_t n, float scale,
-                   const float *scales);
+                           const float *scales);
 
 /* ---- scale layouts ----------------------------------------------------- */
 typedef enum {
@@ -126,7 +139,8 @@ typedef enum {
     KVC_SCALE__COUNT
 } kvc_scale_layout_t;
 
-/* "none", "tensor", "head", "channel-token"; "?" if invalid. */
+/* "none", "tensor", "head", "channel-token"; "?" if invalid.  The parser
+ * returns 0 or KVC_EINVAL (name or out NULL, or an unknown name). */
 KVC_API const char *kvc_scale_layout_name(kvc_scale_layout_t layout);
 KVC_API int kvc_scale_layout_parse(const char *name, kvc_scale_layout_t *out);
 
@@ -151,14 +165,15 @@ typedef struct {
  *                  (latent: k[head_dim] only)
  *
  * layer l's floats start at l * (floats per layer).  A scale of 0 means "not
- * set yet" (the pool zeroes new storage).  0 for an invalid shape; check
- * with kvc_scale_shape_check first. */
+ * set yet" (the pool zeroes new storage).  0 for an invalid shape (NULL
+ * included); check with kvc_scale_shape_check first. */
 KVC_API size_t kvc_scale_bytes(const kvc_scale_shape_t *shape);
-/* Floats of side data per layer in one block. */
+/* Floats of side data per layer in one block; 0 for an invalid shape. */
 KVC_API size_t kvc_scale_floats_per_layer(const kvc_scale_shape_t *shape);
-/* KVC_EINVAL unless the shape is usable: sizes nonzero, n_kv 1 or 2 (1 only
- * with one head), a known dtype and layout, and a layout other than NONE only
- * for f16 and the FP8 formats. */
+/* 0 if the shape is usable, else KVC_EINVAL (and no other error): shape
+ * NULL, a size 0 or above 2^16, n_kv not 1 or 2 (1 only with one head), an
+ * unknown dtype or layout, or a layout other than NONE for f32 or bf16 (only
+ * f16 and the FP8 formats take scales). */
 KVC_API int kvc_scale_shape_check(const kvc_scale_shape_t *shape);
 
 /* ---- where new blocks get their scales -----------------------------------
@@ -190,7 +205,8 @@ typedef struct {
     kvc_quant_stats_t k_stats, v_stats; /* added to by every write */
 } kvc_kv_quant_t;
 
-/* Floats in the K (is_value = false) or V state array of a layout. */
+/* Floats in the K (is_value = false) or V state array of a layout; 0 when
+ * the layout keeps no such state, or for an invalid shape. */
 KVC_API size_t kvc_kv_quant_len(const kvc_scale_shape_t *shape, bool is_value);
 /* The scale that maps amax to the format's max with `headroom` to spare:
  * amax * headroom / kvc_dtype_max(dt); 1 when amax is 0 or not finite;

@@ -1,6 +1,13 @@
 /* kvcache/util.h - the bottom layer: errors, assertions, intrusive lists,
- * allocators (with fault injection), a deterministic PRNG, 128-bit hashes and
- * a monotonic clock.  Nothing here knows what a token is.
+ * allocators (with fault injection), a deterministic PRNG, 128-bit hashes, a
+ * monotonic clock and the library's version.  Nothing here knows what a token
+ * is.
+ *
+ * Return values: no function in this header returns an error code.  They
+ * return values (hashes, random numbers, nanoseconds), strings that are never
+ * NULL (kvc_strerror, kvc_errname, kvc_version), a pointer that is NULL when
+ * memory is short (kvc_alloc, kvc_calloc), or a bool (the list tests).  The
+ * codes they describe are what the layers above return.
  *
  * Thread-safety: every function here is reentrant; the objects (lists, RNG
  * state, counting allocators) are owned by their caller and must not be used
@@ -12,6 +19,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kvcache/version.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,8 +42,17 @@ extern "C" {
 #define KVC_NODISCARD
 #endif
 
+/* ---- version ---------------------------------------------------------------
+ * The version the library was built with ("MAJOR.MINOR.PATCH", the same
+ * string as its KVC_VERSION).  A program compiled against these headers can
+ * compare it with KVC_VERSION to catch linking a library of another version.
+ * Never NULL; a static string. */
+KVC_API const char *kvc_version(void);
+
 /* ---- errors --------------------------------------------------------------
- * Functions return 0 on success or a negative KVC_E* code.  One table makes
+ * Functions that report failure return 0 on success or a negative KVC_E*
+ * code (each header says which of its functions return counts, sizes or
+ * booleans instead, and which codes each function can return).  One table makes
  * the enum and kvc_strerror() / kvc_errname(), so they cannot drift apart.
  */
 #define KVC_ERRNO_MAP(XX)                            \
@@ -148,7 +166,8 @@ typedef struct {
 } kvc_allocator_t;
 
 /* Allocate / free through `a` (NULL or zeroed: the C library).  kvc_alloc does not zero;
- * kvc_calloc zeroes and checks n * size for overflow. */
+ * kvc_calloc zeroes and checks n * size for overflow.  Both return NULL when the allocator
+ * fails (or, for kvc_calloc, when n * size overflows); the caller turns that into KVC_ENOMEM. */
 KVC_API void *kvc_alloc(const kvc_allocator_t *a, size_t bytes, size_t align);
 KVC_API void *kvc_calloc(const kvc_allocator_t *a, size_t n, size_t size, size_t align);
 KVC_API void kvc_free(const kvc_allocator_t *a, void *p);
@@ -192,7 +211,8 @@ typedef struct {
 
 KVC_API void kvc_rng_seed(kvc_rng_t *r, uint64_t seed);
 KVC_API uint64_t kvc_rng_next(kvc_rng_t *r);
-/* Uniform integer in [0, n); n > 0.  Unbiased (Lemire's method). */
+/* Uniform integer in [0, n).  Unbiased (Lemire's method).  n must be > 0: n = 0 has no
+ * answer and is a programmer error (KVC_ASSERT aborts). */
 KVC_API uint64_t kvc_rng_below(kvc_rng_t *r, uint64_t n);
 /* Uniform double in [0, 1). */
 KVC_API double kvc_rng_double(kvc_rng_t *r);

@@ -281,6 +281,37 @@ static int choose_kernel(const kvc_attn_params_t *p, const kvc_kv_view_t *kv, ui
     return 0;
 }
 
+static bool mla_ok(const kvc_mla_dims_t *m, const kvc_kv_view_t *kv);
+
+static kvc_attn_kernel_t kernel_of(const kvc__attn_cfg_t *cfg, item_fn fn)
+{
+    if (fn == kvc__attn_item_avx512)
+        return cfg->bf16 ? KVC_ATTN_KERNEL_AVX512_BF16 : KVC_ATTN_KERNEL_AVX512;
+    return fn == kvc__attn_item_avx2 ? KVC_ATTN_KERNEL_AVX2 : KVC_ATTN_KERNEL_SCALAR;
+}
+
+/* The same choice kvc_attn_forward and kvc_attn_mla make, through the same function. */
+int kvc_attn_kernel(const kvc_attn_params_t *p, const kvc_kv_view_t *kv, const kvc_mla_dims_t *mla,
+                    kvc_attn_kernel_t *out)
+{
+    if (!p || !view_ok(kv) || !out || (mla && !mla_ok(mla, kv))) return KVC_EINVAL;
+    const uint32_t dk = kv->shape.head_dim, dv = mla ? mla->kv_lora_rank : dk;
+    kvc__attn_cfg_t cfg = {.kv = kv, .dk = dk, .dv = dv};
+    item_fn fn;
+    int rc = choose_kernel(p, kv, dk, dv, &cfg, &fn);
+    if (rc) return rc;
+    *out = kernel_of(&cfg, fn);
+    return 0;
+}
+
+static const char *const kernel_names[KVC_ATTN_KERNEL__COUNT] = {"scalar", "avx2", "avx512",
+                                                                 "avx512-bf16"};
+
+const char *kvc_attn_kernel_name(kvc_attn_kernel_t k)
+{
+    return (unsigned)k < KVC_ATTN_KERNEL__COUNT ? kernel_names[k] : "?";
+}
+
 static void *ws_align(void *ws, size_t *bytes)
 {
     uintptr_t a = ((uintptr_t)ws + 63) & ~(uintptr_t)63;

@@ -69,8 +69,14 @@ int kvc_attn_reference(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
                        const kvc_attn_batch_t *batch, const float *q, double *out)
 {
     if (!p || !kv || !batch || !q || !out) return KVC_EINVAL;
+    if (!batch->kv_indptr || !batch->kv_last_len || (batch->n_seqs && !batch->kv_indices))
+        return KVC_EINVAL;
     const kvc_scale_shape_t *sh = &kv->shape;
     if (kvc_scale_shape_check(sh) || !p->n_q_heads || p->n_q_heads % sh->n_kv_heads)
+        return KVC_EINVAL;
+    /* the view the kernels would accept (attn.c's view_ok) */
+    if (!kv->base || kv->layer >= sh->n_layers || !kv->n_blocks ||
+        kv->block_bytes < kvc_kv_block_bytes(sh))
         return KVC_EINVAL;
     const uint32_t d = sh->head_dim, bs = sh->block_size, hq = p->n_q_heads;
     const uint32_t g = hq / sh->n_kv_heads;

@@ -393,6 +393,7 @@ size_t kvc_scale_floats_per_layer(const kvc_scale_shape_t *s)
 
 size_t kvc_scale_bytes(const kvc_scale_shape_t *s)
 {
+    if (kvc_scale_shape_check(s)) return 0; /* NULL included: an invalid shape */
     return kvc_scale_floats_per_layer(s) * s->n_layers * sizeof(float);
 }
 

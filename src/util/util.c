@@ -1,4 +1,4 @@
-/* util.c - errors, assertions, allocators, hashing, PRNG and clock.
+/* util.c - version, errors, assertions, allocators, hashing, PRNG and clock.
  * The bottom layer: everything above may use it, it uses nothing above. */
 #include "kvcache/util.h"
 #include "util/msg.h"
@@ -15,6 +15,12 @@
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+
+/* ---- version ------------------------------------------------------------ */
+const char *kvc_version(void)
+{
+    return KVC_VERSION; /* version.h, generated from the project() version */
+}
 
 /* ---- errors ------------------------------------------------------------- */
 static const char *const err_msgs[] = {
