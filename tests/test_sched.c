@@ -799,6 +799,70 @@ static void a_reused_slot_in_another_queue_keeps_both_queues_straight(void **sta
     world_free(&w);
 }
 
+static void a_completion_with_wrong_ids_changes_nothing(void **state)
+{
+    (void)state;
+    world_t w;
+    world_init(&w, 32, 4, params(64, 8));
+    kvc_req_id_t a = add(&w, 5, 1, 4, 0, 0, 1);
+    drain(&w, 5); /* a finished; its account is not taken */
+    kvc_req_id_t b = add(&w, 5, 3, 4, 0, 0, 100), c = add(&w, 6, 3, 4, 0, 0, 200);
+    const kvc_sched_plan_t *p;
+    assert_ok(kvc_sched_step(w.s, w.now, &p));
+    assert_int_equal(p->n_entries, 2);
+    kvc_sched_stats_t before, after;
+    kvc_sched_stats(w.s, &before);
+    kvc_sched_result_t res[2] = {{.id = c, .token = 1}, {.id = b, .token = 1}}; /* permuted */
+    assert_int_equal(kvc_sched_complete(w.s, res, 2, 1), KVC_EINVAL);
+    res[0].id = a; /* finished: not a live request */
+    assert_int_equal(kvc_sched_complete(w.s, res, 2, 1), KVC_ESTALE);
+    res[0].id = (uint64_t)7 << 32 | 3; /* never issued */
+    assert_int_equal(kvc_sched_complete(w.s, res, 2, 1), KVC_ESTALE);
+    res[0].id = b;
+    assert_int_equal(kvc_sched_complete(w.s, res, 2, 1), KVC_EINVAL); /* b twice */
+    assert_int_equal(kvc_sched_complete(w.s, res, 1, 1), KVC_EINVAL); /* too few */
+    kvc_sched_stats(w.s, &after);
+    assert_memory_equal(&before, &after, sizeof before);
+    check(&w);
+    res[1].id = c;
+    assert_ok(kvc_sched_complete(w.s, res, 2, 1));
+    w.n_out[1] = w.n_out[2] = 1;
+    w.now = 1;
+    drain(&w, 10);
+    const kvc_sched_done_t *done;
+    uint32_t nd;
+    take(&w, &done, &nd);
+    assert_int_equal(nd, 3);
+    for (uint32_t i = 0; i < nd; i++) assert_int_equal(done[i].n_output, w.out_len[done[i].tag]);
+    world_free(&w);
+}
+
+static void tiny_budgets_and_chunks_still_finish_everything(void **state)
+{
+    (void)state;
+    /* one token per step, one request at a time, one prompt token per chunk, 64 drafts */
+    for (int k = 0; k < 4; k++) {
+        kvc_sched_params_t p = params(k == 0 ? 1 : 3, k == 1 ? 1 : 4);
+        p.max_prefill_chunk = k == 2 ? 1 : 0;
+        p.spec_tokens = k == 3 ? 64 : 0;
+        p.preemption = (kvc_preemption_t)(k % KVC_PREEMPT__COUNT);
+        world_t w;
+        world_init(&w, 12, 4, p);
+        w.accept_drafts = 2;
+        for (int i = 0; i < 6; i++)
+            add(&w, 1 + 3 * (uint32_t)i, 1 + (uint32_t)i, 8, i % 2, 0, 7 * i);
+        assert_true(drain(&w, 2000) < 2000);
+        const kvc_sched_done_t *done;
+        uint32_t nd;
+        take(&w, &done, &nd);
+        assert_int_equal(nd, 6);
+        for (uint32_t i = 0; i < nd; i++)
+            assert_int_equal(done[i].n_output, w.out_len[done[i].tag]);
+        assert_int_equal(kvc_pool_n_free(w.pool), 12);
+        world_free(&w);
+    }
+}
+
 /* ---- odd parameters ----------------------------------------------------------------------- */
 static void odd_parameters_are_refused(void **state)
 {
@@ -1203,6 +1267,8 @@ int main(void)
         cmocka_unit_test(an_account_stays_readable_until_the_next_take),
         cmocka_unit_test(an_abort_at_every_point_of_a_life_frees_everything),
         cmocka_unit_test(a_reused_slot_in_another_queue_keeps_both_queues_straight),
+        cmocka_unit_test(a_completion_with_wrong_ids_changes_nothing),
+        cmocka_unit_test(tiny_budgets_and_chunks_still_finish_everything),
         cmocka_unit_test(odd_parameters_are_refused),
         cmocka_unit_test(a_prompt_whose_block_count_would_wrap_is_refused),
         cmocka_unit_test(the_victim_policy_is_a_hook),

@@ -256,7 +256,9 @@ typedef struct {
     uint64_t recomputed_tokens; /* computed again after a preemption */
     uint32_t n_accepted;        /* drafts accepted */
     bool aborted;               /* kvc_sched_abort ended it */
-    int error;                  /* 0, or why the scheduler ended it (KVC_ENOMEM) */
+    int error; /* 0, or the seq table's error that ended it: KVC_ENOMEM when its allocator
+                  failed (KVC_EBUSY if an engine still had a seq step in flight for a request
+                  being preempted) */
 } kvc_sched_done_t;
 
 /* The requests finished since the last call, in the order they finished.

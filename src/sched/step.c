@@ -110,8 +110,12 @@ static kvc_sched_cand_t cand_of(const kvc_sched_t *s, uint32_t slot)
  * chosen, or KVC_NONE when the policy chose none (or there was no candidate). */
 static uint32_t choose_victim(kvc_sched_t *s, uint32_t needy, uint32_t need, filter_t f)
 {
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < s->running.n; i++) {
+    uint32_t n = 0, first = 0;
+    if (f == F_LOWER_CLASS) /* sorted by class: the less urgent ones are a suffix */
+        for (first = s->running.n;
+             first > 0 && s->reqs[s->running.v[first - 1]].priority > s->reqs[needy].priority;)
+            first--;
+    for (uint32_t i = first; i < s->running.n; i++) {
         uint32_t v = s->running.v[i];
         const req_t *q = &s->reqs[v];
         if (!q->planned && (needy == KVC_NONE || in_filter(q, &s->reqs[needy], f)))
