@@ -273,6 +273,10 @@ KVC_API void kvc_seqs_stats(const kvc_seqs_t *seqs, kvc_seqs_stats_t *out);
  * kvc_pool_check without a prefix cache).  0 or KVC_ECORRUPT with msg. */
 KVC_API int kvc_seqs_check(const kvc_seqs_t *seqs, char *msg, size_t msg_cap);
 
+/* The pool the table was created over (borrowed), so that a layer above takes it from here
+ * instead of being handed it a second time. */
+KVC_API kvc_pool_t *kvc_seqs_pool(const kvc_seqs_t *seqs);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1109,3 +1109,8 @@ int kvc_seqs_check(const kvc_seqs_t *s, char *msg, size_t cap)
     kvc_free(NULL, refs);
     return rc;
 }
+
+kvc_pool_t *kvc_seqs_pool(const kvc_seqs_t *seqs)
+{
+    return seqs->pool;
+}

@@ -163,8 +163,6 @@ typedef struct {
     kvc_sim_result_t *res;
     kvc_sim_cost_model_t cost;
     uint32_t replica, n_replicas;
-    uint32_t *idx_of; /* sched id -> workload index */
-    size_t n_ids, ids_cap;
     uint32_t *produced;  /* per workload index: output tokens sampled */
     uint32_t *next_turn; /* per workload index: the next turn of its conversation, or KVC_NONE */
     kvc_token_t **owned; /* per workload index: assembled prompts (on-demand traces) */
@@ -172,11 +170,12 @@ typedef struct {
     uint64_t done_total, total;
 } run_t;
 
-static void draft_tokens(void *ctx, uint32_t id, uint32_t n, kvc_token_t *out)
+static void draft_tokens(void *ctx, kvc_req_id_t id, uint64_t tag, uint32_t n, kvc_token_t *out)
 {
     /* A drafter that proposes the tokens the model will sample; acceptance is drawn later. */
+    (void)id;
     run_t *r = ctx;
-    uint32_t wi = r->idx_of[id];
+    uint32_t wi = (uint32_t)tag;
     const kvc_sim_request_t *q = kvc_workload_request(r->w, wi);
     uint32_t k = r->produced[wi];
     for (uint32_t j = 0; j < n; j++)
@@ -250,7 +249,7 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
     schp.draft = draft_tokens;
     schp.draft_ctx = r;
     schp.trace = cfg->trace != NULL;
-    if ((rc = kvc_sched_create(seqs, pool, &schp, &s))) {
+    if ((rc = kvc_sched_create(seqs, &schp, &s))) {
         kvc__msgf(rc, err, cap, "scheduler parameters: %s", kvc_strerror(rc));
         goto out;
     }
@@ -298,8 +297,9 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
                                    .max_output = max_out,
                                    .priority = q->priority,
                                    .tenant = q->tenant,
-                                   .ns = &ns};
-            uint32_t id;
+                                   .ns = &ns,
+                                   .tag = a.idx};
+            kvc_req_id_t id;
             rc = kvc_sched_add(s, &req, a.t, &id);
             if (rc == KVC_ERANGE) { /* it can never fit the pool or its caps: refused, counted */
                 if (cfg->trace)
@@ -310,21 +310,6 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
                 continue;
             }
             if (rc) goto out_results;
-            if (id >= r->ids_cap) {
-                size_t nc = r->ids_cap ? 2 * r->ids_cap : 1024;
-                while (nc <= id) nc *= 2;
-                uint32_t *v = kvc_alloc(NULL, nc * sizeof *v, 0);
-                if (!v) {
-                    rc = KVC_ENOMEM;
-                    goto out_results;
-                }
-                if (r->n_ids) memcpy(v, r->idx_of, r->n_ids * sizeof *v);
-                kvc_free(NULL, r->idx_of);
-                r->idx_of = v;
-                r->ids_cap = nc;
-            }
-            r->idx_of[id] = a.idx;
-            r->n_ids = KVC_MAX(r->n_ids, (size_t)id + 1);
         }
         const kvc_sched_plan_t *plan;
         if ((rc = kvc_sched_step(s, now, &plan))) goto out_results;
@@ -362,7 +347,7 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
         uint32_t batch_tokens = 0;
         for (uint32_t i = 0; i < plan->n_entries; i++) {
             const kvc_sched_entry_t *e = &plan->entries[i];
-            uint32_t wi = r->idx_of[e->id];
+            uint32_t wi = (uint32_t)e->tag;
             const kvc_sim_request_t *q = kvc_workload_request(r->w, wi);
             batch_tokens += e->n_tokens;
             results[i] = (kvc_sched_result_t){.id = e->id};
@@ -400,7 +385,7 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
         (void)kvc_sched_take_finished(s, &done, &nd);
         for (uint32_t i = 0; i < nd; i++) {
             const kvc_sched_done_t *d = &done[i];
-            uint32_t wi = r->idx_of[d->id];
+            uint32_t wi = (uint32_t)d->tag;
             kvc_sim_record_t rec = {.arrival_s = d->arrival_s,
                                     .first_token_s = d->first_token_s,
                                     .finish_s = d->finish_s,
@@ -535,7 +520,6 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     out->requests = n;
     for (uint32_t rep = 0; !rc && rep < out->n_replicas; rep++) {
         r.replica = rep;
-        r.n_ids = 0;
         if (!(rc = link_turns(&r)))
             rc = run_replica(&r, (uint32_t)blocks, n_groups, window, err, cap);
     }
@@ -543,7 +527,6 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     kvc_free(NULL, r.owned);
     kvc_free(NULL, r.produced);
     kvc_free(NULL, r.next_turn);
-    kvc_free(NULL, r.idx_of);
     if (rc) {
         if (err && cap && !err[0])
             kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
