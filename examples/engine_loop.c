@@ -134,10 +134,11 @@ static kvc_token_t sample(const model_t *m, const float *x)
     return best;
 }
 
-/* ---- requests, and the one place that knows how the scheduler names them -----------------
- * kvc_sched_add hands out an id; plan entries, results and finished records carry it back.
- * Everything below goes through req_id_t and these two functions. */
-typedef uint32_t req_id_t; /* the type kvc_sched_add writes and kvc_sched_entry_t.id holds */
+/* ---- requests, and how the scheduler names them ------------------------------------------
+ * kvc_sched_add hands out an id ((generation << 32) | slot, recycled once the request's account
+ * is taken); results must carry it back.  The request's `tag`, the engine's own handle (here an
+ * index into reqs[]), comes back in every plan entry and finished record, so the engine never
+ * keeps a table indexed by the scheduler's ids. */
 
 typedef struct {
     const char *name;
@@ -145,22 +146,26 @@ typedef struct {
     uint32_t max_output;
     kvc_token_t prompt[48];
     uint32_t n_prompt;
-    req_id_t id; /* valid once submitted */
+    kvc_req_id_t id; /* valid once submitted, until its account is taken */
     bool submitted, finished;
 } request_t;
 
-static void submit(kvc_sched_t *s, request_t *r, double now)
+static void submit(kvc_sched_t *s, request_t *reqs, int index, double now)
 {
-    kvc_sched_req_t q = {.prompt = r->prompt, .n_prompt = r->n_prompt, .max_output = r->max_output};
+    request_t *r = &reqs[index];
+    kvc_sched_req_t q = {.prompt = r->prompt,
+                         .n_prompt = r->n_prompt,
+                         .max_output = r->max_output,
+                         .tag = (uint64_t)index};
     CHECK(kvc_sched_add(s, &q, now, &r->id)); /* the prompt is copied when it is admitted */
     r->submitted = true;
 }
 
-static request_t *request_of(request_t *reqs, int n, req_id_t id)
+/* The request a plan entry or a finished record names, by its tag; NULL if none. */
+static request_t *request_of(request_t *reqs, int n, uint64_t tag, kvc_req_id_t id)
 {
-    for (int i = 0; i < n; i++)
-        if (reqs[i].submitted && reqs[i].id == id) return &reqs[i];
-    return NULL;
+    if (tag >= (uint64_t)n || !reqs[tag].submitted || reqs[tag].id != id) return NULL;
+    return &reqs[tag];
 }
 
 /* ---- the engine ---------------------------------------------------------------------------- */
@@ -216,7 +221,7 @@ static void engine_create(engine_t *e, const model_t *m)
     schp.max_num_batched_tokens = MAX_ROWS;
     schp.max_prefill_chunk = CHUNK;
     schp.preemption = KVC_PREEMPT_RECOMPUTE;
-    CHECK(kvc_sched_create(e->seqs, e->pool, &schp, &e->sched));
+    CHECK(kvc_sched_create(e->seqs, &schp, &e->sched));
     for (uint32_t l = 0; l < N_LAYERS; l++)
         CHECK(kvc_kv_view_from_pool(e->pool, l, KVC_SCALE_NONE, &e->kv[l]));
     e->ws_bytes = kvc_attn_workspace_bytes(&e->kv[0], NULL);
@@ -453,7 +458,7 @@ int main(int argc, char **argv)
         }
         const double now = (double)step * STEP_S;
         for (int i = 0; i < n_req; i++)
-            if (!reqs[i].submitted && reqs[i].arrival_s <= now) submit(e->sched, &reqs[i], now);
+            if (!reqs[i].submitted && reqs[i].arrival_s <= now) submit(e->sched, reqs, i, now);
 
         const kvc_sched_plan_t *plan;
         CHECK(kvc_sched_step(e->sched, now, &plan));
@@ -462,7 +467,7 @@ int main(int argc, char **argv)
             printf("step %3llu:", (unsigned long long)step);
             for (uint32_t i = 0; i < plan->n_entries; i++) {
                 const kvc_sched_entry_t *en = &plan->entries[i];
-                printf("  %s %s %u@%u", request_of(reqs, n_req, en->id)->name,
+                printf("  %s %s %u@%u", request_of(reqs, n_req, en->tag, en->id)->name,
                        en->prefill ? "prefill" : "decode", en->n_tokens, en->first_pos);
             }
             printf(plan->n_preempted ? "  (preempted %u)\n" : "\n", plan->n_preempted);
@@ -474,7 +479,7 @@ int main(int argc, char **argv)
         uint32_t n_done;
         CHECK(kvc_sched_take_finished(e->sched, &done, &n_done));
         for (uint32_t i = 0; i < n_done; i++) {
-            request_t *r = request_of(reqs, n_req, done[i].id);
+            request_t *r = request_of(reqs, n_req, done[i].tag, done[i].id);
             if (!r || r->finished) return fprintf(stderr, "engine_loop: unknown request\n"), 1;
             r->finished = true;
             n_finished++;
