@@ -973,8 +973,6 @@ int kvc_seq_fork(kvc_seqs_t *s, kvc_seq_t parent, kvc_seq_t *child)
     return 0;
 }
 
-#define MAX_BEAMS 1024
-
 /* Blocks the survivors of a beam step take from the pool, with the dead beams' references
  * already dropped: per group, a new block for each new beam at a block boundary; inside a
  * block, each distinct last block is copied by all its writers but the last, or by all of
@@ -1017,10 +1015,10 @@ int kvc_seq_beam_step(kvc_seqs_t *s, const kvc_seq_t *beams, uint32_t n_beams,
                       int64_t *slots)
 {
     if (!s || (n_beams && !beams) || (n_choices && (!choices || !new_beams)) ||
-        n_beams > MAX_BEAMS || n_beams > s->params.max_seqs)
+        n_beams > KVC_MAX_BEAMS || n_beams > s->params.max_seqs)
         return KVC_EINVAL;
     /* ---- 1. Check and make room for everything, changing nothing visible. */
-    uint32_t children[MAX_BEAMS], used[MAX_BEAMS];
+    uint32_t children[KVC_MAX_BEAMS], used[KVC_MAX_BEAMS];
     memset(children, 0, n_beams * sizeof(uint32_t));
     for (uint32_t i = 0; i < n_beams; i++) {
         seq_t *q = get(s, beams[i]);
