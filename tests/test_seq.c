@@ -67,6 +67,16 @@ static void stale_handles_are_refused_and_change_nothing(void **state)
     assert_int_not_equal(b.gen, a.gen);
     assert_false(kvc_seq_valid(h.seqs, a));
     assert_true(kvc_seq_valid(h.seqs, b));
+    /* and no call through it reaches b, the slot's new owner */
+    kvc_seq_info_t b_before, b_after;
+    assert_ok(kvc_seq_info(h.seqs, b, &b_before));
+    assert_int_equal(kvc_seq_append(h.seqs, a, t, 1), KVC_ESTALE);
+    assert_int_equal(kvc_seq_reserve(h.seqs, a, 1, slots), KVC_ESTALE);
+    assert_int_equal(kvc_seq_info(h.seqs, a, &info), KVC_ESTALE);
+    assert_int_equal(kvc_seq_destroy(h.seqs, a), KVC_ESTALE);
+    assert_true(kvc_seq_valid(h.seqs, b));
+    assert_ok(kvc_seq_info(h.seqs, b, &b_after));
+    assert_memory_equal(&b_before, &b_after, sizeof b_before);
     /* all slots taken */
     kvc_seq_t c = harness_create(&h, t, 6), d;
     kvc_seq_desc_t desc = {.prompt = t, .n_prompt = 6};
@@ -794,6 +804,11 @@ static void hybrid_hits_need_the_whole_prefix_and_the_last_window(void **state)
     assert_ok(kvc_seq_table(h.seqs, b, 1, &t1, &n1));
     assert_int_equal(t1[0], KVC_NONE);
     assert_int_not_equal(t1[8], KVC_NONE);
+    /* the same 40 tokens, all cached: the hit still leaves the last token to compute */
+    kvc_seq_t aligned = harness_create(&h, t, 40);
+    assert_ok(kvc_seq_lookup(h.seqs, aligned, &hit));
+    assert_int_equal(hit, 36);
+    assert_ok(kvc_seq_destroy(h.seqs, aligned));
     /* Released sliding blocks stay cached (hittable) until their memory is needed: a prompt cut
      * to 26 tokens can still hit 6 blocks, whose window (tokens 17..23) a released. */
     kvc_seq_t c = harness_create(&h, t, 26);
