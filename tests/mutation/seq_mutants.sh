@@ -6,7 +6,9 @@
 # (its code changed: update the mutant), fails this script.  The unmutated copy must pass
 # the same tests first, so that a failure means the mutant was caught.
 #
-# usage: seq_mutants.sh CC LIBKVCACHE_A SOURCE_DIR [--all] [MUTANT...]
+# usage: seq_mutants.sh CC LIBKVCACHE_A SOURCE_DIR [-IDIR...] [--all] [MUTANT...]
+#   -IDIR    more include directories (the library's: ctest passes them, generated headers
+#            included); SOURCE_DIR/include, /src and /tests are always searched
 #   --all    also run every whole test binary against each mutant and print which fail
 #            (slower; by default each mutant runs only the tests it names)
 #   MUTANT   run only these mutants (default: all)
@@ -15,13 +17,18 @@
 set -euo pipefail
 
 if [[ $# -lt 3 ]]; then
-    echo "usage: $0 CC LIBKVCACHE_A SOURCE_DIR [--all] [MUTANT...]" >&2
+    echo "usage: $0 CC LIBKVCACHE_A SOURCE_DIR [-IDIR...] [--all] [MUTANT...]" >&2
     exit 2
 fi
 CC=$1
 LIB=$(realpath "$2")
 SRC=$(realpath "$3")
 shift 3
+INCS=""
+while [[ ${1:-} == -I* ]]; do
+    INCS+=" $1"
+    shift
+done
 ALL=""
 if [[ ${1:-} == --all ]]; then
     ALL=--all
@@ -32,7 +39,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/seq-mutants.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
 PKGS="cmocka libxxhash libcjson"
-CFLAGS="-std=c17 -O1 -D_GNU_SOURCE -w -I$SRC/include -I$SRC/src -I$SRC/tests $(pkg-config --cflags $PKGS)"
+CFLAGS="-std=c17 -O1 -D_GNU_SOURCE -w$INCS -I$SRC/include -I$SRC/src -I$SRC/tests $(pkg-config --cflags $PKGS)"
 LIBS="$(pkg-config --libs $PKGS) -lm -lpthread"
 TESTS=(test_seq test_seq_model)
 
