@@ -33,6 +33,7 @@ typedef struct {
     uint32_t window[KVC_MAX_GROUPS];
     bool no_prefix;
     kvc_hash_fn hash_fn;
+    kvc_allocator_t allocator; /* the seq table's (zeroed: libc); pool and prefix use libc */
 } harness_cfg_t;
 
 static inline void harness_init(harness_t *h, harness_cfg_t cfg)
@@ -58,6 +59,7 @@ static inline void harness_init(harness_t *h, harness_cfg_t cfg)
     memcpy(sp.window, cfg.window, sizeof sp.window);
     sp.on_copy = harness_copy;
     sp.copy_ctx = h;
+    sp.allocator = cfg.allocator;
     assert_ok(kvc_seqs_create(h->pool, h->pc, &sp, &h->seqs));
     h->kv = malloc((size_t)cfg.n_blocks * cfg.bs * sizeof(int32_t));
     assert_non_null(h->kv);

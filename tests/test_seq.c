@@ -9,6 +9,7 @@
 #include "seq_harness.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 static void fill(kvc_token_t *t, size_t n, int base)
 {
@@ -66,6 +67,16 @@ static void stale_handles_are_refused_and_change_nothing(void **state)
     assert_int_not_equal(b.gen, a.gen);
     assert_false(kvc_seq_valid(h.seqs, a));
     assert_true(kvc_seq_valid(h.seqs, b));
+    /* and no call through it reaches b, the slot's new owner */
+    kvc_seq_info_t b_before, b_after;
+    assert_ok(kvc_seq_info(h.seqs, b, &b_before));
+    assert_int_equal(kvc_seq_append(h.seqs, a, t, 1), KVC_ESTALE);
+    assert_int_equal(kvc_seq_reserve(h.seqs, a, 1, slots), KVC_ESTALE);
+    assert_int_equal(kvc_seq_info(h.seqs, a, &info), KVC_ESTALE);
+    assert_int_equal(kvc_seq_destroy(h.seqs, a), KVC_ESTALE);
+    assert_true(kvc_seq_valid(h.seqs, b));
+    assert_ok(kvc_seq_info(h.seqs, b, &b_after));
+    assert_memory_equal(&b_before, &b_after, sizeof b_before);
     /* all slots taken */
     kvc_seq_t c = harness_create(&h, t, 6), d;
     kvc_seq_desc_t desc = {.prompt = t, .n_prompt = 6};
@@ -793,6 +804,11 @@ static void hybrid_hits_need_the_whole_prefix_and_the_last_window(void **state)
     assert_ok(kvc_seq_table(h.seqs, b, 1, &t1, &n1));
     assert_int_equal(t1[0], KVC_NONE);
     assert_int_not_equal(t1[8], KVC_NONE);
+    /* the same 40 tokens, all cached: the hit still leaves the last token to compute */
+    kvc_seq_t aligned = harness_create(&h, t, 40);
+    assert_ok(kvc_seq_lookup(h.seqs, aligned, &hit));
+    assert_int_equal(hit, 36);
+    assert_ok(kvc_seq_destroy(h.seqs, aligned));
     /* Released sliding blocks stay cached (hittable) until their memory is needed: a prompt cut
      * to 26 tokens can still hit 6 blocks, whose window (tokens 17..23) a released. */
     kvc_seq_t c = harness_create(&h, t, 26);
@@ -899,6 +915,656 @@ static void abort_during_a_step_defers_the_free_and_the_slot_reuse(void **state)
     harness_free(&h);
 }
 
+/* ---- faults and caller mistakes: every operation is all or nothing ----------------------- */
+/* The fault sweep: a scripted scenario runs once for every N with the seq table's Nth
+ * allocation failing.  The operation that meets the failure must return KVC_ENOMEM and change
+ * nothing (every handle the scenario ever held: validity, counts, tokens, tables; the pool's
+ * free count; the checkers), and the same operation retried must then succeed; the scenario
+ * then runs to its end and must read back exactly its own tokens, with nothing leaked. */
+#define SW_MAXH   24
+#define SW_MAXTOK 128
+
+typedef struct {
+    bool valid;
+    kvc_seq_info_t info;
+    size_t n_tok;
+    kvc_token_t tok[SW_MAXTOK];
+    uint32_t n_tab[KVC_MAX_GROUPS];
+    uint32_t tab[KVC_MAX_GROUPS][SW_MAXTOK];
+} snap_t;
+
+typedef struct {
+    kvc_token_t tok[SW_MAXTOK];
+    size_t n;
+} ref_tokens_t;
+
+typedef struct sweep sweep_t;
+struct sweep {
+    harness_t h;
+    kvc_failing_alloc_t fa;
+    kvc_seq_t hs[SW_MAXH]; /* every handle the scenario has held, stale ones included */
+    ref_tokens_t ref[SW_MAXH];
+    int n_hs;
+    int n_ops;
+    /* the beam scenario */
+    int beam[8], n_beams; /* indices into hs */
+    int pending[8], n_pending;
+    /* the lifecycle scenario */
+    const char (*script)[3];
+};
+
+typedef struct {
+    const char *name;
+    harness_cfg_t cfg;
+    void (*init)(sweep_t *w);
+    int (*op)(sweep_t *w, int k);
+} scenario_t;
+
+static void snap_take(const sweep_t *w, snap_t *out)
+{
+    memset(out, 0, sizeof *out * SW_MAXH);
+    for (int i = 0; i < w->n_hs; i++) {
+        snap_t *o = &out[i];
+        o->valid = kvc_seq_valid(w->h.seqs, w->hs[i]);
+        if (!o->valid) continue;
+        assert_ok(kvc_seq_info(w->h.seqs, w->hs[i], &o->info));
+        const kvc_token_t *t;
+        assert_ok(kvc_seq_tokens(w->h.seqs, w->hs[i], &t, &o->n_tok));
+        assert_true(o->n_tok <= SW_MAXTOK);
+        memcpy(o->tok, t, o->n_tok * sizeof *t);
+        for (uint32_t g = 0; g < w->h.n_groups; g++) {
+            const uint32_t *tab;
+            assert_ok(kvc_seq_table(w->h.seqs, w->hs[i], g, &tab, &o->n_tab[g]));
+            assert_true(o->n_tab[g] <= SW_MAXTOK);
+            if (o->n_tab[g]) memcpy(o->tab[g], tab, o->n_tab[g] * sizeof *tab);
+        }
+    }
+}
+
+static int sw_add(sweep_t *w, kvc_seq_t s, const ref_tokens_t *ref)
+{
+    assert_true(w->n_hs < SW_MAXH);
+    w->hs[w->n_hs] = s;
+    w->ref[w->n_hs] = *ref;
+    return w->n_hs++;
+}
+
+/* Reserve n slots of handle i and write its tokens there (the forward pass). */
+static int sw_reserve(sweep_t *w, int i, uint32_t n)
+{
+    kvc_seq_info_t info;
+    assert_ok(kvc_seq_info(w->h.seqs, w->hs[i], &info));
+    int64_t slots[KVC_MAX_GROUPS * 16];
+    assert_true(n <= 16);
+    int rc = kvc_seq_reserve(w->h.seqs, w->hs[i], n, slots);
+    if (rc) return rc;
+    const kvc_token_t *tok;
+    size_t nt;
+    assert_ok(kvc_seq_tokens(w->h.seqs, w->hs[i], &tok, &nt));
+    for (uint32_t g = 0; g < w->h.n_groups; g++)
+        for (uint32_t j = 0; j < n; j++)
+            w->h.kv[slots[(size_t)g * n + j]] = tok[info.n_reserved + j];
+    return 0;
+}
+
+/* Beam search: a 7-token prompt, then beam steps of 1 to 4 random survivors (forks, deaths,
+ * block boundaries, arrays growing), each new beam completed on its own. */
+static void beams_init(sweep_t *w)
+{
+    w->n_ops = 3 + 40 * 5;
+}
+
+static int beams_op(sweep_t *w, int k)
+{
+    static const kvc_token_t prompt[7] = {5, 6, 7, 8, 9, 10, 11};
+    if (k == 0) {
+        kvc_seq_desc_t d = {.prompt = prompt, .n_prompt = 7};
+        kvc_seq_t s;
+        int rc = kvc_seq_create(w->h.seqs, &d, &s);
+        if (rc) return rc;
+        ref_tokens_t r = {.n = 7};
+        memcpy(r.tok, prompt, sizeof prompt);
+        w->beam[0] = sw_add(w, s, &r);
+        w->n_beams = 1;
+        return 0;
+    }
+    if (k == 1) return sw_reserve(w, w->beam[0], 7);
+    if (k == 2) return kvc_seq_complete(w->h.seqs, w->hs[w->beam[0]], 7);
+    if (w->n_pending) {
+        int rc = kvc_seq_complete(w->h.seqs, w->hs[w->pending[w->n_pending - 1]], 1);
+        if (!rc) w->n_pending--;
+        return rc;
+    }
+    if (w->ref[w->beam[0]].n >= SW_MAXTOK - 1) return 0;
+    kvc_rng_t r;
+    kvc_rng_seed(&r, 1000 + (uint64_t)k); /* the same choices when the step is retried */
+    kvc_beam_choice_t ch[4];
+    uint32_t n_ch = 1 + (uint32_t)kvc_rng_below(&r, 4);
+    kvc_seq_t beams[8], next[4];
+    for (int j = 0; j < w->n_beams; j++) beams[j] = w->hs[w->beam[j]];
+    for (uint32_t j = 0; j < n_ch; j++)
+        ch[j] = (kvc_beam_choice_t){.parent = (uint32_t)kvc_rng_below(&r, (uint64_t)w->n_beams),
+                                    .token = (kvc_token_t)(100 + kvc_rng_below(&r, 900))};
+    int64_t slots[KVC_MAX_GROUPS * 4];
+    int rc = kvc_seq_beam_step(w->h.seqs, beams, (uint32_t)w->n_beams, ch, n_ch, next, slots);
+    if (rc) return rc;
+    /* the dead beams are gone now: the scenario keeps the new beams only */
+    ref_tokens_t nr[4];
+    for (uint32_t j = 0; j < n_ch; j++) {
+        nr[j] = w->ref[w->beam[ch[j].parent]];
+        nr[j].tok[nr[j].n++] = ch[j].token;
+        for (uint32_t g = 0; g < w->h.n_groups; g++)
+            w->h.kv[slots[(size_t)g * n_ch + j]] = ch[j].token;
+    }
+    w->n_hs = 0;
+    for (uint32_t j = 0; j < n_ch; j++) w->beam[j] = w->pending[j] = sw_add(w, next[j], &nr[j]);
+    w->n_beams = (int)n_ch;
+    w->n_pending = (int)n_ch;
+    return 0;
+}
+
+/* A request's life: prefill in chunks, decode, a second request hitting the first's prefix, a
+ * fork and its copy-on-write, drafts accepted and rolled back, a reset and recompute, destroys.
+ * Ops are three characters: verb, handle, count. */
+static const char lifecycle_script[][3] = {
+    "c09", "l00", "r05", "m05", "r04", "m04",                      /* prefill 9 in two chunks */
+    "p00", "r01", "m01", "p00", "r01", "m01", "p00", "r01", "m01", /* decode */
+    "p00", "r01", "m01", "p00", "r01", "m01", "p00", "r01", "m01", "p00", "r01", "m01",
+    "p00", "r01", "m01", "p00", "r01", "m01", "c19", "l10", "r11", "m11", /* hits a's prefix */
+    "f02", "p20", "r21", "m21", "p20", "r21", "m21",                      /* fork, CoW */
+    "p00", "d05", "r06", "m06", "A03", "p00",                             /* drafts, 3 accepted */
+    "d04", "r05", "R04", "m01", "p00", "r01", "m01",                      /* all rejected */
+    "p00", "r01", "m01", "p00", "r01", "m01", "p00", "r01", "m01", "p00", "r01", "m01",
+    "p00", "r01", "m01", "p00", "r01", "m01", "p00", "r01", "m01", "p00", "r01", "m01",
+    "p00", "r01", "m01", "p00", "r01", "m01", "p00", "r01", "m01", "p00", "r01", "m01",
+    "p00", "d03", "r04", "m04", "A03", "p00", "r01", "m01",        /* all accepted, bonus */
+    "x10", "l10", "r11", "m11", "p10", "r11", "m11", "p10", "d12", /* reset, recompute */
+    "r13", "m13", "A11", "D20", "D00", "p10", "r11", "m11", "D10",
+};
+
+static void lifecycle_init(sweep_t *w)
+{
+    w->script = lifecycle_script;
+    w->n_ops = (int)KVC_ARRAY_LEN(lifecycle_script);
+}
+
+static int lifecycle_op(sweep_t *w, int k)
+{
+    const char *o = w->script[k];
+    int i = o[1] - '0', n = o[2] - '0';
+    kvc_seqs_t *s = w->h.seqs;
+    kvc_seq_t h = i < w->n_hs ? w->hs[i] : (kvc_seq_t){0, 0};
+    ref_tokens_t *r = i < w->n_hs ? &w->ref[i] : NULL;
+    kvc_token_t t[9];
+    for (int j = 0; j < 9; j++) t[j] = (kvc_token_t)(500 + 10 * k + j);
+    int rc = 0;
+    switch (o[0]) {
+    case 'c': { /* create handle i with the shared prompt 1..n */
+        ref_tokens_t nr = {.n = (size_t)n};
+        for (int j = 0; j < n; j++) nr.tok[j] = 1 + j;
+        kvc_seq_desc_t d = {.prompt = nr.tok, .n_prompt = nr.n};
+        kvc_seq_t q;
+        if ((rc = kvc_seq_create(s, &d, &q))) return rc;
+        assert_int_equal(sw_add(w, q, &nr), i);
+        return 0;
+    }
+    case 'l':
+        return kvc_seq_lookup(s, h, NULL);
+    case 'r':
+        return sw_reserve(w, i, (uint32_t)n);
+    case 'm':
+        return kvc_seq_complete(s, h, (uint32_t)n);
+    case 'p':
+        if ((rc = kvc_seq_append(s, h, t, 1))) return rc;
+        r->tok[r->n++] = t[0];
+        return 0;
+    case 'd':
+        if ((rc = kvc_seq_draft(s, h, t, (uint32_t)n))) return rc;
+        memcpy(r->tok + r->n, t, (size_t)n * sizeof *t);
+        r->n += (size_t)n; /* rolled back below, by A or R */
+        return 0;
+    case 'A': {
+        kvc_seq_info_t info;
+        assert_ok(kvc_seq_info(s, h, &info));
+        if ((rc = kvc_seq_accept(s, h, (uint32_t)n))) return rc;
+        r->n -= info.n_draft - (size_t)n;
+        return 0;
+    }
+    case 'R':
+        if ((rc = kvc_seq_rollback(s, h, (uint32_t)n))) return rc;
+        r->n -= (size_t)n;
+        return 0;
+    case 'f': { /* fork handle i into handle n */
+        kvc_seq_t c;
+        if ((rc = kvc_seq_fork(s, h, &c))) return rc;
+        assert_int_equal(sw_add(w, c, r), n);
+        return 0;
+    }
+    case 'x':
+        return kvc_seq_reset(s, h);
+    case 'D':
+        return kvc_seq_destroy(s, h);
+    }
+    fail_msg("bad op %s", o);
+    return 0;
+}
+
+static uint64_t sweep_run(const scenario_t *sc)
+{
+    uint64_t recovered = 0;
+    static sweep_t w;
+    static snap_t before[SW_MAXH], after[SW_MAXH];
+    for (uint64_t nth = 1;; nth++) {
+        memset(&w, 0, sizeof w);
+        harness_cfg_t cfg = sc->cfg;
+        cfg.allocator = kvc_failing_allocator(&w.fa);
+        harness_init(&w.h, cfg);
+        sc->init(&w);
+        w.fa.fail_at = w.fa.n_allocs + nth;
+        for (int k = 0; k < w.n_ops; k++) {
+            snap_take(&w, before);
+            uint32_t free_before = kvc_pool_n_free(w.h.pool);
+            uint64_t failed_before = w.fa.n_failed;
+            int rc = sc->op(&w, k);
+            if (w.fa.n_failed != failed_before && !rc)
+                fail_msg("%s: op %d swallowed the failure of allocation %llu", sc->name, k,
+                         (unsigned long long)nth);
+            if (rc) {
+                if (rc != KVC_ENOMEM || w.fa.n_failed == failed_before)
+                    fail_msg("%s: op %d: %s with allocation %llu failing", sc->name, k,
+                             kvc_strerror(rc), (unsigned long long)nth);
+                snap_take(&w, after);
+                for (int i = 0; i < w.n_hs; i++)
+                    if (memcmp(&before[i], &after[i], sizeof before[i]))
+                        fail_msg("%s: op %d failed (allocation %llu) but changed handle %d",
+                                 sc->name, k, (unsigned long long)nth, i);
+                assert_int_equal(kvc_pool_n_free(w.h.pool), free_before);
+                harness_check(&w.h);
+                recovered++;
+                rc = sc->op(&w, k); /* the retry succeeds */
+                if (rc)
+                    fail_msg("%s: op %d retried after allocation %llu failed: %s", sc->name, k,
+                             (unsigned long long)nth, kvc_strerror(rc));
+            }
+            harness_check(&w.h);
+        }
+        for (int i = 0; i < w.n_hs; i++) {
+            if (!kvc_seq_valid(w.h.seqs, w.hs[i])) continue;
+            const kvc_token_t *tok;
+            size_t nt;
+            assert_ok(kvc_seq_tokens(w.h.seqs, w.hs[i], &tok, &nt));
+            assert_int_equal(nt, w.ref[i].n);
+            assert_memory_equal(tok, w.ref[i].tok, nt * sizeof *tok);
+            harness_readback(&w.h, w.hs[i], cfg.window);
+        }
+        bool hit = w.fa.n_failed > 0;
+        harness_free(&w.h);
+        assert_int_equal(w.fa.n_live, 0); /* nothing leaked */
+        if (!hit) break;                  /* N is past the scenario's last allocation */
+    }
+    return recovered;
+}
+
+static void every_allocation_failure_is_all_or_nothing_and_recoverable(void **state)
+{
+    (void)state;
+    const scenario_t scs[] = {
+        {"lifecycle", {.n_blocks = 128, .bs = 2, .max_seqs = 8}, lifecycle_init, lifecycle_op},
+        {"lifecycle-hybrid",
+         {.n_blocks = 128, .bs = 2, .max_seqs = 8, .n_groups = 2, .window = {0, 3}},
+         lifecycle_init,
+         lifecycle_op},
+        {"beams", {.n_blocks = 256, .bs = 2, .max_seqs = 16}, beams_init, beams_op},
+        {"beams-hybrid",
+         {.n_blocks = 256, .bs = 2, .max_seqs = 16, .n_groups = 2, .window = {0, 3}},
+         beams_init,
+         beams_op},
+        {"beams-no-prefix",
+         {.n_blocks = 256, .bs = 4, .max_seqs = 16, .no_prefix = true},
+         beams_init,
+         beams_op},
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(scs); i++) {
+        uint64_t n = sweep_run(&scs[i]);
+        print_message("fault sweep %s: %llu failed allocations, each refused cleanly and "
+                      "retried\n",
+                      scs[i].name, (unsigned long long)n);
+        assert_true(n >= 10); /* the scenario does allocate, in many places */
+    }
+}
+
+/* Everything a test can see of the whole table, to show that a failed call changed nothing. */
+typedef struct {
+    snap_t s[SW_MAXH];
+    uint32_t n_free;
+    kvc_seqs_stats_t st;
+} world_snap_t;
+
+static void world_take(const harness_t *h, const kvc_seq_t *hs, int n, world_snap_t *out)
+{
+    static sweep_t w;
+    w.h = *h;
+    w.n_hs = n;
+    memcpy(w.hs, hs, (size_t)n * sizeof *hs);
+    snap_take(&w, out->s);
+    out->n_free = kvc_pool_n_free(h->pool);
+    kvc_seqs_stats(h->seqs, &out->st);
+    out->st.n_stale = 0; /* refused calls are counted; that is all they change */
+}
+
+static void world_same(const harness_t *h, const kvc_seq_t *hs, int n, const world_snap_t *before,
+                       bool check)
+{
+    static world_snap_t now;
+    world_take(h, hs, n, &now);
+    for (int i = 0; i < n; i++)
+        if (memcmp(&now.s[i], &before->s[i], sizeof now.s[i]))
+            fail_msg("handle %d changed by a failed call", i);
+    assert_int_equal(now.n_free, before->n_free);
+    assert_memory_equal(&now.st, &before->st, sizeof now.st);
+    if (check) harness_check(h);
+}
+
+static void beam_step_out_of_blocks_changes_nothing(void **state)
+{
+    (void)state;
+    /* Two beams at a block boundary, each continued twice: 4 new blocks needed.  The dead third
+     * beam's block would make 3 free, not enough.  Before: the dead beam was destroyed anyway. */
+    harness_t h;
+    harness_init(&h, (harness_cfg_t){.n_blocks = 8, .bs = 4});
+    kvc_token_t t[8];
+    fill(t, 8, 1);
+    kvc_seq_t b[3], next[4];
+    b[0] = harness_create(&h, t, 8);
+    assert_ok(harness_step(&h, b[0], 8));
+    kvc_token_t u[4] = {50, 51, 52, 53};
+    b[1] = harness_create(&h, u, 4);
+    assert_ok(harness_step(&h, b[1], 4));
+    b[2] = harness_create(&h, t, 3); /* its own (uncached) partial block */
+    assert_ok(harness_step(&h, b[2], 3));
+    kvc_token_t f[8];
+    fill(f, 8, 300);
+    kvc_seq_t filler = harness_create(&h, f, 8); /* keeps the pool at 2 free blocks */
+    assert_ok(harness_step(&h, filler, 8));
+    assert_int_equal(kvc_pool_n_free(h.pool), 2);
+    kvc_beam_choice_t ch[4] = {{0, 60}, {0, 61}, {1, 62}, {1, 63}};
+    static world_snap_t snap;
+    kvc_seq_t all[4] = {b[0], b[1], b[2], filler};
+    world_take(&h, all, 4, &snap);
+    assert_int_equal(kvc_seq_beam_step(h.seqs, b, 3, ch, 4, next, NULL), KVC_ENOSPC);
+    assert_true(kvc_seq_valid(h.seqs, b[2])); /* the dead beam is still there */
+    world_same(&h, all, 4, &snap, true);
+    /* with the filler gone the step fits, and the dead beam goes */
+    assert_ok(kvc_seq_destroy(h.seqs, filler));
+    assert_ok(kvc_seq_beam_step(h.seqs, b, 3, ch, 4, next, NULL));
+    assert_false(kvc_seq_valid(h.seqs, b[2]));
+    harness_check(&h);
+    harness_free(&h);
+}
+
+static void beam_step_refused_by_the_evictor_changes_nothing(void **state)
+{
+    (void)state;
+    /* The only free blocks: x2 (uncached) and x0, cached, whose cached child x1 the caller
+     * still pins, so the evictor refuses x0.  Two beams at a block boundary need two blocks:
+     * KVC_EBUSY.  Before: the first beam had already appended and reserved. */
+    harness_t h;
+    harness_init(&h, (harness_cfg_t){.n_blocks = 8, .bs = 4});
+    kvc_token_t x[9], t[8], f[12];
+
+    fill(x, 9, 1);
+    fill(t, 8, 100);
+    fill(f, 12, 200);
+    kvc_seq_t xs = harness_create(&h, x, 9);
+    assert_ok(harness_step(&h, xs, 9));
+    const uint32_t *xt;
+    uint32_t xn;
+    assert_ok(kvc_seq_table(h.seqs, xs, 0, &xt, &xn));
+    uint32_t x1 = xt[1];
+    assert_ok(kvc_pool_ref(h.pool, x1)); /* the caller pins x1 (a tier copying it out, say) */
+    kvc_seq_t b[2], next[2];
+    b[0] = harness_create(&h, t, 8);
+    assert_ok(harness_step(&h, b[0], 8));
+    assert_ok(kvc_seq_fork(h.seqs, b[0], &b[1]));
+    kvc_seq_t filler = harness_create(&h, f, 12);
+    assert_ok(harness_step(&h, filler, 12));
+    assert_ok(kvc_seq_destroy(h.seqs, xs));
+    assert_int_equal(kvc_pool_n_free(h.pool), 2);
+    kvc_beam_choice_t ch[2] = {{0, 7}, {1, 8}};
+    static world_snap_t snap;
+    kvc_seq_t all[3] = {b[0], b[1], filler};
+    world_take(&h, all, 3, &snap);
+    assert_int_equal(kvc_seq_beam_step(h.seqs, b, 2, ch, 2, next, NULL), KVC_EBUSY);
+    world_same(&h, all, 3, &snap, false); /* kvc_seqs_check would count the pin as a leak */
+    assert_prefix_ok(h.pc);
+    assert_ok(kvc_pool_unref(h.pool, x1)); /* released: x1, then x0, can be evicted */
+    assert_ok(kvc_seq_beam_step(h.seqs, b, 2, ch, 2, next, NULL));
+    for (int j = 0; j < 2; j++) assert_ok(kvc_seq_complete(h.seqs, next[j], 1));
+    harness_check(&h);
+    harness_free(&h);
+}
+
+static void beam_step_counts_only_the_slots_dead_beams_really_free(void **state)
+{
+    (void)state;
+    /* Two slots; beam 1 dies while a step over it is in flight, so its slot stays taken until
+     * that step completes, and beam 0's second child has nowhere to go.  Before: the slot count
+     * included it, fork_into failed and KVC_ASSERT aborted the process. */
+    harness_t h;
+    harness_init(&h, (harness_cfg_t){.n_blocks = 16, .bs = 4, .max_seqs = 2});
+    kvc_token_t t[6];
+    fill(t, 6, 1);
+    kvc_seq_t b[2], next[2];
+    b[0] = harness_create(&h, t, 6);
+    assert_ok(harness_step(&h, b[0], 6));
+    assert_ok(kvc_seq_fork(h.seqs, b[0], &b[1]));
+    kvc_step_id_t id;
+    assert_ok(kvc_step_launch(h.seqs, &b[1], 1, &id));
+    kvc_beam_choice_t ch[2] = {{0, 40}, {0, 41}};
+    static world_snap_t snap;
+    world_take(&h, b, 2, &snap);
+    assert_int_equal(kvc_seq_beam_step(h.seqs, b, 2, ch, 2, next, NULL), KVC_ENOSPC);
+    world_same(&h, b, 2, &snap, true);
+    /* one child only: beam 1 dies in flight, a zombie until its step completes */
+    assert_ok(kvc_seq_beam_step(h.seqs, b, 2, ch, 1, next, NULL));
+    kvc_seqs_stats_t st;
+    kvc_seqs_stats(h.seqs, &st);
+    assert_int_equal(st.n_zombies, 1);
+    harness_check(&h);
+    bool live;
+    assert_ok(kvc_step_complete(h.seqs, id, &b[1], 1, &live));
+    assert_false(live);
+    assert_ok(kvc_seq_complete(h.seqs, next[0], 1));
+    kvc_beam_choice_t ch2[2] = {{0, 42}, {0, 43}}; /* now the slot is free */
+    kvc_seq_t next2[2];
+    assert_ok(kvc_seq_beam_step(h.seqs, next, 1, ch2, 2, next2, NULL));
+    harness_check(&h);
+    harness_free(&h);
+}
+
+static void windows_must_agree_with_the_prefix_cache(void **state)
+{
+    (void)state;
+    kvc_pool_params_t pp = kvc_pool_params_default();
+    pp.n_blocks = 32;
+    pp.block_size = 4;
+    kvc_pool_t *pool, *other;
+    assert_ok(kvc_pool_create(&pp, &pool));
+    assert_ok(kvc_pool_create(&pp, &other));
+    kvc_prefix_params_t cp = kvc_prefix_params_default();
+    cp.group_window[1] = 8;
+    kvc_prefix_t *pc;
+    assert_ok(kvc_prefix_create(pool, &cp, &pc));
+    kvc_seqs_t *s = NULL;
+    kvc_seqs_params_t sp = kvc_seqs_params_default();
+    sp.n_groups = 2;
+    assert_int_equal(kvc_seqs_create(pool, pc, &sp, &s), KVC_EINVAL); /* 0 here, 8 there */
+    sp.window[1] = 4;
+    assert_int_equal(kvc_seqs_create(pool, pc, &sp, &s), KVC_EINVAL); /* 4 here, 8 there */
+    sp.window[0] = 8;
+    sp.window[1] = 8;
+    assert_int_equal(kvc_seqs_create(pool, pc, &sp, &s), KVC_EINVAL); /* 8 here, 0 there */
+    assert_null(s);
+    sp.window[0] = 0;
+    assert_int_equal(kvc_seqs_create(other, pc, &sp, &s), KVC_EINVAL); /* another pool's cache */
+    assert_ok(kvc_seqs_create(pool, pc, &sp, &s));
+    /* the table works: a sequence's full-attention table has no holes */
+    kvc_token_t t[40];
+    fill(t, 40, 1);
+    kvc_seq_desc_t d = {.prompt = t, .n_prompt = 40};
+    kvc_seq_t q;
+    assert_ok(kvc_seq_create(s, &d, &q));
+    assert_ok(kvc_seq_reserve(s, q, 40, NULL));
+    assert_ok(kvc_seq_complete(s, q, 40));
+    char msg[256];
+    if (kvc_seqs_check(s, msg, sizeof msg)) fail_msg("%s", msg);
+    kvc_seqs_destroy(s);
+    /* without a prefix cache any windows go */
+    sp.window[0] = 16;
+    assert_ok(kvc_seqs_create(other, NULL, &sp, &s));
+    kvc_seqs_destroy(s);
+    kvc_prefix_destroy(pc);
+    kvc_pool_destroy(pool);
+    kvc_pool_destroy(other);
+}
+
+static void empty_arguments_are_no_ops(void **state)
+{
+    (void)state;
+    /* n = 0 with a NULL array, a fork of a sequence with no blocks yet, a sequence with no
+     * blocks in a CSR batch, a step over no rows: before, each passed NULL to memcpy (UBSan). */
+    harness_t h;
+    harness_init(&h, (harness_cfg_t){.n_blocks = 16, .bs = 4});
+    kvc_token_t t[3] = {1, 2, 3};
+    kvc_seq_t a = harness_create(&h, t, 3), c;
+    assert_ok(kvc_seq_append(h.seqs, a, NULL, 0));
+    assert_ok(kvc_seq_draft(h.seqs, a, NULL, 0));
+    assert_int_equal(kvc_seq_draft(h.seqs, a, NULL, 1), KVC_EINVAL);
+    assert_ok(kvc_seq_fork(h.seqs, a, &c)); /* nothing reserved: nothing shared */
+    uint32_t indptr[3], last[2];
+    kvc_seq_t rows[2] = {a, c};
+    assert_ok(kvc_seqs_csr(h.seqs, rows, 2, 0, indptr, NULL, 0, last));
+    assert_int_equal(indptr[2], 0);
+    kvc_step_id_t id;
+    assert_ok(kvc_step_launch(h.seqs, NULL, 0, &id));
+    assert_ok(kvc_step_complete(h.seqs, id, NULL, 0, NULL));
+    kvc_seq_t none[1];
+    assert_ok(kvc_seq_beam_step(h.seqs, NULL, 0, NULL, 0, none, NULL));
+    assert_ok(harness_step(&h, c, 3));
+    harness_readback(&h, c, NULL);
+    harness_check(&h);
+    harness_free(&h);
+}
+
+static void a_block_the_caller_unrefd_is_an_error_not_an_abort(void **state)
+{
+    (void)state;
+    /* The caller drops a reference one of a's tables owns (kvc_pool_unref on its block).
+     * Releasing a would free that block twice: destroy, reset and rollback refuse with
+     * KVC_EUNDERFLOW and change nothing.  Before: KVC_ASSERT aborted the process. */
+    uint32_t window[KVC_MAX_GROUPS] = {0, 64};
+    harness_t h;
+    harness_init(&h, (harness_cfg_t){.n_blocks = 32, .bs = 4, .n_groups = 2, .window = {0, 64}});
+    kvc_token_t t[10];
+    fill(t, 10, 1);
+    kvc_seq_t a = harness_create(&h, t, 10);
+    assert_ok(harness_step(&h, a, 10));
+    kvc_token_t d[4] = {70, 71, 72, 73}, out = 60;
+    assert_ok(kvc_seq_append(h.seqs, a, &out, 1));
+    assert_ok(kvc_seq_draft(h.seqs, a, d, 4)); /* positions 10..14: a new block, 3 */
+    assert_ok(kvc_seq_reserve(h.seqs, a, 5, NULL));
+    const uint32_t *t1;
+    uint32_t n1;
+    assert_ok(kvc_seq_table(h.seqs, a, 1, &t1, &n1)); /* the second group: the first is fine */
+    assert_int_equal(n1, 4);
+    uint32_t victim = t1[3];
+    static world_snap_t snap;
+    world_take(&h, &a, 1, &snap);
+    assert_ok(kvc_pool_unref(h.pool, victim)); /* the caller's mistake */
+    uint32_t free_before = kvc_pool_n_free(h.pool);
+    assert_int_equal(kvc_seq_rollback(h.seqs, a, 4), KVC_EUNDERFLOW);
+    assert_int_equal(kvc_seq_accept(h.seqs, a, 0), KVC_EUNDERFLOW);
+    assert_int_equal(kvc_seq_reset(h.seqs, a), KVC_EUNDERFLOW);
+    assert_int_equal(kvc_seq_destroy(h.seqs, a), KVC_EUNDERFLOW);
+    assert_true(kvc_seq_valid(h.seqs, a));
+    assert_int_equal(kvc_pool_n_free(h.pool), free_before);
+    assert_pool_ok(h.pool);
+    assert_ok(kvc_pool_ref(h.pool, victim)); /* the caller puts it back: all works again */
+    world_same(&h, &a, 1, &snap, true);
+    assert_ok(kvc_seq_rollback(h.seqs, a, 4));
+    for (uint32_t g = 0; g < 2; g++) { /* the step writes the sampled token's KV */
+        int64_t slot;
+        assert_ok(kvc_seq_slots(h.seqs, a, g, 10, 1, &slot));
+        h.kv[slot] = out;
+    }
+    assert_ok(kvc_seq_complete(h.seqs, a, 1));
+    harness_readback(&h, a, window);
+    /* a destroy deferred by a step in flight refuses too; so does one after it */
+    assert_ok(kvc_seq_table(h.seqs, a, 0, &t1, &n1));
+    victim = t1[0];
+    kvc_step_id_t id;
+    assert_ok(kvc_step_launch(h.seqs, &a, 1, &id));
+    assert_ok(kvc_pool_unref(h.pool, victim));
+    assert_int_equal(kvc_seq_destroy(h.seqs, a), KVC_EUNDERFLOW);
+    assert_true(kvc_seq_valid(h.seqs, a));
+    assert_ok(kvc_pool_ref(h.pool, victim));
+    assert_ok(kvc_seq_destroy(h.seqs, a));
+    /* the caller unrefs again while the step is in flight: the deferred free skips that block
+     * (it is free already) and frees the rest, never one block twice */
+    assert_ok(kvc_pool_unref(h.pool, victim));
+    assert_ok(kvc_step_complete(h.seqs, id, &a, 1, NULL));
+    assert_int_equal(kvc_pool_n_free(h.pool), 32);
+    assert_pool_ok(h.pool);
+    harness_check(&h);
+    /* and the whole table, destroyed with a broken sequence in it, frees each block once */
+    kvc_seq_t b = harness_create(&h, t, 10);
+    assert_ok(harness_step(&h, b, 10));
+    assert_ok(kvc_seq_table(h.seqs, b, 0, &t1, &n1));
+    assert_ok(kvc_pool_unref(h.pool, t1[2]));
+    kvc_seqs_destroy(h.seqs);
+    h.seqs = NULL;
+    assert_int_equal(kvc_pool_n_free(h.pool), 32);
+    assert_pool_ok(h.pool);
+    harness_free(&h);
+}
+
+static void multimodal_inputs_are_checked_whole_at_create(void **state)
+{
+    (void)state;
+    /* 5 images in the prompt's last, partial block: one more than a block's extra keys hold.
+     * Before: create accepted it, and the append that filled the block failed with KVC_ERANGE
+     * after appending (and every later append failed too). */
+    harness_t h;
+    harness_init(&h, (harness_cfg_t){.n_blocks = 16, .bs = 8});
+    kvc_token_t t[14];
+    fill(t, 14, 1);
+    kvc_mm_input_t mm[5];
+    for (int i = 0; i < 5; i++)
+        mm[i] = (kvc_mm_input_t){
+            .hash = {.lo = 1 + (uint64_t)i}, .start = 9 + (uint64_t)i, .length = 1};
+    kvc_seq_desc_t d = {.prompt = t, .n_prompt = 14, .mm = mm, .n_mm = 5};
+    kvc_seq_t a;
+    assert_int_equal(kvc_seq_create(h.seqs, &d, &a), KVC_ERANGE);
+    d.n_mm = 4; /* four fit */
+    assert_ok(kvc_seq_create(h.seqs, &d, &a));
+    assert_ok(harness_step(&h, a, 14));
+    kvc_token_t out[3] = {90, 91, 92};
+    assert_ok(kvc_seq_append(h.seqs, a, out, 2)); /* fills block 1: hashed, cached */
+    assert_ok(harness_step(&h, a, 2));
+    kvc_prefix_stats_t ps;
+    kvc_prefix_stats(h.pc, &ps);
+    assert_int_equal(ps.n_cached_blocks, 2);
+    /* an input reaching past the prompt is not in the prompt */
+    mm[0] = (kvc_mm_input_t){.hash = {.lo = 9}, .start = 12, .length = 3};
+    d.n_mm = 1;
+    kvc_seq_t b;
+    assert_int_equal(kvc_seq_create(h.seqs, &d, &b), KVC_EINVAL);
+    mm[0].start = UINT64_MAX - 1; /* start + length wraps */
+    assert_int_equal(kvc_seq_create(h.seqs, &d, &b), KVC_EINVAL);
+    harness_check(&h);
+    harness_free(&h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -923,6 +1589,17 @@ int main(void)
         cmocka_unit_test(hybrid_hits_need_the_whole_prefix_and_the_last_window),
         cmocka_unit_test(permuted_late_and_duplicate_completions_are_rejected),
         cmocka_unit_test(abort_during_a_step_defers_the_free_and_the_slot_reuse),
+        cmocka_unit_test(every_allocation_failure_is_all_or_nothing_and_recoverable),
+        cmocka_unit_test(beam_step_out_of_blocks_changes_nothing),
+        cmocka_unit_test(beam_step_refused_by_the_evictor_changes_nothing),
+        cmocka_unit_test(beam_step_counts_only_the_slots_dead_beams_really_free),
+        cmocka_unit_test(windows_must_agree_with_the_prefix_cache),
+        cmocka_unit_test(empty_arguments_are_no_ops),
+        cmocka_unit_test(a_block_the_caller_unrefd_is_an_error_not_an_abort),
+        cmocka_unit_test(multimodal_inputs_are_checked_whole_at_create),
     };
+    /* SEQ_TEST_FILTER=pattern runs the matching tests only (the mutation script uses it) */
+    const char *filter = getenv("SEQ_TEST_FILTER");
+    if (filter) cmocka_set_test_filter(filter);
     return cmocka_run_group_tests_name("seq", tests, NULL, NULL);
 }

@@ -181,22 +181,18 @@ static void op_beam(world_t *w)
     if (forks > free_slots + dead) return;
     int64_t slots[KVC_MAX_GROUPS * 6];
     int rc = kvc_seq_beam_step(w->h.seqs, beams, (uint32_t)nb, ch, n_ch, next, slots);
-    ref_t old[4];
-    for (int j = 0; j < nb; j++) old[j] = w->r[idx[j]];
-    /* the dead beams are gone whatever happened next */
-    for (int j = nb; j-- > 0;)
-        if (!children[j]) {
-            if (w->n_dead < 64) w->dead[w->n_dead++] = old[j].h;
-        }
-    /* remove all old beams from the reference (indices descending keeps the rest valid) */
-    for (int j = nb; j-- > 0;) w->r[idx[j]] = w->r[--w->n];
-    if (rc == KVC_ENOSPC) { /* survivors unchanged */
-        for (int j = 0; j < nb; j++)
-            if (children[j]) w->r[w->n++] = old[j];
+    if (rc == KVC_ENOSPC || rc == KVC_EBUSY) { /* all or nothing: every beam unchanged */
+        verify(w);
         preempt(w);
         return;
     }
     assert_ok(rc);
+    ref_t old[4];
+    for (int j = 0; j < nb; j++) old[j] = w->r[idx[j]];
+    for (int j = nb; j-- > 0;) /* the dead beams are gone */
+        if (!children[j] && w->n_dead < 64) w->dead[w->n_dead++] = old[j].h;
+    /* remove all old beams from the reference (indices descending keeps the rest valid) */
+    for (int j = nb; j-- > 0;) w->r[idx[j]] = w->r[--w->n];
     for (uint32_t j = 0; j < n_ch; j++) {
         ref_t *r = &w->r[w->n++];
         *r = old[ch[j].parent];

@@ -175,6 +175,11 @@ KVC_API void kvc_prefix_destroy(kvc_prefix_t *pc);
 
 /* The seed the cache hashes with (the random one if none was given). */
 KVC_API uint64_t kvc_prefix_seed(const kvc_prefix_t *pc);
+/* The pool the cache was created over, and a group's window (its
+ * params.group_window[group]; 0 for full attention or a group out of range):
+ * what kvc_seqs_create checks its own parameters against. */
+KVC_API kvc_pool_t *kvc_prefix_pool(const kvc_prefix_t *pc);
+KVC_API uint32_t kvc_prefix_group_window(const kvc_prefix_t *pc, uint32_t group);
 
 /* Hash the query's full blocks: out[i] for block i, i < n_tokens / block_size,
  * into out[0..cap).  *n_out receives the number of full blocks (even when it

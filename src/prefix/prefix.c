@@ -369,6 +369,16 @@ uint64_t kvc_prefix_seed(const kvc_prefix_t *pc)
     return pc->seed;
 }
 
+kvc_pool_t *kvc_prefix_pool(const kvc_prefix_t *pc)
+{
+    return pc->pool;
+}
+
+uint32_t kvc_prefix_group_window(const kvc_prefix_t *pc, uint32_t group)
+{
+    return group < KVC_MAX_GROUPS ? pc->params.group_window[group] : 0;
+}
+
 /* ---- hashing -------------------------------------------------------------- */
 static int hash_chain(const kvc_prefix_t *pc, bool fp, const kvc_prefix_query_t *q,
                       kvc_hash128_t *out, size_t cap, size_t *n_out)

@@ -100,6 +100,12 @@ static inline size_t div_up(size_t a, size_t b)
     return (a + b - 1) / b;
 }
 
+/* memcpy that also takes (NULL, 0): an empty table or token array has no storage yet. */
+static inline void copy_n(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memcpy(dst, src, bytes);
+}
+
 static inline size_t committed(const seq_t *q)
 {
     return q->n_tokens - q->n_draft;
@@ -192,6 +198,12 @@ int kvc_seqs_create(kvc_pool_t *pool, kvc_prefix_t *pc, const kvc_seqs_params_t 
         return KVC_EINVAL;
     for (uint32_t g = p.n_groups; g < KVC_MAX_GROUPS; g++)
         if (p.window[g]) return KVC_EINVAL;
+    /* The prefix cache must be over this pool and see the same groups: a full-attention group
+     * that the cache treats as sliding would get tables with holes, and the reverse would
+     * release blocks the cache's lookups still need. */
+    if (pc && kvc_prefix_pool(pc) != pool) return KVC_EINVAL;
+    for (uint32_t g = 0; pc && g < p.n_groups; g++)
+        if (p.window[g] != kvc_prefix_group_window(pc, g)) return KVC_EINVAL;
     const kvc_allocator_t *a = &p.allocator;
     kvc_seqs_t *s = kvc_calloc(a, 1, sizeof *s, 0);
     if (!s) return KVC_ENOMEM;
@@ -219,16 +231,68 @@ oom:
     return KVC_ENOMEM;
 }
 
-static void release_blocks(kvc_seqs_t *s, seq_t *q)
+/* Take back the references a group's entries [keep, n) hold: the inverse of release_from. */
+static void reref(kvc_seqs_t *s, const group_t *gr, uint32_t keep)
+{
+    for (uint32_t i = keep; i < gr->n; i++)
+        if (gr->v[i] != KVC_NONE) {
+            int rc = kvc_pool_ref(s->pool, gr->v[i]);
+            KVC_ASSERT(rc == 0); /* we dropped this very reference a moment ago */
+        }
+}
+
+/* Drop the references every group's entries [keep, n) hold, tail first, leaving the tables
+ * as they are.  All or nothing: a caller that dropped one of them itself (kvc_pool_unref on a
+ * block a sequence holds) would make the pool free a block twice; the pool refuses with
+ * KVC_EUNDERFLOW, and the groups already released take their references back. */
+static int release_from(kvc_seqs_t *s, seq_t *q, uint32_t keep)
 {
     for (uint32_t g = 0; g < s->params.n_groups; g++) {
         group_t *gr = &q->g[g];
-        int rc = kvc_pool_release(s->pool, gr->v, gr->n);
-        KVC_ASSERT(rc == 0); /* our tables only hold references we own */
+        if (gr->n <= keep) continue;
+        int rc = kvc_pool_release(s->pool, gr->v + keep, gr->n - keep);
+        if (rc) {
+            while (g-- > 0) reref(s, &q->g[g], keep);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* Whether release_from(s, q, 0) would succeed, without releasing (a sequence's blocks are
+ * distinct, so each needs one reference left). */
+static int releasable(const kvc_seqs_t *s, const seq_t *q)
+{
+    for (uint32_t g = 0; g < s->params.n_groups; g++)
+        for (uint32_t i = 0; i < q->g[g].n; i++)
+            if (q->g[g].v[i] != KVC_NONE && kvc_pool_refcount(s->pool, q->g[g].v[i]) == 0)
+                return KVC_EUNDERFLOW;
+    return 0;
+}
+
+/* The tables are empty now (their references are gone). */
+static void forget_tables(seq_t *q)
+{
+    for (uint32_t g = 0; g < KVC_MAX_GROUPS; g++) {
+        group_t *gr = &q->g[g];
         gr->n = gr->n_released = gr->n_inserted = gr->n_hashed = 0;
         gr->insert_blocked = false;
     }
     q->next_work = q->next_hash = 0;
+}
+
+/* Release everything where no caller can be refused (a deferred free, the table's
+ * destruction): a block the caller already freed by mistake is skipped, never freed twice. */
+static void release_all(kvc_seqs_t *s, seq_t *q)
+{
+    if (release_from(s, q, 0) != 0)
+        for (uint32_t g = 0; g < s->params.n_groups; g++)
+            for (uint32_t i = q->g[g].n; i-- > 0;) {
+                uint32_t b = q->g[g].v[i];
+                if (b != KVC_NONE && kvc_pool_refcount(s->pool, b) > 0)
+                    (void)kvc_pool_unref(s->pool, b);
+            }
+    forget_tables(q);
 }
 
 static void free_slot_memory(kvc_seqs_t *s, seq_t *q)
@@ -249,7 +313,7 @@ void kvc_seqs_destroy(kvc_seqs_t *s)
     const kvc_allocator_t a = s->params.allocator;
     if (s->slots) {
         for (uint32_t i = 0; i < s->params.max_seqs; i++) {
-            if (s->slots[i].state != SLOT_FREE) release_blocks(s, &s->slots[i]);
+            if (s->slots[i].state != SLOT_FREE) release_all(s, &s->slots[i]);
             free_slot_memory(s, &s->slots[i]);
         }
     }
@@ -261,75 +325,117 @@ void kvc_seqs_destroy(kvc_seqs_t *s)
     kvc_free(&a, s);
 }
 
-/* Make sure the slot's per-group arrays can hold `n_blocks` table entries and hashes. */
-static int reserve_capacity(kvc_seqs_t *s, seq_t *q, size_t n_blocks)
+/* ---- capacity: every array a change needs is grown before the change starts ------------- */
+/* Growing is invisible (contents are kept), so an operation that grows first and changes
+ * after can fail with KVC_ENOMEM and change nothing. */
+static int table_room(kvc_seqs_t *s, seq_t *q, size_t n_blocks)
 {
     for (uint32_t g = 0; g < s->params.n_groups; g++) {
-        group_t *gr = &q->g[g];
-        int rc = grow32(s, &gr->v, &gr->cap, n_blocks);
+        int rc = grow32(s, &q->g[g].v, &q->g[g].cap, n_blocks);
         if (rc) return rc;
-        if (s->pc && gr->hash_cap < n_blocks) {
-            size_t hc = gr->hash_cap, fc = gr->hash_cap;
-            if ((rc = grow(s, (void **)&gr->hashes, sizeof(kvc_hash128_t), &hc, n_blocks)))
-                return rc;
-            if (sliding(s, g) &&
-                (rc = grow(s, (void **)&gr->fps, sizeof(kvc_hash128_t), &fc, n_blocks)))
-                return rc;
-            gr->hash_cap = (uint32_t)hc;
-        }
     }
     return 0;
 }
 
-/* Hash every full committed block not hashed yet, in every group. */
-static int update_hashes(kvc_seqs_t *s, seq_t *q)
+/* Room for the hashes of n_full full committed blocks in every group. */
+static int hash_room(kvc_seqs_t *s, seq_t *q, size_t n_full)
 {
-    if (!s->pc) return 0;
-    if (committed(q) < q->next_hash) return 0; /* the common case: no block filled */
+    for (uint32_t g = 0; s->pc && g < s->params.n_groups; g++) {
+        group_t *gr = &q->g[g];
+        if (gr->hash_cap >= n_full) continue;
+        size_t hc = gr->hash_cap, fc = gr->hash_cap;
+        int rc = grow(s, (void **)&gr->hashes, sizeof(kvc_hash128_t), &hc, n_full);
+        if (!rc && sliding(s, g))
+            rc = grow(s, (void **)&gr->fps, sizeof(kvc_hash128_t), &fc, n_full);
+        if (rc) return rc;
+        gr->hash_cap = (uint32_t)hc;
+    }
+    return 0;
+}
+
+/* Everything a sequence of n_tokens known tokens (n_mm multimodal inputs, n_blocks table
+ * entries) needs, for a slot about to hold one. */
+static int slot_room(kvc_seqs_t *s, seq_t *q, size_t n_tokens, size_t n_mm, size_t n_blocks)
+{
+    int rc = grow(s, (void **)&q->tokens, sizeof(kvc_token_t), &q->tok_cap, n_tokens);
+    if (!rc && n_mm) rc = grow(s, (void **)&q->mm, sizeof(kvc_mm_input_t), &q->mm_cap, n_mm);
+    if (!rc) rc = table_room(s, q, n_blocks);
+    if (!rc) rc = hash_room(s, q, n_tokens / s->bs);
+    return rc;
+}
+
+/* Hash every full committed block not hashed yet, in every group (hash_room made room).
+ * KVC_ERANGE for a block with more multimodal inputs than a block's extra keys hold: hashing
+ * stops there, so that block and the ones after it are never cached. */
+static int hash_blocks(kvc_seqs_t *s, seq_t *q)
+{
+    if (!s->pc || committed(q) < q->next_hash) return 0; /* the common case: no block filled */
     size_t n_full = committed(q) / s->bs;
-    int rc = reserve_capacity(s, q, n_full);
-    if (rc) return rc;
+    int err = 0;
     for (uint32_t g = 0; g < s->params.n_groups; g++) {
         group_t *gr = &q->g[g];
+        KVC_ASSERT(gr->hash_cap >= n_full);
         kvc_namespace_t ns;
         kvc_prefix_query_t pq = group_query(s, q, g, &ns, committed(q));
         for (size_t i = gr->n_hashed; i < n_full; i++) {
-            rc = kvc_prefix_hash_next(s->pc, &pq, i, i ? &gr->hashes[i - 1] : NULL,
-                                      sliding(s, g) && i ? &gr->fps[i - 1] : NULL, &gr->hashes[i],
-                                      sliding(s, g) ? &gr->fps[i] : NULL);
-            if (rc) return rc;
+            int rc = kvc_prefix_hash_next(s->pc, &pq, i, i ? &gr->hashes[i - 1] : NULL,
+                                          sliding(s, g) && i ? &gr->fps[i - 1] : NULL,
+                                          &gr->hashes[i], sliding(s, g) ? &gr->fps[i] : NULL);
+            if (rc) {
+                err = rc;
+                break;
+            }
             gr->n_hashed = (uint32_t)i + 1;
         }
     }
     q->next_hash = (n_full + 1) * s->bs;
-    return 0;
+    return err;
+}
+
+/* After create, no block can fail to hash (create checked every block its inputs touch). */
+static void update_hashes(kvc_seqs_t *s, seq_t *q)
+{
+    (void)hash_blocks(s, q);
+}
+
+/* The prompt's last block, if partial, is hashed only once later tokens fill it: check now
+ * that its multimodal inputs fit a block's extra keys, so that no later append, accept or
+ * beam step can fail on them.  The check hashes the block padded to full length. */
+static int check_partial_block(kvc_seqs_t *s, seq_t *q)
+{
+    size_t n = q->n_prompt, padded = div_up(n, s->bs) * s->bs;
+    if (!s->pc || !q->n_mm || padded == n) return 0;
+    memset(q->tokens + n, 0, (padded - n) * sizeof(kvc_token_t));
+    kvc_namespace_t ns;
+    kvc_prefix_query_t pq = group_query(s, q, 0, &ns, padded);
+    const kvc_hash128_t zero = {0, 0};
+    kvc_hash128_t hash;
+    return kvc_prefix_hash_next(s->pc, &pq, padded / s->bs - 1, &zero, NULL, &hash, NULL);
 }
 
 int kvc_seq_create(kvc_seqs_t *s, const kvc_seq_desc_t *d, kvc_seq_t *out)
 {
     if (!s || !d || !out || !d->prompt || d->n_prompt == 0 || (d->n_mm && !d->mm))
         return KVC_EINVAL;
+    for (size_t i = 0; i < d->n_mm; i++) /* inputs lie in the prompt */
+        if (d->mm[i].start > d->n_prompt || d->mm[i].length > d->n_prompt - d->mm[i].start)
+            return KVC_EINVAL;
     if (s->free_head == KVC_NONE) return KVC_ENOSPC;
     uint32_t slot = s->free_head;
     seq_t *q = &s->slots[slot];
-    int rc = grow(s, (void **)&q->tokens, sizeof(kvc_token_t), &q->tok_cap, d->n_prompt);
-    if (!rc && d->n_mm) rc = grow(s, (void **)&q->mm, sizeof(kvc_mm_input_t), &q->mm_cap, d->n_mm);
+    int rc = slot_room(s, q, div_up(d->n_prompt, s->bs) * s->bs, d->n_mm, 0);
     if (rc) return rc;
     memcpy(q->tokens, d->prompt, d->n_prompt * sizeof(kvc_token_t));
-    if (d->n_mm) memcpy(q->mm, d->mm, d->n_mm * sizeof(kvc_mm_input_t));
+    copy_n(q->mm, d->mm, d->n_mm * sizeof(kvc_mm_input_t));
     q->n_mm = d->n_mm;
     q->ns = d->ns ? *d->ns : (kvc_namespace_t){0};
     q->n_tokens = q->n_prompt = d->n_prompt;
     q->n_draft = q->n_reserved = q->n_computed = q->n_accepted = q->n_emitted = q->n_hit = 0;
     q->n_inflight = 0;
     q->looked_up = false;
-    q->next_work = q->next_hash = 0;
-    for (uint32_t g = 0; g < KVC_MAX_GROUPS; g++) {
-        group_t *gr = &q->g[g];
-        gr->n = gr->n_released = gr->n_inserted = gr->n_hashed = 0;
-        gr->insert_blocked = false;
-    }
-    if ((rc = update_hashes(s, q))) return rc; /* e.g. KVC_ERANGE: too many mm inputs in a block */
+    forget_tables(q);
+    /* KVC_ERANGE: too many multimodal inputs in one block; the slot stays free */
+    if ((rc = hash_blocks(s, q)) || (rc = check_partial_block(s, q))) return rc;
     s->free_head = q->next_free;
     q->state = SLOT_LIVE;
     s->n_live++;
@@ -338,19 +444,20 @@ int kvc_seq_create(kvc_seqs_t *s, const kvc_seq_desc_t *d, kvc_seq_t *out)
     return 0;
 }
 
-static void reclaim(kvc_seqs_t *s, uint32_t slot)
+/* The slot goes back to the free list (its blocks are released already). */
+static void free_slot(kvc_seqs_t *s, uint32_t slot)
 {
     seq_t *q = &s->slots[slot];
-    release_blocks(s, q);
+    forget_tables(q);
     q->state = SLOT_FREE;
     q->next_free = s->free_head;
     s->free_head = slot;
 }
 
-int kvc_seq_destroy(kvc_seqs_t *s, kvc_seq_t h)
+/* The bookkeeping of a destroy whose blocks are released (or, in flight, kept). */
+static void retire(kvc_seqs_t *s, uint32_t slot)
 {
-    seq_t *q = get(s, h);
-    if (!q) return KVC_ESTALE;
+    seq_t *q = &s->slots[slot];
     q->gen = q->gen + 1 ? q->gen + 1 : 1; /* the handle is stale from now on */
     s->n_live--;
     s->stats.n_destroyed++;
@@ -358,9 +465,18 @@ int kvc_seq_destroy(kvc_seqs_t *s, kvc_seq_t h)
         q->state = SLOT_ZOMBIE; /* blocks stay until the step completes */
         s->n_zombies++;
         s->stats.n_deferred++;
-        return 0;
+        return;
     }
-    reclaim(s, h.slot);
+    free_slot(s, slot);
+}
+
+int kvc_seq_destroy(kvc_seqs_t *s, kvc_seq_t h)
+{
+    seq_t *q = get(s, h);
+    if (!q) return KVC_ESTALE;
+    int rc = q->n_inflight ? releasable(s, q) : release_from(s, q, 0);
+    if (rc) return rc;
+    retire(s, h.slot);
     return 0;
 }
 
@@ -369,12 +485,15 @@ int kvc_seq_reset(kvc_seqs_t *s, kvc_seq_t h)
     seq_t *q = get(s, h);
     if (!q) return KVC_ESTALE;
     if (q->n_inflight) return KVC_EBUSY;
+    int rc = release_from(s, q, 0);
+    if (rc) return rc;
+    forget_tables(q); /* also forgets hashes; they are recomputed from the tokens */
     q->n_tokens -= q->n_draft;
     q->n_draft = 0;
-    release_blocks(s, q); /* also forgets hashes; they are recomputed from the tokens */
     q->n_reserved = q->n_computed = 0;
     q->looked_up = false;
-    return update_hashes(s, q);
+    update_hashes(s, q); /* into the arrays that held them: no allocation */
+    return 0;
 }
 
 /* ---- lookup ----------------------------------------------------------------------- */
@@ -423,12 +542,14 @@ int kvc_seq_lookup(kvc_seqs_t *s, kvc_seq_t h, size_t *n_hit_tokens)
     seq_t *q = get(s, h);
     if (!q) return KVC_ESTALE;
     if (q->looked_up || q->n_reserved) return KVC_EBUSY;
-    q->looked_up = true;
     if (n_hit_tokens) *n_hit_tokens = 0;
-    if (!s->pc) return 0;
+    if (!s->pc) {
+        q->looked_up = true;
+        return 0;
+    }
     const uint32_t bs = s->bs, G = s->params.n_groups;
     size_t max_hit = (q->n_prompt - 1) / bs, hit = max_hit;
-    int rc = reserve_capacity(s, q, max_hit);
+    int rc = table_room(s, q, max_hit);
     if (rc) return rc;
     if (G > 1 && (rc = hybrid_hit(s, q, max_hit, &hit))) return rc;
     for (uint32_t g = 0; g < G; g++) {
@@ -438,9 +559,8 @@ int kvc_seq_lookup(kvc_seqs_t *s, kvc_seq_t h, size_t *n_hit_tokens)
         kvc_prefix_hit_t ph;
         rc = kvc_prefix_lookup(s->pc, &pq, gr->v, hit, &ph);
         if (!rc && G > 1 && ph.n_hit_blocks != hit)
-            rc = KVC_ECORRUPT; /* probe and lookup disagree */
-        KVC_ASSERT(rc != KVC_ECORRUPT);
-        if (rc) { /* undo the groups already pinned (a failed lookup pinned nothing) */
+            rc = KVC_ECORRUPT; /* probe and lookup disagree: a bug, reported, not an abort */
+        if (rc) {              /* undo the groups already pinned (a failed lookup pinned nothing) */
             if (rc == KVC_ECORRUPT)
                 (void)kvc_pool_release(s->pool, gr->v, (uint32_t)ph.n_hit_blocks);
             for (uint32_t k = 0; k < g; k++) {
@@ -455,6 +575,7 @@ int kvc_seq_lookup(kvc_seqs_t *s, kvc_seq_t h, size_t *n_hit_tokens)
         gr->n_inserted = (uint32_t)hit;
     }
     q->n_hit = q->n_computed = q->n_reserved = hit * bs;
+    q->looked_up = true;
     q->next_work = 0;
     s->stats.n_hit_tokens += q->n_hit;
     if (n_hit_tokens) *n_hit_tokens = q->n_hit;
@@ -519,6 +640,43 @@ static void write_slots(const kvc_seqs_t *s, const seq_t *q, size_t first, uint3
         }
 }
 
+/* What reserving positions [n_reserved, end) takes: per group, new blocks and whether the
+ * first written block is shared and must be copied. */
+typedef struct {
+    uint32_t n_new[KVC_MAX_GROUPS];
+    bool cow[KVC_MAX_GROUPS];
+    uint32_t total; /* blocks from the pool: new ones plus copies */
+} plan_t;
+
+static void plan_reserve(const kvc_seqs_t *s, const seq_t *q, size_t end, plan_t *p)
+{
+    p->total = 0;
+    for (uint32_t g = 0; g < s->params.n_groups; g++) {
+        group_needs(s, q, g, end, &p->n_new[g], &p->cow[g]);
+        p->total += p->n_new[g] + p->cow[g];
+    }
+}
+
+/* Carry a plan out with blocks[0..p->total), ours (refcount 1): cannot fail (table_room made
+ * room). */
+static void apply_reserve(kvc_seqs_t *s, seq_t *q, size_t end, const plan_t *p,
+                          const uint32_t *blocks)
+{
+    uint32_t k = 0;
+    for (uint32_t g = 0; g < s->params.n_groups; g++) {
+        group_t *gr = &q->g[g];
+        if (p->cow[g]) { /* copy-on-write: we are not the last sharer of the block we write into */
+            size_t i0 = q->n_reserved / s->bs;
+            uint32_t src = gr->v[i0], dst = blocks[k++];
+            copy_block(s, dst, src);
+            (void)kvc_pool_unref(s->pool, src);
+            gr->v[i0] = dst;
+        }
+        for (uint32_t j = 0; j < p->n_new[g]; j++) gr->v[gr->n++] = blocks[k++];
+    }
+    q->n_reserved = end;
+}
+
 int kvc_seq_reserve(kvc_seqs_t *s, kvc_seq_t h, uint32_t n, int64_t *slots)
 {
     seq_t *q = get(s, h);
@@ -538,33 +696,15 @@ int kvc_seq_reserve(kvc_seqs_t *s, kvc_seq_t h, uint32_t n, int64_t *slots)
             return 0;
         }
     }
-    const uint32_t G = s->params.n_groups;
-    size_t end = q->n_reserved + n;
-    uint32_t n_new[KVC_MAX_GROUPS], total = 0;
-    bool cow[KVC_MAX_GROUPS];
-    for (uint32_t g = 0; g < G; g++) {
-        group_needs(s, q, g, end, &n_new[g], &cow[g]);
-        total += n_new[g] + cow[g];
-    }
+    size_t first = q->n_reserved, end = first + n;
+    plan_t p;
+    plan_reserve(s, q, end, &p);
     /* Capacity first: growing arrays is invisible, so a failure after it changes nothing. */
-    int rc = reserve_capacity(s, q, div_up(end, s->bs));
-    if (!rc) rc = grow(s, (void **)&s->scratch, sizeof(uint32_t), &s->scratch_cap, total);
-    if (!rc) rc = kvc_pool_alloc(s->pool, total, s->scratch);
+    int rc = table_room(s, q, div_up(end, s->bs));
+    if (!rc) rc = grow(s, (void **)&s->scratch, sizeof(uint32_t), &s->scratch_cap, p.total);
+    if (!rc) rc = kvc_pool_alloc(s->pool, p.total, s->scratch);
     if (rc) return rc;
-    uint32_t k = 0;
-    for (uint32_t g = 0; g < G; g++) {
-        group_t *gr = &q->g[g];
-        if (cow[g]) { /* copy-on-write: we are not the last sharer of the block we write into */
-            size_t i0 = q->n_reserved / s->bs;
-            uint32_t src = gr->v[i0], dst = s->scratch[k++];
-            copy_block(s, dst, src);
-            (void)kvc_pool_unref(s->pool, src);
-            gr->v[i0] = dst;
-        }
-        for (uint32_t j = 0; j < n_new[g]; j++) gr->v[gr->n++] = s->scratch[k++];
-    }
-    size_t first = q->n_reserved;
-    q->n_reserved = end;
+    apply_reserve(s, q, end, &p, s->scratch);
     if (slots) write_slots(s, q, first, n, slots);
     return 0;
 }
@@ -610,10 +750,12 @@ static void insert_ready(kvc_seqs_t *s, seq_t *q)
                     break;
                 }
                 if (canon != b) { /* share the identical cached copy, give ours back */
-                    /* cannot fail: canon is cached and held by us (the caller of insert),
-                     * and a block's references never exceed the live tables */
-                    rc = kvc_pool_ref(s->pool, canon);
-                    KVC_ASSERT(rc == 0);
+                    /* fails only at the counter's limit (a caller pinning it 2^32 times):
+                     * then we keep ours, and the chain cannot continue from it */
+                    if (kvc_pool_ref(s->pool, canon)) {
+                        gr->insert_blocked = true;
+                        break;
+                    }
                     (void)kvc_pool_unref(s->pool, b);
                     gr->v[i] = canon;
                     s->stats.n_duplicates_shared++;
@@ -657,31 +799,30 @@ int kvc_seq_complete(kvc_seqs_t *s, kvc_seq_t h, uint32_t n)
     if (!q) return KVC_ESTALE;
     if (q->n_computed + n > q->n_reserved) return KVC_ERANGE;
     q->n_computed += n;
-    int rc = update_hashes(s, q);
-    if (rc) return rc;
-    insert_ready(s, q);
+    insert_ready(s, q); /* the hashes are up to date: the tokens' own calls made them */
     return 0;
 }
 
-static int append_tokens(kvc_seqs_t *s, seq_t *q, const kvc_token_t *tokens, uint32_t n)
+/* Append n known tokens (room made by the caller). */
+static void push_tokens(seq_t *q, const kvc_token_t *tokens, uint32_t n)
 {
-    if (n && !tokens) return KVC_EINVAL;
-    int rc = grow(s, (void **)&q->tokens, sizeof(kvc_token_t), &q->tok_cap, q->n_tokens + n);
-    if (rc) return rc;
-    memcpy(q->tokens + q->n_tokens, tokens, (size_t)n * sizeof(kvc_token_t));
+    copy_n(q->tokens + q->n_tokens, tokens, (size_t)n * sizeof(kvc_token_t));
     q->n_tokens += n;
-    return 0;
 }
 
 int kvc_seq_append(kvc_seqs_t *s, kvc_seq_t h, const kvc_token_t *tokens, uint32_t n)
 {
     seq_t *q = get(s, h);
     if (!q) return KVC_ESTALE;
+    if (n && !tokens) return KVC_EINVAL;
     if (q->n_draft) return KVC_EBUSY;
-    int rc = append_tokens(s, q, tokens, n);
-    if (!rc) rc = update_hashes(s, q);
-    if (!rc) insert_ready(s, q);
-    return rc;
+    int rc = grow(s, (void **)&q->tokens, sizeof(kvc_token_t), &q->tok_cap, q->n_tokens + n);
+    if (!rc) rc = hash_room(s, q, (committed(q) + n) / s->bs);
+    if (rc) return rc;
+    push_tokens(q, tokens, n);
+    update_hashes(s, q);
+    insert_ready(s, q);
+    return 0;
 }
 
 /* ---- drafts -------------------------------------------------------------------------- */
@@ -689,29 +830,31 @@ int kvc_seq_draft(kvc_seqs_t *s, kvc_seq_t h, const kvc_token_t *tokens, uint32_
 {
     seq_t *q = get(s, h);
     if (!q) return KVC_ESTALE;
-    int rc = append_tokens(s, q, tokens, n);
+    if (n && !tokens) return KVC_EINVAL;
+    int rc = grow(s, (void **)&q->tokens, sizeof(kvc_token_t), &q->tok_cap, q->n_tokens + n);
     if (rc) return rc;
+    push_tokens(q, tokens, n); /* drafts are never hashed: they are not committed */
     q->n_draft += n;
     s->stats.n_drafted += n;
     return 0;
 }
 
-static void rollback(kvc_seqs_t *s, seq_t *q, uint32_t n)
+/* Remove the last n drafts: blocks that covered only their positions go back to the pool
+ * (tail first), counts and tokens go back.  All or nothing (KVC_EUNDERFLOW, from
+ * release_from). */
+static int rollback(kvc_seqs_t *s, seq_t *q, uint32_t n)
 {
-    q->n_tokens -= n;
+    size_t n_tokens = q->n_tokens - n, n_reserved = KVC_MIN(q->n_reserved, n_tokens);
+    uint32_t keep = (uint32_t)div_up(n_reserved, s->bs);
+    int rc = release_from(s, q, keep);
+    if (rc) return rc;
+    for (uint32_t g = 0; g < s->params.n_groups; g++) q->g[g].n = KVC_MIN(q->g[g].n, keep);
+    q->n_tokens = n_tokens;
     q->n_draft -= n;
-    q->n_reserved = KVC_MIN(q->n_reserved, q->n_tokens);
-    q->n_computed = KVC_MIN(q->n_computed, q->n_tokens);
-    uint32_t keep = (uint32_t)div_up(q->n_reserved, s->bs);
-    for (uint32_t g = 0; g < s->params.n_groups; g++) {
-        group_t *gr = &q->g[g];
-        if (gr->n > keep) {
-            int rc = kvc_pool_release(s->pool, gr->v + keep, gr->n - keep); /* tail first */
-            KVC_ASSERT(rc == 0);
-            gr->n = keep;
-        }
-    }
+    q->n_reserved = n_reserved;
+    q->n_computed = KVC_MIN(q->n_computed, n_tokens);
     s->stats.n_rolled_back += n;
+    return 0;
 }
 
 int kvc_seq_rollback(kvc_seqs_t *s, kvc_seq_t h, uint32_t n)
@@ -719,8 +862,7 @@ int kvc_seq_rollback(kvc_seqs_t *s, kvc_seq_t h, uint32_t n)
     seq_t *q = get(s, h);
     if (!q) return KVC_ESTALE;
     if (n > q->n_draft) return KVC_ERANGE;
-    rollback(s, q, n);
-    return 0;
+    return rollback(s, q, n);
 }
 
 int kvc_seq_accept(kvc_seqs_t *s, kvc_seq_t h, uint32_t n_accepted)
@@ -729,13 +871,16 @@ int kvc_seq_accept(kvc_seqs_t *s, kvc_seq_t h, uint32_t n_accepted)
     if (!q) return KVC_ESTALE;
     if (n_accepted > q->n_draft) return KVC_ERANGE;
     uint32_t rejected = (uint32_t)q->n_draft - n_accepted;
-    if (rejected) rollback(s, q, rejected);
+    /* room for the hashes of the blocks the accepted drafts fill, before anything changes */
+    int rc = hash_room(s, q, (committed(q) + n_accepted) / s->bs);
+    if (!rc && rejected) rc = rollback(s, q, rejected);
+    if (rc) return rc;
     q->n_draft = 0;
     q->n_accepted += n_accepted;
     s->stats.n_accepted += n_accepted;
-    int rc = update_hashes(s, q);
-    if (!rc) insert_ready(s, q);
-    return rc;
+    update_hashes(s, q);
+    insert_ready(s, q);
+    return 0;
 }
 
 int kvc_seq_emit(kvc_seqs_t *s, kvc_seq_t h, uint32_t n)
@@ -748,18 +893,32 @@ int kvc_seq_emit(kvc_seqs_t *s, kvc_seq_t h, uint32_t n)
 }
 
 /* ---- forks and beams ------------------------------------------------------------------ */
-static int fork_into(kvc_seqs_t *s, seq_t *p, kvc_seq_t *child)
+/* Room in slot c for a child of p that will then append `extra` tokens and reserve them. */
+static int child_room(kvc_seqs_t *s, seq_t *c, const seq_t *p, size_t extra)
 {
-    if (s->free_head == KVC_NONE) return KVC_ENOSPC;
+    return slot_room(s, c, p->n_tokens + extra, p->n_mm, div_up(p->n_reserved + extra, s->bs));
+}
+
+/* KVC_EOVERFLOW if giving each of p's blocks `extra` more references would pass the pool's
+ * counter limit (only a caller that pins blocks itself gets near it). */
+static int refs_fit(const kvc_seqs_t *s, const seq_t *p, uint32_t extra)
+{
+    for (uint32_t g = 0; g < s->params.n_groups; g++)
+        for (uint32_t i = 0; i < p->g[g].n; i++)
+            if (p->g[g].v[i] != KVC_NONE &&
+                kvc_pool_refcount(s->pool, p->g[g].v[i]) > UINT32_MAX - extra)
+                return KVC_EOVERFLOW;
+    return 0;
+}
+
+/* Make the head of the free list a child of p: same tokens, counts, hashes and blocks (one
+ * more reference each).  Cannot fail: child_room and refs_fit were checked. */
+static void fork_commit(kvc_seqs_t *s, seq_t *p, kvc_seq_t *child)
+{
     uint32_t slot = s->free_head;
     seq_t *c = &s->slots[slot];
-    size_t n_blocks = p->g[0].n;
-    int rc = grow(s, (void **)&c->tokens, sizeof(kvc_token_t), &c->tok_cap, p->n_tokens);
-    if (!rc && p->n_mm) rc = grow(s, (void **)&c->mm, sizeof(kvc_mm_input_t), &c->mm_cap, p->n_mm);
-    if (!rc) rc = reserve_capacity(s, c, KVC_MAX(n_blocks, p->g[0].n_hashed));
-    if (rc) return rc;
     memcpy(c->tokens, p->tokens, p->n_tokens * sizeof(kvc_token_t));
-    if (p->n_mm) memcpy(c->mm, p->mm, p->n_mm * sizeof(kvc_mm_input_t));
+    copy_n(c->mm, p->mm, p->n_mm * sizeof(kvc_mm_input_t));
     c->n_mm = p->n_mm;
     c->ns = p->ns;
     c->n_tokens = p->n_tokens;
@@ -776,11 +935,11 @@ static int fork_into(kvc_seqs_t *s, seq_t *p, kvc_seq_t *child)
     for (uint32_t g = 0; g < s->params.n_groups; g++) {
         group_t *cg = &c->g[g];
         const group_t *pg = &p->g[g];
-        memcpy(cg->v, pg->v, pg->n * sizeof(uint32_t));
+        copy_n(cg->v, pg->v, pg->n * sizeof(uint32_t));
         for (uint32_t i = 0; i < pg->n; i++)
-            if (pg->v[i] != KVC_NONE) { /* the parent holds it; refs <= live tables */
-                int ref_rc = kvc_pool_ref(s->pool, pg->v[i]);
-                KVC_ASSERT(ref_rc == 0);
+            if (pg->v[i] != KVC_NONE) {
+                int rc = kvc_pool_ref(s->pool, pg->v[i]);
+                KVC_ASSERT(rc == 0); /* refs_fit */
             }
         cg->n = pg->n;
         cg->n_released = pg->n_released;
@@ -788,8 +947,8 @@ static int fork_into(kvc_seqs_t *s, seq_t *p, kvc_seq_t *child)
         cg->insert_blocked = pg->insert_blocked;
         cg->n_hashed = pg->n_hashed;
         if (s->pc) {
-            memcpy(cg->hashes, pg->hashes, pg->n_hashed * sizeof(kvc_hash128_t));
-            if (sliding(s, g)) memcpy(cg->fps, pg->fps, pg->n_hashed * sizeof(kvc_hash128_t));
+            copy_n(cg->hashes, pg->hashes, pg->n_hashed * sizeof(kvc_hash128_t));
+            if (sliding(s, g)) copy_n(cg->fps, pg->fps, pg->n_hashed * sizeof(kvc_hash128_t));
         }
     }
     s->free_head = c->next_free;
@@ -798,7 +957,6 @@ static int fork_into(kvc_seqs_t *s, seq_t *p, kvc_seq_t *child)
     s->stats.n_created++;
     s->stats.n_forks++;
     *child = (kvc_seq_t){.slot = slot, .gen = c->gen};
-    return 0;
 }
 
 int kvc_seq_fork(kvc_seqs_t *s, kvc_seq_t parent, kvc_seq_t *child)
@@ -807,7 +965,49 @@ int kvc_seq_fork(kvc_seqs_t *s, kvc_seq_t parent, kvc_seq_t *child)
     if (!p) return KVC_ESTALE;
     if (!child) return KVC_EINVAL;
     if (p->n_reserved != p->n_computed || p->n_draft) return KVC_EBUSY;
-    return fork_into(s, p, child);
+    if (s->free_head == KVC_NONE) return KVC_ENOSPC;
+    int rc = child_room(s, &s->slots[s->free_head], p, 0);
+    if (!rc) rc = refs_fit(s, p, 1);
+    if (rc) return rc;
+    fork_commit(s, p, child);
+    return 0;
+}
+
+/* Blocks the survivors of a beam step take from the pool, with the dead beams' references
+ * already dropped: per group, a new block for each new beam at a block boundary; inside a
+ * block, each distinct last block is copied by all its writers but the last, or by all of
+ * them if a table outside the step also holds it.  What the reservations will then take,
+ * exactly: a shared partial block is held, at the same index, only by the tables forked from
+ * the one that filled it so far. */
+static uint32_t beam_blocks_needed(const kvc_seqs_t *s, const kvc_seq_t *beams, uint32_t n_beams,
+                                   const uint32_t *children)
+{
+    uint32_t need = 0;
+    for (uint32_t g = 0; g < s->params.n_groups; g++)
+        for (uint32_t i = 0; i < n_beams; i++) {
+            if (!children[i]) continue;
+            const seq_t *q = &s->slots[beams[i].slot];
+            if (q->n_reserved % s->bs == 0) {
+                need += children[i];
+                continue;
+            }
+            size_t idx = q->n_reserved / s->bs;
+            uint32_t b = q->g[g].v[idx], writers = 0, holders = 0;
+            bool first_holder = true;
+            for (uint32_t k = 0; k < n_beams; k++) {
+                const seq_t *o = &s->slots[beams[k].slot];
+                if (!children[k] || o->n_reserved % s->bs == 0 || o->n_reserved / s->bs != idx ||
+                    o->g[g].v[idx] != b)
+                    continue;
+                writers += children[k];
+                holders++;
+                if (k < i) first_holder = false;
+            }
+            if (!first_holder) continue; /* counted at its first holder */
+            bool outsiders = kvc_pool_refcount(s->pool, b) > holders;
+            need += outsiders ? writers : writers - 1;
+        }
+    return need;
 }
 
 int kvc_seq_beam_step(kvc_seqs_t *s, const kvc_seq_t *beams, uint32_t n_beams,
@@ -815,11 +1015,10 @@ int kvc_seq_beam_step(kvc_seqs_t *s, const kvc_seq_t *beams, uint32_t n_beams,
                       int64_t *slots)
 {
     if (!s || (n_beams && !beams) || (n_choices && (!choices || !new_beams)) ||
-        n_beams > s->params.max_seqs)
+        n_beams > KVC_MAX_BEAMS || n_beams > s->params.max_seqs)
         return KVC_EINVAL;
-    /* Validate everything before changing anything. */
-    uint32_t children[1024];
-    if (n_beams > KVC_ARRAY_LEN(children)) return KVC_EINVAL;
+    /* ---- 1. Check and make room for everything, changing nothing visible. */
+    uint32_t children[KVC_MAX_BEAMS], used[KVC_MAX_BEAMS];
     memset(children, 0, n_beams * sizeof(uint32_t));
     for (uint32_t i = 0; i < n_beams; i++) {
         seq_t *q = get(s, beams[i]);
@@ -833,79 +1032,101 @@ int kvc_seq_beam_step(kvc_seqs_t *s, const kvc_seq_t *beams, uint32_t n_beams,
         if (choices[j].parent >= n_beams) return KVC_EINVAL;
         children[choices[j].parent]++;
     }
-    uint32_t n_forks = 0;
-    for (uint32_t i = 0; i < n_beams; i++) n_forks += children[i] > 1 ? children[i] - 1 : 0;
-    uint32_t n_dead = 0;
-    for (uint32_t i = 0; i < n_beams; i++) n_dead += children[i] == 0;
-    if (s->params.max_seqs - s->n_live - s->n_zombies + n_dead < n_forks) return KVC_ENOSPC;
-
-    /* 1. Free the dead beams first: a survivor may become the last holder of a shared block
-     *    and then writes into it in place instead of copying. */
-    for (uint32_t i = 0; i < n_beams; i++)
-        if (children[i] == 0) (void)kvc_seq_destroy(s, beams[i]);
-
-    /* 2. Blocks the survivors need now: per group, each distinct last block being written is
-     *    copied by all but its last writer; a block boundary needs one new block per writer. */
-    uint32_t need = 0;
-    for (uint32_t g = 0; g < s->params.n_groups; g++) {
-        for (uint32_t i = 0; i < n_beams; i++) {
-            if (!children[i]) continue;
-            const seq_t *q = &s->slots[beams[i].slot];
-            if (q->n_reserved % s->bs == 0) {
-                need += children[i];
-                continue;
-            }
-            /* writers of this block among the survivors (count it once, at its first holder) */
-            uint32_t b = q->g[g].v[q->n_reserved / s->bs], writers = 0;
-            bool first_holder = true;
-            for (uint32_t k = 0; k < n_beams; k++) {
-                if (!children[k]) continue;
-                const seq_t *o = &s->slots[beams[k].slot];
-                if (o->n_reserved % s->bs && o->g[g].v[o->n_reserved / s->bs] == b) {
-                    writers += children[k];
-                    if (k < i) first_holder = false;
-                }
-            }
-            /* beams outside this step that hold it never write it again here: count them as
-             * sharers, so every writer copies if any remain */
-            uint32_t holders_here = 0;
-            for (uint32_t k = 0; k < n_beams; k++) {
-                if (!children[k]) continue;
-                const seq_t *o = &s->slots[beams[k].slot];
-                holders_here += o->n_reserved % s->bs && o->g[g].v[o->n_reserved / s->bs] == b;
-            }
-            bool outsiders = kvc_pool_refcount(s->pool, b) > holders_here;
-            if (first_holder) need += outsiders ? writers : writers - 1;
-        }
+    /* Slots: a dead beam's slot is free for a fork only if no step in flight keeps it. */
+    uint32_t n_forks = 0, n_dead_free = 0;
+    for (uint32_t i = 0; i < n_beams; i++) {
+        const seq_t *q = &s->slots[beams[i].slot];
+        n_forks += children[i] > 1 ? children[i] - 1 : 0;
+        n_dead_free += !children[i] && !q->n_inflight;
     }
-    if (need > kvc_pool_n_free(s->pool)) return KVC_ENOSPC;
+    if (s->params.max_seqs - s->n_live - s->n_zombies + n_dead_free < n_forks) return KVC_ENOSPC;
+    /* Array room, for the survivors and for each fork's slot: the dead beams' slots (their
+     * frees push them, in beam order, onto the free list) and then the free list's own. */
+    int rc = 0;
+    for (uint32_t i = 0; i < n_beams && !rc; i++)
+        if (children[i]) {
+            seq_t *q = &s->slots[beams[i].slot];
+            rc = child_room(s, q, q, 1);
+            if (!rc && children[i] > 1) rc = refs_fit(s, q, n_forks);
+        } else if (s->slots[beams[i].slot].n_inflight) {
+            rc = releasable(s, &s->slots[beams[i].slot]); /* a deferred destroy's check */
+        }
+    uint32_t dead_left = n_dead_free, dead_at = n_beams, free_at = s->free_head;
+    memset(used, 0, n_beams * sizeof(uint32_t));
+    for (uint32_t j = 0; j < n_choices && !rc; j++) {
+        if (used[choices[j].parent]++ == 0) continue;
+        uint32_t slot;
+        if (dead_left) { /* the last dead beam freed is the first slot taken */
+            while (children[--dead_at] || s->slots[beams[dead_at].slot].n_inflight) {
+            }
+            slot = beams[dead_at].slot;
+            dead_left--;
+        } else {
+            slot = free_at;
+            free_at = s->slots[slot].next_free;
+        }
+        rc = child_room(s, &s->slots[slot], &s->slots[beams[choices[j].parent].slot], 1);
+    }
+    /* the blocks: at most one per group for each new beam (a new one or a copy) */
+    if (!rc)
+        rc = grow(s, (void **)&s->scratch, sizeof(uint32_t), &s->scratch_cap,
+                  (size_t)n_choices * s->params.n_groups);
+    if (rc) return rc;
 
-    /* 3. Fork: each parent's first choice continues the parent, the others fork from it.  All
-     *    forks happen before any write, so that copies go to all but the last writer. */
-    uint32_t used[1024];
+    /* ---- 2. Drop the dead beams' references first: a survivor may become the last holder of
+     *         a shared block and then writes into it in place instead of copying.  Then take
+     *         every block the survivors need at once; if the pool cannot give them, the dead
+     *         beams take their references back and nothing has changed. */
+    uint32_t n_released = 0;
+    for (uint32_t i = 0; i < n_beams && !rc; i++) {
+        seq_t *q = &s->slots[beams[i].slot];
+        if (children[i] || q->n_inflight) continue; /* in flight: its blocks stay */
+        rc = release_from(s, q, 0);
+        n_released += !rc;
+    }
+    uint32_t need = rc ? 0 : beam_blocks_needed(s, beams, n_beams, children);
+    if (!rc) rc = kvc_pool_alloc(s->pool, need, s->scratch);
+    if (rc) { /* KVC_EUNDERFLOW from a dead beam, or KVC_ENOSPC / KVC_EBUSY from the pool */
+        for (uint32_t i = 0; i < n_beams && n_released; i++) {
+            seq_t *q = &s->slots[beams[i].slot];
+            if (children[i] || q->n_inflight) continue;
+            for (uint32_t g = 0; g < s->params.n_groups; g++) reref(s, &q->g[g], 0);
+            n_released--;
+        }
+        return rc;
+    }
+
+    /* ---- 3. Nothing can fail from here on. */
+    for (uint32_t i = 0; i < n_beams; i++)
+        if (!children[i]) retire(s, beams[i].slot);
+    /* Each parent's first choice continues the parent, the others fork from it.  All forks
+     * happen before any write, so that copies go to all but the last writer. */
     memset(used, 0, n_beams * sizeof(uint32_t));
     for (uint32_t j = 0; j < n_choices; j++) {
         uint32_t p = choices[j].parent;
-        if (used[p]++ == 0) {
+        if (used[p]++ == 0)
             new_beams[j] = beams[p];
-        } else {
-            int rc = fork_into(s, &s->slots[beams[p].slot], &new_beams[j]);
-            KVC_ASSERT(rc == 0); /* slots were checked above */
-        }
+        else
+            fork_commit(s, &s->slots[beams[p].slot], &new_beams[j]);
     }
-    /* 4. Append and reserve: the writers that are not the last holder copy. */
+    /* Append and reserve: the writers that are not the last holder copy. */
+    uint32_t taken = 0;
     for (uint32_t j = 0; j < n_choices; j++) {
         seq_t *q = &s->slots[new_beams[j].slot];
-        int rc = append_tokens(s, q, &choices[j].token, 1);
-        if (!rc) rc = update_hashes(s, q);
-        if (!rc) rc = kvc_seq_reserve(s, new_beams[j], 1, NULL);
-        if (rc) return rc; /* out of memory for arrays: beams stay consistent, just unreserved */
+        push_tokens(q, &choices[j].token, 1);
+        update_hashes(s, q);
+        size_t pos = q->n_reserved;
+        plan_t plan;
+        plan_reserve(s, q, pos + 1, &plan);
+        KVC_ASSERT(taken + plan.total <= need); /* beam_blocks_needed counts what this takes */
+        apply_reserve(s, q, pos + 1, &plan, s->scratch + taken);
+        taken += plan.total;
         if (!slots) continue;
-        size_t pos = q->n_reserved - 1;
         for (uint32_t g = 0; g < s->params.n_groups; g++)
             slots[(size_t)g * n_choices + j] =
                 (int64_t)q->g[g].v[pos / s->bs] * s->bs + (int64_t)(pos % s->bs);
     }
+    KVC_ASSERT(taken == need);
     return 0;
 }
 
@@ -925,7 +1146,7 @@ int kvc_step_launch(kvc_seqs_t *s, const kvc_seq_t *rows, uint32_t n_rows, kvc_s
         q->mark = epoch;
     }
     for (uint32_t i = 0; i < n_rows; i++) s->slots[rows[i].slot].n_inflight++;
-    memcpy(rec->rows, rows, n_rows * sizeof(kvc_seq_t));
+    copy_n(rec->rows, rows, n_rows * sizeof(kvc_seq_t));
     rec->n_rows = n_rows;
     rec->id = s->next_step++;
     *id = rec->id;
@@ -956,7 +1177,8 @@ int kvc_step_complete(kvc_seqs_t *s, kvc_step_id_t id, const kvc_seq_t *rows, ui
         if (live) live[i] = is_live;
         if (q->state == SLOT_ZOMBIE && q->n_inflight == 0) {
             s->n_zombies--;
-            reclaim(s, rows[i].slot);
+            release_all(s, q); /* skips a block the caller freed meanwhile, never frees twice */
+            free_slot(s, rows[i].slot);
         }
     }
     rec->id = 0;
@@ -1020,7 +1242,7 @@ int kvc_seqs_csr(const kvc_seqs_t *s, const kvc_seq_t *rows, uint32_t n_rows, ui
         if (!q) return KVC_ESTALE;
         const group_t *gr = &q->g[group];
         if (at + gr->n > indices_cap || (gr->n && !indices)) return KVC_ERANGE;
-        memcpy(indices + at, gr->v, gr->n * sizeof(uint32_t));
+        if (gr->n) memcpy(indices + at, gr->v, gr->n * sizeof(uint32_t));
         at += gr->n;
         indptr[i + 1] = (uint32_t)at;
         last_page_len[i] = gr->n ? (uint32_t)(q->n_reserved - (size_t)(gr->n - 1) * s->bs) : 0;

@@ -217,15 +217,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (forks > MAXS - w.n + dead) break;
             int64_t slots[KVC_MAX_GROUPS * 4];
             int rc = kvc_seq_beam_step(w.seqs, beams, (uint32_t)nb, ch, n_ch, nx, slots);
+            if (rc) { /* all or nothing: every beam, dead ones included, is unchanged */
+                CHECK(rc == KVC_ENOSPC || rc == KVC_EBUSY, "beam step: %s", kvc_strerror(rc));
+                break;
+            }
             ref_t old[3];
             for (int j = 0; j < nb; j++) old[j] = w.r[idx[j]];
             for (int j = nb; j-- > 0;) w.r[idx[j]] = w.r[--w.n];
-            if (rc) {
-                CHECK(rc == KVC_ENOSPC || rc == KVC_EBUSY, "beam step: %s", kvc_strerror(rc));
-                for (int j = 0; j < nb; j++)
-                    if (children[j]) w.r[w.n++] = old[j];
-                break;
-            }
             for (uint32_t j = 0; j < n_ch; j++) {
                 ref_t *r = &w.r[w.n++];
                 *r = old[ch[j].parent];
