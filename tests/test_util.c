@@ -139,6 +139,11 @@ static void rng_is_deterministic_and_bounded(void **state)
         counts[v]++;
     }
     for (int i = 0; i < 7; i++) assert_true(counts[i] > 9000 && counts[i] < 11000);
+    /* the empty range answers 0 and draws nothing (it used to abort the process) */
+    kvc_rng_seed(&r2, 9);
+    kvc_rng_t before = r2;
+    assert_true(kvc_rng_below(&r2, 0) == 0);
+    assert_memory_equal(&before, &r2, sizeof r2);
     for (int i = 0; i < 1000; i++) {
         double d = kvc_rng_double(&r1);
         assert_true(d >= 0.0 && d < 1.0);

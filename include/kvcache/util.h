@@ -211,8 +211,8 @@ typedef struct {
 
 KVC_API void kvc_rng_seed(kvc_rng_t *r, uint64_t seed);
 KVC_API uint64_t kvc_rng_next(kvc_rng_t *r);
-/* Uniform integer in [0, n).  Unbiased (Lemire's method).  n must be > 0: n = 0 has no
- * answer and is a programmer error (KVC_ASSERT aborts). */
+/* Uniform integer in [0, n).  Unbiased (Lemire's method).  n = 0 (an empty range) returns 0
+ * and draws nothing. */
 KVC_API uint64_t kvc_rng_below(kvc_rng_t *r, uint64_t n);
 /* Uniform double in [0, 1). */
 KVC_API double kvc_rng_double(kvc_rng_t *r);
