@@ -51,9 +51,64 @@ KVC_API int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out);
 /* Bits per element: 16, 16, 8, 4; 0 for an invalid value. */
 KVC_API uint32_t kvc_plan_dtype_bits(kvc_plan_dtype_t dt);
 
+/* ---- bounds ----------------------------------------------------------------
+ * Every count a model, a GPU or a deployment carries is bounded by what a real
+ * one has, with a wide margin, so that every product the planner forms fits
+ * its type: an input past a bound is refused with one line naming the field
+ * and the bound, never wrapped into a small wrong number.  The largest
+ * published values (2025) are given for scale.
+ */
+/* hidden_size, and q_lora_rank / kv_lora_rank (a rank past the width compresses
+ * nothing): widest 16,384 (Llama 3.1 405B), 20,480 (Megatron-Turing NLG 530B). */
+#define KVC_PLAN_MAX_HIDDEN             (UINT32_C(1) << 17)
+#define KVC_PLAN_MAX_RANK               KVC_PLAN_MAX_HIDDEN
+/* num_hidden_layers: deepest decoders 126 (Llama 3.1 405B); research stacks of
+ * 1,000 layers (DeepNet) still fit. */
+#define KVC_PLAN_MAX_LAYERS             UINT32_C(4096)
+/* num_attention_heads (and the KV heads, never more): most 128 (Llama 3.1 405B,
+ * DeepSeek-V3), 232 (Falcon 180B). */
+#define KVC_PLAN_MAX_HEADS              UINT32_C(8192)
+/* head_dim, v_head_dim, qk_nope_head_dim + qk_rope_head_dim: widest 256 (Gemma). */
+#define KVC_PLAN_MAX_HEAD_DIM           UINT32_C(16384)
+/* vocab_size: largest 262,144 (Gemma 3). */
+#define KVC_PLAN_MAX_VOCAB              (UINT32_C(1) << 24)
+/* intermediate_size, moe_intermediate_size, shared_expert_intermediate_size:
+ * widest 73,728 (PaLM 540B). */
+#define KVC_PLAN_MAX_INTERMEDIATE       (UINT32_C(1) << 20)
+/* routed experts (and shared ones): most 512 (Qwen3-Next), 384 (Kimi K2). */
+#define KVC_PLAN_MAX_EXPERTS            (UINT32_C(1) << 14)
+/* KV tokens one image takes: LLaVA-1.5 576, Qwen2-VL up to 16,384. */
+#define KVC_PLAN_MAX_IMAGE_TOKENS       (UINT32_C(1) << 20)
+/* sliding_window / attention_chunk_size: 4,096 (Mistral), 262,144 (Phi-3). */
+#define KVC_PLAN_MAX_WINDOW             (UINT32_C(1) << 30)
+/* Token counts: max_position_embeddings, max_model_len, the request's prompt,
+ * output and context, tenant_tokens.  Longest context 10 M (Llama 4 Scout). */
+#define KVC_PLAN_MAX_TOKENS             (UINT64_C(1) << 32)
+/* Derived from the fields: parameters (about 1.1e15; largest 1.6e12, Switch-C)
+ * and KV bytes per token at 16 bits, whole model (1 GiB; GPT-3 175B's
+ * multi-head cache is 4.5 MiB).  With the token bound, one request's KV then
+ * stays below 2^62 bytes. */
+#define KVC_PLAN_MAX_PARAMS             (UINT64_C(1) << 50)
+#define KVC_PLAN_MAX_KV_BYTES_PER_TOKEN (UINT64_C(1) << 30)
+/* Bytes: a GPU's memory and L2, each measured override and the explicit KV
+ * budget: 1 EiB (the largest GPU holds 288 GB).  Five such terms still fit a
+ * signed 64-bit ledger. */
+#define KVC_PLAN_MAX_BYTES              (UINT64_C(1) << 60)
+/* Bandwidths (bytes/s) and FLOP rates: finite and at most 1e18 and 1e21 (HBM
+ * runs at 8e12 B/s, a B200 at 4.5e15 fp8 FLOP/s). */
+#define KVC_PLAN_MAX_RATE               1e18
+#define KVC_PLAN_MAX_FLOPS              1e21
+/* Engine limits: max_num_seqs 2^24, max_num_batched_tokens 2^30, --n and
+ * --beams 1,024, tp x pp x dp 2^24 GPUs (the largest clusters hold ~2e5). */
+#define KVC_PLAN_MAX_SEQS               (UINT32_C(1) << 24)
+#define KVC_PLAN_MAX_BATCHED            (UINT32_C(1) << 30)
+#define KVC_PLAN_MAX_FORKS              UINT32_C(1024)
+#define KVC_PLAN_MAX_GPUS               (UINT64_C(1) << 24)
+
 /* ---- the model -------------------------------------------------------------
  * What the math needs from a transformer decoder.  A zeroed field means "not
- * present" (no MoE, no MLA, no sliding window, no images).
+ * present" (no MoE, no MLA, no sliding window, no images).  Each count is
+ * bounded (see above); kvc_plan_model_check says which bound a model breaks.
  */
 typedef struct {
     char name[64];       /* preset name or the config's file name */
@@ -127,8 +182,8 @@ KVC_API const char *kvc_plan_model_preset_name(size_t i);
  * KVC_EPARSE (malformed JSON, a field of the wrong type) or KVC_EINVAL (a
  * field the math needs is missing or impossible), with one line in msg
  * naming it.  `name` (may be NULL) goes into out->name. */
-KVC_API int kvc_plan_model_from_json(const char *text, size_t len, const char *name, kvc_plan_model_t *out,
-                             char *msg, size_t msg_len);
+KVC_API int kvc_plan_model_from_json(const char *text, size_t len, const char *name,
+                                     kvc_plan_model_t *out, char *msg, size_t msg_len);
 /* As kvc_plan_model_from_json, reading the file at path (at most 16 MiB).
  * Fails also with KVC_EIO (unreadable) or KVC_EOVERFLOW (too large). */
 KVC_API int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size_t msg_len);
@@ -467,8 +522,8 @@ typedef struct {
  * deployment that does not start is NOT an error: out->fits is false and
  * out->failed_phase names the phase.  Writes only *out and msg. */
 KVC_API int kvc_plan_compute(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
-                     const kvc_plan_params_t *params, kvc_plan_result_t *out, char *msg,
-                     size_t msg_len);
+                             const kvc_plan_params_t *params, kvc_plan_result_t *out, char *msg,
+                             size_t msg_len);
 
 /* Bytes of KV one request of n_tokens takes per GPU in the plan's pool
  * (block-rounded, window freeing as configured). */

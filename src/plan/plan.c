@@ -384,6 +384,10 @@ static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
     if (p->pp < 1 || p->pp > KVC__MAX_STAGES)
         BAD("--pp %u: expected 1..%d", p->pp, KVC__MAX_STAGES);
     if (p->dp < 1 || p->dp > 65536) BAD("--dp %u: expected 1..65536", p->dp);
+    if ((uint64_t)p->tp * p->pp * p->dp > KVC_PLAN_MAX_GPUS)
+        BAD("--tp %u x --pp %u x --dp %u = %llu GPUs is out of range: at most %llu", p->tp, p->pp,
+            p->dp, (unsigned long long)p->tp * p->pp * p->dp,
+            (unsigned long long)KVC_PLAN_MAX_GPUS);
     if (m->n_heads % p->tp)
         BAD("--tp %u does not divide the %u attention heads", p->tp, m->n_heads);
     if (!m->mla && m->n_kv_heads % p->tp && p->tp % m->n_kv_heads)
@@ -400,6 +404,11 @@ static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
         BAD("--gpu-memory-utilization %g: expected a fraction in (0, 1]",
             p->gpu_memory_utilization);
     if (p->max_num_seqs < 1) BAD("--max-num-seqs must be at least 1");
+    if (p->max_num_seqs > KVC_PLAN_MAX_SEQS)
+        BAD("--max-num-seqs %u is out of range: at most %u", p->max_num_seqs, KVC_PLAN_MAX_SEQS);
+    if (p->max_num_batched_tokens > KVC_PLAN_MAX_BATCHED)
+        BAD("--max-num-batched-tokens %u is out of range: at most %u", p->max_num_batched_tokens,
+            KVC_PLAN_MAX_BATCHED);
     if (p->max_num_batched_tokens < p->max_num_seqs)
         BAD("--max-num-batched-tokens %u is less than --max-num-seqs %u: a decode step could not "
             "give every sequence its token",
@@ -407,6 +416,8 @@ static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
     if (p->prompt_tokens < 1 || p->output_tokens < 1)
         BAD("--prompt and --output must be at least 1 token");
     if (p->n_samples < 1 || p->beams < 1) BAD("--n and --beams must be at least 1");
+    if (p->n_samples > KVC_PLAN_MAX_FORKS || p->beams > KVC_PLAN_MAX_FORKS)
+        BAD("--n %u, --beams %u: each at most %u", p->n_samples, p->beams, KVC_PLAN_MAX_FORKS);
     if (!(p->arrival_rate >= 0) || !isfinite(p->arrival_rate))
         BAD("--arrival-rate must be a non-negative number (0: half the sustainable rate)");
     if (!(p->mfu > 0 && p->mfu <= 1)) BAD("--mfu %g: expected a fraction in (0, 1]", p->mfu);
@@ -417,15 +428,53 @@ static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
     if ((uint64_t)p->spec_tokens + 1 > p->max_num_batched_tokens)
         BAD("--spec-tokens %u leaves no room in --max-num-batched-tokens %u", p->spec_tokens,
             p->max_num_batched_tokens);
-    const double rates[] = {p->link_bytes_per_s, p->nvme_bytes_per_s, p->network_bytes_per_s,
-                            p->ssd_endurance_bytes};
-    const char *names[] = {"--link-bandwidth", "--nvme-bandwidth", "--network-bandwidth",
-                           "--ssd-tbw"};
-    for (size_t i = 0; i < KVC_ARRAY_LEN(rates); i++)
-        if (!(rates[i] > 0) || !isfinite(rates[i])) BAD("%s must be positive", names[i]);
-    if (!(p->host_bytes_per_s >= 0) || !(p->ssd_write_bytes_per_s >= 0) ||
-        !(p->prefill_tokens_per_s >= 0))
-        BAD("rates cannot be negative");
+    const struct {
+        const char *name;
+        uint64_t v;
+    } tokens[] = {{"--prompt", p->prompt_tokens},
+                  {"--output", p->output_tokens},
+                  {"--context", p->context_tokens},
+                  {"--max-model-len", p->max_model_len},
+                  {"--tenant-tokens", p->tenant_tokens}};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(tokens); i++)
+        if (tokens[i].v > KVC_PLAN_MAX_TOKENS)
+            BAD("%s %llu is out of range: at most %llu tokens", tokens[i].name,
+                (unsigned long long)tokens[i].v, (unsigned long long)KVC_PLAN_MAX_TOKENS);
+    /* Measured bytes stay within what a ledger of five such terms holds in 63 bits. */
+    const struct {
+        const char *name;
+        uint64_t v;
+    } bytes[] = {{"--weight-memory", p->weight_bytes},
+                 {"--activation-memory", p->activation_bytes},
+                 {"--cuda-graph-memory", p->cuda_graph_bytes},
+                 {"--non-torch-memory", p->non_torch_bytes},
+                 {"--cuda-context-memory", p->cuda_context_bytes},
+                 {"--kv-cache-memory", p->kv_cache_bytes}};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(bytes); i++)
+        if (bytes[i].v != KVC_PLAN_AUTO && bytes[i].v > KVC_PLAN_MAX_BYTES)
+            BAD("%s %llu B is out of range: at most %llu B", bytes[i].name,
+                (unsigned long long)bytes[i].v, (unsigned long long)KVC_PLAN_MAX_BYTES);
+    /* Rates: positive where required, never negative, NaN or past the bound (inf). */
+    const struct {
+        const char *name;
+        double v;
+        bool positive;
+        double max;
+    } rates[] = {
+        {"--link-bandwidth", p->link_bytes_per_s, true, KVC_PLAN_MAX_RATE},
+        {"--nvme-bandwidth", p->nvme_bytes_per_s, true, KVC_PLAN_MAX_RATE},
+        {"--network-bandwidth", p->network_bytes_per_s, true, KVC_PLAN_MAX_RATE},
+        {"--ssd-tbw", p->ssd_endurance_bytes, true, (double)KVC_PLAN_MAX_BYTES},
+        {"--host-bandwidth", p->host_bytes_per_s, false, KVC_PLAN_MAX_RATE},
+        {"--ssd-write-rate", p->ssd_write_bytes_per_s, false, KVC_PLAN_MAX_RATE},
+        {"--prefill-tokens-per-s", p->prefill_tokens_per_s, false, KVC_PLAN_MAX_RATE},
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(rates); i++) {
+        if (rates[i].positive && !(rates[i].v > 0)) BAD("%s must be positive", rates[i].name);
+        if (!(rates[i].v >= 0)) BAD("%s cannot be negative", rates[i].name);
+        if (!(rates[i].v <= rates[i].max))
+            BAD("%s %g is out of range: at most %g", rates[i].name, rates[i].v, rates[i].max);
+    }
 #undef BAD
     return 0;
 }
@@ -560,7 +609,7 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
         s->n_sliding = (uint32_t)llround((double)m->n_sliding_layers * s->n_layers / m->n_layers);
         stage_weights(m, tp, p->weight_dtype, i == 0, i == pp - 1, pp > 1, s);
         if (p->weight_bytes != KVC_PLAN_AUTO) s->weight_bytes = p->weight_bytes;
-        s->act_fwd = kvc__mul_sat((uint64_t)p->max_num_batched_tokens * s->act_elems, 2);
+        s->act_fwd = kvc__mul_sat(kvc__mul_sat(p->max_num_batched_tokens, s->act_elems), 2);
         s->act_sampler =
             i == pp - 1 ? (uint64_t)p->max_num_seqs * m->vocab_size * KVC__SAMPLER_BYTES_PER_LOGIT
                         : 0;
@@ -570,7 +619,20 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
                     : p->cuda_graph_bytes != KVC_PLAN_AUTO
                         ? p->cuda_graph_bytes
                         : (uint64_t)n_graphs * s->n_layers * KVC__GRAPH_BYTES_PER_LAYER +
-                              (uint64_t)max_graph_batch * s->act_elems * 2;
+                              kvc__mul_sat(kvc__mul_sat(max_graph_batch, s->act_elems), 2);
+        /* The estimates grow with the model's widths: past the byte bound they would
+         * overflow the ledger, so such a plan asks for the measured number instead. */
+        if (s->act > KVC_PLAN_MAX_BYTES)
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "the activation estimate (%u tokens x %llu live values x 2 B) is over "
+                             "%llu B: pass the measured --activation-memory",
+                             p->max_num_batched_tokens, (unsigned long long)s->act_elems,
+                             (unsigned long long)KVC_PLAN_MAX_BYTES);
+        if (s->graphs > KVC_PLAN_MAX_BYTES)
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "the CUDA graph estimate is over %llu B: pass the measured "
+                             "--cuda-graph-memory or --enforce-eager",
+                             (unsigned long long)KVC_PLAN_MAX_BYTES);
         s->non_torch = p->non_torch_bytes != KVC_PLAN_AUTO
                            ? p->non_torch_bytes
                            : KVC__NON_TORCH_BYTES + (tp * pp > 1 ? KVC__NON_TORCH_COMM_BYTES : 0);
@@ -586,7 +648,7 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
                       (int64_t)(graphs_in ? s->graphs : 0) - (int64_t)s->non_torch;
         }
         s->blocks = (double)s->pool / (double)(s->kv_per_token * bs);
-        if (s->blocks < worst_blocks) {
+        if (!st || s->blocks < worst_blocks) {
             worst_blocks = s->blocks;
             st = s;
             r->binding_stage = i;
@@ -858,8 +920,9 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
             t->fetch_s_per_token = kv_gpu / t->bytes_per_s;
             t->speedup = r->recompute_s_per_token / t->fetch_s_per_token;
             const double gain = r->recompute_s_per_token - t->fetch_s_per_token;
-            t->min_tokens_to_win =
-                gain > 0 ? (uint64_t)ceil(t->latency_s / gain) : KVC_PLAN_UNBOUNDED;
+            /* A gain so small that the count does not fit 64 bits never wins either. */
+            const double n_win = gain > 0 ? ceil(t->latency_s / gain) : INFINITY;
+            t->min_tokens_to_win = n_win < 0x1p64 ? (uint64_t)n_win : KVC_PLAN_UNBOUNDED;
             t->max_shared_fraction = fmax(0, 1 - r->break_even_bytes_per_s / t->bytes_per_s);
         }
     }

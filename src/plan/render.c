@@ -27,6 +27,15 @@ static const char *I(rc_t *c, uint64_t v)
 {
     return v == KVC_PLAN_UNBOUNDED ? "none" : kvc__fmt_int(slot(c), 64, v);
 }
+/* A count carried as a double, truncated as a cast would; one too large (or not a
+ * number) for 64 bits is shown in %.3g instead of being cast. */
+static const char *ID(rc_t *c, double v)
+{
+    if (v >= 0 && v < 0x1p64) return I(c, (uint64_t)v);
+    char *s = slot(c);
+    snprintf(s, 64, "%.3g", v);
+    return s;
+}
 static const char *BY(rc_t *c, uint64_t v)
 {
     return kvc__fmt_bytes(slot(c), 64, v);
@@ -96,8 +105,12 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     const kvc_plan_model_t *m = &r->model;
     const kvc_plan_params_t *p = &r->params;
     const kvc_plan_gpu_t *g = &r->gpu;
-    P("kvcache plan: %s on %u x %s (TP %u x PP %u x DP %u), weights %s, KV %s, block %u\n", m->name,
-      r->n_gpus, g->name, p->tp, p->pp, p->dp, kvc_plan_dtype_name(p->weight_dtype),
+    /* Names come from the input (a config's folder, a caller's struct): escaped. */
+    char model_name[4 * sizeof m->name], gpu_name[4 * sizeof g->name];
+    kvc__escape(model_name, sizeof model_name, m->name);
+    kvc__escape(gpu_name, sizeof gpu_name, g->name);
+    P("kvcache plan: %s on %u x %s (TP %u x PP %u x DP %u), weights %s, KV %s, block %u\n",
+      model_name, r->n_gpus, gpu_name, p->tp, p->pp, p->dp, kvc_plan_dtype_name(p->weight_dtype),
       kvc_plan_dtype_name(p->kv_dtype), p->block_size);
     P("  model    %u layers, %u query heads, ", m->n_layers, m->n_heads);
     if (m->mla)
@@ -122,7 +135,7 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     if (m->image_tokens) P("           an image takes %s KV tokens\n", I(c, m->image_tokens));
     P("           %s parameters, %s active per token\n", BIL(c, (double)r->counts.total),
       BIL(c, (double)r->counts.active));
-    P("  gpu      %s: %s visible (%s B), %s HBM, %s TFLOP/s bf16", g->name,
+    P("  gpu      %s: %s visible (%s B), %s HBM, %s TFLOP/s bf16", gpu_name,
       G(c, (double)g->memory_bytes), I(c, g->memory_bytes), RT(c, g->hbm_bytes_per_s),
       TF(c, g->bf16_flops));
     if (g->fp8_flops > 0)
@@ -196,7 +209,7 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
         const double all = (double)r->kv_replicated_bytes_per_token + (double)r->kv_bytes_per_token;
         P("   copies   %u of each %s: per token the replica stores %s B, of which %s B (%s) are "
           "copies\n",
-          r->kv_head_replication, m->mla ? "latent" : "KV head", I(c, (uint64_t)all),
+          r->kv_head_replication, m->mla ? "latent" : "KV head", ID(c, all),
           I(c, r->kv_replicated_bytes_per_token),
           PCT(c, (double)r->kv_replicated_bytes_per_token / all));
         if (m->mla)
@@ -580,7 +593,7 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
       "attention%s)\n"
       "            and %s B of KV read; per step %s of weights read",
       I(c, r->decode_context), FL(c, r->decode_flops_per_seq), m->mla ? ", absorbed MLA" : "",
-      I(c, (uint64_t)r->decode_bytes_per_seq), G(c, r->weight_read_bytes));
+      ID(c, r->decode_bytes_per_seq), G(c, r->weight_read_bytes));
     P(m->n_experts ? " at batch 1 (more experts as the batch grows)\n" : "\n");
     if (r->fp8_compute)
         P("            (attention, %s FLOP of it, runs at the bf16 rate, %s TFLOP/s)\n",
@@ -686,8 +699,7 @@ static void sec_disagg(rc_t *c, const kvc_plan_result_t *r)
     P("8. Disaggregated prefill: the KV a prefill replica emits  [estimated: MFU %s]\n",
       N(c, p->mfu));
     if (r->prefill_rate_kind == KVC_PLAN_MEASURED)
-        P("   prefill rate   measured: %s tokens/s per replica\n",
-          I(c, (uint64_t)r->prefill_tokens_per_s));
+        P("   prefill rate   measured: %s tokens/s per replica\n", ID(c, r->prefill_tokens_per_s));
     else {
         P("   one prompt     (%s linear FLOP / %s TFLOP/s + %s attention FLOP / %s TFLOP/s) / MFU "
           "%s\n"
@@ -697,11 +709,11 @@ static void sec_disagg(rc_t *c, const kvc_plan_result_t *r)
         P("   prefill rate   %u GPU%s x %s tokens / %s GPU-s = %s tokens/s per replica  "
           "[estimated]\n",
           p->tp * p->pp, p->tp * p->pp == 1 ? "" : "s", I(c, p->prompt_tokens),
-          N(c, r->prefill_work_s), I(c, (uint64_t)r->prefill_tokens_per_s));
+          N(c, r->prefill_work_s), ID(c, r->prefill_tokens_per_s));
     }
     P("   KV out         %s B x %s tokens/s = %s per replica, %s per GPU\n",
-      I(c, r->kv_bytes_per_token), I(c, (uint64_t)r->prefill_tokens_per_s),
-      RT(c, r->prefill_kv_bytes_per_s), RT(c, r->prefill_kv_bytes_per_s_per_gpu));
+      I(c, r->kv_bytes_per_token), ID(c, r->prefill_tokens_per_s), RT(c, r->prefill_kv_bytes_per_s),
+      RT(c, r->prefill_kv_bytes_per_s_per_gpu));
     P("   why P cancels  KV bytes/token x FLOP/s / (2 x params): %s B x %s FLOP/s / (2 x %s) = %s "
       "per GPU\n"
       "                  at any prompt length (attention, ignored here, only lowers it)\n",
@@ -713,10 +725,10 @@ static void sec_disagg(rc_t *c, const kvc_plan_result_t *r)
       PCT(c, r->link_utilization));
     if (r->link_utilization > 1)
         P(": the link caps prefill at %s tokens/s per replica\n\n",
-          I(c, (uint64_t)r->link_limited_tokens_per_s));
+          ID(c, r->link_limited_tokens_per_s));
     else
         P("; the link would carry up to %s tokens/s per replica\n\n",
-          I(c, (uint64_t)(r->link_limited_tokens_per_s)));
+          ID(c, (r->link_limited_tokens_per_s)));
 }
 
 static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
@@ -754,7 +766,7 @@ static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
       "fetch\n"
       "   wins a little more than shown.\n");
     P("   SSD tier    endurance %s TB rated / %s written = %.1f days (%.2f years)%s\n\n",
-      I(c, (uint64_t)llround(p->ssd_endurance_bytes / 1e12)), RT(c, r->ssd_write_bytes_per_s),
+      ID(c, round(p->ssd_endurance_bytes / 1e12)), RT(c, r->ssd_write_bytes_per_s),
       r->ssd_endurance_days, r->ssd_endurance_days / 365.25,
       p->ssd_write_bytes_per_s > 0 ? ""
                                    : "\n               (writing all the KV one prefill GPU "
