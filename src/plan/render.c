@@ -866,6 +866,7 @@ static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
 
 int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
 {
+    if (!r || !out) return KVC_EINVAL;
     rc_t *c = calloc(1, sizeof *c);
     if (!c) return KVC_ENOMEM;
     header(c, r);
@@ -1046,16 +1047,9 @@ static cJSON *json_config(jctx_t *j, const kvc_plan_result_t *r)
     return o;
 }
 
-static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
+/* 1. KV bytes per token and the TP sweep */
+static void json_kv(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
 {
-    const kvc_plan_params_t *p = &r->params;
-    cJSON *o = chk(j, cJSON_CreateObject());
-    if (!o) return NULL;
-    attach(j, o, "model", json_model(j, r));
-    attach(j, o, "gpu", json_gpu(j, &r->gpu));
-    attach(j, o, "config", json_config(j, r));
-
-    /* 1 */
     add_u64(j, o, "kv_bytes_per_token", r->kv_bytes_per_token);
     add_u64(j, o, "kv_bytes_per_token_per_gpu", r->kv_bytes_per_token_per_gpu);
     add_u64(j, o, "kv_head_replication", r->kv_head_replication);
@@ -1073,8 +1067,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
         add_u64(j, x, "weight_bytes_per_gpu", r->tp_rows[i].weight_bytes_per_gpu);
         attach(j, sweep, NULL, x);
     }
+}
 
-    /* 2 */
+/* 2. the startup ledger */
+static void json_ledger(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     add_u64(j, o, "weight_bytes_per_gpu", r->weight_bytes_per_gpu);
     add_u64(j, o, "weight_bytes_total", r->weight_bytes_total);
     cJSON *ledger = chk(j, cJSON_AddArrayToObject(o, "ledger"));
@@ -1093,8 +1090,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, o, "num_blocks", r->num_blocks);
     add_u64(j, o, "pool_tokens", r->pool_tokens);
     add_u64(j, o, "binding_stage", r->binding_stage);
+}
 
-    /* 3 */
+/* 3. whether it starts, and what would make it */
+static void json_startup(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     add_bool(j, o, "fits", r->fits);
     if (r->fits)
         add_null(j, o, "failed_phase");
@@ -1122,8 +1122,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
         add_num(j, sug, "gpu_memory_utilization", r->suggest_utilization);
     else
         add_null(j, sug, "gpu_memory_utilization");
+}
 
-    /* 4 */
+/* 4. concurrency, the ceilings and the decode roofline */
+static void json_concurrency(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     add_u64(j, o, "max_concurrency", r->max_concurrency);
     add_u64(j, o, "kv_bytes_per_request", r->kv_bytes_per_request);
     add_u64(j, o, "blocks_per_request", r->blocks_per_request);
@@ -1141,8 +1144,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_num(j, dec, "kv_bytes_read_per_seq", r->decode_bytes_per_seq);
     add_num(j, dec, "weight_bytes_read", r->weight_read_bytes);
     add_num(j, dec, "peak_flops", r->peak_flops);
+}
 
-    /* 5 */
+/* 5. sliding windows */
+static void json_sliding(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     add_num(j, o, "sliding_window_saving", r->sliding_window_saving);
     cJSON *sw = chk(j, cJSON_AddObjectToObject(o, "sliding_window"));
     add_u64(j, sw, "context_tokens", r->context_tokens);
@@ -1152,15 +1158,22 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, sw, "bytes_without_freeing", r->swa_bytes_without_freeing);
     add_num(j, sw, "saving_limit", r->sliding_window_saving_limit);
     add_u64(j, o, "kv_bytes_per_request_model", r->kv_bytes_per_request_model);
+}
 
-    /* 6 */
+/* 6. prefill FLOPs */
+static void json_prefill(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     add_num(j, o, "prefill_attention_flops_fraction", r->prefill_attention_flops_fraction);
     cJSON *pf = chk(j, cJSON_AddObjectToObject(o, "prefill"));
     add_u64(j, pf, "context_tokens", r->context_tokens);
     add_num(j, pf, "linear_flops", r->prefill_linear_flops);
     add_num(j, pf, "attention_flops", r->prefill_attention_flops);
+}
 
-    /* 7 */
+/* 7. forks */
+static void json_forks(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
     cJSON *fk = chk(j, cJSON_AddObjectToObject(o, "forks"));
     add_u64(j, fk, "n", p->n_samples);
     add_u64(j, fk, "beams", p->beams);
@@ -1169,8 +1182,12 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, fk, "beams_unshared_bytes", r->fork_unshared_bytes_beams);
     add_u64(j, fk, "beams_shared_bytes", r->fork_shared_bytes_beams);
     add_u64(j, fk, "beams_diverged_bytes", r->fork_shared_bytes_beams_diverged);
+}
 
-    /* 8 */
+/* 8. disaggregated prefill */
+static void json_disagg(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
     cJSON *dg = chk(j, cJSON_AddObjectToObject(o, "disaggregation"));
     add_num(j, dg, "prefill_tokens_per_s", r->prefill_tokens_per_s);
     add_str(j, dg, "prefill_rate_kind", kvc_plan_kind_name(r->prefill_rate_kind));
@@ -1180,8 +1197,12 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_num(j, dg, "link_bytes_per_s", p->link_bytes_per_s);
     add_num(j, dg, "link_utilization", r->link_utilization);
     add_num(j, dg, "link_limited_tokens_per_s", r->link_limited_tokens_per_s);
+}
 
-    /* 9 */
+/* 9. recompute vs fetch */
+static void json_tiers(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
     cJSON *rf = chk(j, cJSON_AddObjectToObject(o, "recompute_vs_fetch"));
     add_num(j, rf, "recompute_s_per_token", r->recompute_s_per_token);
     add_num(j, rf, "break_even_bytes_per_s", r->break_even_bytes_per_s);
@@ -1202,8 +1223,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_num(j, ssd, "endurance_bytes", p->ssd_endurance_bytes);
     add_num(j, ssd, "write_bytes_per_s", r->ssd_write_bytes_per_s);
     add_num(j, ssd, "endurance_days", r->ssd_endurance_days);
+}
 
-    /* 10 */
+/* 10. Little's law */
+static void json_little(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     cJSON *lt = chk(j, cJSON_AddObjectToObject(o, "littles_law"));
     add_num(j, lt, "arrival_rate", r->arrival_rate);
     add_bool(j, lt, "arrival_rate_auto", r->arrival_rate_auto);
@@ -1218,8 +1242,12 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_str(j, lt, "max_arrival_rate_limited_by",
             r->little_max_by_ceiling ? "ceilings" : "throughput");
     add_u64(j, lt, "iterations", (uint64_t)r->little_iterations);
+}
 
-    /* 11 */
+/* 11. speculative decoding */
+static void json_spec(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
     cJSON *sp = chk(j, cJSON_AddObjectToObject(o, "speculative"));
     add_u64(j, sp, "spec_tokens", p->spec_tokens);
     add_num(j, sp, "acceptance", p->spec_acceptance);
@@ -1234,8 +1262,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
         add_u64(j, x, "kv_slots_per_seq", s->kv_slots_per_seq);
         attach(j, rows, NULL, x);
     }
+}
 
-    /* 12 */
+/* 12. tenancy */
+static void json_tenancy(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     cJSON *tn = chk(j, cJSON_AddObjectToObject(o, "tenancy"));
     add_u64(j, tn, "tokens_per_percent", r->tokens_per_percent);
     add_u64(j, tn, "image_tokens", r->model.image_tokens);
@@ -1250,11 +1281,34 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
         add_u64(j, x, "per_pool", t->per_pool);
         attach(j, req, NULL, x);
     }
+}
+
+static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
+{
+    cJSON *o = chk(j, cJSON_CreateObject());
+    if (!o) return NULL;
+    attach(j, o, "model", json_model(j, r));
+    attach(j, o, "gpu", json_gpu(j, &r->gpu));
+    attach(j, o, "config", json_config(j, r));
+    /* the sections in the order the text prints them */
+    json_kv(j, o, r);
+    json_ledger(j, o, r);
+    json_startup(j, o, r);
+    json_concurrency(j, o, r);
+    json_sliding(j, o, r);
+    json_prefill(j, o, r);
+    json_forks(j, o, r);
+    json_disagg(j, o, r);
+    json_tiers(j, o, r);
+    json_little(j, o, r);
+    json_spec(j, o, r);
+    json_tenancy(j, o, r);
     return o;
 }
 
 int kvc_plan_render_json(const kvc_plan_result_t *r, char **out)
 {
+    if (!r || !out) return KVC_EINVAL;
     jctx_t j = {false};
     cJSON *o = build_json(&j, r);
     char *s = o && !j.oom ? cJSON_Print(o) : NULL;
