@@ -165,19 +165,19 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
     } while (0)
     switch (ch) {
     case O_PROMPT:
-        U64(1, UINT64_C(1) << 40, pp->prompt_tokens);
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->prompt_tokens);
         break;
     case O_OUTPUT:
-        U64(1, UINT64_C(1) << 40, pp->output_tokens);
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->output_tokens);
         break;
     case O_CONTEXT:
-        U64(1, UINT64_C(1) << 40, pp->context_tokens);
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->context_tokens);
         break;
     case O_N:
-        U64(1, 1024, pp->n_samples);
+        U64(1, KVC_PLAN_MAX_FORKS, pp->n_samples);
         break;
     case O_BEAMS:
-        U64(1, 1024, pp->beams);
+        U64(1, KVC_PLAN_MAX_FORKS, pp->beams);
         break;
     case O_ARRIVAL:
         DBL(0, 1e9, pp->arrival_rate);
@@ -211,7 +211,7 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
         RATE(pp->ssd_write_bytes_per_s);
         break;
     case O_TENANT:
-        U64(1, UINT64_C(1) << 40, pp->tenant_tokens);
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->tenant_tokens);
         break;
     case O_JSON:
         a->json = true;

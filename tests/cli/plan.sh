@@ -118,11 +118,17 @@ expect_error "parameters, over the bound" --model "$TMP/params.json" --gpu h100
 printf '{"hidden_size":1,"intermediate_size":1,"num_hidden_layers":4096,"num_attention_heads":8192,"head_dim":16384,"vocab_size":1,"max_position_embeddings":4096}' \
   >"$TMP/kv.json"
 expect_error "KV bytes per token" --model "$TMP/kv.json" --gpu h100
+printf '{"hidden_size":4096,"intermediate_size":11008,"num_hidden_layers":32,"num_attention_heads":32,"vocab_size":32000}' \
+  >"$TMP/nomaxpos.json"
 # the same refusals reach `kvcache sim`, which loads its model through the planner
 timeout 30 "$KVC" sim --model "$TMP/wrap.json" --gpu h100 --workload 'poisson:rate=1,n=2,prompt=16,output=4' >"$TMP/out" 2>"$TMP/err"
 rc=$?
 [ "$rc" -eq 1 ] || fail "sim on the wrapping config: exit $rc, want 1"
 grep -qF "num_attention_heads 2147483648 is out of range" "$TMP/err" || fail "sim: $(cat "$TMP/err")"
+# token counts past the bound the library holds (2^32): the option says its range
+expect_error "--prompt: '4294967297' is not a whole number in 1..4294967296" --model llama-3.1-8b --gpu h100 --prompt 4294967297
+expect_error "--max-model-len 1099511627776 is out of range: at most 4294967296 tokens" \
+  --model "$TMP/nomaxpos.json" --gpu h100 --max-model-len 1099511627776
 # rates and sizes whose product with the unit is inf
 expect_error "--host-bandwidth: '1e300TB/s' is not a positive rate" --model llama-3.1-8b --gpu h100 --host-bandwidth 1e300TB/s
 expect_error "--gpu-bandwidth: '1e300TB/s' is not a positive rate" --model llama-3.1-8b --gpu h100 --gpu-bandwidth 1e300TB/s
