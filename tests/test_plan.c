@@ -2067,6 +2067,45 @@ static void extreme_inputs_plan_exactly_or_are_refused(void **state)
     assert_true(refused > n / 20);
 }
 
+/* Every NULL argument a header names is its error code, never a crash. */
+static void null_arguments_are_errors(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    kvc_plan_gpu_t g;
+    kvc_plan_dtype_t dt;
+    uint64_t v;
+    double d;
+    char msg[128] = "";
+    assert_int_equal(kvc_plan_dtype_parse("bf16", NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_preset("llama-3.1-8b", NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_gpu_preset("h100", NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_parse_bytes("1GiB", NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_parse_rate("1GB/s", NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_parse_bytes(NULL, &v), KVC_EINVAL);
+    assert_int_equal(kvc_plan_parse_rate(NULL, &d), KVC_EINVAL);
+    assert_int_equal(kvc_plan_dtype_parse(NULL, &dt), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_check(NULL, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_gpu_check(NULL, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_from_json(NULL, 0, "x", &m, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_from_json("{}", 2, "x", NULL, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_load(NULL, &m, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_load("/nonexistent", NULL, msg, sizeof msg), KVC_EINVAL);
+    g = tiny_gpu();
+    m = tiny();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    assert_int_equal(kvc_plan_compute(&m, &g, &p, NULL, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_compute(NULL, &g, &p, NULL, NULL, 0), KVC_EINVAL);
+    char *s = NULL;
+    assert_int_equal(kvc_plan_render_text(NULL, &s), KVC_EINVAL);
+    assert_int_equal(kvc_plan_render_json(NULL, &s), KVC_EINVAL);
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(kvc_plan_render_text(r, NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_render_json(r, NULL), KVC_EINVAL);
+    free(r);
+    kvc_plan_string_free(NULL);
+}
+
 static void mangled_configs_never_crash_the_reader(void **state)
 {
     (void)state;
@@ -2159,6 +2198,7 @@ int main(void)
         cmocka_unit_test(config_text_is_one_json_object_and_nothing_else),
         cmocka_unit_test(reports_and_messages_escape_control_bytes),
         cmocka_unit_test(extreme_inputs_plan_exactly_or_are_refused),
+        cmocka_unit_test(null_arguments_are_errors),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }

@@ -152,6 +152,7 @@ const char *kvc_plan_gpu_preset_name(size_t i)
 
 int kvc_plan_gpu_preset(const char *name, kvc_plan_gpu_t *out)
 {
+    if (!out) return KVC_EINVAL;
     if (!name) return KVC_ENOENT;
     for (size_t i = 0; i < KVC_ARRAY_LEN(gpu_presets); i++)
         for (int a = 0; a < 3 && gpu_presets[i].aliases[a]; a++)
@@ -242,7 +243,7 @@ int kvc_plan_parse_bytes(const char *s, uint64_t *out)
         {"TiB", 1099511627776.0},
     };
     double v;
-    if (parse_with_units(s, units, KVC_ARRAY_LEN(units), 1, &v)) return KVC_EINVAL;
+    if (!out || parse_with_units(s, units, KVC_ARRAY_LEN(units), 1, &v)) return KVC_EINVAL;
     v = floor(v + 0.5);
     if (v >= 9223372036854775808.0) return KVC_EINVAL;
     *out = (uint64_t)v;
@@ -257,7 +258,7 @@ int kvc_plan_parse_rate(const char *s, double *out)
         {"MiB/s", 1048576.0}, {"GiB/s", 1073741824.0}, {"TiB/s", 1099511627776.0},
     };
     double v;
-    if (parse_with_units(s, units, KVC_ARRAY_LEN(units), 1e9, &v)) return KVC_EINVAL;
+    if (!out || parse_with_units(s, units, KVC_ARRAY_LEN(units), 1e9, &v)) return KVC_EINVAL;
     *out = v;
     return 0;
 }

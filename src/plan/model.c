@@ -52,7 +52,7 @@ int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out)
         {"fp8_e5m2", KVC_PLAN_FP8}, {"fp8-e5m2", KVC_PLAN_FP8},  {"e5m2", KVC_PLAN_FP8},
         {"int4", KVC_PLAN_INT4},    {"w4a16", KVC_PLAN_INT4},
     };
-    if (!name) return KVC_EINVAL;
+    if (!name || !out) return KVC_EINVAL;
     for (size_t i = 0; i < KVC_ARRAY_LEN(aliases); i++)
         if (!strcasecmp(name, aliases[i].alias)) {
             *out = aliases[i].dt;
@@ -198,6 +198,7 @@ const char *kvc_plan_model_preset_name(size_t i)
 
 int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out)
 {
+    if (!out) return KVC_EINVAL;
     if (!name) return KVC_ENOENT;
     for (size_t i = 0; i < KVC_ARRAY_LEN(model_presets); i++)
         if (!strcasecmp(name, model_presets[i].name)) {
