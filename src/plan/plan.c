@@ -438,32 +438,40 @@ static int validate_engine(const kvc_plan_params_t *p, char *msg, size_t len)
 /* Token counts, measured bytes and rates within their bounds (plan.h). */
 static int validate_bounds(const kvc_plan_params_t *p, char *msg, size_t len)
 {
+    /* Token counts; measured bytes (KVC_PLAN_AUTO: estimated), which stay within what a
+     * ledger of five such terms holds in 63 bits. */
+#define TOKENS(name, v)                             \
+    {                                               \
+        name, v, KVC_PLAN_MAX_TOKENS, "", " tokens" \
+    }
+#define BYTES(name, v)                                                   \
+    {                                                                    \
+        name, v == KVC_PLAN_AUTO ? 0 : v, KVC_PLAN_MAX_BYTES, " B", " B" \
+    }
     const struct {
         const char *name;
-        uint64_t v;
-    } tokens[] = {{"--prompt", p->prompt_tokens},
-                  {"--output", p->output_tokens},
-                  {"--context", p->context_tokens},
-                  {"--max-model-len", p->max_model_len},
-                  {"--tenant-tokens", p->tenant_tokens}};
-    for (size_t i = 0; i < KVC_ARRAY_LEN(tokens); i++)
-        if (tokens[i].v > KVC_PLAN_MAX_TOKENS)
-            BAD("%s %llu is out of range: at most %llu tokens", tokens[i].name,
-                (unsigned long long)tokens[i].v, (unsigned long long)KVC_PLAN_MAX_TOKENS);
-    /* Measured bytes stay within what a ledger of five such terms holds in 63 bits. */
-    const struct {
-        const char *name;
-        uint64_t v;
-    } bytes[] = {{"--weight-memory", p->weight_bytes},
-                 {"--activation-memory", p->activation_bytes},
-                 {"--cuda-graph-memory", p->cuda_graph_bytes},
-                 {"--non-torch-memory", p->non_torch_bytes},
-                 {"--cuda-context-memory", p->cuda_context_bytes},
-                 {"--kv-cache-memory", p->kv_cache_bytes}};
-    for (size_t i = 0; i < KVC_ARRAY_LEN(bytes); i++)
-        if (bytes[i].v != KVC_PLAN_AUTO && bytes[i].v > KVC_PLAN_MAX_BYTES)
-            BAD("%s %llu B is out of range: at most %llu B", bytes[i].name,
-                (unsigned long long)bytes[i].v, (unsigned long long)KVC_PLAN_MAX_BYTES);
+        uint64_t v, max;
+        const char *unit, *max_unit;
+    } counts[] = {
+        TOKENS("--prompt", p->prompt_tokens),
+        TOKENS("--output", p->output_tokens),
+        TOKENS("--context", p->context_tokens),
+        TOKENS("--max-model-len", p->max_model_len),
+        TOKENS("--tenant-tokens", p->tenant_tokens),
+        BYTES("--weight-memory", p->weight_bytes),
+        BYTES("--activation-memory", p->activation_bytes),
+        BYTES("--cuda-graph-memory", p->cuda_graph_bytes),
+        BYTES("--non-torch-memory", p->non_torch_bytes),
+        BYTES("--cuda-context-memory", p->cuda_context_bytes),
+        BYTES("--kv-cache-memory", p->kv_cache_bytes),
+    };
+#undef TOKENS
+#undef BYTES
+    for (size_t i = 0; i < KVC_ARRAY_LEN(counts); i++)
+        if (counts[i].v > counts[i].max)
+            BAD("%s %llu%s is out of range: at most %llu%s", counts[i].name,
+                (unsigned long long)counts[i].v, counts[i].unit, (unsigned long long)counts[i].max,
+                counts[i].max_unit);
     /* Rates: positive where required, never negative, NaN or past the bound (inf). */
     const struct {
         const char *name;
