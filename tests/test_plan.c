@@ -1678,8 +1678,8 @@ static void model_fields_are_bounded_by_real_models(void **state)
     m.kv_lora_rank = KVC_PLAN_MAX_RANK + 1;
     expect_model_refused(&m, "kv_lora_rank", "131072");
     m = preset_model("deepseek-v3");
-    m.qk_rope_head_dim = UINT32_MAX; /* nope + rope would wrap in 32 bits */
-    m.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    m.qk_rope_head_dim = UINT32_MAX; /* nope + rope wraps in 32 bits: head_dim "matches" */
+    m.head_dim = (uint32_t)((uint64_t)m.qk_nope_head_dim + m.qk_rope_head_dim);
     expect_model_refused(&m, "qk_rope_head_dim", "16384");
 }
 
@@ -2106,6 +2106,30 @@ static void null_arguments_are_errors(void **state)
     kvc_plan_string_free(NULL);
 }
 
+/* A deployment-wide count past 64 bits is printed as a number, not wrapped: 2^60 B of
+ * memory, 512 B per request, 65,536 replicas. */
+static void deployment_totals_do_not_wrap_in_the_text(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    kvc_plan_gpu_t g = tiny_gpu();
+    g.memory_bytes = KVC_PLAN_MAX_BYTES;
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.dp = 65536;
+    p.prompt_tokens = p.output_tokens = 1;
+    p.block_size = 1;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_true((double)r->max_concurrency * p.dp > 0x1p64);
+    char want[64];
+    snprintf(want, sizeof want, "x 65536 replicas = %.3g for the deployment",
+             (double)r->max_concurrency * p.dp);
+    char *s = NULL;
+    assert_ok(kvc_plan_render_text(r, &s));
+    if (!strstr(s, want)) fail_msg("the text lacks '%s'", want);
+    kvc_plan_string_free(s);
+    free(r);
+}
+
 static void mangled_configs_never_crash_the_reader(void **state)
 {
     (void)state;
@@ -2199,6 +2223,7 @@ int main(void)
         cmocka_unit_test(reports_and_messages_escape_control_bytes),
         cmocka_unit_test(extreme_inputs_plan_exactly_or_are_refused),
         cmocka_unit_test(null_arguments_are_errors),
+        cmocka_unit_test(deployment_totals_do_not_wrap_in_the_text),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }

@@ -36,6 +36,13 @@ static const char *ID(rc_t *c, double v)
     snprintf(s, 64, "%.3g", v);
     return s;
 }
+/* a x b, exact where it fits 64 bits, else in %.3g. */
+static const char *IMUL(rc_t *c, uint64_t a, uint64_t b)
+{
+    const kvc__u128 v = (kvc__u128)a * b;
+    if (v < KVC_PLAN_UNBOUNDED) return I(c, (uint64_t)v);
+    return ID(c, (double)a * (double)b);
+}
 static const char *BY(rc_t *c, uint64_t v)
 {
     return kvc__fmt_bytes(slot(c), 64, v);
@@ -563,7 +570,7 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
       I(c, r->kv_bytes_per_request), I(c, r->max_concurrency), p->dp > 1 ? " per replica" : "");
     if (p->dp > 1)
         P("                x %u replicas = %s for the deployment\n", p->dp,
-          I(c, r->max_concurrency * p->dp));
+          IMUL(c, r->max_concurrency, p->dp));
     P("   why a ceiling: each sequence wastes up to %u tokens in its last, partial block (%s "
       "here); "
       "the\n"
