@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1536,6 +1537,599 @@ static void random_deployments_keep_the_invariants(void **state)
     assert_true(refused > 0);
 }
 
+/* A value in 1..bound, log-uniform, with the two ends drawn often. */
+static uint64_t pick(kvc_rng_t *rng, uint64_t bound)
+{
+    if (bound <= 1) return 1;
+    switch (kvc_rng_below(rng, 4)) {
+    case 0:
+        return bound;
+    case 1:
+        return 1;
+    default: {
+        const int bits = 64 - __builtin_clzll(bound);
+        uint64_t v = kvc_rng_next(rng) >> (64 - 1 - kvc_rng_below(rng, (uint64_t)bits));
+        return v % bound + 1;
+    }
+    }
+}
+
+__extension__ typedef unsigned __int128 u128;
+__extension__ typedef __int128 i128;
+
+/* The integers a plan derives, recounted in 128 bits: nothing wrapped. */
+static void check_exact(const kvc_plan_result_t *r)
+{
+    const kvc_plan_model_t *m = &r->model;
+    const kvc_plan_params_t *p = &r->params;
+    const u128 bits = kvc_plan_dtype_bits(p->kv_dtype);
+    const u128 kv = m->mla ? ((u128)m->kv_lora_rank + m->qk_rope_head_dim) * m->n_layers * bits / 8
+                           : (u128)2 * m->n_layers * m->n_kv_heads * m->head_dim * bits / 8;
+    assert_true(kv == r->kv_bytes_per_token);
+    assert_true(r->kv_bytes_per_token_per_gpu > 0);
+    assert_true(r->n_gpus == (u128)p->tp * p->pp * p->dp);
+    const kvc_plan_param_count_t *c = &r->counts;
+    assert_true((u128)c->embedding + c->lm_head + c->attention + c->mlp_dense + c->experts_routed +
+                    c->experts_shared + c->router + c->norms ==
+                c->total);
+    assert_true(c->total <= KVC_PLAN_MAX_PARAMS && c->active <= c->total);
+    assert_true(c->embedding == (u128)m->vocab_size * m->hidden_size);
+    /* the pool is what the budget leaves, with no wrap */
+    if (p->kv_cache_bytes == KVC_PLAN_AUTO) {
+        i128 left = r->budget_bytes;
+        for (uint32_t i = 0; i < r->n_ledger; i++)
+            if (r->ledger[i].op == KVC_PLAN_OP_SUBTRACT) left -= r->ledger[i].bytes;
+        if (p->pp == 1) assert_true(left == r->kv_pool_signed_bytes);
+    }
+    assert_true((u128)r->num_blocks * p->block_size * r->kv_bytes_per_token_per_gpu <=
+                r->kv_pool_bytes_per_gpu);
+    assert_true((u128)(r->num_blocks + 1) * p->block_size * r->kv_bytes_per_token_per_gpu >
+                r->kv_pool_bytes_per_gpu);
+    assert_true(r->image_bytes_per_gpu == (u128)m->image_tokens * r->kv_bytes_per_token_per_gpu);
+    assert_true(r->fits == (r->failed_phase < 0));
+    char *s = NULL;
+    assert_ok(kvc_plan_render_text(r, &s));
+    kvc_plan_string_free(s);
+    assert_ok(kvc_plan_render_json(r, &s));
+    cJSON *o = cJSON_Parse(s);
+    assert_non_null(o);
+    cJSON_Delete(o);
+    kvc_plan_string_free(s);
+}
+/* ---- hostile inputs: bounds, overflow, parsers ------------------------------------------ */
+/* The config from the issue whose KV bytes per token wrapped to 0 (a NULL binding stage). */
+#define WRAPPING_CONFIG                                                            \
+    "{\"hidden_size\":1,\"intermediate_size\":1,\"num_hidden_layers\":1,"          \
+    "\"num_attention_heads\":2147483648,\"head_dim\":2147483648,\"vocab_size\":1," \
+    "\"max_position_embeddings\":4096}"
+
+/* Expect the model refused with KVC_EINVAL and one line naming `field` and `bound`, both by
+ * kvc_plan_model_check and by kvc_plan_compute (which sim and every caller go through). */
+static void expect_model_refused(const kvc_plan_model_t *m, const char *field, const char *bound)
+{
+    char msg[256] = "";
+    assert_int_equal(kvc_plan_model_check(m, msg, sizeof msg), KVC_EINVAL);
+    if (!strstr(msg, field) || !strstr(msg, bound) || strchr(msg, '\n'))
+        fail_msg("model_check: '%s' lacks '%s' or '%s'", msg, field, bound);
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    expect_refused(m, &g, &p, KVC_EINVAL, field);
+}
+
+static void model_fields_are_bounded_by_real_models(void **state)
+{
+    (void)state;
+    /* the issue's crash: KV bytes per token 2 x 1 x 2^31 x 2^31 x 2 B wrapped to 0 */
+    kvc_plan_model_t m = tiny();
+    m.hidden_size = 1;
+    m.n_layers = 1;
+    m.n_heads = m.n_kv_heads = 1u << 31;
+    m.head_dim = m.v_head_dim = 1u << 31;
+    expect_model_refused(&m, "num_attention_heads 2147483648", "8192");
+    /* the issue's hang: the per-layer weight loop over 2^32 - 1 layers */
+    m = tiny();
+    m.n_layers = UINT32_MAX;
+    expect_model_refused(&m, "num_hidden_layers 4294967295", "4096");
+    /* each field at its bound passes on its own, one past it is refused by name */
+    const struct {
+        size_t off;
+        const char *name;
+        uint32_t bound;
+    } fields[] = {
+        {offsetof(kvc_plan_model_t, hidden_size), "hidden_size", KVC_PLAN_MAX_HIDDEN},
+        {offsetof(kvc_plan_model_t, n_layers), "num_hidden_layers", KVC_PLAN_MAX_LAYERS},
+        {offsetof(kvc_plan_model_t, head_dim), "head_dim", KVC_PLAN_MAX_HEAD_DIM},
+        {offsetof(kvc_plan_model_t, v_head_dim), "v_head_dim", KVC_PLAN_MAX_HEAD_DIM},
+        {offsetof(kvc_plan_model_t, vocab_size), "vocab_size", KVC_PLAN_MAX_VOCAB},
+        {offsetof(kvc_plan_model_t, intermediate_size), "intermediate_size",
+         KVC_PLAN_MAX_INTERMEDIATE},
+        {offsetof(kvc_plan_model_t, image_tokens), "image tokens", KVC_PLAN_MAX_IMAGE_TOKENS},
+        {offsetof(kvc_plan_model_t, sliding_window), "sliding_window", KVC_PLAN_MAX_WINDOW},
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(fields); i++) {
+        m = tiny();
+        uint32_t *f = (uint32_t *)((char *)&m + fields[i].off);
+        if (fields[i].off == offsetof(kvc_plan_model_t, sliding_window)) m.n_sliding_layers = 2;
+        *f = fields[i].bound;
+        char msg[256] = "";
+        if (kvc_plan_model_check(&m, msg, sizeof msg))
+            fail_msg("%s at its bound %u refused: %s", fields[i].name, fields[i].bound, msg);
+        *f = fields[i].bound + 1;
+        char bound[32];
+        snprintf(bound, sizeof bound, "%u", fields[i].bound);
+        expect_model_refused(&m, fields[i].name, bound);
+    }
+    m = tiny();
+    m.max_position_embeddings = KVC_PLAN_MAX_TOKENS + 1;
+    expect_model_refused(&m, "max_position_embeddings", "4294967296");
+    /* MoE and MLA fields */
+    m = tiny();
+    m.n_experts = KVC_PLAN_MAX_EXPERTS + 1;
+    m.n_experts_active = 1;
+    m.moe_intermediate_size = 8;
+    expect_model_refused(&m, "num_experts", "16384");
+    m.n_experts = 8;
+    m.n_shared_experts = KVC_PLAN_MAX_EXPERTS + 1;
+    expect_model_refused(&m, "n_shared_experts", "16384");
+    m.n_shared_experts = 0;
+    m.moe_intermediate_size = KVC_PLAN_MAX_INTERMEDIATE + 1;
+    expect_model_refused(&m, "moe_intermediate_size", "1048576");
+    m = preset_model("deepseek-v3");
+    m.kv_lora_rank = KVC_PLAN_MAX_RANK + 1;
+    expect_model_refused(&m, "kv_lora_rank", "131072");
+    m = preset_model("deepseek-v3");
+    m.qk_rope_head_dim = UINT32_MAX; /* nope + rope wraps in 32 bits: head_dim "matches" */
+    m.head_dim = (uint32_t)((uint64_t)m.qk_nope_head_dim + m.qk_rope_head_dim);
+    expect_model_refused(&m, "qk_rope_head_dim", "16384");
+}
+
+static void derived_counts_are_bounded_too(void **state)
+{
+    (void)state;
+    /* every field within its bound, but 4,096 layers of 8,192 KV heads of 16,384: KV bytes
+     * per token 2 x 4096 x 8192 x 16384 x 2 B = 2^41, over the bound 2^30 */
+    kvc_plan_model_t m = tiny();
+    m.hidden_size = 1;
+    m.n_layers = KVC_PLAN_MAX_LAYERS;
+    m.n_heads = m.n_kv_heads = KVC_PLAN_MAX_HEADS;
+    m.head_dim = m.v_head_dim = KVC_PLAN_MAX_HEAD_DIM;
+    expect_model_refused(&m, "KV bytes per token", "1073741824");
+    /* 16,384 experts of width 2^20 over 4,096 layers of width 2^17: 3 x 2^63 parameters,
+     * which wrapped 64 bits; the bound is 2^50 */
+    m = tiny();
+    m.hidden_size = KVC_PLAN_MAX_HIDDEN;
+    m.n_layers = KVC_PLAN_MAX_LAYERS;
+    m.n_experts = KVC_PLAN_MAX_EXPERTS;
+    m.n_experts_active = 1;
+    m.moe_intermediate_size = KVC_PLAN_MAX_INTERMEDIATE;
+    expect_model_refused(&m, "parameters", "1125899906842624");
+    /* the smallest model there is still counts */
+    m = tiny();
+    m.hidden_size = 1;
+    m.vocab_size = 1;
+    m.n_layers = 1;
+    m.n_heads = m.n_kv_heads = 1;
+    m.head_dim = m.v_head_dim = 1;
+    m.intermediate_size = 1;
+    assert_ok(kvc_plan_model_check(&m, NULL, 0));
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* attention q, k, v, o 4 + MLP 3 + norms 2 + final norm 1 + embedding 1 + head 1 */
+    assert_int_equal(c.total, 12);
+}
+
+/* BASE without its layer count (a repeated key would read as the first). */
+#define NO_LAYERS                                                                 \
+    "\"hidden_size\": 4096, \"num_attention_heads\": 32, \"vocab_size\": 32000, " \
+    "\"intermediate_size\": 11008"
+
+static void config_bounds_name_the_key_as_written(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    char msg[256];
+    const struct {
+        const char *json;
+        const char *needle;
+    } cases[] = {
+        {WRAPPING_CONFIG, "num_attention_heads 2147483648 is out of range: at most 8192"},
+        {"{" NO_LAYERS ", \"num_hidden_layers\": 4294967295}",
+         "num_hidden_layers 4294967295 is out of range: at most 4096"},
+        {"{" NO_LAYERS ", \"n_layer\": 5000, \"num_hidden_layers\": null}",
+         "n_layer 5000 is out of range: at most 4096"},
+        /* 65,536 / 1 = 65,536 patches a side: 2^32 image tokens, which wrapped to 0 */
+        {"{\"text_config\": {" BASE "}, \"vision_config\": {\"image_size\": 65536,"
+         " \"patch_size\": 1}}",
+         "image tokens"},
+        {"{" BASE ", \"mm_tokens_per_image\": 1048577}", "mm_tokens_per_image 1048577"},
+        {"{" NO_LAYERS ", \"num_hidden_layers\": 2, \"max_position_embeddings\": 4294967297}",
+         "max_position_embeddings"},
+        {"{" BASE ", \"kv_lora_rank\": 512, \"qk_rope_head_dim\": 4294967295,"
+         " \"qk_nope_head_dim\": 1, \"v_head_dim\": 128}",
+         "qk_rope_head_dim 4294967295 is out of range"},
+        /* first_k_dense_replace plus mlp_only_layers wrapped 32 bits to 0 dense layers */
+        {"{" BASE ", \"num_local_experts\": 8, \"num_experts_per_tok\": 2,"
+         " \"first_k_dense_replace\": 4294967295, \"mlp_only_layers\": [1]}",
+         "first_k_dense_replace"},
+        {"{" BASE ", \"num_local_experts\": 8, \"num_experts_per_tok\": 2,"
+         " \"moe_intermediate_size\": 1048576, \"n_routed_experts\": 16384}",
+         "parameters"},
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(cases); i++) {
+        int rc = parse(cases[i].json, &m, msg);
+        if (rc != KVC_EINVAL || !strstr(msg, cases[i].needle) || strchr(msg, '\n'))
+            fail_msg("case %zu: rc %d msg '%s', want KVC_EINVAL '%s'", i, rc, msg, cases[i].needle);
+    }
+}
+
+/* A sim run loads its model through the planner (kvc_sim_run -> kvc_plan_compute); the
+ * wrapping model crashed it the way it crashed `kvcache plan`. */
+static void sim_refuses_what_the_planner_refuses(void **state)
+{
+    (void)state;
+    kvc_sim_config_t c = kvc_sim_config_default();
+    char msg[256] = "";
+    assert_int_equal(kvc_plan_model_from_json(WRAPPING_CONFIG, strlen(WRAPPING_CONFIG), "w",
+                                              &c.model, msg, sizeof msg),
+                     KVC_EINVAL);
+    /* a caller that fills the struct itself gets the same refusal from the run */
+    c.model = tiny();
+    c.model.hidden_size = 1;
+    c.model.n_layers = 1;
+    c.model.n_heads = c.model.n_kv_heads = 1u << 31;
+    c.model.head_dim = c.model.v_head_dim = 1u << 31;
+    c.gpu = tiny_gpu();
+    c.num_blocks = 64;
+    kvc_workload_params_t wp = kvc_workload_params_default();
+    kvc_workload_t *w = NULL;
+    char err[256] = "";
+    assert_ok(kvc_workload_load("poisson:rate=5,n=4,prompt=16,output=4", &wp, &w, err, sizeof err));
+    kvc_report_params_t rp = kvc_report_params_default();
+    kvc_report_t *rep = NULL;
+    assert_ok(kvc_report_create(&rp, &rep));
+    kvc_sim_result_t *res = malloc(sizeof *res);
+    assert_non_null(res);
+    err[0] = '\0';
+    assert_int_equal(kvc_sim_run(&c, w, rep, res, err, sizeof err), KVC_EINVAL);
+    if (!strstr(err, "num_attention_heads")) fail_msg("sim: '%s'", err);
+    free(res);
+    kvc_report_destroy(rep);
+    kvc_workload_destroy(w);
+}
+
+static void byte_overrides_and_deployment_sizes_are_bounded(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    /* the issue's signed overflow: budget - 9.2e18 - 9.2e18 */
+    p.weight_bytes = p.activation_bytes = UINT64_C(9200000000000000000);
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--weight-memory 9200000000000000000");
+    p = kvc_plan_params_default();
+    p.activation_bytes = KVC_PLAN_MAX_BYTES + 1;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--activation-memory");
+    p = kvc_plan_params_default();
+    p.kv_cache_bytes = KVC_PLAN_MAX_BYTES + 1;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--kv-cache-memory");
+    /* at the bound every override plans: nothing fits, and the ledger still adds up */
+    p = kvc_plan_params_default();
+    p.weight_bytes = p.activation_bytes = p.cuda_graph_bytes = p.non_torch_bytes =
+        KVC_PLAN_MAX_BYTES;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_false(r->fits);
+    assert_int_equal(r->failed_phase, KVC_PLAN_PHASE_LOAD_WEIGHTS);
+    assert_true(r->kv_pool_signed_bytes ==
+                (int64_t)r->budget_bytes - 4 * (int64_t)KVC_PLAN_MAX_BYTES);
+    check_invariants(r);
+    free(r);
+    /* the GPU's memory and rates */
+    g.memory_bytes = KVC_PLAN_MAX_BYTES + 1;
+    char msg[256] = "";
+    assert_int_equal(kvc_plan_gpu_check(&g, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "memory"));
+    g = tiny_gpu();
+    g.pcie_bytes_per_s = INFINITY;
+    assert_int_equal(kvc_plan_gpu_check(&g, msg, sizeof msg), KVC_EINVAL);
+    g = tiny_gpu();
+    g.fp8_flops = NAN;
+    assert_int_equal(kvc_plan_gpu_check(&g, msg, sizeof msg), KVC_EINVAL);
+    g = tiny_gpu();
+    /* an infinite host link was accepted and printed "inf TB/s" */
+    p = kvc_plan_params_default();
+    p.host_bytes_per_s = INFINITY;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--host-bandwidth");
+    p = kvc_plan_params_default();
+    p.ssd_write_bytes_per_s = INFINITY;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--ssd-write-rate");
+    p = kvc_plan_params_default();
+    p.prefill_tokens_per_s = 1e300;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--prefill-tokens-per-s");
+    /* token counts and engine limits (1024 x 64 x 65536 GPUs wrapped the 32-bit count to 0) */
+    p = kvc_plan_params_default();
+    p.max_model_len = KVC_PLAN_MAX_TOKENS + 1;
+    m.max_position_embeddings = 0;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--max-model-len");
+    m = tiny();
+    p = kvc_plan_params_default();
+    p.tenant_tokens = KVC_PLAN_MAX_TOKENS + 1;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--tenant-tokens");
+    p = kvc_plan_params_default();
+    p.max_num_batched_tokens = UINT32_MAX;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--max-num-batched-tokens");
+    p = kvc_plan_params_default();
+    p.max_num_seqs = p.max_num_batched_tokens = (1u << 24) + 1;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--max-num-seqs");
+    p = kvc_plan_params_default();
+    p.n_samples = 1025;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--n");
+    m.n_heads = m.n_kv_heads = 1024;
+    m.hidden_size = 1024;
+    m.head_dim = m.v_head_dim = 1;
+    m.n_layers = 64;
+    p = kvc_plan_params_default();
+    p.tp = 1024;
+    p.pp = 64;
+    p.dp = 65536;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "GPUs");
+}
+
+static void units_refuse_what_overflows(void **state)
+{
+    (void)state;
+    double d;
+    uint64_t v;
+    /* 1e300 x 1e12 is inf: it was accepted as a rate */
+    const char *bad_rates[] = {"1e300TB/s", "1e308", "1e300 TiB/s", "inf",
+                               "nan",       "1e400", "5 GB/s x",    NULL};
+    for (int i = 0; bad_rates[i]; i++)
+        if (kvc_plan_parse_rate(bad_rates[i], &d) != KVC_EINVAL)
+            fail_msg("rate '%s' accepted as %g", bad_rates[i], d);
+    const char *bad_sizes[] = {"1e300TB", "1e300", "9.3e18", "8EiB", "1e19 B", NULL};
+    for (int i = 0; bad_sizes[i]; i++)
+        if (kvc_plan_parse_bytes(bad_sizes[i], &v) != KVC_EINVAL)
+            fail_msg("size '%s' accepted as %llu", bad_sizes[i], (unsigned long long)v);
+    /* the largest of each still parses */
+    assert_ok(kvc_plan_parse_rate("1e290TB/s", &d));
+    assert_true(isfinite(d) && d == 1e290 * 1e12);
+    assert_ok(kvc_plan_parse_bytes("8e18", &v));
+    assert_int_equal(v, UINT64_C(8000000000000000000));
+}
+
+static void config_text_is_one_json_object_and_nothing_else(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    char msg[256];
+    /* whitespace after the object is fine */
+    static const char spaced[] = "{" BASE "}\n\t \r\n";
+    assert_ok(kvc_plan_model_from_json(spaced, sizeof spaced - 1, "t", &m, msg, sizeof msg));
+    const struct {
+        const char *text;
+        size_t len;
+        const char *needle;
+    } cases[] = {
+#define LIT(text) text, sizeof text - 1
+        {LIT("{" BASE "} trailing garbage"), "trailing text at byte"},
+        {LIT("{" BASE "}{\"hidden_size\": 8}"), "trailing text"},
+        /* an embedded NUL and a second object after it */
+        {LIT("{" BASE "}\0{\"x\": 1}"), "NUL byte at byte"},
+        /* a NUL inside a string cut the string short */
+        {LIT("{" BASE ", \"model_type\": \"lla\0ma\"}"), "NUL byte"},
+        /* a raw control byte inside a string, or between tokens, is not JSON */
+        {LIT("{" BASE ", \"model_type\": \"lla\033ma\"}"), "control byte 0x1b"},
+        {LIT("{" BASE ", \"model_type\": \"a\tb\"}"), "control byte 0x09"},
+        {LIT("{" BASE ",\001\"head_dim\": 128}"), "control byte 0x01"},
+#undef LIT
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(cases); i++) {
+        msg[0] = '\0';
+        int rc = kvc_plan_model_from_json(cases[i].text, cases[i].len, "t", &m, msg, sizeof msg);
+        if (rc != KVC_EPARSE || !strstr(msg, cases[i].needle) || strchr(msg, '\n'))
+            fail_msg("case %zu: rc %d msg '%s', want KVC_EPARSE '%s'", i, rc, msg, cases[i].needle);
+    }
+    /* escaped control characters in strings are JSON and stay accepted */
+    static const char escaped[] = "{" BASE ", \"model_type\": \"a\\tb\\u001b\"}";
+    assert_ok(kvc_plan_model_from_json(escaped, sizeof escaped - 1, "t", &m, msg, sizeof msg));
+}
+
+/* True when s holds no byte below 0x20 but '\n', and no DEL. */
+static bool printable(const char *s)
+{
+    for (; *s; s++)
+        if (((unsigned char)*s < 0x20 && *s != '\n') || *s == 0x7f) return false;
+    return true;
+}
+
+static void reports_and_messages_escape_control_bytes(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    snprintf(m.name, sizeof m.name, "evil\033[31mred\x7f\x01");
+    kvc_plan_gpu_t g = tiny_gpu();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    char *s = NULL;
+    assert_ok(kvc_plan_render_text(r, &s));
+    assert_true(printable(s));
+    assert_non_null(strstr(s, "kvcache plan: evil\\x1b[31mred\\x7f\\x01 on 1 x tiny GPU"));
+    kvc_plan_string_free(s);
+    /* JSON keeps the name as it is, escaped the JSON way */
+    assert_ok(kvc_plan_render_json(r, &s));
+    cJSON *o = cJSON_Parse(s);
+    assert_non_null(o);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "model"), "name")->valuestring,
+                        m.name);
+    cJSON_Delete(o);
+    kvc_plan_string_free(s);
+    free(r);
+    /* a path with a control byte in it, echoed in the error */
+    char msg[256] = "";
+    assert_int_equal(kvc_plan_model_load("/nonexistent/a\033b\nc/config.json", &m, msg, sizeof msg),
+                     KVC_EIO);
+    assert_true(printable(msg) && !strchr(msg, '\n'));
+    assert_non_null(strstr(msg, "/nonexistent/a\\x1bb\\x0ac/config.json"));
+}
+
+/* Every field and option drawn anywhere in its accepted range, most of them near the ends:
+ * a plan is refused with one line or computed without a wrap (the sanitizer build checks
+ * the arithmetic), and the derived integers agree with a 128-bit recount. */
+static void extreme_inputs_plan_exactly_or_are_refused(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 11);
+    const int n = 300 / KVC_TEST_SANITIZER_DIVISOR;
+    int planned = 0, refused = 0;
+#define PICK(bound) pick(&rng, (bound))
+    for (int it = 0; it < n; it++) {
+        kvc_plan_model_t m = {.name = "extreme"};
+        kvc_plan_params_t p = kvc_plan_params_default();
+        p.tp = 1u << kvc_rng_below(&rng, 11); /* a TP that divides the heads */
+        m.hidden_size = (uint32_t)PICK(KVC_PLAN_MAX_HIDDEN);
+        m.n_layers = (uint32_t)PICK(KVC_PLAN_MAX_LAYERS);
+        m.n_heads = p.tp * (uint32_t)PICK(KVC_PLAN_MAX_HEADS / p.tp);
+        m.n_kv_heads = kvc_rng_below(&rng, 2) ? m.n_heads : 1;
+        m.head_dim = m.v_head_dim = (uint32_t)PICK(KVC_PLAN_MAX_HEAD_DIM);
+        m.vocab_size = (uint32_t)PICK(KVC_PLAN_MAX_VOCAB);
+        m.intermediate_size = (uint32_t)PICK(KVC_PLAN_MAX_INTERMEDIATE);
+        m.tie_embeddings = kvc_rng_below(&rng, 2);
+        m.qkv_bias = kvc_rng_below(&rng, 2);
+        if (kvc_rng_below(&rng, 3) == 0) {
+            m.n_experts = (uint32_t)PICK(KVC_PLAN_MAX_EXPERTS);
+            m.n_experts_active = (uint32_t)PICK(m.n_experts);
+            m.moe_intermediate_size = (uint32_t)PICK(KVC_PLAN_MAX_INTERMEDIATE);
+            m.n_shared_experts = (uint32_t)kvc_rng_below(&rng, 3);
+            m.n_dense_layers = (uint32_t)kvc_rng_below(&rng, m.n_layers + 1);
+        }
+        if (kvc_rng_below(&rng, 4) == 0) {
+            m.mla = true;
+            m.kv_lora_rank = (uint32_t)PICK(KVC_PLAN_MAX_RANK);
+            m.q_lora_rank = (uint32_t)kvc_rng_below(&rng, KVC_PLAN_MAX_RANK);
+            m.qk_rope_head_dim = (uint32_t)PICK(KVC_PLAN_MAX_HEAD_DIM / 2);
+            m.qk_nope_head_dim = (uint32_t)PICK(KVC_PLAN_MAX_HEAD_DIM / 2);
+            m.head_dim = m.qk_rope_head_dim + m.qk_nope_head_dim;
+        }
+        if (kvc_rng_below(&rng, 3) == 0) {
+            m.sliding_window = (uint32_t)PICK(KVC_PLAN_MAX_WINDOW);
+            m.n_sliding_layers = (uint32_t)PICK(m.n_layers);
+        }
+        m.image_tokens = (uint32_t)kvc_rng_below(&rng, KVC_PLAN_MAX_IMAGE_TOKENS + 1);
+        m.max_position_embeddings = 1 + PICK(KVC_PLAN_MAX_TOKENS - 1);
+        kvc_plan_gpu_t g = tiny_gpu();
+        g.memory_bytes = PICK(KVC_PLAN_MAX_BYTES);
+        g.hbm_bytes_per_s = (double)PICK((uint64_t)KVC_PLAN_MAX_RATE);
+        g.bf16_flops = (double)PICK(UINT64_C(1) << 62) * 100;
+        g.fp8_flops = kvc_rng_below(&rng, 2) ? 0 : (double)PICK(UINT64_C(1) << 62) * 100;
+        g.l2_bytes = PICK(KVC_PLAN_MAX_BYTES);
+        p.pp = (uint32_t)PICK(KVC_MIN(64, m.n_layers));
+        p.dp = (uint32_t)PICK(KVC_MIN(65536, KVC_PLAN_MAX_GPUS / ((uint64_t)p.tp * p.pp)));
+        p.block_size = 1u << kvc_rng_below(&rng, 11);
+        p.weight_dtype = (kvc_plan_dtype_t)kvc_rng_below(&rng, 4);
+        p.kv_dtype = (kvc_plan_dtype_t)kvc_rng_below(&rng, 3);
+        p.max_num_seqs = (uint32_t)PICK(KVC_PLAN_MAX_SEQS);
+        p.max_num_batched_tokens =
+            p.max_num_seqs + (uint32_t)kvc_rng_below(&rng, KVC_PLAN_MAX_BATCHED - p.max_num_seqs);
+        p.max_model_len = kvc_rng_below(&rng, 2) ? 0 : 1 + PICK(m.max_position_embeddings - 1);
+        const uint64_t max_len = p.max_model_len ? p.max_model_len : m.max_position_embeddings;
+        p.prompt_tokens = PICK(KVC_MAX(max_len / 2, 1));
+        p.output_tokens = PICK(KVC_MAX(max_len / 2, 1));
+        p.context_tokens = kvc_rng_below(&rng, 2) ? 0 : PICK(max_len);
+        p.tenant_tokens = kvc_rng_below(&rng, 2) ? 0 : PICK(KVC_PLAN_MAX_TOKENS);
+        p.n_samples = (uint32_t)PICK(KVC_PLAN_MAX_FORKS);
+        p.beams = (uint32_t)PICK(KVC_PLAN_MAX_FORKS);
+        uint64_t *const overrides[] = {&p.weight_bytes,       &p.activation_bytes,
+                                       &p.cuda_graph_bytes,   &p.non_torch_bytes,
+                                       &p.cuda_context_bytes, &p.kv_cache_bytes};
+        for (size_t i = 0; i < KVC_ARRAY_LEN(overrides); i++)
+            if (kvc_rng_below(&rng, 4) == 0) *overrides[i] = PICK(KVC_PLAN_MAX_BYTES);
+        p.link_bytes_per_s = (double)PICK((uint64_t)KVC_PLAN_MAX_RATE);
+        p.host_bytes_per_s = (double)PICK((uint64_t)KVC_PLAN_MAX_RATE);
+        p.prefill_tokens_per_s = kvc_rng_below(&rng, 2) ? 0 : (double)PICK(1u << 30);
+        p.spec_tokens = (uint32_t)kvc_rng_below(&rng, 65);
+        p.mfu = p.mbu = kvc_rng_below(&rng, 2) ? 1 : 1e-6;
+        kvc_plan_result_t *r = malloc(sizeof *r);
+        assert_non_null(r);
+        char msg[256] = "";
+        int rc = kvc_plan_compute(&m, &g, &p, r, msg, sizeof msg);
+        if (rc) {
+            if (rc != KVC_EINVAL || !msg[0] || strchr(msg, '\n'))
+                fail_msg("iteration %d: rc %d msg '%s'", it, rc, msg);
+            refused++;
+        } else {
+            planned++;
+            check_exact(r);
+        }
+        free(r);
+    }
+#undef PICK
+    assert_true(planned > n / 20);
+    assert_true(refused > n / 20);
+}
+
+/* Every NULL argument a header names is its error code, never a crash. */
+static void null_arguments_are_errors(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    kvc_plan_gpu_t g;
+    kvc_plan_dtype_t dt;
+    uint64_t v;
+    double d;
+    char msg[128] = "";
+    assert_int_equal(kvc_plan_dtype_parse("bf16", NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_preset("llama-3.1-8b", NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_gpu_preset("h100", NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_parse_bytes("1GiB", NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_parse_rate("1GB/s", NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_parse_bytes(NULL, &v), KVC_EINVAL);
+    assert_int_equal(kvc_plan_parse_rate(NULL, &d), KVC_EINVAL);
+    assert_int_equal(kvc_plan_dtype_parse(NULL, &dt), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_check(NULL, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_gpu_check(NULL, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_from_json(NULL, 0, "x", &m, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_from_json("{}", 2, "x", NULL, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_load(NULL, &m, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_model_load("/nonexistent", NULL, msg, sizeof msg), KVC_EINVAL);
+    g = tiny_gpu();
+    m = tiny();
+    kvc_plan_params_t p = kvc_plan_params_default();
+    assert_int_equal(kvc_plan_compute(&m, &g, &p, NULL, msg, sizeof msg), KVC_EINVAL);
+    assert_int_equal(kvc_plan_compute(NULL, &g, &p, NULL, NULL, 0), KVC_EINVAL);
+    char *s = NULL;
+    assert_int_equal(kvc_plan_render_text(NULL, &s), KVC_EINVAL);
+    assert_int_equal(kvc_plan_render_json(NULL, &s), KVC_EINVAL);
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(kvc_plan_render_text(r, NULL), KVC_EINVAL);
+    assert_int_equal(kvc_plan_render_json(r, NULL), KVC_EINVAL);
+    free(r);
+    kvc_plan_string_free(NULL);
+}
+
+/* A deployment-wide count past 64 bits is printed as a number, not wrapped: 2^60 B of
+ * memory, 512 B per request, 65,536 replicas. */
+static void deployment_totals_do_not_wrap_in_the_text(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = tiny();
+    kvc_plan_gpu_t g = tiny_gpu();
+    g.memory_bytes = KVC_PLAN_MAX_BYTES;
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.dp = 65536;
+    p.prompt_tokens = p.output_tokens = 1;
+    p.block_size = 1;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_true((double)r->max_concurrency * p.dp > 0x1p64);
+    char want[64];
+    snprintf(want, sizeof want, "x 65536 replicas = %.3g for the deployment",
+             (double)r->max_concurrency * p.dp);
+    char *s = NULL;
+    assert_ok(kvc_plan_render_text(r, &s));
+    if (!strstr(s, want)) fail_msg("the text lacks '%s'", want);
+    kvc_plan_string_free(s);
+    free(r);
+}
+
 static void mangled_configs_never_crash_the_reader(void **state)
 {
     (void)state;
@@ -1619,6 +2213,17 @@ int main(void)
         cmocka_unit_test(text_has_twelve_sections_and_names_the_refusal),
         cmocka_unit_test(random_deployments_keep_the_invariants),
         cmocka_unit_test(mangled_configs_never_crash_the_reader),
+        cmocka_unit_test(model_fields_are_bounded_by_real_models),
+        cmocka_unit_test(derived_counts_are_bounded_too),
+        cmocka_unit_test(config_bounds_name_the_key_as_written),
+        cmocka_unit_test(sim_refuses_what_the_planner_refuses),
+        cmocka_unit_test(byte_overrides_and_deployment_sizes_are_bounded),
+        cmocka_unit_test(units_refuse_what_overflows),
+        cmocka_unit_test(config_text_is_one_json_object_and_nothing_else),
+        cmocka_unit_test(reports_and_messages_escape_control_bytes),
+        cmocka_unit_test(extreme_inputs_plan_exactly_or_are_refused),
+        cmocka_unit_test(null_arguments_are_errors),
+        cmocka_unit_test(deployment_totals_do_not_wrap_in_the_text),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }

@@ -43,17 +43,73 @@ typedef enum {
     KVC_PLAN_DTYPE__COUNT
 } kvc_plan_dtype_t;
 
-/* "bf16", "fp16", "fp8", "int4"; "?" for an invalid value. */
+/* "bf16", "fp16", "fp8", "int4"; "?" for an invalid value.  Never fails. */
 KVC_API const char *kvc_plan_dtype_name(kvc_plan_dtype_t dt);
-/* Parse a name (also "bfloat16", "float16", "half", "fp8_e4m3", "e4m3", "e5m2").
- * Returns 0 or KVC_EINVAL. */
+/* Parse a name (also "bfloat16", "float16", "half", "fp8_e4m3", "e4m3", "e5m2"),
+ * case-insensitively.  Returns 0, or KVC_EINVAL for an unknown name or a NULL
+ * argument (*out is then untouched). */
 KVC_API int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out);
 /* Bits per element: 16, 16, 8, 4; 0 for an invalid value. */
 KVC_API uint32_t kvc_plan_dtype_bits(kvc_plan_dtype_t dt);
 
+/* ---- bounds ----------------------------------------------------------------
+ * Every count a model, a GPU or a deployment carries is bounded by what a real
+ * one has, with a wide margin, so that every product the planner forms fits
+ * its type: an input past a bound is refused with one line naming the field
+ * and the bound, never wrapped into a small wrong number.  The largest
+ * published values (2025) are given for scale.
+ */
+/* hidden_size, and q_lora_rank / kv_lora_rank (a rank past the width compresses
+ * nothing): widest 16,384 (Llama 3.1 405B), 20,480 (Megatron-Turing NLG 530B). */
+#define KVC_PLAN_MAX_HIDDEN             (UINT32_C(1) << 17)
+#define KVC_PLAN_MAX_RANK               KVC_PLAN_MAX_HIDDEN
+/* num_hidden_layers: deepest decoders 126 (Llama 3.1 405B); research stacks of
+ * 1,000 layers (DeepNet) still fit. */
+#define KVC_PLAN_MAX_LAYERS             UINT32_C(4096)
+/* num_attention_heads (and the KV heads, never more): most 128 (Llama 3.1 405B,
+ * DeepSeek-V3), 232 (Falcon 180B). */
+#define KVC_PLAN_MAX_HEADS              UINT32_C(8192)
+/* head_dim, v_head_dim, qk_nope_head_dim + qk_rope_head_dim: widest 256 (Gemma). */
+#define KVC_PLAN_MAX_HEAD_DIM           UINT32_C(16384)
+/* vocab_size: largest 262,144 (Gemma 3). */
+#define KVC_PLAN_MAX_VOCAB              (UINT32_C(1) << 24)
+/* intermediate_size, moe_intermediate_size, shared_expert_intermediate_size:
+ * widest 73,728 (PaLM 540B). */
+#define KVC_PLAN_MAX_INTERMEDIATE       (UINT32_C(1) << 20)
+/* routed experts (and shared ones): most 512 (Qwen3-Next), 384 (Kimi K2). */
+#define KVC_PLAN_MAX_EXPERTS            (UINT32_C(1) << 14)
+/* KV tokens one image takes: LLaVA-1.5 576, Qwen2-VL up to 16,384. */
+#define KVC_PLAN_MAX_IMAGE_TOKENS       (UINT32_C(1) << 20)
+/* sliding_window / attention_chunk_size: 4,096 (Mistral), 262,144 (Phi-3). */
+#define KVC_PLAN_MAX_WINDOW             (UINT32_C(1) << 30)
+/* Token counts: max_position_embeddings, max_model_len, the request's prompt,
+ * output and context, tenant_tokens.  Longest context 10 M (Llama 4 Scout). */
+#define KVC_PLAN_MAX_TOKENS             (UINT64_C(1) << 32)
+/* Derived from the fields: parameters (about 1.1e15; largest 1.6e12, Switch-C)
+ * and KV bytes per token at 16 bits, whole model (1 GiB; GPT-3 175B's
+ * multi-head cache is 4.5 MiB).  With the token bound, one request's KV then
+ * stays below 2^62 bytes. */
+#define KVC_PLAN_MAX_PARAMS             (UINT64_C(1) << 50)
+#define KVC_PLAN_MAX_KV_BYTES_PER_TOKEN (UINT64_C(1) << 30)
+/* Bytes: a GPU's memory and L2, each measured override and the explicit KV
+ * budget: 1 EiB (the largest GPU holds 288 GB).  Five such terms still fit a
+ * signed 64-bit ledger. */
+#define KVC_PLAN_MAX_BYTES              (UINT64_C(1) << 60)
+/* Bandwidths (bytes/s) and FLOP rates: finite and at most 1e18 and 1e21 (HBM
+ * runs at 8e12 B/s, a B200 at 4.5e15 fp8 FLOP/s). */
+#define KVC_PLAN_MAX_RATE               1e18
+#define KVC_PLAN_MAX_FLOPS              1e21
+/* Engine limits: max_num_seqs 2^24, max_num_batched_tokens 2^30, --n and
+ * --beams 1,024, tp x pp x dp 2^24 GPUs (the largest clusters hold ~2e5). */
+#define KVC_PLAN_MAX_SEQS               (UINT32_C(1) << 24)
+#define KVC_PLAN_MAX_BATCHED            (UINT32_C(1) << 30)
+#define KVC_PLAN_MAX_FORKS              UINT32_C(1024)
+#define KVC_PLAN_MAX_GPUS               (UINT64_C(1) << 24)
+
 /* ---- the model -------------------------------------------------------------
  * What the math needs from a transformer decoder.  A zeroed field means "not
- * present" (no MoE, no MLA, no sliding window, no images).
+ * present" (no MoE, no MLA, no sliding window, no images).  Each count is
+ * bounded (see above); kvc_plan_model_check says which bound a model breaks.
  */
 typedef struct {
     char name[64];       /* preset name or the config's file name */
@@ -106,31 +162,52 @@ typedef struct {
 } kvc_plan_param_count_t;
 
 /* Count parameters (gated MLPs, RMSNorm weights, no biases beyond qkv_bias).
- * The model must have passed kvc_plan_model_check. */
+ * Cannot fail.  The model must have passed kvc_plan_model_check: its counts
+ * then fit (the total is at most KVC_PLAN_MAX_PARAMS); an unchecked one past
+ * the bounds gets counts reduced modulo 2^64 (no undefined behaviour). */
 KVC_API void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_count_t *out);
 
-/* Check that a model is complete and consistent.  Returns 0, or KVC_EINVAL
- * with one line in msg naming the field (msg may be NULL). */
+/* Check that a model is complete, consistent and within the bounds above.
+ * Returns 0, or KVC_EINVAL with one line in msg (msg may be NULL) naming what
+ * is wrong: a required field that is zero, a field past its bound ("<field> <v>
+ * is out of range: at most <bound>"), KV heads that do not divide the query
+ * heads, an MLA head_dim that is not nope + rope, more active experts than
+ * experts, more dense or sliding layers than layers, sliding layers without a
+ * window, KV bytes per token past KVC_PLAN_MAX_KV_BYTES_PER_TOKEN or
+ * parameters past KVC_PLAN_MAX_PARAMS, or m NULL.  Reads only *m. */
 KVC_API int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t msg_len);
 
 /* Built-in model presets, their numbers written in the source from the
  * public config.json files named there.  Lookup is case-insensitive.
- * Returns 0 or KVC_ENOENT. */
+ * Returns 0, KVC_ENOENT (no such preset, or name NULL) or KVC_EINVAL (out
+ * NULL). */
 KVC_API int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out);
+/* How many presets there are.  Never fails. */
 KVC_API size_t kvc_plan_model_preset_count(void);
-/* The i-th preset's name, or NULL past the end. */
+/* The i-th preset's name (static), or NULL past the end.  Never fails. */
 KVC_API const char *kvc_plan_model_preset_name(size_t i);
 
 /* Read a Hugging Face config.json held in text[0..len).  Reads what the math
  * needs (see the field comments); a multimodal config's nested text_config
- * wins over its top level; unknown fields are ignored.  Fails with
- * KVC_EPARSE (malformed JSON, a field of the wrong type) or KVC_EINVAL (a
- * field the math needs is missing or impossible), with one line in msg
- * naming it.  `name` (may be NULL) goes into out->name. */
-KVC_API int kvc_plan_model_from_json(const char *text, size_t len, const char *name, kvc_plan_model_t *out,
-                             char *msg, size_t msg_len);
-/* As kvc_plan_model_from_json, reading the file at path (at most 16 MiB).
- * Fails also with KVC_EIO (unreadable) or KVC_EOVERFLOW (too large). */
+ * wins over its top level; unknown fields are ignored.  The text must be one
+ * JSON object and nothing else.  Fails, with one line in msg naming what and
+ * where, and *out untouched, with
+ *   KVC_EPARSE  malformed JSON; a NUL byte or a raw control byte anywhere;
+ *               text after the value; a top level that is not an object; a
+ *               field of the wrong type (not a positive integer, a boolean,
+ *               an array); also an allocation failure inside the JSON parser,
+ *               which cJSON does not tell apart from malformed text;
+ *   KVC_EINVAL  a field the math needs missing, a field past its bound (the
+ *               key as the config spells it), or any kvc_plan_model_check
+ *               failure; text or out NULL.
+ * `name` (may be NULL) goes into out->name, truncated to fit. */
+KVC_API int kvc_plan_model_from_json(const char *text, size_t len, const char *name,
+                                     kvc_plan_model_t *out, char *msg, size_t msg_len);
+/* As kvc_plan_model_from_json, reading the file at path (at most 16 MiB);
+ * out->name is the file's name, or its folder's for a config.json.  Fails also
+ * with KVC_EIO (cannot open or read), KVC_EOVERFLOW (over 16 MiB), KVC_ENOMEM
+ * (no memory for the buffer) or KVC_EINVAL (path or out NULL).  Messages
+ * quote the path with its control bytes escaped (\xNN). */
 KVC_API int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size_t msg_len);
 
 /* ---- the GPU ------------------------------------------------------------- */
@@ -147,21 +224,30 @@ typedef struct {
 
 /* Presets: "a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200", "b200", "l40s",
  * "mi300x" (case-insensitive; also "a100", "h100").  Each value's public
- * source is named in the source.  Returns 0 or KVC_ENOENT. */
+ * source is named in the source.  Returns 0, KVC_ENOENT (no such preset, or
+ * name NULL) or KVC_EINVAL (out NULL). */
 KVC_API int kvc_plan_gpu_preset(const char *name, kvc_plan_gpu_t *out);
+/* How many presets there are; the i-th one's canonical name (static) or NULL
+ * past the end.  Never fail. */
 KVC_API size_t kvc_plan_gpu_preset_count(void);
 KVC_API const char *kvc_plan_gpu_preset_name(size_t i);
-/* Check the numbers are usable (memory, bandwidth and bf16 FLOP/s > 0).
- * Returns 0 or KVC_EINVAL with one line in msg. */
+/* Check the numbers are usable: memory > 0 and, with L2, at most
+ * KVC_PLAN_MAX_BYTES; bandwidth and bf16 FLOP/s > 0; no rate negative, NaN or
+ * past KVC_PLAN_MAX_RATE / KVC_PLAN_MAX_FLOPS (so never inf).  Returns 0, or
+ * KVC_EINVAL with one line in msg (also for g NULL). */
 KVC_API int kvc_plan_gpu_check(const kvc_plan_gpu_t *g, char *msg, size_t msg_len);
 
 /* ---- quantities with units ------------------------------------------------
  * "80GiB", "85GB", "512 MiB", "1.5e9", "1234" (bytes).  Decimal prefixes
  * (kB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB) of
- * 1024.  Returns 0 or KVC_EINVAL (junk, negative, or over 2^63). */
+ * 1024; units are case-insensitive.  Returns 0, or KVC_EINVAL (*out untouched)
+ * for junk, a sign, an unknown unit, NaN, a number or product with its unit
+ * that is not finite, 2^63 bytes or more, or an argument NULL. */
 KVC_API int kvc_plan_parse_bytes(const char *s, uint64_t *out);
 /* A rate in bytes per second: "3.35TB/s", "900GB/s", "64 GiB/s"; a bare
- * number means GB/s.  Returns 0 or KVC_EINVAL. */
+ * number means GB/s.  Returns 0, or KVC_EINVAL (*out untouched) as
+ * kvc_plan_parse_bytes does, for a product that is not finite (1e300TB/s)
+ * among them. */
 KVC_API int kvc_plan_parse_rate(const char *s, double *out);
 
 /* ---- the deployment -------------------------------------------------------- */
@@ -218,11 +304,12 @@ typedef struct {
  * disaggregation link, host link from the GPU, 7 GB/s NVMe, 12.5 GB/s network,
  * an arrival rate of half the sustainable one (arrival_rate 0), a 7,008 TB-rated
  * SSD, no speculation (acceptance 0.7 for the table). */
-KVC_API kvc_plan_params_t kvc_plan_params_default(void);
+KVC_API kvc_plan_params_t kvc_plan_params_default(void); /* never fails */
 
 /* ---- the result ------------------------------------------------------------ */
 typedef enum { KVC_PLAN_MEASURED = 0, KVC_PLAN_ESTIMATED, KVC_PLAN_CONFIGURED } kvc_plan_kind_t;
-/* "measured", "estimated", "configured". */
+/* "measured", "estimated", "configured"; "?" for an invalid value.  The name
+ * functions below never fail either. */
 KVC_API const char *kvc_plan_kind_name(kvc_plan_kind_t k);
 
 /* How a ledger line enters the arithmetic. */
@@ -461,25 +548,36 @@ typedef struct {
     uint64_t image_bytes_per_gpu; /* KV one image adds (image_tokens x bytes per token); 0: none */
 } kvc_plan_result_t;
 
-/* Plan a deployment.  Fails with KVC_EINVAL and one line in msg when the
- * inputs are impossible (a TP that does not divide the heads, a request
- * longer than max_model_len, int4 KV, ...); *out is then unspecified.  A
+/* Plan a deployment.  The only error is KVC_EINVAL, with one line in msg
+ * (*out is then unspecified), when the inputs are impossible: the model or
+ * the GPU fails its check; a TP that does not divide the heads, a PP past the
+ * layers, int4 KV, a block size that is not a power of two in 1..1024, a
+ * fraction out of range; a request or context longer than max_model_len, or
+ * no max_model_len at all; a value past its bound (plan.h: tokens, measured
+ * bytes, rates, engine limits, GPUs); an activation or CUDA-graph estimate
+ * past KVC_PLAN_MAX_BYTES (pass the measured number); an argument NULL.  A
  * deployment that does not start is NOT an error: out->fits is false and
  * out->failed_phase names the phase.  Writes only *out and msg. */
 KVC_API int kvc_plan_compute(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
-                     const kvc_plan_params_t *params, kvc_plan_result_t *out, char *msg,
-                     size_t msg_len);
+                             const kvc_plan_params_t *params, kvc_plan_result_t *out, char *msg,
+                             size_t msg_len);
 
 /* Bytes of KV one request of n_tokens takes per GPU in the plan's pool
- * (block-rounded, window freeing as configured). */
+ * (block-rounded, window freeing as configured).  Cannot fail; a product past
+ * 64 bits saturates at UINT64_MAX (within the token bound it stays below
+ * 2^62).  r must be a result of kvc_plan_compute. */
 KVC_API uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n_tokens);
 
 /* Render the derivation as text (twelve sections: formula, numbers
- * substituted, result, kind) or as one JSON object (keys in the README).
+ * substituted, result, kind) or as one JSON object (keys in docs/plan.md).
  * *out is a NUL-terminated string the caller frees with kvc_plan_string_free.
- * Returns 0 or KVC_ENOMEM. */
+ * Names from the input (the model's, the GPU's) appear in the text with their
+ * control bytes escaped (\xNN), in the JSON escaped as JSON escapes them.
+ * Returns 0, KVC_ENOMEM (nothing is handed out, nothing leaks) or KVC_EINVAL
+ * (r or out NULL). */
 KVC_API int kvc_plan_render_text(const kvc_plan_result_t *r, char **out);
 KVC_API int kvc_plan_render_json(const kvc_plan_result_t *r, char **out);
+/* Free a rendered string; NULL is a no-op. */
 KVC_API void kvc_plan_string_free(char *s);
 
 #ifdef __cplusplus

@@ -106,36 +106,140 @@ static void help(FILE *f)
         "exit status: 0 when the deployment starts, 3 when it does not, 1 for bad input.\n");
 }
 
-int kvc_cmd_plan(int argc, char **argv)
-{
-    static const struct option own[] = {
-        {"prompt", required_argument, NULL, O_PROMPT},
-        {"output", required_argument, NULL, O_OUTPUT},
-        {"context", required_argument, NULL, O_CONTEXT},
-        {"n", required_argument, NULL, O_N},
-        {"beams", required_argument, NULL, O_BEAMS},
-        {"arrival-rate", required_argument, NULL, O_ARRIVAL},
-        {"link-bandwidth", required_argument, NULL, O_LINK},
-        {"prefill-tokens-per-s", required_argument, NULL, O_PREFILL_RATE},
-        {"host-bandwidth", required_argument, NULL, O_HOST_BW},
-        {"nvme-bandwidth", required_argument, NULL, O_NVME_BW},
-        {"network-bandwidth", required_argument, NULL, O_NET_BW},
-        {"ssd-tbw", required_argument, NULL, O_SSD_TBW},
-        {"ssd-write-rate", required_argument, NULL, O_SSD_RATE},
-        {"tenant-tokens", required_argument, NULL, O_TENANT},
-        {"json", no_argument, NULL, O_JSON},
-        {"list", no_argument, NULL, O_LIST},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
-    struct option opts[KVC_CLI_MAX_OPTIONS];
-    kvc_cli_join_options(opts, KVC_CLI_MAX_OPTIONS, kvc_cli_deploy_options, own);
-
+/* What the command line asked for beyond the deployment. */
+typedef struct {
     kvc_cli_deploy_t dep;
-    kvc_cli_deploy_init(&dep);
-    kvc_plan_params_t *pp = &dep.p;
-    bool json = false, list = false;
+    bool json, list;
+} plan_args_t;
+
+static const struct option own_options[] = {
+    {"prompt", required_argument, NULL, O_PROMPT},
+    {"output", required_argument, NULL, O_OUTPUT},
+    {"context", required_argument, NULL, O_CONTEXT},
+    {"n", required_argument, NULL, O_N},
+    {"beams", required_argument, NULL, O_BEAMS},
+    {"arrival-rate", required_argument, NULL, O_ARRIVAL},
+    {"link-bandwidth", required_argument, NULL, O_LINK},
+    {"prefill-tokens-per-s", required_argument, NULL, O_PREFILL_RATE},
+    {"host-bandwidth", required_argument, NULL, O_HOST_BW},
+    {"nvme-bandwidth", required_argument, NULL, O_NVME_BW},
+    {"network-bandwidth", required_argument, NULL, O_NET_BW},
+    {"ssd-tbw", required_argument, NULL, O_SSD_TBW},
+    {"ssd-write-rate", required_argument, NULL, O_SSD_RATE},
+    {"tenant-tokens", required_argument, NULL, O_TENANT},
+    {"json", no_argument, NULL, O_JSON},
+    {"list", no_argument, NULL, O_LIST},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}};
+
+/* One of plan's own options (not a shared deployment one): 0 handled, -1 after
+ * --help (printed: exit 0), else the exit status with the one-line error printed. */
+static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *arg)
+{
+    kvc_plan_params_t *pp = &a->dep.p;
     uint64_t u;
     double d;
+#define U64(lo, hi, field)                                              \
+    do {                                                                \
+        if (!kvc_cli_opt_u64(CMD, opt_name, arg, lo, hi, &u)) return 1; \
+        field = u;                                                      \
+    } while (0)
+#define DBL(lo, hi, field)                                                 \
+    do {                                                                   \
+        if (!kvc_cli_opt_double(CMD, opt_name, arg, lo, hi, &d)) return 1; \
+        field = d;                                                         \
+    } while (0)
+#define SIZE(field)                                                                         \
+    do {                                                                                    \
+        if (kvc_plan_parse_bytes(arg, &u))                                                  \
+            return kvc_cli_error(CMD, "%s: '%s' is not a size (e.g. 80GiB, 512MiB, 1.5e9)", \
+                                 opt_name, arg);                                            \
+        field = u;                                                                          \
+    } while (0)
+#define RATE(field)                                                                              \
+    do {                                                                                         \
+        if (kvc_plan_parse_rate(arg, &d) || !(d > 0))                                            \
+            return kvc_cli_error(CMD, "%s: '%s' is not a positive rate (e.g. 3.35TB/s, 64GB/s)", \
+                                 opt_name, arg);                                                 \
+        field = d;                                                                               \
+    } while (0)
+    switch (ch) {
+    case O_PROMPT:
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->prompt_tokens);
+        break;
+    case O_OUTPUT:
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->output_tokens);
+        break;
+    case O_CONTEXT:
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->context_tokens);
+        break;
+    case O_N:
+        U64(1, KVC_PLAN_MAX_FORKS, pp->n_samples);
+        break;
+    case O_BEAMS:
+        U64(1, KVC_PLAN_MAX_FORKS, pp->beams);
+        break;
+    case O_ARRIVAL:
+        DBL(0, 1e9, pp->arrival_rate);
+        break;
+    case O_LINK:
+        RATE(pp->link_bytes_per_s);
+        break;
+    case O_PREFILL_RATE:
+        DBL(1e-9, 1e12, pp->prefill_tokens_per_s);
+        break;
+    case O_HOST_BW:
+        RATE(pp->host_bytes_per_s);
+        break;
+    case O_NVME_BW:
+        RATE(pp->nvme_bytes_per_s);
+        break;
+    case O_NET_BW:
+        RATE(pp->network_bytes_per_s);
+        break;
+    case O_SSD_TBW:
+        /* A bare number is terabytes written, as drives are rated. */
+        if (kvc_cli_parse_double(arg, 1e-6, 1e9, &d)) {
+            pp->ssd_endurance_bytes = d * 1e12;
+        } else {
+            SIZE(u);
+            if (!u) return kvc_cli_error(CMD, "--ssd-tbw: must be positive");
+            pp->ssd_endurance_bytes = (double)u;
+        }
+        break;
+    case O_SSD_RATE:
+        RATE(pp->ssd_write_bytes_per_s);
+        break;
+    case O_TENANT:
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->tenant_tokens);
+        break;
+    case O_JSON:
+        a->json = true;
+        break;
+    case O_LIST:
+        a->list = true;
+        break;
+    case 'h':
+        help(stdout);
+        return -1;
+    default:
+        return kvc_cli_bad_option(CMD, ch, opt_name);
+    }
+#undef U64
+#undef DBL
+#undef SIZE
+#undef RATE
+    return 0;
+}
+
+/* Every option, before anything is printed: 0 to go on, -1 to exit 0 (--help), else
+ * the exit status. */
+static int parse_args(plan_args_t *a, int argc, char **argv)
+{
+    struct option opts[KVC_CLI_MAX_OPTIONS];
+    kvc_cli_join_options(opts, KVC_CLI_MAX_OPTIONS, kvc_cli_deploy_options, own_options);
+    kvc_cli_deploy_init(&a->dep);
+    a->json = a->list = false;
     int ch;
     optind = 1;
     opterr = 0;
@@ -147,114 +251,25 @@ int kvc_cmd_plan(int argc, char **argv)
         char opt_name[64];
         kvc_cli_opt_name(opt_name, sizeof opt_name, opts, li, ch, argc, argv);
         li = -1;
-#define U64(lo, hi, field)                                                 \
-    do {                                                                   \
-        if (!kvc_cli_opt_u64(CMD, opt_name, optarg, lo, hi, &u)) return 1; \
-        field = u;                                                         \
-    } while (0)
-#define DBL(lo, hi, field)                                                    \
-    do {                                                                      \
-        if (!kvc_cli_opt_double(CMD, opt_name, optarg, lo, hi, &d)) return 1; \
-        field = d;                                                            \
-    } while (0)
-#define SIZE(field)                                                                         \
-    do {                                                                                    \
-        if (kvc_plan_parse_bytes(optarg, &u))                                               \
-            return kvc_cli_error(CMD, "%s: '%s' is not a size (e.g. 80GiB, 512MiB, 1.5e9)", \
-                                 opt_name, optarg);                                         \
-        field = u;                                                                          \
-    } while (0)
-#define RATE(field)                                                                              \
-    do {                                                                                         \
-        if (kvc_plan_parse_rate(optarg, &d) || !(d > 0))                                         \
-            return kvc_cli_error(CMD, "%s: '%s' is not a positive rate (e.g. 3.35TB/s, 64GB/s)", \
-                                 opt_name, optarg);                                              \
-        field = d;                                                                               \
-    } while (0)
-        int handled = kvc_cli_deploy_option(&dep, CMD, ch, opt_name, optarg);
+        int handled = kvc_cli_deploy_option(&a->dep, CMD, ch, opt_name, optarg);
         if (handled < 0) return 1;
         if (handled) continue;
-        switch (ch) {
-        case O_PROMPT:
-            U64(1, UINT64_C(1) << 40, pp->prompt_tokens);
-            break;
-        case O_OUTPUT:
-            U64(1, UINT64_C(1) << 40, pp->output_tokens);
-            break;
-        case O_CONTEXT:
-            U64(1, UINT64_C(1) << 40, pp->context_tokens);
-            break;
-        case O_N:
-            U64(1, 1024, pp->n_samples);
-            break;
-        case O_BEAMS:
-            U64(1, 1024, pp->beams);
-            break;
-        case O_ARRIVAL:
-            DBL(0, 1e9, pp->arrival_rate);
-            break;
-        case O_LINK:
-            RATE(pp->link_bytes_per_s);
-            break;
-        case O_PREFILL_RATE:
-            DBL(1e-9, 1e12, pp->prefill_tokens_per_s);
-            break;
-        case O_HOST_BW:
-            RATE(pp->host_bytes_per_s);
-            break;
-        case O_NVME_BW:
-            RATE(pp->nvme_bytes_per_s);
-            break;
-        case O_NET_BW:
-            RATE(pp->network_bytes_per_s);
-            break;
-        case O_SSD_TBW:
-            /* A bare number is terabytes written, as drives are rated. */
-            if (kvc_cli_parse_double(optarg, 1e-6, 1e9, &d)) {
-                pp->ssd_endurance_bytes = d * 1e12;
-            } else {
-                SIZE(u);
-                if (!u) return kvc_cli_error(CMD, "--ssd-tbw: must be positive");
-                pp->ssd_endurance_bytes = (double)u;
-            }
-            break;
-        case O_SSD_RATE:
-            RATE(pp->ssd_write_bytes_per_s);
-            break;
-        case O_TENANT:
-            U64(1, UINT64_C(1) << 40, pp->tenant_tokens);
-            break;
-        case O_JSON:
-            json = true;
-            break;
-        case O_LIST:
-            list = true;
-            break;
-        case 'h':
-            help(stdout);
-            return 0;
-        default:
-            return kvc_cli_bad_option(CMD, ch, opt_name);
-        }
-#undef U64
-#undef DBL
-#undef SIZE
-#undef RATE
+        int rc = own_option(a, ch, opt_name, optarg);
+        if (rc) return rc;
     }
     if (optind < argc)
         return kvc_cli_error(CMD, "unexpected argument '%s' (try --help)", argv[optind]);
-    if (list) {
-        kvc_cli_list_presets();
-        return 0;
-    }
-    kvc_plan_model_t model;
-    kvc_plan_gpu_t gpu;
-    if (kvc_cli_deploy_resolve(&dep, CMD, &model, &gpu)) return 1;
+    return 0;
+}
 
+/* Plan and print the result; exit 0 when it starts, 3 when it does not. */
+static int plan_and_print(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
+                          const kvc_plan_params_t *params, bool json)
+{
     kvc_plan_result_t *r = malloc(sizeof *r);
     if (!r) return kvc_cli_error(CMD, "out of memory");
     char msg[512];
-    int rc = kvc_plan_compute(&model, &gpu, pp, r, msg, sizeof msg);
+    int rc = kvc_plan_compute(model, gpu, params, r, msg, sizeof msg);
     if (rc) {
         free(r);
         return kvc_cli_error(CMD, "%s", msg);
@@ -270,4 +285,19 @@ int kvc_cmd_plan(int argc, char **argv)
     if (fflush(stdout) != 0)
         return kvc_cli_error(CMD, "cannot write the output: %s", strerror(errno));
     return fits ? 0 : 3;
+}
+
+int kvc_cmd_plan(int argc, char **argv)
+{
+    plan_args_t a;
+    int rc = parse_args(&a, argc, argv);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (a.list) {
+        kvc_cli_list_presets();
+        return 0;
+    }
+    kvc_plan_model_t model;
+    kvc_plan_gpu_t gpu;
+    if (kvc_cli_deploy_resolve(&a.dep, CMD, &model, &gpu)) return 1;
+    return plan_and_print(&model, &gpu, &a.dep.p, a.json);
 }

@@ -43,6 +43,23 @@ void kvc__sb_printf(kvc__sbuf_t *b, const char *fmt, ...)
     va_end(ap);
 }
 
+char *kvc__escape(char *out, size_t cap, const char *s)
+{
+    size_t o = 0;
+    if (!cap) return out;
+    for (; s && *s; s++) {
+        const unsigned char ch = (unsigned char)*s;
+        const bool ctl = ch < 0x20 || ch == 0x7f;
+        if (o + (ctl ? 4 : 1) >= cap) break;
+        if (ctl)
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", ch);
+        else
+            out[o++] = (char)ch;
+    }
+    out[o] = '\0';
+    return out;
+}
+
 char *kvc__fmt_int(char *buf, size_t len, uint64_t v)
 {
     char digits[32];

@@ -152,6 +152,7 @@ const char *kvc_plan_gpu_preset_name(size_t i)
 
 int kvc_plan_gpu_preset(const char *name, kvc_plan_gpu_t *out)
 {
+    if (!out) return KVC_EINVAL;
     if (!name) return KVC_ENOENT;
     for (size_t i = 0; i < KVC_ARRAY_LEN(gpu_presets); i++)
         for (int a = 0; a < 3 && gpu_presets[i].aliases[a]; a++)
@@ -165,13 +166,27 @@ int kvc_plan_gpu_preset(const char *name, kvc_plan_gpu_t *out)
 
 int kvc_plan_gpu_check(const kvc_plan_gpu_t *g, char *msg, size_t len)
 {
+    if (!g) return kvc__msgf(KVC_EINVAL, msg, len, "no GPU");
     if (!g->memory_bytes) return kvc__msgf(KVC_EINVAL, msg, len, "the GPU's memory is zero");
+    if (g->memory_bytes > KVC_PLAN_MAX_BYTES || g->l2_bytes > KVC_PLAN_MAX_BYTES)
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "the GPU's memory %llu B (L2 %llu B) is out of range: at most %llu B",
+                         (unsigned long long)g->memory_bytes, (unsigned long long)g->l2_bytes,
+                         (unsigned long long)KVC_PLAN_MAX_BYTES);
     if (!(g->hbm_bytes_per_s > 0) || !isfinite(g->hbm_bytes_per_s))
         return kvc__msgf(KVC_EINVAL, msg, len, "the GPU's memory bandwidth must be positive");
     if (!(g->bf16_flops > 0) || !isfinite(g->bf16_flops))
         return kvc__msgf(KVC_EINVAL, msg, len, "the GPU's bf16 FLOP/s must be positive");
     if (!(g->fp8_flops >= 0) || !(g->pcie_bytes_per_s >= 0) || !(g->interconnect_bytes_per_s >= 0))
         return kvc__msgf(KVC_EINVAL, msg, len, "the GPU's rates cannot be negative");
+    /* The comparisons are false for NaN, so NaN is refused above; these refuse inf too. */
+    if (!(g->hbm_bytes_per_s <= KVC_PLAN_MAX_RATE) || !(g->pcie_bytes_per_s <= KVC_PLAN_MAX_RATE) ||
+        !(g->interconnect_bytes_per_s <= KVC_PLAN_MAX_RATE))
+        return kvc__msgf(KVC_EINVAL, msg, len, "the GPU's bandwidths must be at most %g B/s",
+                         KVC_PLAN_MAX_RATE);
+    if (!(g->bf16_flops <= KVC_PLAN_MAX_FLOPS) || !(g->fp8_flops <= KVC_PLAN_MAX_FLOPS))
+        return kvc__msgf(KVC_EINVAL, msg, len, "the GPU's FLOP/s must be at most %g",
+                         KVC_PLAN_MAX_FLOPS);
     return 0;
 }
 
@@ -205,7 +220,10 @@ static int parse_with_units(const char *s, const unit_t *units, size_t n_units, 
             }
     }
     if (mult == 0) return KVC_EINVAL;
-    *out = v * mult;
+    /* 1e300 is finite, 1e300 TB/s is not: the product is checked too. */
+    const double product = v * mult;
+    if (!isfinite(product)) return KVC_EINVAL;
+    *out = product;
     return 0;
 }
 
@@ -225,7 +243,7 @@ int kvc_plan_parse_bytes(const char *s, uint64_t *out)
         {"TiB", 1099511627776.0},
     };
     double v;
-    if (parse_with_units(s, units, KVC_ARRAY_LEN(units), 1, &v)) return KVC_EINVAL;
+    if (!out || parse_with_units(s, units, KVC_ARRAY_LEN(units), 1, &v)) return KVC_EINVAL;
     v = floor(v + 0.5);
     if (v >= 9223372036854775808.0) return KVC_EINVAL;
     *out = (uint64_t)v;
@@ -240,7 +258,7 @@ int kvc_plan_parse_rate(const char *s, double *out)
         {"MiB/s", 1048576.0}, {"GiB/s", 1073741824.0}, {"TiB/s", 1099511627776.0},
     };
     double v;
-    if (parse_with_units(s, units, KVC_ARRAY_LEN(units), 1e9, &v)) return KVC_EINVAL;
+    if (!out || parse_with_units(s, units, KVC_ARRAY_LEN(units), 1e9, &v)) return KVC_EINVAL;
     *out = v;
     return 0;
 }

@@ -52,7 +52,7 @@ int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out)
         {"fp8_e5m2", KVC_PLAN_FP8}, {"fp8-e5m2", KVC_PLAN_FP8},  {"e5m2", KVC_PLAN_FP8},
         {"int4", KVC_PLAN_INT4},    {"w4a16", KVC_PLAN_INT4},
     };
-    if (!name) return KVC_EINVAL;
+    if (!name || !out) return KVC_EINVAL;
     for (size_t i = 0; i < KVC_ARRAY_LEN(aliases); i++)
         if (!strcasecmp(name, aliases[i].alias)) {
             *out = aliases[i].dt;
@@ -198,6 +198,7 @@ const char *kvc_plan_model_preset_name(size_t i)
 
 int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out)
 {
+    if (!out) return KVC_EINVAL;
     if (!name) return KVC_ENOENT;
     for (size_t i = 0; i < KVC_ARRAY_LEN(model_presets); i++)
         if (!strcasecmp(name, model_presets[i].name)) {
@@ -207,9 +208,146 @@ int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out)
     return KVC_ENOENT;
 }
 
+/* ---- parameter counts ----------------------------------------------------------
+ * Counted in 128 bits, so that kvc_plan_model_check can bound a model whose
+ * count would not fit 64 bits; a checked model's parts all fit (the total is
+ * at most KVC_PLAN_MAX_PARAMS).
+ */
+typedef struct {
+    kvc__u128 embedding, lm_head, attention, mlp_dense, experts_routed, experts_shared, router,
+        norms, total, active;
+} wide_count_t;
+
+static void count_params(const kvc_plan_model_t *m, wide_count_t *c)
+{
+    const kvc__u128 H = m->hidden_size, L = m->n_layers, nh = m->n_heads;
+    memset(c, 0, sizeof *c);
+    kvc__u128 attn;
+    if (m->mla) {
+        const kvc__u128 qk = (kvc__u128)m->qk_nope_head_dim + m->qk_rope_head_dim;
+        const kvc__u128 q = m->q_lora_rank
+                                ? H * m->q_lora_rank + m->q_lora_rank + m->q_lora_rank * nh * qk
+                                : H * nh * qk;
+        attn = q + H * ((kvc__u128)m->kv_lora_rank + m->qk_rope_head_dim) /* kv_a (with rope k) */
+               + m->kv_lora_rank                                          /* kv_a norm */
+               + (kvc__u128)m->kv_lora_rank * nh *
+                     ((kvc__u128)m->qk_nope_head_dim + m->v_head_dim) /* kv_b */
+               + nh * m->v_head_dim * H;                              /* o */
+    } else {
+        const kvc__u128 q = nh * m->head_dim, kv = (kvc__u128)m->n_kv_heads * m->head_dim;
+        attn = H * q + 2 * H * kv + nh * m->v_head_dim * H;
+        if (m->qkv_bias) attn += q + 2 * kv;
+    }
+    c->attention = L * attn;
+    /* n_dense_layers <= n_layers is checked before anything is counted */
+    const kvc__u128 n_dense = m->n_experts ? m->n_dense_layers : L, n_moe = L - n_dense;
+    c->mlp_dense = n_dense * 3 * H * m->intermediate_size;
+    if (m->n_experts) {
+        const kvc__u128 expert = 3 * H * m->moe_intermediate_size;
+        c->experts_routed = n_moe * m->n_experts * expert;
+        c->experts_shared = n_moe * 3 * H *
+                            ((kvc__u128)m->n_shared_experts * m->moe_intermediate_size +
+                             m->shared_expert_intermediate_size);
+        c->router = n_moe * H * m->n_experts;
+    }
+    c->norms = L * 2 * H + H;
+    c->embedding = (kvc__u128)m->vocab_size * H;
+    c->lm_head = m->tie_embeddings ? 0 : c->embedding;
+    c->total = c->embedding + c->lm_head + c->attention + c->mlp_dense + c->experts_routed +
+               c->experts_shared + c->router + c->norms;
+    c->active = c->total;
+    if (m->n_experts)
+        c->active -= n_moe * ((kvc__u128)m->n_experts - m->n_experts_active) * 3 * H *
+                     m->moe_intermediate_size;
+}
+
+void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_count_t *c)
+{
+    wide_count_t w;
+    count_params(m, &w);
+    *c = (kvc_plan_param_count_t){
+        .embedding = (uint64_t)w.embedding,
+        .lm_head = (uint64_t)w.lm_head,
+        .attention = (uint64_t)w.attention,
+        .mlp_dense = (uint64_t)w.mlp_dense,
+        .experts_routed = (uint64_t)w.experts_routed,
+        .experts_shared = (uint64_t)w.experts_shared,
+        .router = (uint64_t)w.router,
+        .norms = (uint64_t)w.norms,
+        .total = (uint64_t)w.total,
+        .active = (uint64_t)w.active,
+    };
+}
+
 /* ---- checks ------------------------------------------------------------------ */
+/* The one line for a value past its bound: the reader and the check say it alike. */
+static int out_of_range(char *msg, size_t len, const char *field, uint64_t v, uint64_t max)
+{
+    return kvc__msgf(KVC_EINVAL, msg, len, "%s %llu is out of range: at most %llu", field,
+                     (unsigned long long)v, (unsigned long long)max);
+}
+
+/* Every count within what a real model has (plan.h), before any arithmetic on it. */
+static int check_bounds(const kvc_plan_model_t *m, char *msg, size_t len)
+{
+    const struct {
+        uint64_t v;
+        const char *field;
+        uint64_t max;
+    } bounds[] = {
+        {m->hidden_size, "hidden_size", KVC_PLAN_MAX_HIDDEN},
+        {m->n_layers, "num_hidden_layers", KVC_PLAN_MAX_LAYERS},
+        {m->n_heads, "num_attention_heads", KVC_PLAN_MAX_HEADS},
+        {m->n_kv_heads, "num_key_value_heads", KVC_PLAN_MAX_HEADS},
+        {m->head_dim, "head_dim", KVC_PLAN_MAX_HEAD_DIM},
+        {m->v_head_dim, "v_head_dim", KVC_PLAN_MAX_HEAD_DIM},
+        {m->vocab_size, "vocab_size", KVC_PLAN_MAX_VOCAB},
+        {m->intermediate_size, "intermediate_size", KVC_PLAN_MAX_INTERMEDIATE},
+        {m->n_experts, "num_experts", KVC_PLAN_MAX_EXPERTS},
+        {m->n_experts_active, "num_experts_per_tok", KVC_PLAN_MAX_EXPERTS},
+        {m->moe_intermediate_size, "moe_intermediate_size", KVC_PLAN_MAX_INTERMEDIATE},
+        {m->n_shared_experts, "n_shared_experts", KVC_PLAN_MAX_EXPERTS},
+        {m->shared_expert_intermediate_size, "shared_expert_intermediate_size",
+         KVC_PLAN_MAX_INTERMEDIATE},
+        {m->n_dense_layers, "dense layers", KVC_PLAN_MAX_LAYERS},
+        {m->q_lora_rank, "q_lora_rank", KVC_PLAN_MAX_RANK},
+        {m->kv_lora_rank, "kv_lora_rank", KVC_PLAN_MAX_RANK},
+        {m->qk_rope_head_dim, "qk_rope_head_dim", KVC_PLAN_MAX_HEAD_DIM},
+        {m->qk_nope_head_dim, "qk_nope_head_dim", KVC_PLAN_MAX_HEAD_DIM},
+        {m->sliding_window, "sliding_window", KVC_PLAN_MAX_WINDOW},
+        {m->n_sliding_layers, "sliding layers", KVC_PLAN_MAX_LAYERS},
+        {m->image_tokens, "image tokens", KVC_PLAN_MAX_IMAGE_TOKENS},
+        {m->max_position_embeddings, "max_position_embeddings", KVC_PLAN_MAX_TOKENS},
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(bounds); i++)
+        if (bounds[i].v > bounds[i].max)
+            return out_of_range(msg, len, bounds[i].field, bounds[i].v, bounds[i].max);
+    return 0;
+}
+
+/* What the fields add up to: each is within its bound, their products may not be. */
+static int check_totals(const kvc_plan_model_t *m, char *msg, size_t len)
+{
+    const kvc__u128 kv16 =
+        m->mla ? ((kvc__u128)m->kv_lora_rank + m->qk_rope_head_dim) * m->n_layers * 2
+               : (kvc__u128)2 * m->n_layers * m->n_kv_heads * m->head_dim * 2;
+    if (kv16 > KVC_PLAN_MAX_KV_BYTES_PER_TOKEN)
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "KV bytes per token at 16 bits (%u layers x %s) are %.4g, over the bound "
+                         "%llu",
+                         m->n_layers, m->mla ? "the latent" : "KV heads x head_dim x K and V",
+                         (double)kv16, (unsigned long long)KVC_PLAN_MAX_KV_BYTES_PER_TOKEN);
+    wide_count_t w;
+    count_params(m, &w);
+    if (w.total > KVC_PLAN_MAX_PARAMS)
+        return kvc__msgf(KVC_EINVAL, msg, len, "the model has %.4g parameters, over the bound %llu",
+                         (double)w.total, (unsigned long long)KVC_PLAN_MAX_PARAMS);
+    return 0;
+}
+
 int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
 {
+    if (!m) return kvc__msgf(KVC_EINVAL, msg, len, "no model");
 #define NEED(field, cfg) \
     if (m->field == 0) return kvc__msgf(KVC_EINVAL, msg, len, "%s is missing or zero", cfg)
     NEED(hidden_size, "hidden_size");
@@ -218,6 +356,8 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
     NEED(head_dim, "head_dim");
     NEED(v_head_dim, "v_head_dim");
     NEED(vocab_size, "vocab_size");
+    int rc = check_bounds(m, msg, len);
+    if (rc) return rc;
     if (m->mla) {
         NEED(kv_lora_rank, "kv_lora_rank");
         NEED(qk_rope_head_dim, "qk_rope_head_dim");
@@ -244,6 +384,7 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
             return kvc__msgf(KVC_EINVAL, msg, len, "%u dense layers but only %u layers",
                              m->n_dense_layers, m->n_layers);
     }
+#undef NEED
     if ((!m->n_experts || m->n_dense_layers) && m->intermediate_size == 0)
         return kvc__msgf(KVC_EINVAL, msg, len, "intermediate_size is missing or zero");
     if (m->n_sliding_layers > m->n_layers)
@@ -251,51 +392,7 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
                          m->n_sliding_layers, m->n_layers);
     if (m->n_sliding_layers && !m->sliding_window)
         return kvc__msgf(KVC_EINVAL, msg, len, "sliding layers without a sliding_window");
-    return 0;
-#undef NEED
-}
-
-/* ---- parameter counts ---------------------------------------------------------- */
-void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_count_t *c)
-{
-    const uint64_t H = m->hidden_size, L = m->n_layers, nh = m->n_heads;
-    memset(c, 0, sizeof *c);
-    uint64_t attn;
-    if (m->mla) {
-        const uint64_t qk = (uint64_t)m->qk_nope_head_dim + m->qk_rope_head_dim;
-        const uint64_t q = m->q_lora_rank
-                               ? H * m->q_lora_rank + m->q_lora_rank + m->q_lora_rank * nh * qk
-                               : H * nh * qk;
-        attn = q + H * ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) /* kv_a (with rope k) */
-               + m->kv_lora_rank                                         /* kv_a norm */
-               + (uint64_t)m->kv_lora_rank * nh *
-                     ((uint64_t)m->qk_nope_head_dim + m->v_head_dim) /* kv_b */
-               + nh * m->v_head_dim * H;                             /* o */
-    } else {
-        const uint64_t q = nh * m->head_dim, kv = (uint64_t)m->n_kv_heads * m->head_dim;
-        attn = H * q + 2 * H * kv + nh * m->v_head_dim * H;
-        if (m->qkv_bias) attn += q + 2 * kv;
-    }
-    c->attention = L * attn;
-    const uint64_t n_dense = m->n_experts ? m->n_dense_layers : L, n_moe = L - n_dense;
-    c->mlp_dense = n_dense * 3 * H * m->intermediate_size;
-    if (m->n_experts) {
-        const uint64_t expert = 3 * H * m->moe_intermediate_size;
-        c->experts_routed = n_moe * m->n_experts * expert;
-        c->experts_shared = n_moe * 3 * H *
-                            ((uint64_t)m->n_shared_experts * m->moe_intermediate_size +
-                             m->shared_expert_intermediate_size);
-        c->router = n_moe * H * m->n_experts;
-    }
-    c->norms = L * 2 * H + H;
-    c->embedding = (uint64_t)m->vocab_size * H;
-    c->lm_head = m->tie_embeddings ? 0 : c->embedding;
-    c->total = c->embedding + c->lm_head + c->attention + c->mlp_dense + c->experts_routed +
-               c->experts_shared + c->router + c->norms;
-    c->active = c->total;
-    if (m->n_experts)
-        c->active -= n_moe * ((uint64_t)m->n_experts - m->n_experts_active) * 3 * H *
-                     m->moe_intermediate_size;
+    return check_totals(m, msg, len);
 }
 
 /* ---- config.json --------------------------------------------------------------- */
@@ -324,7 +421,8 @@ static const cJSON *find(const cfg_t *c, const char *const *keys, const char **f
 }
 
 /* Read an unsigned integer (0 < v <= max unless allow_zero).  Returns 0 with
- * *present false when absent; KVC_EPARSE when present but not such a number. */
+ * *present false when absent; KVC_EPARSE when present but not such a number;
+ * KVC_EINVAL when over max, the field's bound (plan.h). */
 static int get_uint(const cfg_t *c, const char *const *keys, uint64_t max, bool allow_zero,
                     uint64_t *out, bool *present)
 {
@@ -333,10 +431,14 @@ static int get_uint(const cfg_t *c, const char *const *keys, uint64_t max, bool 
     *present = v != NULL;
     if (!v) return 0;
     double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-    if (!cJSON_IsNumber(v) || !(d >= (allow_zero ? 0 : 1)) || d > (double)max || d != floor(d)) {
+    const bool whole = cJSON_IsNumber(v) && d >= (allow_zero ? 0 : 1) && d == floor(d);
+    if (!whole || d > (double)max) {
         char *shown = cJSON_PrintUnformatted(v);
-        int rc = kvc__msgf(KVC_EPARSE, c->msg, c->len, "%s: expected a %s integer, got %.40s", key,
-                           allow_zero ? "non-negative" : "positive", shown ? shown : "?");
+        int rc =
+            whole ? kvc__msgf(KVC_EINVAL, c->msg, c->len, "%s %.40s is out of range: at most %llu",
+                              key, shown ? shown : "?", (unsigned long long)max)
+                  : kvc__msgf(KVC_EPARSE, c->msg, c->len, "%s: expected a %s integer, got %.40s",
+                              key, allow_zero ? "non-negative" : "positive", shown ? shown : "?");
         cJSON_free(shown);
         return rc;
     }
@@ -344,11 +446,14 @@ static int get_uint(const cfg_t *c, const char *const *keys, uint64_t max, bool 
     return 0;
 }
 
-static int get_u32(const cfg_t *c, const char *const *keys, bool required, uint32_t *out)
+/* A 32-bit count no larger than max (its bound in plan.h, or UINT32_MAX for
+ * values that only divide or compare). */
+static int get_u32(const cfg_t *c, const char *const *keys, uint32_t max, bool required,
+                   uint32_t *out)
 {
     uint64_t v = 0;
     bool present;
-    int rc = get_uint(c, keys, UINT32_MAX, false, &v, &present);
+    int rc = get_uint(c, keys, max, false, &v, &present);
     if (rc) return rc;
     if (!present) {
         if (required) return kvc__msgf(KVC_EINVAL, c->msg, c->len, "%s is missing", keys[0]);
@@ -399,7 +504,7 @@ static int parse_chunked(const cfg_t *c, const kvc_plan_model_t *m, uint32_t *n_
     if (rope && !cJSON_IsArray(rope))
         return kvc__msgf(KVC_EPARSE, c->msg, c->len, "no_rope_layers: expected an array");
     uint32_t interval = 4; /* Llama4TextConfig's default */
-    int rc = get_u32(c, KEYS("nope_layer_interval"), false, &interval);
+    int rc = get_u32(c, KEYS("nope_layer_interval"), UINT32_MAX, false, &interval);
     if (rc) return rc;
     *n_chunked = m->n_layers - m->n_layers / interval;
     return 0;
@@ -408,9 +513,11 @@ static int parse_chunked(const cfg_t *c, const kvc_plan_model_t *m, uint32_t *n_
 static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
 {
     uint32_t window = 0, chunk = 0;
-    int rc = get_u32(c, KEYS("sliding_window", "interleaved_sliding_window"), false, &window);
+    int rc = get_u32(c, KEYS("sliding_window", "interleaved_sliding_window"), KVC_PLAN_MAX_WINDOW,
+                     false, &window);
     if (rc) return rc;
-    if ((rc = get_u32(c, KEYS("attention_chunk_size"), false, &chunk))) return rc;
+    if ((rc = get_u32(c, KEYS("attention_chunk_size"), KVC_PLAN_MAX_WINDOW, false, &chunk)))
+        return rc;
     bool use = true, use_present = false;
     if ((rc = get_bool(c, KEYS("use_sliding_window"), &use, &use_present))) return rc;
     const cJSON *types = find(c, KEYS("layer_types"), NULL);
@@ -462,8 +569,9 @@ static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
     }
     m->sliding_window = window;
     uint32_t pattern = 0, max_window_layers = 0;
-    if ((rc = get_u32(c, KEYS("sliding_window_pattern"), false, &pattern))) return rc;
-    if ((rc = get_u32(c, KEYS("max_window_layers"), false, &max_window_layers))) return rc;
+    if ((rc = get_u32(c, KEYS("sliding_window_pattern"), UINT32_MAX, false, &pattern))) return rc;
+    if ((rc = get_u32(c, KEYS("max_window_layers"), UINT32_MAX, false, &max_window_layers)))
+        return rc;
     if (types) {
         m->n_sliding_layers = n_sliding_listed; /* the per-layer list says it all */
     } else if (pattern) {
@@ -484,54 +592,65 @@ static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
 
 static int parse_moe(const cfg_t *c, kvc_plan_model_t *m)
 {
-    int rc = get_u32(c, KEYS("n_routed_experts", "num_local_experts", "num_experts"), false,
-                     &m->n_experts);
+    int rc = get_u32(c, KEYS("n_routed_experts", "num_local_experts", "num_experts"),
+                     KVC_PLAN_MAX_EXPERTS, false, &m->n_experts);
     if (rc || !m->n_experts) return rc;
-    if ((rc = get_u32(c, KEYS("num_experts_per_tok", "num_experts_per_token", "moe_topk"), true,
-                      &m->n_experts_active)))
+    if ((rc = get_u32(c, KEYS("num_experts_per_tok", "num_experts_per_token", "moe_topk"),
+                      KVC_PLAN_MAX_EXPERTS, true, &m->n_experts_active)))
         return rc;
     m->moe_intermediate_size = m->intermediate_size;
-    if ((rc = get_u32(c, KEYS("moe_intermediate_size"), false, &m->moe_intermediate_size)))
+    if ((rc = get_u32(c, KEYS("moe_intermediate_size"), KVC_PLAN_MAX_INTERMEDIATE, false,
+                      &m->moe_intermediate_size)))
         return rc;
     if (!m->moe_intermediate_size)
         return kvc__msgf(KVC_EINVAL, c->msg, c->len,
                          "moe_intermediate_size (or intermediate_size) is missing");
-    if ((rc = get_u32(c, KEYS("n_shared_experts"), false, &m->n_shared_experts))) return rc;
-    if ((rc = get_u32(c, KEYS("shared_expert_intermediate_size"), false,
+    if ((rc = get_u32(c, KEYS("n_shared_experts"), KVC_PLAN_MAX_EXPERTS, false,
+                      &m->n_shared_experts)))
+        return rc;
+    if ((rc = get_u32(c, KEYS("shared_expert_intermediate_size"), KVC_PLAN_MAX_INTERMEDIATE, false,
                       &m->shared_expert_intermediate_size)))
         return rc;
     uint32_t first_dense = 0, sparse_step = 0;
-    if ((rc = get_u32(c, KEYS("first_k_dense_replace"), false, &first_dense))) return rc;
+    if ((rc = get_u32(c, KEYS("first_k_dense_replace"), KVC_PLAN_MAX_LAYERS, false, &first_dense)))
+        return rc;
     /* Qwen2-MoE's decoder_sparse_step, Llama 4's interleave_moe_layer_step: every
      * step-th layer is MoE, the others dense. */
-    if ((rc = get_u32(c, KEYS("decoder_sparse_step", "interleave_moe_layer_step"), false,
-                      &sparse_step)))
+    if ((rc = get_u32(c, KEYS("decoder_sparse_step", "interleave_moe_layer_step"), UINT32_MAX,
+                      false, &sparse_step)))
         return rc;
     const cJSON *mlp_only = find(c, KEYS("mlp_only_layers"), NULL);
     if (mlp_only && !cJSON_IsArray(mlp_only))
         return kvc__msgf(KVC_EPARSE, c->msg, c->len, "mlp_only_layers: expected an array");
-    uint32_t n_dense = first_dense;
+    uint64_t n_dense = first_dense; /* 64 bits: the sum below cannot wrap */
     if (sparse_step > 1) n_dense = m->n_layers - m->n_layers / sparse_step;
-    if (mlp_only) n_dense += (uint32_t)cJSON_GetArraySize(mlp_only);
+    if (mlp_only) n_dense += (uint64_t)cJSON_GetArraySize(mlp_only);
     if (n_dense > m->n_layers)
-        return kvc__msgf(KVC_EINVAL, c->msg, c->len, "%u dense layers but only %u layers", n_dense,
-                         m->n_layers);
-    m->n_dense_layers = n_dense;
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len, "%llu dense layers but only %u layers",
+                         (unsigned long long)n_dense, m->n_layers);
+    m->n_dense_layers = (uint32_t)n_dense;
     return 0;
 }
 
 static int parse_images(const cfg_t *c, kvc_plan_model_t *m)
 {
-    int rc = get_u32(c, KEYS("mm_tokens_per_image", "image_seq_length", "num_image_tokens"), false,
-                     &m->image_tokens);
+    int rc = get_u32(c, KEYS("mm_tokens_per_image", "image_seq_length", "num_image_tokens"),
+                     KVC_PLAN_MAX_IMAGE_TOKENS, false, &m->image_tokens);
     if (rc || m->image_tokens) return rc;
     const cJSON *vision = cJSON_GetObjectItemCaseSensitive(c->root, "vision_config");
     if (!cJSON_IsObject(vision)) return 0;
     cfg_t v = {.root = vision, .msg = c->msg, .len = c->len};
     uint32_t size = 0, patch = 0;
-    if ((rc = get_u32(&v, KEYS("image_size"), false, &size))) return rc;
-    if ((rc = get_u32(&v, KEYS("patch_size"), false, &patch))) return rc;
-    if (size && patch && size >= patch) m->image_tokens = (size / patch) * (size / patch);
+    if ((rc = get_u32(&v, KEYS("image_size"), UINT32_MAX, false, &size))) return rc;
+    if ((rc = get_u32(&v, KEYS("patch_size"), UINT32_MAX, false, &patch))) return rc;
+    if (!size || !patch || size < patch) return 0;
+    const uint64_t side = size / patch, tokens = side * side; /* < 2^64 for 32-bit sides */
+    if (tokens > KVC_PLAN_MAX_IMAGE_TOKENS)
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                         "vision_config: image_size %u / patch_size %u gives %llu image tokens, "
+                         "over the bound %u",
+                         size, patch, (unsigned long long)tokens, KVC_PLAN_MAX_IMAGE_TOKENS);
+    m->image_tokens = (uint32_t)tokens;
     return 0;
 }
 
@@ -541,26 +660,36 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
     const cJSON *mt = find(c, KEYS("model_type"), NULL);
     if (cJSON_IsString(mt)) snprintf(m->model_type, sizeof m->model_type, "%s", mt->valuestring);
 
-    if ((rc = get_u32(c, KEYS("hidden_size", "n_embd", "d_model"), true, &m->hidden_size)))
+    if ((rc = get_u32(c, KEYS("hidden_size", "n_embd", "d_model"), KVC_PLAN_MAX_HIDDEN, true,
+                      &m->hidden_size)))
         return rc;
-    if ((rc = get_u32(c, KEYS("num_hidden_layers", "n_layer", "num_layers"), true, &m->n_layers)))
+    if ((rc = get_u32(c, KEYS("num_hidden_layers", "n_layer", "num_layers"), KVC_PLAN_MAX_LAYERS,
+                      true, &m->n_layers)))
         return rc;
-    if ((rc = get_u32(c, KEYS("num_attention_heads", "n_head"), true, &m->n_heads))) return rc;
-    if ((rc = get_u32(c, KEYS("vocab_size"), true, &m->vocab_size))) return rc;
-    if ((rc = get_u32(c, KEYS("intermediate_size", "ffn_dim", "n_inner"), false,
-                      &m->intermediate_size)))
+    if ((rc = get_u32(c, KEYS("num_attention_heads", "n_head"), KVC_PLAN_MAX_HEADS, true,
+                      &m->n_heads)))
+        return rc;
+    if ((rc = get_u32(c, KEYS("vocab_size"), KVC_PLAN_MAX_VOCAB, true, &m->vocab_size))) return rc;
+    if ((rc = get_u32(c, KEYS("intermediate_size", "ffn_dim", "n_inner"), KVC_PLAN_MAX_INTERMEDIATE,
+                      false, &m->intermediate_size)))
         return rc;
 
     /* MLA: the cache holds one latent per token and layer. */
     uint32_t kv_lora = 0;
-    if ((rc = get_u32(c, KEYS("kv_lora_rank"), false, &kv_lora))) return rc;
+    if ((rc = get_u32(c, KEYS("kv_lora_rank"), KVC_PLAN_MAX_RANK, false, &kv_lora))) return rc;
     if (kv_lora) {
         m->mla = true;
         m->kv_lora_rank = kv_lora;
-        if ((rc = get_u32(c, KEYS("qk_rope_head_dim"), true, &m->qk_rope_head_dim))) return rc;
-        if ((rc = get_u32(c, KEYS("qk_nope_head_dim"), true, &m->qk_nope_head_dim))) return rc;
-        if ((rc = get_u32(c, KEYS("v_head_dim"), true, &m->v_head_dim))) return rc;
-        if ((rc = get_u32(c, KEYS("q_lora_rank"), false, &m->q_lora_rank))) return rc;
+        if ((rc = get_u32(c, KEYS("qk_rope_head_dim"), KVC_PLAN_MAX_HEAD_DIM, true,
+                          &m->qk_rope_head_dim)))
+            return rc;
+        if ((rc = get_u32(c, KEYS("qk_nope_head_dim"), KVC_PLAN_MAX_HEAD_DIM, true,
+                          &m->qk_nope_head_dim)))
+            return rc;
+        if ((rc = get_u32(c, KEYS("v_head_dim"), KVC_PLAN_MAX_HEAD_DIM, true, &m->v_head_dim)))
+            return rc;
+        if ((rc = get_u32(c, KEYS("q_lora_rank"), KVC_PLAN_MAX_RANK, false, &m->q_lora_rank)))
+            return rc;
         m->head_dim = m->qk_nope_head_dim + m->qk_rope_head_dim;
         m->n_kv_heads = m->n_heads;
     } else {
@@ -571,9 +700,10 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
         if ((rc = get_u32(
                  c,
                  KEYS("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
-                 false, &m->n_kv_heads)))
+                 KVC_PLAN_MAX_HEADS, false, &m->n_kv_heads)))
             return rc;
-        if ((rc = get_u32(c, KEYS("head_dim"), false, &m->head_dim))) return rc;
+        if ((rc = get_u32(c, KEYS("head_dim"), KVC_PLAN_MAX_HEAD_DIM, false, &m->head_dim)))
+            return rc;
         if (!m->head_dim) {
             if (m->hidden_size % m->n_heads)
                 return kvc__msgf(KVC_EINVAL, c->msg, c->len,
@@ -595,7 +725,7 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
     bool present;
     if ((rc = get_uint(
              c, KEYS("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
-             UINT64_C(1) << 40, false, &maxpos, &present)))
+             KVC_PLAN_MAX_TOKENS, false, &maxpos, &present)))
         return rc;
     m->max_position_embeddings = maxpos;
 
@@ -605,18 +735,48 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
     return kvc_plan_model_check(m, c->msg, c->len);
 }
 
+/* JSON text holds no NUL and no raw control byte but whitespace between tokens;
+ * cJSON accepts both (a NUL cut a string short, and what followed it went
+ * unread), so they are refused here first. */
+static int check_bytes(const char *text, size_t len, char *msg, size_t msg_len)
+{
+    bool in_string = false, escaped = false;
+    for (size_t i = 0; i < len; i++) {
+        const unsigned char ch = (unsigned char)text[i];
+        if (ch == 0) return kvc__msgf(KVC_EPARSE, msg, msg_len, "a NUL byte at byte %zu", i);
+        if (ch < 0x20 && (in_string || (ch != '\t' && ch != '\n' && ch != '\r')))
+            return kvc__msgf(KVC_EPARSE, msg, msg_len,
+                             "a raw control byte 0x%02x at byte %zu (JSON escapes it)", ch, i);
+        if (escaped)
+            escaped = false;
+        else if (in_string && ch == '\\')
+            escaped = true;
+        else if (ch == '"')
+            in_string = !in_string;
+    }
+    return 0;
+}
+
 int kvc_plan_model_from_json(const char *text, size_t len, const char *name, kvc_plan_model_t *out,
                              char *msg, size_t msg_len)
 {
     if (!text || !out) return kvc__msgf(KVC_EINVAL, msg, msg_len, "no config text");
+    int rc = check_bytes(text, len, msg, msg_len);
+    if (rc) return rc;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
     if (!root) {
         size_t at = end && end >= text ? (size_t)(end - text) : 0;
         return kvc__msgf(KVC_EPARSE, msg, msg_len, "malformed JSON at byte %zu", at);
     }
-    int rc;
-    if (!cJSON_IsObject(root)) {
+    size_t at = (size_t)(end - text);
+    while (at < len &&
+           (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' || text[at] == '\r'))
+        at++;
+    if (at < len) {
+        rc = kvc__msgf(KVC_EPARSE, msg, msg_len, "trailing text at byte %zu after the JSON value",
+                       at);
+    } else if (!cJSON_IsObject(root)) {
         rc = kvc__msgf(KVC_EPARSE, msg, msg_len, "expected a JSON object at the top");
     } else {
         cfg_t c = {.root = root, .msg = msg, .len = msg_len};
@@ -637,8 +797,12 @@ int kvc_plan_model_from_json(const char *text, size_t len, const char *name, kvc
 int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size_t msg_len)
 {
     enum { MAX_CONFIG = 16 << 20 };
+    if (!path || !out) return kvc__msgf(KVC_EINVAL, msg, msg_len, "no config path");
+    /* The path as messages show it: a control byte in it is escaped, never echoed. */
+    char shown[512];
+    kvc__escape(shown, sizeof shown, path);
     FILE *f = fopen(path, "rb");
-    if (!f) return kvc__msgf(KVC_EIO, msg, msg_len, "cannot open %s: %s", path, strerror(errno));
+    if (!f) return kvc__msgf(KVC_EIO, msg, msg_len, "cannot open %s: %s", shown, strerror(errno));
     char *buf = malloc(MAX_CONFIG + 1);
     if (!buf) {
         fclose(f);
@@ -647,9 +811,9 @@ int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size
     size_t n = fread(buf, 1, MAX_CONFIG + 1, f);
     int rc = 0;
     if (ferror(f))
-        rc = kvc__msgf(KVC_EIO, msg, msg_len, "cannot read %s: %s", path, strerror(errno));
+        rc = kvc__msgf(KVC_EIO, msg, msg_len, "cannot read %s: %s", shown, strerror(errno));
     else if (n > MAX_CONFIG)
-        rc = kvc__msgf(KVC_EOVERFLOW, msg, msg_len, "%s: larger than 16 MiB", path);
+        rc = kvc__msgf(KVC_EOVERFLOW, msg, msg_len, "%s: larger than 16 MiB", shown);
     fclose(f);
     if (!rc) {
         /* Name it after the file, or after its folder for a hub snapshot's config.json. */
@@ -664,7 +828,7 @@ int kvc_plan_model_load(const char *path, kvc_plan_model_t *out, char *msg, size
         }
         char local[256] = "";
         rc = kvc_plan_model_from_json(buf, n, name, out, local, sizeof local);
-        if (rc) kvc__msgf(rc, msg, msg_len, "%s: %s", path, local);
+        if (rc) kvc__msgf(rc, msg, msg_len, "%s: %s", shown, local);
     }
     free(buf);
     return rc;

@@ -373,17 +373,19 @@ static bool little_solve(const little_t *l, double lam, double *n_out, int *iter
 }
 
 /* ---- the plan ------------------------------------------------------------------- */
-static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kvc_plan_params_t *p,
-                    char *msg, size_t len)
-{
-    int rc = kvc_plan_model_check(m, msg, len);
-    if (rc) return rc;
-    if ((rc = kvc_plan_gpu_check(g, msg, len))) return rc;
 #define BAD(...) return kvc__msgf(KVC_EINVAL, msg, len, __VA_ARGS__)
+/* The parallelism against the model, the dtypes, the block size, the utilization. */
+static int validate_deployment(const kvc_plan_model_t *m, const kvc_plan_params_t *p, char *msg,
+                               size_t len)
+{
     if (p->tp < 1 || p->tp > 1024) BAD("--tp %u: expected 1..1024", p->tp);
     if (p->pp < 1 || p->pp > KVC__MAX_STAGES)
         BAD("--pp %u: expected 1..%d", p->pp, KVC__MAX_STAGES);
     if (p->dp < 1 || p->dp > 65536) BAD("--dp %u: expected 1..65536", p->dp);
+    if ((uint64_t)p->tp * p->pp * p->dp > KVC_PLAN_MAX_GPUS)
+        BAD("--tp %u x --pp %u x --dp %u = %llu GPUs is out of range: at most %llu", p->tp, p->pp,
+            p->dp, (unsigned long long)p->tp * p->pp * p->dp,
+            (unsigned long long)KVC_PLAN_MAX_GPUS);
     if (m->n_heads % p->tp)
         BAD("--tp %u does not divide the %u attention heads", p->tp, m->n_heads);
     if (!m->mla && m->n_kv_heads % p->tp && p->tp % m->n_kv_heads)
@@ -399,7 +401,18 @@ static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
     if (!(p->gpu_memory_utilization > 0 && p->gpu_memory_utilization <= 1))
         BAD("--gpu-memory-utilization %g: expected a fraction in (0, 1]",
             p->gpu_memory_utilization);
+    return 0;
+}
+
+/* The engine's limits, the typical request, forks and the throughput model. */
+static int validate_engine(const kvc_plan_params_t *p, char *msg, size_t len)
+{
     if (p->max_num_seqs < 1) BAD("--max-num-seqs must be at least 1");
+    if (p->max_num_seqs > KVC_PLAN_MAX_SEQS)
+        BAD("--max-num-seqs %u is out of range: at most %u", p->max_num_seqs, KVC_PLAN_MAX_SEQS);
+    if (p->max_num_batched_tokens > KVC_PLAN_MAX_BATCHED)
+        BAD("--max-num-batched-tokens %u is out of range: at most %u", p->max_num_batched_tokens,
+            KVC_PLAN_MAX_BATCHED);
     if (p->max_num_batched_tokens < p->max_num_seqs)
         BAD("--max-num-batched-tokens %u is less than --max-num-seqs %u: a decode step could not "
             "give every sequence its token",
@@ -407,6 +420,8 @@ static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
     if (p->prompt_tokens < 1 || p->output_tokens < 1)
         BAD("--prompt and --output must be at least 1 token");
     if (p->n_samples < 1 || p->beams < 1) BAD("--n and --beams must be at least 1");
+    if (p->n_samples > KVC_PLAN_MAX_FORKS || p->beams > KVC_PLAN_MAX_FORKS)
+        BAD("--n %u, --beams %u: each at most %u", p->n_samples, p->beams, KVC_PLAN_MAX_FORKS);
     if (!(p->arrival_rate >= 0) || !isfinite(p->arrival_rate))
         BAD("--arrival-rate must be a non-negative number (0: half the sustainable rate)");
     if (!(p->mfu > 0 && p->mfu <= 1)) BAD("--mfu %g: expected a fraction in (0, 1]", p->mfu);
@@ -417,17 +432,80 @@ static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
     if ((uint64_t)p->spec_tokens + 1 > p->max_num_batched_tokens)
         BAD("--spec-tokens %u leaves no room in --max-num-batched-tokens %u", p->spec_tokens,
             p->max_num_batched_tokens);
-    const double rates[] = {p->link_bytes_per_s, p->nvme_bytes_per_s, p->network_bytes_per_s,
-                            p->ssd_endurance_bytes};
-    const char *names[] = {"--link-bandwidth", "--nvme-bandwidth", "--network-bandwidth",
-                           "--ssd-tbw"};
-    for (size_t i = 0; i < KVC_ARRAY_LEN(rates); i++)
-        if (!(rates[i] > 0) || !isfinite(rates[i])) BAD("%s must be positive", names[i]);
-    if (!(p->host_bytes_per_s >= 0) || !(p->ssd_write_bytes_per_s >= 0) ||
-        !(p->prefill_tokens_per_s >= 0))
-        BAD("rates cannot be negative");
-#undef BAD
     return 0;
+}
+
+/* Token counts, measured bytes and rates within their bounds (plan.h). */
+static int validate_bounds(const kvc_plan_params_t *p, char *msg, size_t len)
+{
+    /* Token counts; measured bytes (KVC_PLAN_AUTO: estimated), which stay within what a
+     * ledger of five such terms holds in 63 bits. */
+#define TOKENS(name, v)                             \
+    {                                               \
+        name, v, KVC_PLAN_MAX_TOKENS, "", " tokens" \
+    }
+#define BYTES(name, v)                                                   \
+    {                                                                    \
+        name, v == KVC_PLAN_AUTO ? 0 : v, KVC_PLAN_MAX_BYTES, " B", " B" \
+    }
+    const struct {
+        const char *name;
+        uint64_t v, max;
+        const char *unit, *max_unit;
+    } counts[] = {
+        TOKENS("--prompt", p->prompt_tokens),
+        TOKENS("--output", p->output_tokens),
+        TOKENS("--context", p->context_tokens),
+        TOKENS("--max-model-len", p->max_model_len),
+        TOKENS("--tenant-tokens", p->tenant_tokens),
+        BYTES("--weight-memory", p->weight_bytes),
+        BYTES("--activation-memory", p->activation_bytes),
+        BYTES("--cuda-graph-memory", p->cuda_graph_bytes),
+        BYTES("--non-torch-memory", p->non_torch_bytes),
+        BYTES("--cuda-context-memory", p->cuda_context_bytes),
+        BYTES("--kv-cache-memory", p->kv_cache_bytes),
+    };
+#undef TOKENS
+#undef BYTES
+    for (size_t i = 0; i < KVC_ARRAY_LEN(counts); i++)
+        if (counts[i].v > counts[i].max)
+            BAD("%s %llu%s is out of range: at most %llu%s", counts[i].name,
+                (unsigned long long)counts[i].v, counts[i].unit, (unsigned long long)counts[i].max,
+                counts[i].max_unit);
+    /* Rates: positive where required, never negative, NaN or past the bound (inf). */
+    const struct {
+        const char *name;
+        double v;
+        bool positive;
+        double max;
+    } rates[] = {
+        {"--link-bandwidth", p->link_bytes_per_s, true, KVC_PLAN_MAX_RATE},
+        {"--nvme-bandwidth", p->nvme_bytes_per_s, true, KVC_PLAN_MAX_RATE},
+        {"--network-bandwidth", p->network_bytes_per_s, true, KVC_PLAN_MAX_RATE},
+        {"--ssd-tbw", p->ssd_endurance_bytes, true, (double)KVC_PLAN_MAX_BYTES},
+        {"--host-bandwidth", p->host_bytes_per_s, false, KVC_PLAN_MAX_RATE},
+        {"--ssd-write-rate", p->ssd_write_bytes_per_s, false, KVC_PLAN_MAX_RATE},
+        {"--prefill-tokens-per-s", p->prefill_tokens_per_s, false, KVC_PLAN_MAX_RATE},
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(rates); i++) {
+        if (rates[i].positive && !(rates[i].v > 0)) BAD("%s must be positive", rates[i].name);
+        if (!(rates[i].v >= 0)) BAD("%s cannot be negative", rates[i].name);
+        if (!(rates[i].v <= rates[i].max))
+            BAD("%s %g is out of range: at most %g", rates[i].name, rates[i].v, rates[i].max);
+    }
+    return 0;
+}
+#undef BAD
+
+static int validate(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kvc_plan_params_t *p,
+                    char *msg, size_t len)
+{
+    int rc = kvc_plan_model_check(m, msg, len);
+    if (!rc) rc = kvc_plan_gpu_check(g, msg, len);
+    if (!rc) rc = validate_deployment(m, p, msg, len);
+    if (!rc) rc = validate_engine(p, msg, len);
+    if (!rc) rc = validate_bounds(p, msg, len);
+    return rc;
 }
 
 static void fill_ledger(kvc_plan_result_t *r, const kvc_plan_params_t *p, const stage_t *s)
@@ -468,9 +546,32 @@ static void fill_ledger(kvc_plan_result_t *r, const kvc_plan_params_t *p, const 
     r->n_ledger = n;
 }
 
-static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
-                        const kvc_plan_params_t *p, kvc_plan_result_t *r, char *msg, size_t len)
+/* ---- the sections -------------------------------------------------------------------
+ * One compute function per output section, in the order render.c's sec_* print
+ * them; each fills its part of the result from the inputs and the sections
+ * before it.  What several sections share (the stages, the binding one, the
+ * decode roofline, the prefill work) lives in calc_t.
+ */
+typedef struct {
+    const kvc_plan_model_t *m;
+    const kvc_plan_gpu_t *g;
+    const kvc_plan_params_t *p;
+    kvc_plan_result_t *r;
+    bool kv_explicit; /* the KV budget is given (kv_cache_bytes) */
+    stage_t stages[KVC__MAX_STAGES];
+    const stage_t *st;     /* the binding stage (section 2) */
+    roof_t roof;           /* the decode roofline (section 4), used again in 10 and 11 */
+    double linear_params;  /* active parameters without the vocabulary tables (section 6) */
+    double prefill_work_s; /* one prompt in GPU-seconds at the achieved rates (section 8) */
+} calc_t;
+
+/* The inputs, checked and resolved into the result. */
+static int compute_inputs(calc_t *c, char *msg, size_t len)
 {
+    const kvc_plan_model_t *m = c->m;
+    const kvc_plan_gpu_t *g = c->g;
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
     int rc = validate(m, g, p, msg, len);
     if (rc) return rc;
     uint64_t max_len = p->max_model_len ? p->max_model_len : m->max_position_embeddings;
@@ -500,14 +601,22 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
     r->params = *p;
     r->max_model_len = max_len;
     r->context_tokens = ctx_tokens;
+    r->request_tokens = req;
     r->n_gpus = p->tp * p->pp * p->dp;
     kvc_plan_model_params(m, &r->counts);
     r->fp8_compute = p->weight_dtype == KVC_PLAN_FP8 && g->fp8_flops > 0;
     r->peak_flops = r->fp8_compute ? g->fp8_flops : g->bf16_flops;
-    const uint32_t tp = p->tp, pp = p->pp, bs = p->block_size;
-    const bool kv_explicit = p->kv_cache_bytes != KVC_PLAN_AUTO;
+    c->kv_explicit = p->kv_cache_bytes != KVC_PLAN_AUTO;
+    return 0;
+}
 
-    /* 1. KV bytes per token. */
+/* 1. KV bytes per token, and what TP does to them. */
+static void compute_kv(calc_t *c)
+{
+    const kvc_plan_model_t *m = c->m;
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const uint32_t tp = p->tp;
     const uint64_t kv_bits = kvc_plan_dtype_bits(p->kv_dtype);
     r->kv_bytes_per_token =
         m->mla ? ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) * m->n_layers * kv_bits / 8
@@ -530,73 +639,99 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
             .weight_bytes_per_gpu = s.weight_bytes,
         };
     }
-    {
-        stage_t whole = {.first_layer = 0, .n_layers = m->n_layers};
-        stage_weights(m, 1, p->weight_dtype, true, true, false, &whole);
-        r->weight_bytes_total = whole.weight_bytes;
-    }
+    stage_t whole = {.first_layer = 0, .n_layers = m->n_layers};
+    stage_weights(m, 1, p->weight_dtype, true, true, false, &whole);
+    r->weight_bytes_total = whole.weight_bytes;
+}
 
-    /* 2. Per stage: weights, activations, graphs, pool. */
-    const uint64_t visible = g->memory_bytes;
+/* One pipeline stage of section 2: layers [first, first + n), its weights,
+ * activations, graphs and the pool its budget leaves. */
+static int plan_stage(calc_t *c, uint32_t i, uint32_t first, char *msg, size_t len)
+{
+    const kvc_plan_model_t *m = c->m;
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const uint32_t tp = p->tp, pp = p->pp;
+    stage_t *s = &c->stages[i];
+    memset(s, 0, sizeof *s);
+    s->first_layer = first;
+    s->n_layers = m->n_layers / pp + (i < m->n_layers % pp);
+    s->n_sliding = (uint32_t)llround((double)m->n_sliding_layers * s->n_layers / m->n_layers);
+    stage_weights(m, tp, p->weight_dtype, i == 0, i == pp - 1, pp > 1, s);
+    if (p->weight_bytes != KVC_PLAN_AUTO) s->weight_bytes = p->weight_bytes;
+    s->act_fwd = kvc__mul_sat(kvc__mul_sat(p->max_num_batched_tokens, s->act_elems), 2);
+    s->act_sampler =
+        i == pp - 1 ? (uint64_t)p->max_num_seqs * m->vocab_size * KVC__SAMPLER_BYTES_PER_LOGIT : 0;
+    s->act = p->activation_bytes != KVC_PLAN_AUTO ? p->activation_bytes
+                                                  : KVC_MAX(s->act_fwd, s->act_sampler);
+    s->graphs = p->enforce_eager ? 0
+                : p->cuda_graph_bytes != KVC_PLAN_AUTO
+                    ? p->cuda_graph_bytes
+                    : (uint64_t)r->n_cuda_graphs * s->n_layers * KVC__GRAPH_BYTES_PER_LAYER +
+                          kvc__mul_sat(kvc__mul_sat(r->max_graph_batch, s->act_elems), 2);
+    /* The estimates grow with the model's widths: past the byte bound they would
+     * overflow the ledger, so such a plan asks for the measured number instead. */
+    if (s->act > KVC_PLAN_MAX_BYTES)
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "the activation estimate (%u tokens x %llu live values x 2 B) is over "
+                         "%llu B: pass the measured --activation-memory",
+                         p->max_num_batched_tokens, (unsigned long long)s->act_elems,
+                         (unsigned long long)KVC_PLAN_MAX_BYTES);
+    if (s->graphs > KVC_PLAN_MAX_BYTES)
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "the CUDA graph estimate is over %llu B: pass the measured "
+                         "--cuda-graph-memory or --enforce-eager",
+                         (unsigned long long)KVC_PLAN_MAX_BYTES);
+    s->non_torch = p->non_torch_bytes != KVC_PLAN_AUTO
+                       ? p->non_torch_bytes
+                       : KVC__NON_TORCH_BYTES + (tp * pp > 1 ? KVC__NON_TORCH_COMM_BYTES : 0);
+    s->ctx =
+        p->cuda_context_bytes != KVC_PLAN_AUTO ? p->cuda_context_bytes : KVC__CUDA_CONTEXT_BYTES;
+    s->kv_per_layer = r->kv_bytes_per_token_per_layer_per_gpu;
+    s->kv_per_token = s->kv_per_layer * s->n_layers;
+    /* Every term is at most KVC_PLAN_MAX_BYTES (validate, and the checks above), so the
+     * signed sum cannot overflow. */
+    if (c->kv_explicit) {
+        s->pool = (int64_t)KVC_MIN(p->kv_cache_bytes, (uint64_t)INT64_MAX);
+    } else {
+        s->pool = (int64_t)r->budget_bytes - (int64_t)s->weight_bytes - (int64_t)s->act -
+                  (int64_t)(!p->graphs_outside_budget ? s->graphs : 0) - (int64_t)s->non_torch;
+    }
+    s->blocks = (double)s->pool / (double)(s->kv_per_token * p->block_size);
+    return 0;
+}
+
+/* 2. The startup ledger, per stage; the stage with the fewest blocks binds. */
+static int compute_ledger(calc_t *c, char *msg, size_t len)
+{
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const uint32_t tp = p->tp, pp = p->pp, bs = p->block_size;
+    const uint64_t visible = c->g->memory_bytes;
     r->budget_bytes = (uint64_t)floor((double)visible * p->gpu_memory_utilization);
-    uint32_t n_graphs = 0, max_graph_batch = 0;
     if (!p->enforce_eager) {
-        max_graph_batch = KVC_MIN(p->max_num_seqs, (uint32_t)KVC__GRAPH_MAX_BATCH);
-        for (uint32_t b = 1; b <= max_graph_batch; b = b < 8 ? b * 2 : b + 8) n_graphs++;
+        r->max_graph_batch = KVC_MIN(p->max_num_seqs, (uint32_t)KVC__GRAPH_MAX_BATCH);
+        for (uint32_t b = 1; b <= r->max_graph_batch; b = b < 8 ? b * 2 : b + 8) r->n_cuda_graphs++;
     }
-    r->n_cuda_graphs = n_graphs;
-    r->max_graph_batch = max_graph_batch;
-
-    stage_t *st = NULL;
-    stage_t stages[KVC__MAX_STAGES];
+    const stage_t *st = NULL;
     uint32_t next = 0;
-    double worst_blocks = INFINITY;
     for (uint32_t i = 0; i < pp; i++) {
-        stage_t *s = &stages[i];
-        memset(s, 0, sizeof *s);
-        s->first_layer = next;
-        s->n_layers = m->n_layers / pp + (i < m->n_layers % pp);
+        int rc = plan_stage(c, i, next, msg, len);
+        if (rc) return rc;
+        const stage_t *s = &c->stages[i];
         next += s->n_layers;
-        s->n_sliding = (uint32_t)llround((double)m->n_sliding_layers * s->n_layers / m->n_layers);
-        stage_weights(m, tp, p->weight_dtype, i == 0, i == pp - 1, pp > 1, s);
-        if (p->weight_bytes != KVC_PLAN_AUTO) s->weight_bytes = p->weight_bytes;
-        s->act_fwd = kvc__mul_sat((uint64_t)p->max_num_batched_tokens * s->act_elems, 2);
-        s->act_sampler =
-            i == pp - 1 ? (uint64_t)p->max_num_seqs * m->vocab_size * KVC__SAMPLER_BYTES_PER_LOGIT
-                        : 0;
-        s->act = p->activation_bytes != KVC_PLAN_AUTO ? p->activation_bytes
-                                                      : KVC_MAX(s->act_fwd, s->act_sampler);
-        s->graphs = p->enforce_eager ? 0
-                    : p->cuda_graph_bytes != KVC_PLAN_AUTO
-                        ? p->cuda_graph_bytes
-                        : (uint64_t)n_graphs * s->n_layers * KVC__GRAPH_BYTES_PER_LAYER +
-                              (uint64_t)max_graph_batch * s->act_elems * 2;
-        s->non_torch = p->non_torch_bytes != KVC_PLAN_AUTO
-                           ? p->non_torch_bytes
-                           : KVC__NON_TORCH_BYTES + (tp * pp > 1 ? KVC__NON_TORCH_COMM_BYTES : 0);
-        s->ctx = p->cuda_context_bytes != KVC_PLAN_AUTO ? p->cuda_context_bytes
-                                                        : KVC__CUDA_CONTEXT_BYTES;
-        s->kv_per_layer = r->kv_bytes_per_token_per_layer_per_gpu;
-        s->kv_per_token = s->kv_per_layer * s->n_layers;
-        const bool graphs_in = !p->graphs_outside_budget;
-        if (kv_explicit) {
-            s->pool = (int64_t)KVC_MIN(p->kv_cache_bytes, (uint64_t)INT64_MAX);
-        } else {
-            s->pool = (int64_t)r->budget_bytes - (int64_t)s->weight_bytes - (int64_t)s->act -
-                      (int64_t)(graphs_in ? s->graphs : 0) - (int64_t)s->non_torch;
-        }
-        s->blocks = (double)s->pool / (double)(s->kv_per_token * bs);
-        if (s->blocks < worst_blocks) {
-            worst_blocks = s->blocks;
+        /* the first stage binds unless another has fewer blocks (NaN never binds) */
+        if (!st || s->blocks < st->blocks) {
             st = s;
             r->binding_stage = i;
         }
     }
+    c->st = st;
     r->layers_per_gpu = st->n_layers;
     r->sliding_layers_per_gpu = st->n_sliding;
     r->kv_bytes_per_token_per_gpu = st->kv_per_token;
     uint64_t all_stage_kv = 0;
-    for (uint32_t i = 0; i < pp; i++) all_stage_kv += stages[i].kv_per_token;
+    for (uint32_t i = 0; i < pp; i++) all_stage_kv += c->stages[i].kv_per_token;
     r->kv_replicated_bytes_per_token = all_stage_kv * tp - r->kv_bytes_per_token;
 
     r->weight_bytes_per_gpu = st->weight_bytes;
@@ -613,10 +748,67 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
     r->kv_pool_bytes_per_gpu = st->pool > 0 ? (uint64_t)st->pool : 0;
     r->num_blocks = r->kv_pool_bytes_per_gpu / (st->kv_per_token * bs);
     r->pool_tokens = r->num_blocks * bs;
-    if (kv_explicit) r->budget_bytes = visible > st->ctx ? visible - st->ctx : 0;
+    if (c->kv_explicit) r->budget_bytes = visible > st->ctx ? visible - st->ctx : 0;
     fill_ledger(r, p, st);
+    return 0;
+}
 
-    /* 3. Startup phases: the first stage that fails a phase names it. */
+/* What startup phase ph needs of stage s and what it has; false when the phase
+ * is skipped. */
+static bool phase_need(const calc_t *c, kvc_plan_phase_id_t ph, const stage_t *s, uint64_t *need,
+                       uint64_t *have)
+{
+    const kvc_plan_params_t *p = c->p;
+    const kvc_plan_result_t *r = c->r;
+    const uint64_t visible = c->g->memory_bytes;
+    const bool graphs_in = !p->graphs_outside_budget, kv_explicit = c->kv_explicit;
+    *need = *have = 0;
+    switch (ph) {
+    case KVC_PLAN_PHASE_INIT:
+        *need = kv_explicit ? s->ctx : r->budget_bytes + s->ctx;
+        *have = visible;
+        break;
+    case KVC_PLAN_PHASE_LOAD_WEIGHTS:
+        *need = s->ctx + s->weight_bytes;
+        *have = visible;
+        break;
+    case KVC_PLAN_PHASE_PROFILE:
+        *need = s->ctx + s->weight_bytes + s->act + s->non_torch;
+        *have = visible;
+        break;
+    case KVC_PLAN_PHASE_ALLOCATE_KV:
+        *need = s->weight_bytes + s->act + (graphs_in ? s->graphs : 0) + s->non_torch +
+                (kv_explicit ? (uint64_t)s->pool : s->kv_per_token * p->block_size);
+        *have = kv_explicit ? (visible > s->ctx ? visible - s->ctx : 0) : r->budget_bytes;
+        break;
+    case KVC_PLAN_PHASE_CHECK_MAX_LEN:
+        *need = request_bytes(s->kv_per_layer, s->n_layers, s->n_sliding, c->m->sliding_window,
+                              p->block_size, p->window_freeing, r->max_model_len);
+        *have = s->pool > 0 ? (uint64_t)s->pool : 0;
+        break;
+    case KVC_PLAN_PHASE_CAPTURE_GRAPHS:
+        if (p->enforce_eager) return false;
+        *need = s->graphs;
+        if (graphs_in) {
+            *have = s->graphs; /* reserved in the budget before the pool */
+        } else {
+            /* Captured after the pool: only what the budget left over is free. */
+            uint64_t used =
+                s->ctx + (kv_explicit ? s->weight_bytes + s->act + s->non_torch + (uint64_t)s->pool
+                                      : r->budget_bytes);
+            *have = visible > used ? visible - used : 0;
+        }
+        break;
+    default:
+        break;
+    }
+    return true;
+}
+
+/* 3. The startup phases: the first stage that fails a phase names it. */
+static void compute_phases(calc_t *c)
+{
+    kvc_plan_result_t *r = c->r;
     r->failed_phase = -1;
     for (int ph = 0; ph < KVC_PLAN_PHASE__COUNT; ph++) {
         kvc_plan_phase_t *out = &r->phases[ph];
@@ -625,54 +817,12 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
             continue;
         }
         out->status = KVC_PLAN_PHASE_OK;
-        for (uint32_t i = 0; i < pp; i++) {
-            const stage_t *s = &stages[i];
-            const bool graphs_in = !p->graphs_outside_budget;
-            uint64_t need = 0, have = 0;
-            switch ((kvc_plan_phase_id_t)ph) {
-            case KVC_PLAN_PHASE_INIT:
-                need = kv_explicit ? s->ctx : r->budget_bytes + s->ctx;
-                have = visible;
-                break;
-            case KVC_PLAN_PHASE_LOAD_WEIGHTS:
-                need = s->ctx + s->weight_bytes;
-                have = visible;
-                break;
-            case KVC_PLAN_PHASE_PROFILE:
-                need = s->ctx + s->weight_bytes + s->act + s->non_torch;
-                have = visible;
-                break;
-            case KVC_PLAN_PHASE_ALLOCATE_KV:
-                need = s->weight_bytes + s->act + (graphs_in ? s->graphs : 0) + s->non_torch +
-                       (kv_explicit ? (uint64_t)s->pool : s->kv_per_token * bs);
-                have = kv_explicit ? (visible > s->ctx ? visible - s->ctx : 0) : r->budget_bytes;
-                break;
-            case KVC_PLAN_PHASE_CHECK_MAX_LEN:
-                need = request_bytes(s->kv_per_layer, s->n_layers, s->n_sliding, m->sliding_window,
-                                     bs, p->window_freeing, max_len);
-                have = s->pool > 0 ? (uint64_t)s->pool : 0;
-                break;
-            case KVC_PLAN_PHASE_CAPTURE_GRAPHS: {
-                if (p->enforce_eager) {
-                    out->status = KVC_PLAN_PHASE_SKIPPED;
-                    break;
-                }
-                need = s->graphs;
-                if (graphs_in) {
-                    have = s->graphs; /* reserved in the budget before the pool */
-                } else {
-                    /* Captured after the pool: only what the budget left over is free. */
-                    uint64_t used = s->ctx + (kv_explicit ? s->weight_bytes + s->act +
-                                                                s->non_torch + (uint64_t)s->pool
-                                                          : r->budget_bytes);
-                    have = visible > used ? visible - used : 0;
-                }
+        for (uint32_t i = 0; i < c->p->pp; i++) {
+            uint64_t need, have;
+            if (!phase_need(c, (kvc_plan_phase_id_t)ph, &c->stages[i], &need, &have)) {
+                out->status = KVC_PLAN_PHASE_SKIPPED;
                 break;
             }
-            default:
-                break;
-            }
-            if (out->status == KVC_PLAN_PHASE_SKIPPED) break;
             if (i == r->binding_stage || need > have) {
                 out->need_bytes = need;
                 out->have_bytes = have;
@@ -686,39 +836,44 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
         }
     }
     r->fits = r->failed_phase < 0;
-    {
-        /* The largest max_model_len one request of which fits the binding pool. */
-        uint64_t lo = 0, hi = UINT64_C(1) << 40;
-        while (hi - lo > 1) {
-            uint64_t mid = lo + (hi - lo) / 2;
-            if (kvc_plan_request_bytes(r, mid) <= r->kv_pool_bytes_per_gpu)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        r->max_model_len_that_fits = r->kv_pool_bytes_per_gpu ? lo : 0;
+    /* The largest max_model_len one request of which fits the binding pool. */
+    uint64_t lo = 0, hi = UINT64_C(1) << 40;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (kvc_plan_request_bytes(r, mid) <= r->kv_pool_bytes_per_gpu)
+            lo = mid;
+        else
+            hi = mid;
     }
+    r->max_model_len_that_fits = r->kv_pool_bytes_per_gpu ? lo : 0;
+}
 
-    /* 4. Concurrency. */
-    r->request_tokens = req;
+/* 4. Concurrency and the ceilings on the running batch. */
+static void compute_concurrency(calc_t *c)
+{
+    const kvc_plan_model_t *m = c->m;
+    const kvc_plan_gpu_t *g = c->g;
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const stage_t *st = c->st;
+    const uint32_t bs = p->block_size;
+    const uint64_t req = r->request_tokens;
     r->blocks_per_request = kvc__ceil_div(req, bs);
     r->partial_block_waste_tokens = r->blocks_per_request * bs - req;
     r->kv_bytes_per_request = kvc_plan_request_bytes(r, req);
     r->max_concurrency =
         r->kv_bytes_per_request ? r->kv_pool_bytes_per_gpu / r->kv_bytes_per_request : 0;
-    {
-        uint64_t admit = kvc_plan_request_bytes(r, p->prompt_tokens + 1);
-        r->admitted_at_prompt = admit ? r->kv_pool_bytes_per_gpu / admit : 0;
-    }
+    const uint64_t admit = kvc_plan_request_bytes(r, p->prompt_tokens + 1);
+    r->admitted_at_prompt = admit ? r->kv_pool_bytes_per_gpu / admit : 0;
     r->ridge_flops_per_byte = r->peak_flops / g->hbm_bytes_per_s;
     r->decode_context = p->prompt_tokens + p->output_tokens / 2;
     const double c_dec = (double)r->decode_context;
-    const double heads_gpu = (double)m->n_heads / tp;
+    const double heads_gpu = (double)m->n_heads / p->tp;
     /* MLA decodes in the absorbed form: scores against the 576-wide latent, values
      * from the 512-wide latent; prefill expands it into per-head K and V. */
     const double dqk_dec = m->mla ? (double)m->kv_lora_rank + m->qk_rope_head_dim : m->head_dim;
     const double dv_dec = m->mla ? (double)m->kv_lora_rank : m->v_head_dim;
-    roof_t roof = {
+    c->roof = (roof_t){
         .lin_tok = 2 * st->flop_params,
         .attn_tok =
             attn_flops_token(m, st->n_layers, st->n_sliding, heads_gpu, dqk_dec, dv_dec, c_dec),
@@ -733,236 +888,292 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
         .k_over_e = m->n_experts ? (double)m->n_experts_active / m->n_experts : 0,
         .bw = g->hbm_bytes_per_s,
     };
-    r->decode_flops_per_seq = roof.lin_tok + roof.attn_tok;
-    r->decode_attention_flops_per_seq = roof.attn_tok;
-    r->decode_bytes_per_seq = roof.kv_read;
-    r->weight_read_bytes = weight_read(&roof, 1);
+    const roof_t *roof = &c->roof;
+    r->decode_flops_per_seq = roof->lin_tok + roof->attn_tok;
+    r->decode_attention_flops_per_seq = roof->attn_tok;
+    r->decode_bytes_per_seq = roof->kv_read;
+    r->weight_read_bytes = weight_read(roof, 1);
     r->ceilings[KVC_PLAN_CEIL_KV_MEMORY] = r->max_concurrency;
-    r->ceilings[KVC_PLAN_CEIL_COMPUTE] = ridge_batch(&roof, 1, true);
+    r->ceilings[KVC_PLAN_CEIL_COMPUTE] = ridge_batch(roof, 1, true);
     r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS] = p->max_num_seqs;
     r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS] =
         p->max_num_batched_tokens / (1 + p->spec_tokens);
-    {
-        roof_t w_only = roof;
-        w_only.attn_tok = 0;
-        r->compute_weights_only = ridge_batch(&w_only, 1, false);
-    }
+    roof_t w_only = *roof;
+    w_only.attn_tok = 0;
+    r->compute_weights_only = ridge_batch(&w_only, 1, false);
     r->binding_ceiling = KVC_PLAN_CEIL_KV_MEMORY;
-    for (int c = 1; c < KVC_PLAN_CEIL__COUNT; c++)
-        if (r->ceilings[c] < r->ceilings[r->binding_ceiling])
-            r->binding_ceiling = (kvc_plan_ceiling_id_t)c;
+    for (int i = 1; i < KVC_PLAN_CEIL__COUNT; i++)
+        if (r->ceilings[i] < r->ceilings[r->binding_ceiling])
+            r->binding_ceiling = (kvc_plan_ceiling_id_t)i;
+}
 
-    /* 5. Sliding windows, whole model at the context. */
-    {
-        const uint64_t per_layer_model =
-            m->mla ? r->kv_bytes_per_token / m->n_layers
-                   : 2 * (uint64_t)m->n_kv_heads * m->head_dim * kv_bits / 8;
-        r->swa_bytes_with_freeing = request_bytes(per_layer_model, m->n_layers, m->n_sliding_layers,
-                                                  m->sliding_window, bs, true, ctx_tokens);
-        r->swa_bytes_without_freeing =
-            request_bytes(per_layer_model, m->n_layers, 0, 0, bs, false, ctx_tokens);
-        r->kv_bytes_per_request_model =
-            p->window_freeing ? r->swa_bytes_with_freeing : r->swa_bytes_without_freeing;
-        r->sliding_window_saving =
-            1.0 - (double)r->swa_bytes_with_freeing / (double)r->swa_bytes_without_freeing;
-        r->sliding_window_saving_limit = (double)m->n_sliding_layers / m->n_layers;
-    }
+/* 5. Sliding windows, whole model at the context. */
+static void compute_sliding(calc_t *c)
+{
+    const kvc_plan_model_t *m = c->m;
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const uint64_t kv_bits = kvc_plan_dtype_bits(p->kv_dtype);
+    const uint64_t per_layer_model = m->mla
+                                         ? r->kv_bytes_per_token / m->n_layers
+                                         : 2 * (uint64_t)m->n_kv_heads * m->head_dim * kv_bits / 8;
+    r->swa_bytes_with_freeing =
+        request_bytes(per_layer_model, m->n_layers, m->n_sliding_layers, m->sliding_window,
+                      p->block_size, true, r->context_tokens);
+    r->swa_bytes_without_freeing =
+        request_bytes(per_layer_model, m->n_layers, 0, 0, p->block_size, false, r->context_tokens);
+    r->kv_bytes_per_request_model =
+        p->window_freeing ? r->swa_bytes_with_freeing : r->swa_bytes_without_freeing;
+    r->sliding_window_saving =
+        1.0 - (double)r->swa_bytes_with_freeing / (double)r->swa_bytes_without_freeing;
+    r->sliding_window_saving_limit = (double)m->n_sliding_layers / m->n_layers;
+}
 
-    /* 6. Prefill FLOPs at the context: linear layers for every token, the LM head
-     * for the last one, attention over causal pairs counted once. */
-    const double vocab_params = (double)r->counts.embedding + (double)r->counts.lm_head;
-    const double linear_params = (double)r->counts.active - vocab_params;
+/* Attention FLOPs of a whole-model prefill of n tokens (causal pairs counted once). */
+static double prefill_attention(const kvc_plan_model_t *m, double n)
+{
     const double dqk_pre = m->head_dim, dv_pre = m->v_head_dim;
-    {
-        const double n = (double)ctx_tokens;
-        r->prefill_linear_flops = 2 * n * linear_params + 2.0 * m->vocab_size * m->hidden_size;
-        const double per_pair = 2.0 * m->n_heads * (dqk_pre + dv_pre);
-        r->prefill_attention_flops =
-            per_pair * ((m->n_layers - m->n_sliding_layers) * causal_pairs(n, 0) +
-                        m->n_sliding_layers * causal_pairs(n, m->sliding_window));
-        r->prefill_attention_flops_fraction =
-            r->prefill_attention_flops / (r->prefill_attention_flops + r->prefill_linear_flops);
-    }
+    return 2.0 * m->n_heads * (dqk_pre + dv_pre) *
+           ((m->n_layers - m->n_sliding_layers) * causal_pairs(n, 0) +
+            m->n_sliding_layers * causal_pairs(n, m->sliding_window));
+}
 
-    /* 7. Forks (full attention view, per GPU). */
-    {
-        const uint64_t blk = (uint64_t)bs * st->kv_per_token;
-        const uint64_t all = kvc__ceil_div(req, bs), prompt_full = p->prompt_tokens / bs;
-        r->fork_unshared_bytes_samples = kvc__mul_sat((uint64_t)p->n_samples * all, blk);
-        r->fork_shared_bytes_samples =
-            kvc__mul_sat(prompt_full + (uint64_t)p->n_samples * (all - prompt_full), blk);
-        r->fork_unshared_bytes_beams = kvc__mul_sat((uint64_t)p->beams * all, blk);
-        r->fork_shared_bytes_beams = kvc__mul_sat(all + (uint64_t)p->beams - 1, blk);
-        r->fork_shared_bytes_beams_diverged =
-            kvc__mul_sat(prompt_full + (uint64_t)p->beams * (all - prompt_full), blk);
-    }
+/* 6. Prefill FLOPs at the context: linear layers for every token, the LM head for
+ * the last one, attention over causal pairs counted once. */
+static void compute_prefill(calc_t *c)
+{
+    const kvc_plan_model_t *m = c->m;
+    kvc_plan_result_t *r = c->r;
+    const double vocab_params = (double)r->counts.embedding + (double)r->counts.lm_head;
+    c->linear_params = (double)r->counts.active - vocab_params;
+    const double n = (double)r->context_tokens;
+    r->prefill_linear_flops = 2 * n * c->linear_params + 2.0 * m->vocab_size * m->hidden_size;
+    r->prefill_attention_flops = prefill_attention(m, n);
+    r->prefill_attention_flops_fraction =
+        r->prefill_attention_flops / (r->prefill_attention_flops + r->prefill_linear_flops);
+}
 
-    /* 8. Disaggregated prefill: a replica's prefill rate (compute-bound), its KV.
-     * Linear layers run at the weights' rate (fp8 on fp8 tensor cores), attention at
-     * bf16's. */
+/* 7. Forks (full attention view, per GPU). */
+static void compute_forks(calc_t *c)
+{
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const uint32_t bs = p->block_size;
+    const uint64_t blk = (uint64_t)bs * c->st->kv_per_token;
+    const uint64_t all = kvc__ceil_div(r->request_tokens, bs), prompt_full = p->prompt_tokens / bs;
+    r->fork_unshared_bytes_samples = kvc__mul_sat((uint64_t)p->n_samples * all, blk);
+    r->fork_shared_bytes_samples =
+        kvc__mul_sat(prompt_full + (uint64_t)p->n_samples * (all - prompt_full), blk);
+    r->fork_unshared_bytes_beams = kvc__mul_sat((uint64_t)p->beams * all, blk);
+    r->fork_shared_bytes_beams = kvc__mul_sat(all + (uint64_t)p->beams - 1, blk);
+    r->fork_shared_bytes_beams_diverged =
+        kvc__mul_sat(prompt_full + (uint64_t)p->beams * (all - prompt_full), blk);
+}
+
+/* 8. Disaggregated prefill: a replica's prefill rate (compute-bound), its KV.
+ * Linear layers run at the weights' rate (fp8 on fp8 tensor cores), attention at
+ * bf16's. */
+static void compute_disagg(calc_t *c)
+{
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
     const double f_eff = r->peak_flops * p->mfu;
-    const double gpus_replica = (double)tp * pp;
+    const double gpus_replica = (double)p->tp * p->pp;
     const double n_p = (double)p->prompt_tokens;
-    const double prompt_lin = 2 * n_p * linear_params;
-    const double prompt_attn = 2.0 * m->n_heads * (dqk_pre + dv_pre) *
-                               ((m->n_layers - m->n_sliding_layers) * causal_pairs(n_p, 0) +
-                                m->n_sliding_layers * causal_pairs(n_p, m->sliding_window));
-    /* One request's prefill in GPU-seconds at the achieved rate. */
-    const double prefill_work_s =
-        (prompt_lin / r->peak_flops + prompt_attn / g->bf16_flops) / p->mfu;
+    const double prompt_lin = 2 * n_p * c->linear_params;
+    const double prompt_attn = prefill_attention(c->m, n_p);
+    c->prefill_work_s = (prompt_lin / r->peak_flops + prompt_attn / c->g->bf16_flops) / p->mfu;
     r->prompt_linear_flops = prompt_lin;
     r->prompt_attention_flops = prompt_attn;
-    r->prefill_work_s = prefill_work_s;
+    r->prefill_work_s = c->prefill_work_s;
     if (p->prefill_tokens_per_s > 0) {
         r->prefill_tokens_per_s = p->prefill_tokens_per_s;
         r->prefill_rate_kind = KVC_PLAN_MEASURED;
     } else {
-        r->prefill_tokens_per_s = gpus_replica * n_p / prefill_work_s;
+        r->prefill_tokens_per_s = gpus_replica * n_p / c->prefill_work_s;
         r->prefill_rate_kind = KVC_PLAN_ESTIMATED;
     }
     r->prefill_kv_bytes_per_s = (double)r->kv_bytes_per_token * r->prefill_tokens_per_s;
     r->prefill_kv_bytes_per_s_per_gpu = r->prefill_kv_bytes_per_s / gpus_replica;
     r->prefill_kv_bytes_per_s_linear_only =
-        (double)r->kv_bytes_per_token * f_eff / (2 * linear_params);
+        (double)r->kv_bytes_per_token * f_eff / (2 * c->linear_params);
     r->link_utilization = r->prefill_kv_bytes_per_s_per_gpu / p->link_bytes_per_s;
     r->link_limited_tokens_per_s =
         p->link_bytes_per_s * gpus_replica / (double)r->kv_bytes_per_token;
+}
 
-    /* 9. Recompute vs fetch, per GPU. */
-    r->recompute_s_per_token = 2 * linear_params / (gpus_replica * f_eff);
-    const double kv_gpu = (double)st->kv_per_token;
+/* 9. Recompute vs fetch, per GPU, for each tier. */
+static void compute_tiers(calc_t *c)
+{
+    const kvc_plan_gpu_t *g = c->g;
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const double f_eff = r->peak_flops * p->mfu;
+    const double gpus_replica = (double)p->tp * p->pp;
+    r->recompute_s_per_token = 2 * c->linear_params / (gpus_replica * f_eff);
+    const double kv_gpu = (double)c->st->kv_per_token;
     r->break_even_bytes_per_s = kv_gpu / r->recompute_s_per_token;
-    {
-        const struct {
-            const char *name;
-            double bw, lat;
-        } tiers[KVC_PLAN_TIERS] = {
-            {"hbm", g->hbm_bytes_per_s, KVC__LATENCY_HBM_S},
-            {"host", p->host_bytes_per_s > 0 ? p->host_bytes_per_s : g->pcie_bytes_per_s,
-             KVC__LATENCY_HOST_S},
-            {"nvme", p->nvme_bytes_per_s, KVC__LATENCY_NVME_S},
-            {"network", p->network_bytes_per_s, KVC__LATENCY_NETWORK_S},
-        };
-        for (int i = 0; i < KVC_PLAN_TIERS; i++) {
-            kvc_plan_tier_t *t = &r->tiers[i];
-            t->name = tiers[i].name;
-            t->bytes_per_s = tiers[i].bw;
-            t->latency_s = tiers[i].lat;
-            if (!(t->bytes_per_s > 0)) {
-                t->fetch_s_per_token = INFINITY;
-                t->speedup = 0;
-                t->min_tokens_to_win = KVC_PLAN_UNBOUNDED;
-                t->max_shared_fraction = 0;
-                continue;
-            }
-            t->fetch_s_per_token = kv_gpu / t->bytes_per_s;
-            t->speedup = r->recompute_s_per_token / t->fetch_s_per_token;
-            const double gain = r->recompute_s_per_token - t->fetch_s_per_token;
-            t->min_tokens_to_win =
-                gain > 0 ? (uint64_t)ceil(t->latency_s / gain) : KVC_PLAN_UNBOUNDED;
-            t->max_shared_fraction = fmax(0, 1 - r->break_even_bytes_per_s / t->bytes_per_s);
+    const struct {
+        const char *name;
+        double bw, lat;
+    } tiers[KVC_PLAN_TIERS] = {
+        {"hbm", g->hbm_bytes_per_s, KVC__LATENCY_HBM_S},
+        {"host", p->host_bytes_per_s > 0 ? p->host_bytes_per_s : g->pcie_bytes_per_s,
+         KVC__LATENCY_HOST_S},
+        {"nvme", p->nvme_bytes_per_s, KVC__LATENCY_NVME_S},
+        {"network", p->network_bytes_per_s, KVC__LATENCY_NETWORK_S},
+    };
+    for (int i = 0; i < KVC_PLAN_TIERS; i++) {
+        kvc_plan_tier_t *t = &r->tiers[i];
+        t->name = tiers[i].name;
+        t->bytes_per_s = tiers[i].bw;
+        t->latency_s = tiers[i].lat;
+        if (!(t->bytes_per_s > 0)) {
+            t->fetch_s_per_token = INFINITY;
+            t->speedup = 0;
+            t->min_tokens_to_win = KVC_PLAN_UNBOUNDED;
+            t->max_shared_fraction = 0;
+            continue;
         }
+        t->fetch_s_per_token = kv_gpu / t->bytes_per_s;
+        t->speedup = r->recompute_s_per_token / t->fetch_s_per_token;
+        const double gain = r->recompute_s_per_token - t->fetch_s_per_token;
+        /* A gain so small that the count does not fit 64 bits never wins either. */
+        const double n_win = gain > 0 ? ceil(t->latency_s / gain) : INFINITY;
+        t->min_tokens_to_win = n_win < 0x1p64 ? (uint64_t)n_win : KVC_PLAN_UNBOUNDED;
+        t->max_shared_fraction = fmax(0, 1 - r->break_even_bytes_per_s / t->bytes_per_s);
     }
     r->ssd_write_bytes_per_s =
         p->ssd_write_bytes_per_s > 0 ? p->ssd_write_bytes_per_s : r->prefill_kv_bytes_per_s_per_gpu;
     r->ssd_endurance_days = p->ssd_endurance_bytes / r->ssd_write_bytes_per_s / 86400;
+}
 
-    /* 10. Little's law, per replica. */
-    {
-        little_t l = {
-            .f = &roof,
-            .mfu = p->mfu,
-            .mbu = p->mbu,
-            .out_tokens = (double)p->output_tokens,
-            .prefill_work_s = prefill_work_s,
-            .replica_gpus = gpus_replica,
-            .tp = tp,
-            .pp = pp,
+/* 10. Little's law, per replica. */
+static void compute_little(calc_t *c)
+{
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const little_t l = {
+        .f = &c->roof,
+        .mfu = p->mfu,
+        .mbu = p->mbu,
+        .out_tokens = (double)p->output_tokens,
+        .prefill_work_s = c->prefill_work_s,
+        .replica_gpus = (double)p->tp * p->pp,
+        .tp = p->tp,
+        .pp = p->pp,
+    };
+    /* The largest arrival rate whose resident count stays under the hard ceilings:
+     * N*(lam) grows with lam, so bisect. */
+    const uint64_t cap = KVC_MIN(r->ceilings[KVC_PLAN_CEIL_KV_MEMORY],
+                                 KVC_MIN(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS],
+                                         r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]));
+    double lo = 0, hi = (double)cap / time_in_system(&l, 0, 0);
+    for (int i = 0; i < 80 && cap; i++) {
+        double mid = (lo + hi) / 2, nm;
+        if (little_solve(&l, mid, &nm, NULL) && nm <= (double)cap)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    r->little_max_arrival_rate = lo;
+    /* Which limit stopped it: just past lo, either N crosses the ceiling, or there is no
+     * fixed point at all (the GPUs cannot keep up). */
+    double nm;
+    r->little_max_by_ceiling = cap && little_solve(&l, lo * 1.001 + 1e-12, &nm, NULL);
+    /* Default: half what the ceilings sustain, so the fixed point shows a loaded system. */
+    r->arrival_rate_auto = p->arrival_rate == 0;
+    r->arrival_rate = r->arrival_rate_auto ? 0.5 * lo * p->dp : p->arrival_rate;
+    const double lam = r->arrival_rate / p->dp;
+    r->arrival_rate_per_replica = lam;
+    r->little_prefill_s = c->prefill_work_s / p->tp;
+    r->little_naive_resident = lam * time_in_system(&l, 1, 0);
+    double n = 0;
+    r->little_stable = little_solve(&l, lam, &n, &r->little_iterations);
+    if (r->little_stable) {
+        r->little_resident = n;
+        r->little_step_s = step_time(&l, n, lam);
+        r->little_time_in_system = time_in_system(&l, n, lam);
+    } else {
+        r->little_resident = INFINITY;
+        r->little_step_s = INFINITY;
+        r->little_time_in_system = INFINITY;
+    }
+}
+
+/* 11. Speculative decoding: k drafts per sequence ride in the step's token budget. */
+static void compute_spec(calc_t *c)
+{
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    uint32_t ks[KVC_PLAN_SPEC_ROWS], n = 0;
+    if (p->spec_tokens) ks[n++] = p->spec_tokens;
+    static const uint32_t defaults[] = {1, 2, 4, 8};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(defaults) && n < KVC_PLAN_SPEC_ROWS; i++)
+        if (defaults[i] != p->spec_tokens && defaults[i] + 1 <= p->max_num_batched_tokens)
+            ks[n++] = defaults[i];
+    const double a = p->spec_acceptance;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t k = ks[i];
+        r->spec[i] = (kvc_plan_spec_row_t){
+            .spec_tokens = k,
+            .max_batch_by_tokens = p->max_num_batched_tokens / (1 + k),
+            .compute_bound_batch = ridge_batch(&c->roof, 1.0 + k, true),
+            .tokens_per_step = (1 - pow(a, k + 1)) / (1 - a),
+            .kv_slots_per_seq = k,
         };
-        /* The largest arrival rate whose resident count stays under the hard ceilings:
-         * N*(lam) grows with lam, so bisect. */
-        const uint64_t cap = KVC_MIN(r->ceilings[KVC_PLAN_CEIL_KV_MEMORY],
-                                     KVC_MIN(r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS],
-                                             r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]));
-        double lo = 0, hi = (double)cap / time_in_system(&l, 0, 0);
-        for (int i = 0; i < 80 && cap; i++) {
-            double mid = (lo + hi) / 2, nm;
-            if (little_solve(&l, mid, &nm, NULL) && nm <= (double)cap)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        r->little_max_arrival_rate = lo;
-        {
-            /* Which limit stopped it: just past lo, either N crosses the ceiling, or there is
-             * no fixed point at all (the GPUs cannot keep up). */
-            double nm;
-            r->little_max_by_ceiling = cap && little_solve(&l, lo * 1.001 + 1e-12, &nm, NULL);
-        }
-        /* Default: half what the ceilings sustain, so the fixed point shows a loaded system. */
-        r->arrival_rate_auto = p->arrival_rate == 0;
-        r->arrival_rate = r->arrival_rate_auto ? 0.5 * lo * p->dp : p->arrival_rate;
-        const double lam = r->arrival_rate / p->dp;
-        r->arrival_rate_per_replica = lam;
-        r->little_prefill_s = prefill_work_s / tp;
-        r->little_naive_resident = lam * time_in_system(&l, 1, 0);
-        double n = 0;
-        r->little_stable = little_solve(&l, lam, &n, &r->little_iterations);
-        if (r->little_stable) {
-            r->little_resident = n;
-            r->little_step_s = step_time(&l, n, lam);
-            r->little_time_in_system = time_in_system(&l, n, lam);
-        } else {
-            r->little_resident = INFINITY;
-            r->little_step_s = INFINITY;
-            r->little_time_in_system = INFINITY;
-        }
     }
+    r->n_spec = n;
+}
 
-    /* 11. Speculative decoding: k drafts per sequence ride in the step's token budget. */
-    {
-        uint32_t ks[KVC_PLAN_SPEC_ROWS], n = 0;
-        if (p->spec_tokens) ks[n++] = p->spec_tokens;
-        static const uint32_t defaults[] = {1, 2, 4, 8};
-        for (size_t i = 0; i < KVC_ARRAY_LEN(defaults) && n < KVC_PLAN_SPEC_ROWS; i++)
-            if (defaults[i] != p->spec_tokens && defaults[i] + 1 <= p->max_num_batched_tokens)
-                ks[n++] = defaults[i];
-        const double a = p->spec_acceptance;
-        for (uint32_t i = 0; i < n; i++) {
-            const uint32_t k = ks[i];
-            r->spec[i] = (kvc_plan_spec_row_t){
-                .spec_tokens = k,
-                .max_batch_by_tokens = p->max_num_batched_tokens / (1 + k),
-                .compute_bound_batch = ridge_batch(&roof, 1.0 + k, true),
-                .tokens_per_step = (1 - pow(a, k + 1)) / (1 - a),
-                .kv_slots_per_seq = k,
-            };
-        }
-        r->n_spec = n;
+/* 12. Tenancy: what one request costs in the pool, in KV tokens. */
+static void compute_tenancy(calc_t *c)
+{
+    kvc_plan_result_t *r = c->r;
+    const uint64_t lens[KVC_PLAN_TENANT_MAX] = {r->request_tokens, r->max_model_len,
+                                                c->p->tenant_tokens};
+    for (int i = 0; i < KVC_PLAN_TENANT_MAX; i++) {
+        if (!lens[i]) continue;
+        kvc_plan_tenant_row_t *t = &r->tenants[r->n_tenants++];
+        t->tokens = lens[i];
+        t->bytes_per_gpu = kvc_plan_request_bytes(r, lens[i]);
+        t->pool_share = r->kv_pool_bytes_per_gpu
+                            ? (double)t->bytes_per_gpu / (double)r->kv_pool_bytes_per_gpu
+                            : INFINITY;
+        t->per_pool = t->bytes_per_gpu ? r->kv_pool_bytes_per_gpu / t->bytes_per_gpu : 0;
     }
+    r->tokens_per_percent = r->pool_tokens / 100;
+    r->image_bytes_per_gpu = (uint64_t)c->m->image_tokens * c->st->kv_per_token;
+}
 
-    /* 12. Tenancy: what one request costs in the pool, in KV tokens. */
-    {
-        const uint64_t lens[KVC_PLAN_TENANT_MAX] = {req, max_len, p->tenant_tokens};
-        for (int i = 0; i < KVC_PLAN_TENANT_MAX; i++) {
-            if (!lens[i]) continue;
-            kvc_plan_tenant_row_t *t = &r->tenants[r->n_tenants++];
-            t->tokens = lens[i];
-            t->bytes_per_gpu = kvc_plan_request_bytes(r, lens[i]);
-            t->pool_share = r->kv_pool_bytes_per_gpu
-                                ? (double)t->bytes_per_gpu / (double)r->kv_pool_bytes_per_gpu
-                                : INFINITY;
-            t->per_pool = t->bytes_per_gpu ? r->kv_pool_bytes_per_gpu / t->bytes_per_gpu : 0;
-        }
-        r->tokens_per_percent = r->pool_tokens / 100;
-        r->image_bytes_per_gpu = (uint64_t)m->image_tokens * st->kv_per_token;
-    }
+/* The whole plan, or (startup_only) just sections 1-3: whether it starts, which
+ * is all that the re-plans behind the suggestions read. */
+static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
+                        const kvc_plan_params_t *p, kvc_plan_result_t *r, bool startup_only,
+                        char *msg, size_t len)
+{
+    calc_t c = {.m = m, .g = g, .p = p, .r = r};
+    int rc = compute_inputs(&c, msg, len);
+    if (rc) return rc;
+    compute_kv(&c);
+    if ((rc = compute_ledger(&c, msg, len))) return rc;
+    compute_phases(&c);
+    if (startup_only) return 0;
+    compute_concurrency(&c);
+    compute_sliding(&c);
+    compute_prefill(&c);
+    compute_forks(&c);
+    compute_disagg(&c);
+    compute_tiers(&c);
+    compute_little(&c);
+    compute_spec(&c);
+    compute_tenancy(&c);
     return 0;
 }
 
 /* What would make a refused deployment start: the smallest larger TP, fp8 KV,
  * and the utilization at which the pool would hold one max_model_len request.
- * Each is a whole re-plan with one input changed. */
+ * Each is a re-plan of the startup with one input changed. */
 static void suggest(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kvc_plan_params_t *p,
                     kvc_plan_result_t *r)
 {
@@ -970,12 +1181,12 @@ static void suggest(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
     for (uint32_t t = p->tp * 2; t <= 64 && !r->suggest_tp; t *= 2) {
         kvc_plan_params_t q = *p;
         q.tp = t;
-        if (!compute_core(m, g, &q, &alt, NULL, 0) && alt.fits) r->suggest_tp = t;
+        if (!compute_core(m, g, &q, &alt, true, NULL, 0) && alt.fits) r->suggest_tp = t;
     }
     if (p->kv_dtype != KVC_PLAN_FP8) {
         kvc_plan_params_t q = *p;
         q.kv_dtype = KVC_PLAN_FP8;
-        r->suggest_fp8_kv_fits = !compute_core(m, g, &q, &alt, NULL, 0) && alt.fits;
+        r->suggest_fp8_kv_fits = !compute_core(m, g, &q, &alt, true, NULL, 0) && alt.fits;
     }
     if ((r->failed_phase == KVC_PLAN_PHASE_CHECK_MAX_LEN ||
          r->failed_phase == KVC_PLAN_PHASE_ALLOCATE_KV) &&
@@ -987,6 +1198,7 @@ static void suggest(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
         const double u = r->failed_phase == KVC_PLAN_PHASE_ALLOCATE_KV
                              ? (double)ph->need_bytes / (double)g->memory_bytes
                              : (others + (double)ph->need_bytes) / (double)g->memory_bytes;
+        /* the init phase passed, so the context fits in the memory */
         const double u_max = (double)(g->memory_bytes - r->cuda_context_bytes) / g->memory_bytes;
         r->suggest_utilization = u <= u_max ? ceil(u * 1000) / 1000 : 0;
     }
@@ -996,7 +1208,7 @@ int kvc_plan_compute(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const k
                      kvc_plan_result_t *r, char *msg, size_t len)
 {
     if (!m || !g || !p || !r) return kvc__msgf(KVC_EINVAL, msg, len, "missing argument");
-    int rc = compute_core(m, g, p, r, msg, len);
+    int rc = compute_core(m, g, p, r, false, msg, len);
     if (!rc && !r->fits) suggest(m, g, p, r);
     return rc;
 }

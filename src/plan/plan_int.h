@@ -34,6 +34,11 @@ char *kvc__fmt_rate(char *buf, size_t len, double bytes_per_s); /* 3.35 TB/s / 4
 char *kvc__fmt_flops(char *buf, size_t len, double flops);      /* 1.21e15 FLOP */
 char *kvc__fmt_num(char *buf, size_t len, double v);            /* 3 significant digits */
 
+/* Copy s into out[0..cap), NUL-terminated, with every control byte (below 0x20,
+ * and DEL) written as \xNN, so that a name or path from the input never puts raw
+ * control bytes on a terminal.  Truncates to fit.  Returns out. */
+char *kvc__escape(char *out, size_t cap, const char *s);
+
 /* Integer helpers (saturating where a product could overflow). */
 static inline uint64_t kvc__ceil_div(uint64_t a, uint64_t b)
 {

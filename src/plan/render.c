@@ -27,6 +27,22 @@ static const char *I(rc_t *c, uint64_t v)
 {
     return v == KVC_PLAN_UNBOUNDED ? "none" : kvc__fmt_int(slot(c), 64, v);
 }
+/* A count carried as a double, truncated as a cast would; one too large (or not a
+ * number) for 64 bits is shown in %.3g instead of being cast. */
+static const char *ID(rc_t *c, double v)
+{
+    if (v >= 0 && v < 0x1p64) return I(c, (uint64_t)v);
+    char *s = slot(c);
+    snprintf(s, 64, "%.3g", v);
+    return s;
+}
+/* a x b, exact where it fits 64 bits, else in %.3g. */
+static const char *IMUL(rc_t *c, uint64_t a, uint64_t b)
+{
+    const kvc__u128 v = (kvc__u128)a * b;
+    if (v < KVC_PLAN_UNBOUNDED) return I(c, (uint64_t)v);
+    return ID(c, (double)a * (double)b);
+}
 static const char *BY(rc_t *c, uint64_t v)
 {
     return kvc__fmt_bytes(slot(c), 64, v);
@@ -96,8 +112,12 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     const kvc_plan_model_t *m = &r->model;
     const kvc_plan_params_t *p = &r->params;
     const kvc_plan_gpu_t *g = &r->gpu;
-    P("kvcache plan: %s on %u x %s (TP %u x PP %u x DP %u), weights %s, KV %s, block %u\n", m->name,
-      r->n_gpus, g->name, p->tp, p->pp, p->dp, kvc_plan_dtype_name(p->weight_dtype),
+    /* Names come from the input (a config's folder, a caller's struct): escaped. */
+    char model_name[4 * sizeof m->name], gpu_name[4 * sizeof g->name];
+    kvc__escape(model_name, sizeof model_name, m->name);
+    kvc__escape(gpu_name, sizeof gpu_name, g->name);
+    P("kvcache plan: %s on %u x %s (TP %u x PP %u x DP %u), weights %s, KV %s, block %u\n",
+      model_name, r->n_gpus, gpu_name, p->tp, p->pp, p->dp, kvc_plan_dtype_name(p->weight_dtype),
       kvc_plan_dtype_name(p->kv_dtype), p->block_size);
     P("  model    %u layers, %u query heads, ", m->n_layers, m->n_heads);
     if (m->mla)
@@ -122,7 +142,7 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     if (m->image_tokens) P("           an image takes %s KV tokens\n", I(c, m->image_tokens));
     P("           %s parameters, %s active per token\n", BIL(c, (double)r->counts.total),
       BIL(c, (double)r->counts.active));
-    P("  gpu      %s: %s visible (%s B), %s HBM, %s TFLOP/s bf16", g->name,
+    P("  gpu      %s: %s visible (%s B), %s HBM, %s TFLOP/s bf16", gpu_name,
       G(c, (double)g->memory_bytes), I(c, g->memory_bytes), RT(c, g->hbm_bytes_per_s),
       TF(c, g->bf16_flops));
     if (g->fp8_flops > 0)
@@ -196,7 +216,7 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
         const double all = (double)r->kv_replicated_bytes_per_token + (double)r->kv_bytes_per_token;
         P("   copies   %u of each %s: per token the replica stores %s B, of which %s B (%s) are "
           "copies\n",
-          r->kv_head_replication, m->mla ? "latent" : "KV head", I(c, (uint64_t)all),
+          r->kv_head_replication, m->mla ? "latent" : "KV head", ID(c, all),
           I(c, r->kv_replicated_bytes_per_token),
           PCT(c, (double)r->kv_replicated_bytes_per_token / all));
         if (m->mla)
@@ -550,7 +570,7 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
       I(c, r->kv_bytes_per_request), I(c, r->max_concurrency), p->dp > 1 ? " per replica" : "");
     if (p->dp > 1)
         P("                x %u replicas = %s for the deployment\n", p->dp,
-          I(c, r->max_concurrency * p->dp));
+          IMUL(c, r->max_concurrency, p->dp));
     P("   why a ceiling: each sequence wastes up to %u tokens in its last, partial block (%s "
       "here); "
       "the\n"
@@ -580,7 +600,7 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
       "attention%s)\n"
       "            and %s B of KV read; per step %s of weights read",
       I(c, r->decode_context), FL(c, r->decode_flops_per_seq), m->mla ? ", absorbed MLA" : "",
-      I(c, (uint64_t)r->decode_bytes_per_seq), G(c, r->weight_read_bytes));
+      ID(c, r->decode_bytes_per_seq), G(c, r->weight_read_bytes));
     P(m->n_experts ? " at batch 1 (more experts as the batch grows)\n" : "\n");
     if (r->fp8_compute)
         P("            (attention, %s FLOP of it, runs at the bf16 rate, %s TFLOP/s)\n",
@@ -686,8 +706,7 @@ static void sec_disagg(rc_t *c, const kvc_plan_result_t *r)
     P("8. Disaggregated prefill: the KV a prefill replica emits  [estimated: MFU %s]\n",
       N(c, p->mfu));
     if (r->prefill_rate_kind == KVC_PLAN_MEASURED)
-        P("   prefill rate   measured: %s tokens/s per replica\n",
-          I(c, (uint64_t)r->prefill_tokens_per_s));
+        P("   prefill rate   measured: %s tokens/s per replica\n", ID(c, r->prefill_tokens_per_s));
     else {
         P("   one prompt     (%s linear FLOP / %s TFLOP/s + %s attention FLOP / %s TFLOP/s) / MFU "
           "%s\n"
@@ -697,11 +716,11 @@ static void sec_disagg(rc_t *c, const kvc_plan_result_t *r)
         P("   prefill rate   %u GPU%s x %s tokens / %s GPU-s = %s tokens/s per replica  "
           "[estimated]\n",
           p->tp * p->pp, p->tp * p->pp == 1 ? "" : "s", I(c, p->prompt_tokens),
-          N(c, r->prefill_work_s), I(c, (uint64_t)r->prefill_tokens_per_s));
+          N(c, r->prefill_work_s), ID(c, r->prefill_tokens_per_s));
     }
     P("   KV out         %s B x %s tokens/s = %s per replica, %s per GPU\n",
-      I(c, r->kv_bytes_per_token), I(c, (uint64_t)r->prefill_tokens_per_s),
-      RT(c, r->prefill_kv_bytes_per_s), RT(c, r->prefill_kv_bytes_per_s_per_gpu));
+      I(c, r->kv_bytes_per_token), ID(c, r->prefill_tokens_per_s), RT(c, r->prefill_kv_bytes_per_s),
+      RT(c, r->prefill_kv_bytes_per_s_per_gpu));
     P("   why P cancels  KV bytes/token x FLOP/s / (2 x params): %s B x %s FLOP/s / (2 x %s) = %s "
       "per GPU\n"
       "                  at any prompt length (attention, ignored here, only lowers it)\n",
@@ -713,10 +732,10 @@ static void sec_disagg(rc_t *c, const kvc_plan_result_t *r)
       PCT(c, r->link_utilization));
     if (r->link_utilization > 1)
         P(": the link caps prefill at %s tokens/s per replica\n\n",
-          I(c, (uint64_t)r->link_limited_tokens_per_s));
+          ID(c, r->link_limited_tokens_per_s));
     else
         P("; the link would carry up to %s tokens/s per replica\n\n",
-          I(c, (uint64_t)(r->link_limited_tokens_per_s)));
+          ID(c, (r->link_limited_tokens_per_s)));
 }
 
 static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
@@ -754,7 +773,7 @@ static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
       "fetch\n"
       "   wins a little more than shown.\n");
     P("   SSD tier    endurance %s TB rated / %s written = %.1f days (%.2f years)%s\n\n",
-      I(c, (uint64_t)llround(p->ssd_endurance_bytes / 1e12)), RT(c, r->ssd_write_bytes_per_s),
+      ID(c, round(p->ssd_endurance_bytes / 1e12)), RT(c, r->ssd_write_bytes_per_s),
       r->ssd_endurance_days, r->ssd_endurance_days / 365.25,
       p->ssd_write_bytes_per_s > 0 ? ""
                                    : "\n               (writing all the KV one prefill GPU "
@@ -854,6 +873,7 @@ static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
 
 int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
 {
+    if (!r || !out) return KVC_EINVAL;
     rc_t *c = calloc(1, sizeof *c);
     if (!c) return KVC_ENOMEM;
     header(c, r);
@@ -1034,16 +1054,9 @@ static cJSON *json_config(jctx_t *j, const kvc_plan_result_t *r)
     return o;
 }
 
-static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
+/* 1. KV bytes per token and the TP sweep */
+static void json_kv(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
 {
-    const kvc_plan_params_t *p = &r->params;
-    cJSON *o = chk(j, cJSON_CreateObject());
-    if (!o) return NULL;
-    attach(j, o, "model", json_model(j, r));
-    attach(j, o, "gpu", json_gpu(j, &r->gpu));
-    attach(j, o, "config", json_config(j, r));
-
-    /* 1 */
     add_u64(j, o, "kv_bytes_per_token", r->kv_bytes_per_token);
     add_u64(j, o, "kv_bytes_per_token_per_gpu", r->kv_bytes_per_token_per_gpu);
     add_u64(j, o, "kv_head_replication", r->kv_head_replication);
@@ -1061,8 +1074,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
         add_u64(j, x, "weight_bytes_per_gpu", r->tp_rows[i].weight_bytes_per_gpu);
         attach(j, sweep, NULL, x);
     }
+}
 
-    /* 2 */
+/* 2. the startup ledger */
+static void json_ledger(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     add_u64(j, o, "weight_bytes_per_gpu", r->weight_bytes_per_gpu);
     add_u64(j, o, "weight_bytes_total", r->weight_bytes_total);
     cJSON *ledger = chk(j, cJSON_AddArrayToObject(o, "ledger"));
@@ -1081,8 +1097,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, o, "num_blocks", r->num_blocks);
     add_u64(j, o, "pool_tokens", r->pool_tokens);
     add_u64(j, o, "binding_stage", r->binding_stage);
+}
 
-    /* 3 */
+/* 3. whether it starts, and what would make it */
+static void json_startup(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     add_bool(j, o, "fits", r->fits);
     if (r->fits)
         add_null(j, o, "failed_phase");
@@ -1110,8 +1129,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
         add_num(j, sug, "gpu_memory_utilization", r->suggest_utilization);
     else
         add_null(j, sug, "gpu_memory_utilization");
+}
 
-    /* 4 */
+/* 4. concurrency, the ceilings and the decode roofline */
+static void json_concurrency(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     add_u64(j, o, "max_concurrency", r->max_concurrency);
     add_u64(j, o, "kv_bytes_per_request", r->kv_bytes_per_request);
     add_u64(j, o, "blocks_per_request", r->blocks_per_request);
@@ -1129,8 +1151,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_num(j, dec, "kv_bytes_read_per_seq", r->decode_bytes_per_seq);
     add_num(j, dec, "weight_bytes_read", r->weight_read_bytes);
     add_num(j, dec, "peak_flops", r->peak_flops);
+}
 
-    /* 5 */
+/* 5. sliding windows */
+static void json_sliding(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     add_num(j, o, "sliding_window_saving", r->sliding_window_saving);
     cJSON *sw = chk(j, cJSON_AddObjectToObject(o, "sliding_window"));
     add_u64(j, sw, "context_tokens", r->context_tokens);
@@ -1140,15 +1165,22 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, sw, "bytes_without_freeing", r->swa_bytes_without_freeing);
     add_num(j, sw, "saving_limit", r->sliding_window_saving_limit);
     add_u64(j, o, "kv_bytes_per_request_model", r->kv_bytes_per_request_model);
+}
 
-    /* 6 */
+/* 6. prefill FLOPs */
+static void json_prefill(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     add_num(j, o, "prefill_attention_flops_fraction", r->prefill_attention_flops_fraction);
     cJSON *pf = chk(j, cJSON_AddObjectToObject(o, "prefill"));
     add_u64(j, pf, "context_tokens", r->context_tokens);
     add_num(j, pf, "linear_flops", r->prefill_linear_flops);
     add_num(j, pf, "attention_flops", r->prefill_attention_flops);
+}
 
-    /* 7 */
+/* 7. forks */
+static void json_forks(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
     cJSON *fk = chk(j, cJSON_AddObjectToObject(o, "forks"));
     add_u64(j, fk, "n", p->n_samples);
     add_u64(j, fk, "beams", p->beams);
@@ -1157,8 +1189,12 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, fk, "beams_unshared_bytes", r->fork_unshared_bytes_beams);
     add_u64(j, fk, "beams_shared_bytes", r->fork_shared_bytes_beams);
     add_u64(j, fk, "beams_diverged_bytes", r->fork_shared_bytes_beams_diverged);
+}
 
-    /* 8 */
+/* 8. disaggregated prefill */
+static void json_disagg(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
     cJSON *dg = chk(j, cJSON_AddObjectToObject(o, "disaggregation"));
     add_num(j, dg, "prefill_tokens_per_s", r->prefill_tokens_per_s);
     add_str(j, dg, "prefill_rate_kind", kvc_plan_kind_name(r->prefill_rate_kind));
@@ -1168,8 +1204,12 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_num(j, dg, "link_bytes_per_s", p->link_bytes_per_s);
     add_num(j, dg, "link_utilization", r->link_utilization);
     add_num(j, dg, "link_limited_tokens_per_s", r->link_limited_tokens_per_s);
+}
 
-    /* 9 */
+/* 9. recompute vs fetch */
+static void json_tiers(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
     cJSON *rf = chk(j, cJSON_AddObjectToObject(o, "recompute_vs_fetch"));
     add_num(j, rf, "recompute_s_per_token", r->recompute_s_per_token);
     add_num(j, rf, "break_even_bytes_per_s", r->break_even_bytes_per_s);
@@ -1190,8 +1230,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_num(j, ssd, "endurance_bytes", p->ssd_endurance_bytes);
     add_num(j, ssd, "write_bytes_per_s", r->ssd_write_bytes_per_s);
     add_num(j, ssd, "endurance_days", r->ssd_endurance_days);
+}
 
-    /* 10 */
+/* 10. Little's law */
+static void json_little(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     cJSON *lt = chk(j, cJSON_AddObjectToObject(o, "littles_law"));
     add_num(j, lt, "arrival_rate", r->arrival_rate);
     add_bool(j, lt, "arrival_rate_auto", r->arrival_rate_auto);
@@ -1206,8 +1249,12 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     add_str(j, lt, "max_arrival_rate_limited_by",
             r->little_max_by_ceiling ? "ceilings" : "throughput");
     add_u64(j, lt, "iterations", (uint64_t)r->little_iterations);
+}
 
-    /* 11 */
+/* 11. speculative decoding */
+static void json_spec(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
     cJSON *sp = chk(j, cJSON_AddObjectToObject(o, "speculative"));
     add_u64(j, sp, "spec_tokens", p->spec_tokens);
     add_num(j, sp, "acceptance", p->spec_acceptance);
@@ -1222,8 +1269,11 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
         add_u64(j, x, "kv_slots_per_seq", s->kv_slots_per_seq);
         attach(j, rows, NULL, x);
     }
+}
 
-    /* 12 */
+/* 12. tenancy */
+static void json_tenancy(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
     cJSON *tn = chk(j, cJSON_AddObjectToObject(o, "tenancy"));
     add_u64(j, tn, "tokens_per_percent", r->tokens_per_percent);
     add_u64(j, tn, "image_tokens", r->model.image_tokens);
@@ -1238,11 +1288,34 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
         add_u64(j, x, "per_pool", t->per_pool);
         attach(j, req, NULL, x);
     }
+}
+
+static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
+{
+    cJSON *o = chk(j, cJSON_CreateObject());
+    if (!o) return NULL;
+    attach(j, o, "model", json_model(j, r));
+    attach(j, o, "gpu", json_gpu(j, &r->gpu));
+    attach(j, o, "config", json_config(j, r));
+    /* the sections in the order the text prints them */
+    json_kv(j, o, r);
+    json_ledger(j, o, r);
+    json_startup(j, o, r);
+    json_concurrency(j, o, r);
+    json_sliding(j, o, r);
+    json_prefill(j, o, r);
+    json_forks(j, o, r);
+    json_disagg(j, o, r);
+    json_tiers(j, o, r);
+    json_little(j, o, r);
+    json_spec(j, o, r);
+    json_tenancy(j, o, r);
     return o;
 }
 
 int kvc_plan_render_json(const kvc_plan_result_t *r, char **out)
 {
+    if (!r || !out) return KVC_EINVAL;
     jctx_t j = {false};
     cJSON *o = build_json(&j, r);
     char *s = o && !j.oom ? cJSON_Print(o) : NULL;

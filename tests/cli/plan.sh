@@ -21,7 +21,7 @@ fail() {
 expect_error() {
   local needle=$1
   shift
-  "$KVC" plan "$@" >"$TMP/out" 2>"$TMP/err"
+  timeout 30 "$KVC" plan "$@" >"$TMP/out" 2>"$TMP/err"
   local rc=$?
   if [ "$rc" -ne 1 ]; then fail "plan $*: exit $rc, want 1"; return; fi
   if [ -s "$TMP/out" ]; then fail "plan $*: wrote to stdout on error"; fi
@@ -34,7 +34,7 @@ expect_error() {
 expect_status() {
   local want=$1
   shift
-  "$KVC" plan "$@" >"$TMP/out" 2>"$TMP/err"
+  timeout 30 "$KVC" plan "$@" >"$TMP/out" 2>"$TMP/err"
   local rc=$?
   if [ "$rc" -ne "$want" ]; then fail "plan $*: exit $rc, want $want ($(head -c 300 "$TMP/err"))"; fi
   if [ -s "$TMP/err" ]; then fail "plan $*: wrote to stderr: $(head -c 300 "$TMP/err")"; fi
@@ -92,6 +92,62 @@ expect_error "--spec-acceptance: '1' is not a number" --model llama-3.1-8b --gpu
 expect_error "unknown option '--bogus' (try --help)" --model llama-3.1-8b --gpu h100 --bogus
 expect_error "--json takes no value" --model llama-3.1-8b --gpu h100 --json=yes
 expect_error "unexpected argument 'extra'" --model llama-3.1-8b --gpu h100 extra
+
+# ---- hostile input: bounded fields, no wrap, no crash, no hang (each once crashed, hung or
+# printed a wrapped number with exit 0) -------------------------------------------------
+printf '{"hidden_size":1,"intermediate_size":1,"num_hidden_layers":1,"num_attention_heads":2147483648,"head_dim":2147483648,"vocab_size":1,"max_position_embeddings":4096}' \
+  >"$TMP/wrap.json"
+expect_error "num_attention_heads 2147483648 is out of range: at most 8192" --model "$TMP/wrap.json" --gpu h100
+# 2^32 - 1 layers: the per-layer weight loop ran for minutes (bounded above by timeout 30)
+printf '{"hidden_size":64,"intermediate_size":128,"num_hidden_layers":4294967295,"num_attention_heads":8,"vocab_size":100,"max_position_embeddings":4096}' \
+  >"$TMP/layers.json"
+expect_error "num_hidden_layers 4294967295 is out of range: at most 4096" --model "$TMP/layers.json" --gpu h100
+# budget - 9.2e18 - 9.2e18 was a signed overflow that printed a 43533881 GiB pool
+expect_error "--weight-memory 9200000000000000000 B is out of range: at most 1152921504606846976 B" \
+  --model llama-3.1-8b --gpu h100 --weight-memory 9.2e18 --activation-memory 9.2e18
+expect_error "--activation-memory" --model llama-3.1-8b --gpu h100 --activation-memory 2e18
+# 65,536 / 1 patches a side: 2^32 image tokens wrapped to 0
+printf '{"text_config":{"hidden_size":4096,"intermediate_size":11008,"num_hidden_layers":32,"num_attention_heads":32,"vocab_size":32000,"max_position_embeddings":4096},"vision_config":{"image_size":65536,"patch_size":1}}' \
+  >"$TMP/image.json"
+expect_error "4294967296 image tokens" --model "$TMP/image.json" --gpu h100
+# 16,384 experts of 2^20 over 32 layers: the parameter count
+printf '{"hidden_size":4096,"intermediate_size":11008,"num_hidden_layers":32,"num_attention_heads":32,"vocab_size":32000,"max_position_embeddings":4096,"num_local_experts":16384,"num_experts_per_tok":2,"moe_intermediate_size":1048576}' \
+  >"$TMP/params.json"
+expect_error "parameters, over the bound" --model "$TMP/params.json" --gpu h100
+# KV bytes per token: 2 x 4096 x 8192 x 16384 x 2 B
+printf '{"hidden_size":1,"intermediate_size":1,"num_hidden_layers":4096,"num_attention_heads":8192,"head_dim":16384,"vocab_size":1,"max_position_embeddings":4096}' \
+  >"$TMP/kv.json"
+expect_error "KV bytes per token" --model "$TMP/kv.json" --gpu h100
+printf '{"hidden_size":4096,"intermediate_size":11008,"num_hidden_layers":32,"num_attention_heads":32,"vocab_size":32000}' \
+  >"$TMP/nomaxpos.json"
+# the same refusals reach `kvcache sim`, which loads its model through the planner
+timeout 30 "$KVC" sim --model "$TMP/wrap.json" --gpu h100 --workload 'poisson:rate=1,n=2,prompt=16,output=4' >"$TMP/out" 2>"$TMP/err"
+rc=$?
+[ "$rc" -eq 1 ] || fail "sim on the wrapping config: exit $rc, want 1"
+grep -qF "num_attention_heads 2147483648 is out of range" "$TMP/err" || fail "sim: $(cat "$TMP/err")"
+# token counts past the bound the library holds (2^32): the option says its range
+expect_error "--prompt: '4294967297' is not a whole number in 1..4294967296" --model llama-3.1-8b --gpu h100 --prompt 4294967297
+expect_error "--max-model-len 1099511627776 is out of range: at most 4294967296 tokens" \
+  --model "$TMP/nomaxpos.json" --gpu h100 --max-model-len 1099511627776
+# rates and sizes whose product with the unit is inf
+expect_error "--host-bandwidth: '1e300TB/s' is not a positive rate" --model llama-3.1-8b --gpu h100 --host-bandwidth 1e300TB/s
+expect_error "--gpu-bandwidth: '1e300TB/s' is not a positive rate" --model llama-3.1-8b --gpu h100 --gpu-bandwidth 1e300TB/s
+expect_error "--link-bandwidth: '1e308' is not a positive rate" --model llama-3.1-8b --gpu h100 --link-bandwidth 1e308
+expect_error "--gpu-memory: '1e300TB' is not a size" --model llama-3.1-8b --gpu h100 --gpu-memory 1e300TB
+# a config is one JSON object: trailing text, a NUL, a raw control byte are refused
+cp "$CONFIGS/llama-3.1-8b.json" "$TMP/trailing.json" && printf ' trailing garbage' >>"$TMP/trailing.json"
+expect_error "trailing text at byte" --model "$TMP/trailing.json" --gpu h100
+cp "$CONFIGS/llama-3.1-8b.json" "$TMP/nul.json" && printf '\0{"hidden_size": 8}' >>"$TMP/nul.json"
+expect_error "a NUL byte at byte" --model "$TMP/nul.json" --gpu h100
+printf '{"hidden_size":4096,"intermediate_size":11008,"num_hidden_layers":32,"num_attention_heads":32,"vocab_size":32000,"max_position_embeddings":4096,"model_type":"l\033[2Jx"}' \
+  >"$TMP/ctl.json"
+expect_error "control byte 0x1b" --model "$TMP/ctl.json" --gpu h100
+# a model named after a folder with control bytes: the report escapes them
+evil="$TMP/$(printf 'evil\033[31m\001')"
+mkdir -p "$evil" && cp "$CONFIGS/llama-3.1-8b.json" "$evil/config.json"
+expect_status 0 --model "$evil/config.json" --gpu h100
+has '^kvcache plan: evil\\x1b\[31m\\x01 on 1 x H100 SXM'
+if LC_ALL=C grep -q $'[\001-\010\013-\037\177]' "$TMP/out"; then fail "the report echoes raw control bytes"; fi
 
 # ---- the refusal: Llama-3.1-70B in bf16 on two H100s with TP 2 --------------
 expect_status 3 --model llama-3.1-70b --gpu h100-sxm --tp 2
