@@ -62,7 +62,7 @@ size_t kvc_cli_escape(char *out, const char *s, size_t n)
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         size_t len = printable_len(u + i, n - i);
-        if (len && u[i] != '\\') {
+        if (len) {
             memcpy(out + o, u + i, len);
             o += len;
             i += len;
@@ -70,9 +70,6 @@ size_t kvc_cli_escape(char *out, const char *s, size_t n)
         }
         out[o++] = '\\';
         switch (u[i]) {
-        case '\\':
-            out[o++] = '\\';
-            break;
         case '\n':
             out[o++] = 'n';
             break;

@@ -21,10 +21,12 @@ int kvc_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(p
 /* Bytes kvc_cli_escape may write for n input bytes, the terminating NUL included. */
 #define KVC_CLI_ESCAPED_MAX(n) (4 * (size_t)(n) + 1)
 /* Copy s[0..n) to out (KVC_CLI_ESCAPED_MAX(n) bytes), NUL-terminated, with every byte a
- * terminal could act on or that is not text escaped: \n \r \t \\ for those, \xNN for other
+ * terminal could act on or that is not text escaped: \n \r \t for those, \xNN for other
  * C0 controls, DEL, the bytes of a C1 control (U+0080..U+009F) and each byte that is not part
- * of well-formed UTF-8 (overlong forms, surrogates, past U+10FFFF).  Valid printable UTF-8 is
- * kept as it is.  Returns the length written (without the NUL). */
+ * of well-formed UTF-8 (overlong forms, surrogates, past U+10FFFF).  Valid printable UTF-8,
+ * backslashes included, is kept as it is, so escaping is idempotent: a library message that
+ * already escaped its input (the planner's do) comes out unchanged.  Returns the length
+ * written (without the NUL). */
 size_t kvc_cli_escape(char *out, const char *s, size_t n);
 /* True if s[0..n) is well-formed UTF-8 (what JSON text and JSON output must be). */
 bool kvc_cli_utf8_valid(const char *s, size_t n);

@@ -44,6 +44,9 @@ expect_error "plan model" "--model 'bad\\\\x9bname\\\\xc2\\\\x9b'" -- plan --mod
 expect_error "plan value" "--tp: '\\\\xff\\\\xfe'" -- plan --tp $'\xff\xfe' "${M[@]}"
 expect_error "sim workload" "x\\\\x1b\\[31my" -- sim --workload $'x\x1b[31my' "${M[@]}"
 expect_error "sim value" "--num-blocks: '1\\\\r2'" -- sim --num-blocks $'1\r2' "${M[@]}"
+# a library message that already escaped its input is not escaped twice (one backslash)
+expect_error "plan config path" "cannot open $TMP/a\\\\x1bb/c.json: " -- plan --model "$TMP/a"$'\x1b'"b/c.json" --gpu h100-sxm
+grep -qF 'a\\x1bb' "$TMP/err" && fail "plan config path: escaped twice: $(cat "$TMP/err")"
 # valid UTF-8 stays as it is
 "$KVC" explain "$TMP/café" 2>"$TMP/err"
 grep -q "cannot open $TMP/café" "$TMP/err" || fail "UTF-8 file name: $(cat "$TMP/err")"
