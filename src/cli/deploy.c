@@ -259,13 +259,13 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const ch
         DBL(1e-6, 1, pp->gpu_memory_utilization);
         break;
     case KVC_CLI_MAX_MODEL_LEN:
-        U64(1, UINT64_C(1) << 40, pp->max_model_len);
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->max_model_len);
         break;
     case KVC_CLI_MAX_NUM_SEQS:
-        U64(1, 1u << 24, pp->max_num_seqs);
+        U64(1, KVC_PLAN_MAX_SEQS, pp->max_num_seqs);
         break;
     case KVC_CLI_MAX_BATCHED:
-        U64(1, 1u << 30, pp->max_num_batched_tokens);
+        U64(1, KVC_PLAN_MAX_BATCHED, pp->max_num_batched_tokens);
         break;
     case KVC_CLI_WEIGHT_MEM:
         SIZE(pp->weight_bytes);
