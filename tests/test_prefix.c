@@ -937,6 +937,57 @@ static void sliding_window_blocks_of_another_prefix_never_hit(void **state)
     free_cache(&c);
 }
 
+/* issue 11, through the public API: window 4, block size 4, 4 extra keys per block.  A = [Y Z t]
+ * is cached; B = [X Y Z t] where X carries 5 multimodal inputs, one more than a block holds, so
+ * X cannot be hashed.  Nothing after X may hit: B's block at positions 8..11 must never receive
+ * A's Z, computed at positions 4..7 after another prefix. */
+static void an_unhashable_block_ends_a_sliding_match(void **state)
+{
+    (void)state;
+    cache_t c = make_cache_with(16, BS, sliding_params(4, NULL));
+    kvc_namespace_t ns = {.group = 1};
+    kvc_token_t a[9] = {2, 2, 2, 2, 3, 3, 3, 3, 4};
+    kvc_token_t b[13] = {1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4};
+    kvc_prefix_query_t qa = {.ns = &ns, .tokens = a, .n_tokens = 9};
+    uint32_t table[4];
+    run_sliding(&c, &qa, table);
+    assert_ok(kvc_pool_release(c.pool, table, 3));
+    kvc_mm_input_t five[5];
+    for (int i = 0; i < 5; i++)
+        five[i] =
+            (kvc_mm_input_t){.hash = {100 + (uint64_t)i, 7}, .start = (uint64_t)i % 4, .length = 1};
+    kvc_prefix_query_t qb = {.ns = &ns, .tokens = b, .n_tokens = 13, .mm = five, .n_mm = 5};
+    kvc_block_status_t st[4];
+    uint32_t blocks[4];
+    kvc_prefix_hit_t hit;
+    assert_ok(kvc_prefix_match(c.pc, &qb, blocks, 4, st, &hit));
+    assert_int_equal(hit.n_hit_blocks, 0);
+    assert_int_equal(hit.n_matched_blocks, 0);
+    assert_int_equal(st[0], KVC_BLOCK_MISS);
+    assert_int_equal(st[1], KVC_BLOCK_AFTER_MISS);
+    assert_int_equal(st[2], KVC_BLOCK_AFTER_MISS);
+    assert_int_equal(st[3], KVC_BLOCK_PARTIAL);
+    assert_ok(kvc_prefix_lookup(c.pc, &qb, blocks, 4, &hit));
+    assert_int_equal(hit.n_hit_blocks, 0);
+    assert_int_equal(kvc_pool_n_free(c.pool), 16); /* nothing pinned */
+    uint32_t present[3];
+    size_t found = 99;
+    assert_ok(kvc_prefix_probe(c.pc, &qb, 3, present, &found));
+    assert_int_equal(found, 0);
+    for (int i = 0; i < 3; i++) assert_int_equal(present[i], KVC_NONE);
+    /* nor can anything after X be inserted: its identity chains through X */
+    uint32_t x[3];
+    assert_ok(kvc_pool_alloc(c.pool, 3, x));
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(kvc_prefix_insert(c.pc, &qb, i, KVC_NONE, x[i], NULL), KVC_ERANGE);
+    assert_ok(kvc_pool_release(c.pool, x, 3));
+    /* A itself still hits */
+    assert_ok(kvc_prefix_match(c.pc, &qa, NULL, 0, NULL, &hit));
+    assert_int_equal(hit.n_hit_blocks, 2);
+    assert_prefix_ok(c.pc);
+    free_cache(&c);
+}
+
 static void probe_reports_each_block(void **state)
 {
     (void)state;
@@ -1010,6 +1061,7 @@ int main(void)
         cmocka_unit_test(a_constant_hash_still_gives_exact_hits),
         cmocka_unit_test(sliding_hits_need_only_the_last_window),
         cmocka_unit_test(sliding_window_blocks_of_another_prefix_never_hit),
+        cmocka_unit_test(an_unhashable_block_ends_a_sliding_match),
         cmocka_unit_test(probe_reports_each_block),
     };
     return cmocka_run_group_tests_name("prefix", tests, NULL, NULL);

@@ -532,17 +532,21 @@ static int match_impl(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
         const uint32_t window = pc->params.group_window[w.ns->group];
         size_t run = 0, best = 0, best_no_rule = 0, matched = 0;
         for (size_t i = 0; i < n_full; i++) {
-            kvc_block_status_t st = KVC_BLOCK_MISS;
-            uint32_t b = KVC_NONE;
-            if (walker_step(&w, i)) {
-                bool collided;
-                b = walker_find(pc, &w, i, KVC_NONE, &collided);
-                st = b != KVC_NONE ? KVC_BLOCK_HIT
-                     : collided    ? KVC_BLOCK_COLLISION
-                                   : KVC_BLOCK_MISS;
-            } else {
-                memset(&w.h, 0, sizeof w.h); /* unhashable: later blocks cannot match either */
+            if (!walker_step(&w, i)) {
+                /* Unhashable (more extra keys than a block holds): it was never cached, and
+                 * every later block's identity chains through it, so nothing after it can hit
+                 * either.  The match ends here. */
+                if (status) {
+                    status[i] = KVC_BLOCK_MISS;
+                    for (size_t j = i + 1; j < n_full; j++) status[j] = KVC_BLOCK_AFTER_MISS;
+                }
+                break;
             }
+            bool collided;
+            uint32_t b = walker_find(pc, &w, i, KVC_NONE, &collided);
+            kvc_block_status_t st = b != KVC_NONE ? KVC_BLOCK_HIT
+                                    : collided    ? KVC_BLOCK_COLLISION
+                                                  : KVC_BLOCK_MISS;
             if (blocks && i < cap) blocks[i] = b;
             if (status) status[i] = st;
             run = b != KVC_NONE ? run + 1 : 0;
@@ -595,16 +599,17 @@ int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit
     bool broken = false;
     for (size_t i = 0; i < n; i++) {
         uint32_t b = KVC_NONE;
-        if (!broken && walker_step(&w, i)) {
+        /* An unhashable block ends the walk in every group: all later identities chain through
+         * it.  In a full-attention group so does a miss. */
+        if (!broken && !walker_step(&w, i)) broken = true;
+        if (!broken) {
             bool collided;
             b = walker_find(pc, &w, i, prev, &collided);
-        } else if (w.sliding) {
-            memset(&w.h, 0, sizeof w.h);
         }
         present[i] = b;
         found += b != KVC_NONE;
         if (!w.sliding) {
-            if (b == KVC_NONE) broken = true; /* a chain: nothing after a miss */
+            if (b == KVC_NONE) broken = true;
             prev = b;
         }
     }
