@@ -98,7 +98,7 @@ static void hash_covers_every_part_of_identity(void **state)
     t[7] = 8;
     /* every namespace field changes every block */
     kvc_namespace_t variants[4] = {{.weight_epoch = 1}, {.lora_id = 3}, {.group = 1}, {0}};
-    kvc_namespace_set_salt(&variants[3], "tenant-a");
+    assert_ok(kvc_namespace_set_salt(&variants[3], "tenant-a"));
     for (int v = 0; v < 4; v++) {
         q.ns = &variants[v];
         assert_ok(kvc_prefix_hash(c.pc, &q, h, 2, &n));
@@ -107,8 +107,8 @@ static void hash_covers_every_part_of_identity(void **state)
     }
     /* the zero namespace is the default one; "" clears a salt */
     kvc_namespace_t zero = {0};
-    kvc_namespace_set_salt(&zero, "x");
-    kvc_namespace_set_salt(&zero, "");
+    assert_ok(kvc_namespace_set_salt(&zero, "x"));
+    assert_ok(kvc_namespace_set_salt(&zero, ""));
     q.ns = &zero;
     assert_ok(kvc_prefix_hash(c.pc, &q, h, 2, &n));
     assert_true(kvc_hash128_eq(base[0], h[0]));
@@ -353,8 +353,8 @@ static void namespaces_isolate_tenants_adapters_and_epochs(void **state)
     kvc_token_t t[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     kvc_namespace_t tenant_a = {0}, tenant_b = {0}, lora = {.lora_id = 5},
                     epoch = {.weight_epoch = 2};
-    kvc_namespace_set_salt(&tenant_a, "a");
-    kvc_namespace_set_salt(&tenant_b, "b");
+    assert_ok(kvc_namespace_set_salt(&tenant_a, "a"));
+    assert_ok(kvc_namespace_set_salt(&tenant_b, "b"));
     kvc_prefix_query_t q = {.ns = &tenant_a, .tokens = t, .n_tokens = 9};
     uint32_t table[3], hits[3];
     size_t n = run_request(&c, &q, table, NULL);
@@ -715,7 +715,7 @@ static void forced_collisions_never_hand_out_foreign_kv(void **state)
     kvc_rng_t r;
     kvc_rng_seed(&r, 2024);
     kvc_namespace_t ns[2] = {{0}, {0}};
-    kvc_namespace_set_salt(&ns[1], "other");
+    assert_ok(kvc_namespace_set_salt(&ns[1], "other"));
     uint64_t total_hits = 0;
     const int rounds = 6000 / KVC_TEST_SANITIZER_DIVISOR;
     for (int round = 0; round < rounds; round++) {
@@ -811,6 +811,96 @@ static void a_constant_hash_still_gives_exact_hits(void **state)
     assert_int_equal(u[1], t[1]);
     assert_ok(kvc_pool_release(c.pool, u, 3));
     assert_prefix_ok(c.pc);
+    free_cache(&c);
+}
+
+/* Two 64-byte salts built to collide under the digest kvc_namespace_set_salt used before issue
+ * 11 (XXH3-128 under the fixed public seed "kvcache-"): bytes 16..31 are a lane pair (a, b) of
+ * XXH3's 17..128-byte path, which adds fold64((a ^ k0) * (b ^ k1)) to one accumulator and a + b
+ * to the other.  With d = k0 ^ k1, a covering d's bits and b none of them, the swapped pair
+ * (b ^ d, a ^ d) has the same product and the same sum, so the whole hash is the same.  Tenant
+ * B then hit tenant A's blocks.  With SHA-256 they are two namespaces. */
+static const char colliding_salt_1[] =
+    "tenant-one:salt:"
+    "\xaf\x2f\x2b\xa9\x47\xb9\xa1\x53\x40\x80\x80\x40\x80\x40\x40\x80"
+    "................................";
+static const char colliding_salt_2[] =
+    "tenant-one:salt:"
+    "\xed\xab\xa9\xe8\xc6\xf8\xe0\xd1\x02\x04\x02\x01\x01\x01\x01\x02"
+    "................................";
+
+static void salts_that_collide_under_xxh3_stay_isolated(void **state)
+{
+    (void)state;
+    assert_int_equal(strlen(colliding_salt_1), 64);
+    assert_int_equal(strlen(colliding_salt_2), 64);
+    assert_memory_not_equal(colliding_salt_1, colliding_salt_2, 64);
+    /* the old digest could not tell them apart */
+    const uint64_t old_seed = 0x6b7663616368652dULL;
+    assert_true(kvc_hash128_eq(kvc_hash128(colliding_salt_1, 64, old_seed),
+                               kvc_hash128(colliding_salt_2, 64, old_seed)));
+    kvc_namespace_t a = {0}, b = {0};
+    assert_ok(kvc_namespace_set_salt(&a, colliding_salt_1));
+    assert_ok(kvc_namespace_set_salt(&b, colliding_salt_2));
+    assert_memory_not_equal(a.salt, b.salt, KVC_SALT_BYTES);
+    cache_t c = make_cache(16);
+    kvc_token_t t[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    kvc_prefix_query_t qa = {.ns = &a, .tokens = t, .n_tokens = 9}, qb = qa;
+    qb.ns = &b;
+    uint32_t table[3];
+    size_t n = run_request(&c, &qa, table, NULL);
+    assert_ok(kvc_pool_release(c.pool, table, (uint32_t)n));
+    kvc_prefix_hit_t hit;
+    assert_ok(kvc_prefix_match(c.pc, &qb, NULL, 0, NULL, &hit));
+    assert_int_equal(hit.n_hit_blocks, 0); /* tenant B never sees tenant A's KV */
+    assert_ok(kvc_prefix_match(c.pc, &qa, NULL, 0, NULL, &hit));
+    assert_int_equal(hit.n_hit_blocks, 2);
+    free_cache(&c);
+}
+
+static void salt_digest_is_sha256_and_compared_in_full(void **state)
+{
+    (void)state;
+    /* FIPS 180-2's test vector: SHA-256("abc") */
+    static const uint8_t abc[KVC_SALT_BYTES] = {0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea,
+                                                0x41, 0x41, 0x40, 0xde, 0x5d, 0xae, 0x22, 0x23,
+                                                0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17, 0x7a, 0x9c,
+                                                0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad};
+    kvc_namespace_t ns = {0};
+    assert_ok(kvc_namespace_set_salt(&ns, "abc"));
+    assert_memory_equal(ns.salt, abc, KVC_SALT_BYTES);
+    kvc_namespace_t bytes = {0};
+    assert_ok(kvc_namespace_set_salt_bytes(&bytes, "abc", 3));
+    assert_memory_equal(bytes.salt, abc, KVC_SALT_BYTES);
+    /* a NUL inside a binary salt counts */
+    assert_ok(kvc_namespace_set_salt_bytes(&bytes, "abc\0", 4));
+    assert_memory_not_equal(bytes.salt, abc, KVC_SALT_BYTES);
+    /* errors change nothing */
+    assert_int_equal(kvc_namespace_set_salt(NULL, "abc"), KVC_EINVAL);
+    assert_int_equal(kvc_namespace_set_salt_bytes(&ns, NULL, 3), KVC_EINVAL);
+    assert_memory_equal(ns.salt, abc, KVC_SALT_BYTES);
+    assert_ok(kvc_namespace_set_salt_bytes(&ns, NULL, 0)); /* clears */
+    kvc_namespace_t zero = {0};
+    assert_memory_equal(&ns, &zero, sizeof ns);
+    /* Identity compares every byte of the digest, not only what the index hash sees: with a
+     * constant hash, namespaces that differ in the digest's last byte alone stay apart. */
+    kvc_prefix_params_t cp = kvc_prefix_params_default();
+    cp.hash_fn = zero_hash;
+    cache_t c = make_cache_with(16, BS, cp);
+    kvc_namespace_t a = {0}, b = {0};
+    a.salt[KVC_SALT_BYTES - 1] = 1;
+    b.salt[KVC_SALT_BYTES - 1] = 2;
+    kvc_token_t t[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    kvc_prefix_query_t qa = {.ns = &a, .tokens = t, .n_tokens = 9}, qb = qa;
+    qb.ns = &b;
+    uint32_t table[3];
+    size_t n = run_request(&c, &qa, table, NULL);
+    assert_ok(kvc_pool_release(c.pool, table, (uint32_t)n));
+    kvc_block_status_t st[3];
+    kvc_prefix_hit_t hit;
+    assert_ok(kvc_prefix_match(c.pc, &qb, NULL, 0, st, &hit));
+    assert_int_equal(hit.n_hit_blocks, 0);
+    assert_int_equal(st[0], KVC_BLOCK_COLLISION);
     free_cache(&c);
 }
 
@@ -1048,6 +1138,8 @@ int main(void)
         cmocka_unit_test(lookup_pins_hits_and_respects_cap),
         cmocka_unit_test(match_explains_every_block),
         cmocka_unit_test(namespaces_isolate_tenants_adapters_and_epochs),
+        cmocka_unit_test(salts_that_collide_under_xxh3_stay_isolated),
+        cmocka_unit_test(salt_digest_is_sha256_and_compared_in_full),
         cmocka_unit_test(insert_checks_its_arguments),
         cmocka_unit_test(duplicate_inserts_name_the_cached_copy),
         cmocka_unit_test(eviction_takes_leaves_oldest_first),

@@ -440,7 +440,7 @@ static uint64_t run_seed(uint64_t seed, uint64_t target_ops)
     cp.group_window[1] = w.m.window;
     assert_ok(kvc_prefix_create(w.pool, &cp, &w.pc));
     w.ns[1].lora_id = 3;
-    kvc_namespace_set_salt(&w.ns[2], "tenant");
+    assert_ok(kvc_namespace_set_salt(&w.ns[2], "tenant"));
     w.ns[3].group = 1;
     for (int b = 0; b < 6; b++)
         for (int i = 0; i < MAXT; i++) w.bases[b][i] = (kvc_token_t)kvc_rng_below(&r, 4);

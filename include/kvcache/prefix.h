@@ -46,19 +46,31 @@ extern "C" {
 
 typedef int32_t kvc_token_t;
 
-/* Everything outside the tokens that changes the KV of a block. */
+#define KVC_SALT_BYTES 32 /* a SHA-256 digest */
+
+/* Everything outside the tokens that changes the KV of a block.  Every field
+ * is compared exactly when a block is matched (never only through a hash). */
 typedef struct {
-    uint64_t weight_epoch; /* bump when weights change: older KV is never hit again */
-    uint64_t lora_id;      /* adapter id; 0 = base model */
-    uint8_t salt[16];      /* tenant cache salt; all zero = shared across tenants */
-    uint32_t group;        /* KV cache group (hybrid models), < KVC_MAX_GROUPS; 0 otherwise */
+    uint64_t weight_epoch;        /* bump when weights change: older KV is never hit again */
+    uint64_t lora_id;             /* adapter id; 0 = base model */
+    uint8_t salt[KVC_SALT_BYTES]; /* SHA-256 of the tenant's cache salt; all zero = shared
+                                     across tenants */
+    uint32_t group; /* KV cache group (hybrid models), < KVC_MAX_GROUPS; 0 otherwise */
 } kvc_namespace_t;
 
 /* KV cache groups a model may have (e.g. full-attention and sliding-window layers). */
 #define KVC_MAX_GROUPS 4
 
-/* Set ns->salt from a string (XXH3-128 of its bytes); NULL or "" clears it. */
-KVC_API void kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt);
+/* Set ns->salt to the SHA-256 digest of `len` bytes at `salt` (OpenSSL
+ * libcrypto; unkeyed, so a salt names the same namespace in every process).
+ * len = 0 clears it (shared across tenants).  A salt is a trust boundary:
+ * finding two salts with one digest is as hard as a SHA-256 collision.
+ * Errors: KVC_EINVAL (ns NULL, or salt NULL with len > 0), KVC_ENOMEM
+ * (libcrypto could not run the digest); on error ns is unchanged. */
+KVC_API KVC_NODISCARD int kvc_namespace_set_salt_bytes(kvc_namespace_t *ns, const void *salt,
+                                                       size_t len);
+/* The same for a NUL-terminated string; NULL or "" clears the salt. */
+KVC_API KVC_NODISCARD int kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt);
 
 /* A multimodal input (image, audio clip) whose placeholder tokens occupy
  * positions [start, start + length) of the request.  Its hash is computed
@@ -168,7 +180,8 @@ typedef struct {
 /* Create a prefix cache over `pool` (borrowed: it must outlive the cache)
  * and install it as the pool's evictor.  One cache per pool.  Fails with
  * KVC_EINVAL or KVC_ENOMEM.  The caller frees it with kvc_prefix_destroy. */
-KVC_API KVC_NODISCARD int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_prefix_t **out);
+KVC_API KVC_NODISCARD int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params,
+                                            kvc_prefix_t **out);
 /* Forget every identity (the blocks stay where they are, uncached), remove
  * the evictor, free the cache.  No events are sent.  NULL is a no-op. */
 KVC_API void kvc_prefix_destroy(kvc_prefix_t *pc);
@@ -182,7 +195,7 @@ KVC_API uint64_t kvc_prefix_seed(const kvc_prefix_t *pc);
  * KVC_ERANGE also when more multimodal inputs than max_extra_keys overlap one
  * block; KVC_EINVAL for a malformed query. */
 KVC_API int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
-                    size_t cap, size_t *n_out);
+                            size_t cap, size_t *n_out);
 
 /* Incremental hashing for a growing sequence: the hash (and, if fp is not
  * NULL, the fingerprint) of full block `index` of the query, chained from
@@ -190,21 +203,21 @@ KVC_API int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q,
  * KVC_EINVAL for a partial or missing block, KVC_ERANGE for too many extra
  * keys. */
 KVC_API int kvc_prefix_hash_next(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index,
-                         const kvc_hash128_t *prev_hash, const kvc_hash128_t *prev_fp,
-                         kvc_hash128_t *hash, kvc_hash128_t *fp);
+                                 const kvc_hash128_t *prev_hash, const kvc_hash128_t *prev_fp,
+                                 kvc_hash128_t *hash, kvc_hash128_t *fp);
 
 /* The fingerprints (sliding-window identity) of the query's full blocks, as
  * kvc_prefix_hash gives the hashes; same errors. */
-KVC_API int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
-                           size_t cap, size_t *n_out);
+KVC_API int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q,
+                                   kvc_hash128_t *out, size_t cap, size_t *n_out);
 
 /* Which of the query's first `limit` full blocks are cached with the exact
  * identity: present[i] = the block, or KVC_NONE.  For a full-attention group
  * the chain stops at the first miss; for a sliding-window group each block is
  * looked up on its own.  Pins nothing, counts nothing.  *n_present (if not
  * NULL) receives how many were found. */
-KVC_API int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit, uint32_t *present,
-                     size_t *n_present);
+KVC_API int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit,
+                             uint32_t *present, size_t *n_present);
 
 /* The longest cached prefix of the query, without pinning anything.
  * For a sliding-window group, the longest prefix whose last window is cached:
@@ -214,16 +227,16 @@ KVC_API int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size
  * physical block of hit i; status[i] (if status != NULL) receives the status of
  * block i for every block of the query, partial one included (status needs
  * ceil(n_tokens / block_size) entries).  Never fails on a well-formed query. */
-KVC_API int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
-                     kvc_block_status_t *status, kvc_prefix_hit_t *hit);
+KVC_API int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks,
+                             size_t cap, kvc_block_status_t *status, kvc_prefix_hit_t *hit);
 
 /* Look up the query's longest cached prefix and pin it: the hit blocks get
  * one reference each (they leave the free queue if they were in it) and are
  * written to blocks[0..n_hit_blocks) (KVC_NONE before a sliding window).  The hit never covers the
  * last token and never exceeds cap blocks.  The caller owns the references (release them with
  * kvc_pool_release).  Counts in the stats. */
-KVC_API KVC_NODISCARD int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
-                      kvc_prefix_hit_t *hit);
+KVC_API KVC_NODISCARD int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q,
+                                            uint32_t *blocks, size_t cap, kvc_prefix_hit_t *hit);
 
 /* Give physical `block` the identity of full block `index` of the query.
  * `parent` is the cached block holding block index - 1 (KVC_NONE iff index is
@@ -236,8 +249,9 @@ KVC_API KVC_NODISCARD int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_q
  * block, a parent that is not cached or does not hold block index - 1's
  * tokens, a block that is free or already cached with another identity),
  * KVC_ERANGE (too many extra keys). */
-KVC_API KVC_NODISCARD int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index, uint32_t parent,
-                      uint32_t block, uint32_t *canonical);
+KVC_API KVC_NODISCARD int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q,
+                                            size_t index, uint32_t parent, uint32_t block,
+                                            uint32_t *canonical);
 
 /* Evict up to n free cached blocks, in the pool's order (leaves only), and
  * report how many went.  For tiers and for tests; allocation evicts on its

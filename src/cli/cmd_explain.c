@@ -151,7 +151,11 @@ static int parse_json_line(const char *s, prompt_t *p, where_t w)
             rc = bad(w, "%s", "\"salt\" is not a string");
             goto out;
         }
-        kvc_namespace_set_salt(&p->ns, salt->valuestring);
+        int err = kvc_namespace_set_salt(&p->ns, salt->valuestring);
+        if (err) {
+            rc = bad(w, "\"salt\": %s", kvc_strerror(err));
+            goto out;
+        }
         snprintf(p->salt, sizeof p->salt, "%s", salt->valuestring);
     }
     const cJSON *lora = cJSON_GetObjectItemCaseSensitive(obj, "lora");
@@ -472,10 +476,12 @@ int kvc_cmd_explain(int argc, char **argv)
                 return kvc_cli_error(CMD, "--block-size: '%s' is not a power of two in 1..256",
                                      optarg);
             break;
-        case 's':
+        case 's': {
             salt = optarg;
-            kvc_namespace_set_salt(&ns, optarg);
+            int err = kvc_namespace_set_salt(&ns, optarg);
+            if (err) return kvc_cli_error(CMD, "--salt: %s", kvc_strerror(err));
             break;
+        }
         case 'l':
             if (!kvc_cli_parse_u64(optarg, 0, UINT64_MAX, &ns.lora_id))
                 return kvc_cli_error(CMD, "--lora: '%s' is not a non-negative integer", optarg);

@@ -9,12 +9,13 @@
 #include "kvcache/prefix.h"
 #include "util/msg.h"
 
+#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #define MAX_EXTRA_KEYS 16
-#define NS_BYTES       36 /* epoch 8 | lora 8 | salt 16 | group 4 */
+#define NS_BYTES       (20 + KVC_SALT_BYTES) /* epoch 8 | lora 8 | salt 32 | group 4 */
 
 typedef struct {
     kvc_hash128_t hash;
@@ -64,14 +65,25 @@ const char *kvc_block_status_name(kvc_block_status_t s)
     return (unsigned)s < KVC_ARRAY_LEN(names) ? names[s] : "?";
 }
 
-void kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt)
+int kvc_namespace_set_salt_bytes(kvc_namespace_t *ns, const void *salt, size_t len)
 {
-    memset(ns->salt, 0, sizeof ns->salt);
-    if (!salt || !*salt) return;
-    /* A fixed seed here: the same salt string must give the same namespace in every process. */
-    kvc_hash128_t h = kvc_hash128(salt, strlen(salt), 0x6b7663616368652dULL /* "kvcache-" */);
-    memcpy(ns->salt, &h.lo, 8);
-    memcpy(ns->salt + 8, &h.hi, 8);
+    if (!ns || (len && !salt)) return KVC_EINVAL;
+    uint8_t digest[KVC_SALT_BYTES] = {0};
+    if (len) {
+        /* SHA-256, not the index hash: a salt crosses a trust boundary, and two salts with one
+         * digest would share a tenant's KV.  Unkeyed, so the same salt gives the same namespace
+         * in every process. */
+        unsigned int n = 0;
+        if (!EVP_Digest(salt, len, digest, &n, EVP_sha256(), NULL) || n != KVC_SALT_BYTES)
+            return KVC_ENOMEM;
+    }
+    memcpy(ns->salt, digest, sizeof ns->salt);
+    return 0;
+}
+
+int kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt)
+{
+    return kvc_namespace_set_salt_bytes(ns, salt, salt ? strlen(salt) : 0);
 }
 
 static bool ns_equal(const kvc_namespace_t *a, const kvc_namespace_t *b)
@@ -90,8 +102,8 @@ static void ns_bytes(const kvc_namespace_t *ns, uint8_t buf[NS_BYTES])
 {
     memcpy(buf, &ns->weight_epoch, 8);
     memcpy(buf + 8, &ns->lora_id, 8);
-    memcpy(buf + 16, ns->salt, 16);
-    memcpy(buf + 32, &ns->group, 4);
+    memcpy(buf + 16, ns->salt, KVC_SALT_BYTES);
+    memcpy(buf + 16 + KVC_SALT_BYTES, &ns->group, 4);
 }
 
 static kvc_hash128_t ns_digest(const kvc_prefix_t *pc, const kvc_namespace_t *ns)
