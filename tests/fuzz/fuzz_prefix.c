@@ -9,6 +9,7 @@
  * size (4..35 blocks); then operations, one opcode byte each followed by
  * their arguments (missing argument bytes read as 0). */
 #include "kvcache/kvcache.h"
+#include "kvcache/testing.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,11 +70,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (kvc_pool_create(&pp, &pool)) abort();
     kvc_prefix_params_t cp = kvc_prefix_params_default();
     cp.hash_seed = 42;
-    if (cfg & 4) cp.hash_fn = weak_hash;
     uint32_t window = (cfg >> 4) * 3; /* namespace 2 is group 1, sliding when window > 0 */
     cp.group_window[1] = window;
     kvc_prefix_t *pc;
     if (kvc_prefix_create(pool, &cp, &pc)) abort();
+    if ((cfg & 4) && kvc_testing_prefix_set_hash(pc, weak_hash)) abort();
     kvc_namespace_t ns[3] = {{0}, {.lora_id = 9}, {.group = 1}};
     live_t live[MAXLIVE];
     int n_live = 0;
