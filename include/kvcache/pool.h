@@ -112,6 +112,15 @@ KVC_API KVC_NODISCARD int kvc_pool_create(const kvc_pool_params_t *params, kvc_p
 /* Free the pool and its storage.  NULL is a no-op. */
 KVC_API void kvc_pool_destroy(kvc_pool_t *pool);
 
+/* What a pool of params->n_blocks blocks costs in metadata, without creating
+ * it: *reserved receives the address space it reserves, *per_block (either
+ * may be NULL) the bytes written for each block the first time it is handed
+ * out; the rest stays untouched.  Block storage is on top of this (see
+ * kvc_storage_block_bytes).  For messages that say what a refused size would
+ * need.  KVC_EINVAL for params NULL or n_blocks out of range. */
+KVC_API int kvc_pool_metadata_bytes(const kvc_pool_params_t *params, size_t *reserved,
+                                    size_t *per_block);
+
 /* Take n blocks from the head of the free queue, refcount 1 each, into
  * out[0..n).  All or nothing: on failure no block changes hands and out is
  * untouched.  Fails with KVC_EINVAL (pool NULL, or out NULL with n > 0),

@@ -239,6 +239,15 @@ typedef struct {
  * policy) or KVC_ENOMEM.  The caller frees it with kvc_prefix_destroy. */
 KVC_API KVC_NODISCARD int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params,
                                             kvc_prefix_t **out);
+/* What a cache over a pool of n_blocks blocks of block_size tokens costs in
+ * metadata, without creating it: *reserved receives the address space it
+ * reserves, *per_block (either may be NULL) the most it writes for each block
+ * that gets cached (a page of the hash index included); the rest stays
+ * untouched.  For messages that say what a refused size would need.
+ * KVC_EINVAL for params NULL, n_blocks 0 or above 2^31, block_size 0 or
+ * above 256, max_extra_keys above 16. */
+KVC_API int kvc_prefix_metadata_bytes(const kvc_prefix_params_t *params, uint32_t n_blocks,
+                                      uint32_t block_size, size_t *reserved, size_t *per_block);
 /* Forget every identity (the blocks stay where they are, uncached), remove
  * the evictor, free the cache.  No events are sent.  NULL is a no-op. */
 KVC_API void kvc_prefix_destroy(kvc_prefix_t *pc);

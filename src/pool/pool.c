@@ -189,6 +189,14 @@ oom:
     return KVC_ENOMEM;
 }
 
+int kvc_pool_metadata_bytes(const kvc_pool_params_t *params, size_t *reserved, size_t *per_block)
+{
+    if (!params || params->n_blocks == 0 || params->n_blocks > (1u << 31)) return KVC_EINVAL;
+    if (reserved) *reserved = sizeof(kvc_pool_t) + (size_t)params->n_blocks * sizeof(block_t);
+    if (per_block) *per_block = sizeof(block_t);
+    return 0;
+}
+
 void kvc_pool_destroy(kvc_pool_t *pool)
 {
     if (!pool) return;

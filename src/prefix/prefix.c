@@ -465,14 +465,50 @@ kvc_prefix_params_t kvc_prefix_params_default(void)
     return (kvc_prefix_params_t){.max_extra_keys = 4};
 }
 
+static uint64_t n_buckets_for(uint32_t n_blocks)
+{
+    uint64_t n_buckets = 16;
+    while (n_buckets < 2ull * n_blocks) n_buckets <<= 1;
+    return n_buckets;
+}
+
+static bool any_sliding_group(const kvc_prefix_params_t *params)
+{
+    bool any = false;
+    for (int g = 0; g < KVC_MAX_GROUPS; g++) any |= params->group_window[g] != 0;
+    return any;
+}
+
+/* Bytes of the per-block arrays for one block (what create reserves n_blocks times). */
+static size_t per_block_bytes(const kvc_prefix_params_t *params, uint32_t block_size)
+{
+    return sizeof(entry_t) + block_size * sizeof(kvc_token_t) + sizeof(kvc_namespace_t) +
+           params->max_extra_keys * sizeof(extra_t) +
+           (any_sliding_group(params) ? 2 : 1) * sizeof(kvc_hash128_t);
+}
+
+int kvc_prefix_metadata_bytes(const kvc_prefix_params_t *params, uint32_t n_blocks,
+                              uint32_t block_size, size_t *reserved, size_t *per_block)
+{
+    if (!params || n_blocks == 0 || n_blocks > (1u << 31) || block_size == 0 || block_size > 256 ||
+        params->max_extra_keys > MAX_EXTRA_KEYS)
+        return KVC_EINVAL;
+    uint64_t n_buckets = n_buckets_for(n_blocks);
+    size_t one = per_block_bytes(params, block_size);
+    if (reserved)
+        *reserved = sizeof(kvc_prefix_t) + n_buckets * sizeof(uint32_t) +
+                    (n_buckets >> CHUNK_SHIFT) + 1 + (size_t)n_blocks * one;
+    if (per_block) *per_block = one + ((size_t)sizeof(uint32_t) << CHUNK_SHIFT);
+    return 0;
+}
+
 int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_prefix_t **out)
 {
     if (!pool || !params || !out) return KVC_EINVAL;
     *out = NULL;
     if (params->max_extra_keys > MAX_EXTRA_KEYS || (unsigned)params->eviction >= KVC_EVICT__COUNT)
         return KVC_EINVAL;
-    bool any_sliding = false;
-    for (int g = 0; g < KVC_MAX_GROUPS; g++) any_sliding |= params->group_window[g] != 0;
+    const bool any_sliding = any_sliding_group(params);
     const kvc_allocator_t *a = &params->allocator;
     kvc_prefix_t *pc = kvc_calloc(a, 1, sizeof *pc, 0);
     if (!pc) return KVC_ENOMEM;
@@ -488,8 +524,7 @@ int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_p
                       : kvc_random_seed();
     pc->n_blocks = kvc_pool_n_blocks(pool);
     pc->block_size = kvc_pool_block_size(pool);
-    uint64_t n_buckets = 16;
-    while (n_buckets < 2ull * pc->n_blocks) n_buckets <<= 1;
+    uint64_t n_buckets = n_buckets_for(pc->n_blocks);
     pc->bucket_mask = (uint32_t)(n_buckets - 1);
     /* Uninitialised on purpose (see the banner): nothing is read before it is written. */
     const size_t n = pc->n_blocks;
