@@ -225,7 +225,7 @@ static inline block_t *node_block(const kvc_list_t *node)
 }
 
 /* Hand out the next fresh block: its metadata is written for the first time. */
-static uint32_t take_fresh(kvc_pool_t *pool)
+static inline uint32_t take_fresh(kvc_pool_t *pool)
 {
     uint32_t id = pool->hw++;
     block_t *b = &pool->blocks[id];
@@ -250,7 +250,7 @@ static void materialize(kvc_pool_t *pool, uint32_t block)
  * the queue: a cached one at the tail of its level, an uncached one at the end of the uncached
  * run.  Reuse order among never-hittable blocks does not matter, but keeping them FIFO makes
  * allocation patterns easy to follow in traces. */
-static void queue_push(kvc_pool_t *pool, block_t *b)
+static inline void queue_push(kvc_pool_t *pool, block_t *b)
 {
     if (b->flags & BLOCK_CACHED) {
         kvc_list_push_back(&pool->cached[b->level], &b->link);
@@ -262,7 +262,7 @@ static void queue_push(kvc_pool_t *pool, block_t *b)
     pool->n_free++;
 }
 
-static void queue_remove(kvc_pool_t *pool, block_t *b)
+static inline void queue_remove(kvc_pool_t *pool, block_t *b)
 {
     kvc_list_remove(&b->link);
     if (b->flags & BLOCK_CACHED) {
@@ -307,7 +307,7 @@ static int block_seg(const block_t *b)
 }
 
 /* ---- allocation and references ------------------------------------------ */
-static void take(kvc_pool_t *pool, block_t *b)
+static inline void take(kvc_pool_t *pool, block_t *b)
 {
     queue_remove(pool, b);
     b->refcount = 1;

@@ -46,7 +46,8 @@ typedef struct {
     uint8_t sliding : 1;     /* belongs to a sliding-window group */
     uint8_t unreachable : 1; /* stranded, or below a stranded block */
     uint8_t n_extra;
-    uint8_t uses;     /* the insert and every lookup that pinned it, saturating at 255 */
+    uint8_t uses;     /* the insert and every lookup that pinned it (counted only when the
+                         policy ranks by uses or priority), saturating at 255 */
     uint8_t priority; /* the highest query priority that inserted or pinned it */
 } entry_t;
 
@@ -94,6 +95,7 @@ struct kvc_prefix {
     kvc_pool_t *pool;
     kvc_prefix_params_t params;
     const policy_t *policy;
+    uint32_t (*level)(const entry_t *e); /* policy->level, kept here for the hot paths */
     uint64_t seed;
     uint64_t fp_seed;    /* fingerprints: independent of seed and of the test hook */
     kvc_hash_fn hash_fn; /* testing.h: replaces XXH3-128 for the index hash; NULL normally */
@@ -433,7 +435,7 @@ static void strand_children(kvc_prefix_t *pc, uint32_t b)
 
 /* Drop a free cached block's identity if the policy allows it now: KVC_EBUSY while it has
  * cached children (leaf-first), unless the policy strands them. */
-static int evict_one(kvc_prefix_t *pc, uint32_t b)
+static inline int evict_one(kvc_prefix_t *pc, uint32_t b)
 {
     if (!is_cached(pc, b)) return 0;
     if (pc->entries[b].n_children) {
@@ -451,12 +453,12 @@ static int evict_cb(void *ctx, uint32_t block)
 
 /* A lookup pinned block b, or an insert gave it (or found) its identity: count the use and
  * rank it again under the policy. */
-static void touch(kvc_prefix_t *pc, uint32_t b, uint32_t priority)
+static inline void touch(kvc_prefix_t *pc, uint32_t b, uint32_t priority)
 {
     entry_t *e = &pc->entries[b];
     if (e->uses < UINT8_MAX) e->uses++;
     if (priority > e->priority) e->priority = (uint8_t)priority;
-    if (pc->policy->level) (void)kvc__pool_set_level(pc->pool, b, pc->policy->level(e));
+    if (pc->level) (void)kvc__pool_set_level(pc->pool, b, pc->level(e));
 }
 
 /* ---- lifecycle ------------------------------------------------------------ */
@@ -515,6 +517,7 @@ int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_p
     pc->pool = pool;
     pc->params = *params;
     pc->policy = policies[params->eviction].policy;
+    pc->level = pc->policy->level;
     pc->hash_bits = 128;
     pc->seed = params->hash_seed ? params->hash_seed : kvc_random_seed();
     /* The fingerprint seed is independent of the index seed; derived from it when a deployment
@@ -859,8 +862,9 @@ int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
             return rc;
         }
     }
-    for (size_t i = hit->first_hit_block; i < hit->n_hit_blocks; i++)
-        touch(pc, blocks[i], q->priority);
+    if (pc->level) /* a use, for the policies that rank by uses or priority */
+        for (size_t i = hit->first_hit_block; i < hit->n_hit_blocks; i++)
+            touch(pc, blocks[i], q->priority);
     kvc_prefix_stats_t *s = &pc->stats;
     s->n_lookups++;
     s->n_lookups_hit += hit->n_hit_blocks > 0;
@@ -950,6 +954,7 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
                    .sliding = sliding,
                    .unreachable = unreachable,
                    .n_extra = (uint8_t)n_extra,
+                   .uses = 1, /* its first use */
                    .priority = (uint8_t)q->priority};
     memcpy(entry_tokens(pc, block), tok, bs * sizeof(kvc_token_t));
     pc->ns[block] = *ns;
@@ -964,7 +969,7 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     pc->n_unreachable += unreachable;
     pc->stats.n_strandings += unreachable;
     pc->stats.n_inserts++;
-    touch(pc, block, q->priority); /* its first use: ranks it under the policy */
+    if (pc->level) (void)kvc__pool_set_level(pc->pool, block, pc->level(e));
     rc = kvc__pool_set_cached(pc->pool, block, true);
     KVC_ASSERT(rc == 0); /* block < n_blocks, checked above */
     emit(pc, KVC_EVENT_STORED, block);
@@ -1155,10 +1160,10 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
         if (e->uses == 0) return fail(msg, cap, "cached block %u has never been used", b);
         if (e->priority > KVC_PREFIX_MAX_PRIORITY)
             return fail(msg, cap, "block %u: priority %u out of range", b, e->priority);
-        if (pc->policy->level && kvc__pool_level(pc->pool, b) != pc->policy->level(e))
+        if (pc->level && kvc__pool_level(pc->pool, b) != pc->level(e))
             return fail(msg, cap, "block %u: queue level %u, the %s policy says %u", b,
                         kvc__pool_level(pc->pool, b), kvc_eviction_name(pc->params.eviction),
-                        pc->policy->level(e));
+                        pc->level(e));
         if (e->sliding) {
             if (e->parent != KVC_NONE || e->n_children || e->unreachable)
                 return fail(msg, cap, "sliding-window block %u has parent links", b);
