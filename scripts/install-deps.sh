@@ -10,6 +10,7 @@ PACKAGES=(
   libcmocka-dev                         # unit tests
   libxxhash-dev                         # block hashes (XXH3-128)
   libcjson-dev                          # JSON input and output
+  libssl-dev                            # SHA-256 of tenant cache salts (libcrypto)
 )
 
 missing=()

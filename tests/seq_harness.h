@@ -8,6 +8,7 @@
 #define KVC_SEQ_HARNESS_H
 
 #include "test_helpers.h"
+#include "kvcache/testing.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -49,9 +50,9 @@ static inline void harness_init(harness_t *h, harness_cfg_t cfg)
     if (!cfg.no_prefix) {
         kvc_prefix_params_t cp = kvc_prefix_params_default();
         cp.hash_seed = 777;
-        cp.hash_fn = cfg.hash_fn;
         memcpy(cp.group_window, cfg.window, sizeof cp.group_window);
         assert_ok(kvc_prefix_create(h->pool, &cp, &h->pc));
+        assert_ok(kvc_testing_prefix_set_hash(h->pc, cfg.hash_fn));
     }
     kvc_seqs_params_t sp = kvc_seqs_params_default();
     sp.max_seqs = cfg.max_seqs ? cfg.max_seqs : 64;

@@ -1,19 +1,34 @@
 /* kvcache/pool.h - the fixed set of KV blocks.
  *
  * A pool owns N blocks of `block_size` tokens each: their reference counts,
- * the LRU free queue, and (unless it is metadata-only) the bytes behind them.
- * It decides nothing about identity: the prefix layer marks blocks as cached
- * and is asked, through an evictor hook, before a cached block is reused.
+ * the free queue, and (unless it is metadata-only) the bytes behind them.
+ * It decides nothing about identity: the prefix layer marks blocks as cached,
+ * ranks them for eviction and is asked before a cached block is reused.
  *
- * The free queue holds every block whose refcount is 0, in two runs:
+ * The free queue holds every block whose refcount is 0, in this order:
  *
- *     head -> [uncached blocks ...][cached blocks, least recently freed first] <- tail
+ *     head -> [uncached blocks ...][cached, level 0][cached, level 1] ... <- tail
  *
  * Uncached blocks (which no lookup can ever hit) are reused first; cached
- * blocks stay hittable until their memory is needed (lazy eviction), oldest
- * first.  A request's table is released tail-first, so within one request the
- * tail blocks are evicted before the head blocks.  Every operation is O(1)
- * except allocation, which is O(n) in the blocks it hands out.
+ * blocks stay hittable until their memory is needed (lazy eviction), lowest
+ * level first and, within a level, least recently freed first.  The prefix
+ * layer's eviction policy (kvc_eviction_t in prefix.h) gives each cached
+ * block its level; under the default policy every block is at level 0 and
+ * the queue is plain LRU.  A request's table is released tail-first, so
+ * within one request the tail blocks are evicted before the head blocks.
+ * Every operation is O(1) except allocation, which is O(n) in the blocks it
+ * hands out (plus the cached blocks the evictor holds back).
+ *
+ * Memory is proportional to use: the metadata of a block is initialised the
+ * first time the block is handed out, so the blocks no request has touched
+ * cost address space but no memory (for a simulator's 10^8-block pool).
+ * Block storage, when there is any, is allocated and zeroed at creation.
+ *
+ * Errors: functions that return int return 0 or a negative KVC_E* code
+ * (each one's are listed at it).  kvc_pool_refcount, kvc_pool_n_blocks,
+ * kvc_pool_n_free, kvc_pool_block_size and kvc_pool_block_bytes return
+ * counts, kvc_pool_is_cached a boolean, the *_data functions pointers: they
+ * cannot fail, and a bad id gives 0, false or NULL.
  *
  * Thread-safety: a pool is not thread-safe; one owner (the scheduler thread)
  * calls it.  Block storage may be read and written by kernels on other threads
@@ -76,79 +91,83 @@ KVC_API kvc_pool_params_t kvc_pool_params_default(void);
 
 typedef struct kvc_pool kvc_pool_t;
 
-/* The prefix layer's hook: called when the pool is about to reuse a free
- * block marked cached.  Return 0 after dropping the block's identity (the
- * pool then clears the mark), or KVC_EBUSY if the block cannot be evicted yet
- * (it has cached children); the pool then tries the next block in order. */
-typedef int (*kvc_evict_fn)(void *ctx, uint32_t block);
-
 typedef struct {
     uint32_t n_blocks;
     uint32_t n_free;         /* refcount 0: in the free queue (cached or not) */
     uint32_t n_free_cached;  /* free and still hittable */
     uint32_t n_used;         /* refcount > 0 */
+    uint32_t n_high_water;   /* blocks whose metadata was ever initialised (ever handed out
+                                or pinned); the others cost no memory */
     uint64_t n_allocated;    /* blocks handed out by kvc_pool_alloc, ever */
     uint64_t n_evicted;      /* cached blocks whose identity was dropped to reuse them */
     uint64_t n_alloc_failed; /* kvc_pool_alloc calls that failed */
 } kvc_pool_stats_t;
 
-/* Create a pool.  Fails with KVC_EINVAL (bad sizes; the params are not
- * changed) or KVC_ENOMEM.  Block storage is 64-byte aligned and zeroed.
+/* Create a pool.  Fails with KVC_EINVAL (params or out NULL, n_blocks or
+ * block_size out of range, a half-filled storage descriptor, a bad dtype,
+ * n_kv > 2), KVC_EOVERFLOW (the storage's size does not fit) or KVC_ENOMEM;
+ * the params are not changed.  Block storage is 64-byte aligned and zeroed.
  * The caller owns *out and frees it with kvc_pool_destroy. */
 KVC_API KVC_NODISCARD int kvc_pool_create(const kvc_pool_params_t *params, kvc_pool_t **out);
 /* Free the pool and its storage.  NULL is a no-op. */
 KVC_API void kvc_pool_destroy(kvc_pool_t *pool);
 
-/* Set the evictor (NULL: cached blocks are reused without asking). */
-KVC_API void kvc_pool_set_evictor(kvc_pool_t *pool, kvc_evict_fn fn, void *ctx);
+/* What a pool of params->n_blocks blocks costs in metadata, without creating
+ * it: *reserved receives the address space it reserves, *per_block (either
+ * may be NULL) the bytes written for each block the first time it is handed
+ * out; the rest stays untouched.  Block storage is on top of this (see
+ * kvc_storage_block_bytes).  For messages that say what a refused size would
+ * need.  KVC_EINVAL for params NULL or n_blocks out of range. */
+KVC_API int kvc_pool_metadata_bytes(const kvc_pool_params_t *params, size_t *reserved,
+                                    size_t *per_block);
 
 /* Take n blocks from the head of the free queue, refcount 1 each, into
- * out[0..n).  All or nothing: on failure no block changes hands and out is
- * untouched.  Fails with KVC_ENOSPC when fewer than n blocks are free, or
- * KVC_EBUSY when enough are free but the evictor refuses to give up enough
- * of them (cached blocks held back by their cached children).  n = 0 is a
- * no-op. */
+ * out[0..n).  All or nothing: on failure no block changes hands (out[0..n) may
+ * have been used as scratch and holds nothing meaningful).  Fails with
+ * KVC_EINVAL (pool NULL, or out NULL with n > 0), KVC_ENOSPC when fewer than
+ * n blocks are free (nothing at all changes), or KVC_EBUSY when enough are
+ * free but the prefix cache refuses to give up enough of them (cached blocks
+ * held back by their cached children): then the free cached blocks it did
+ * evict on the way stay free but uncached (their identity is gone, counted in
+ * n_evicted), since knowing in advance which blocks a chain of leaf-first
+ * evictions would release costs the walk itself.  n = 0 is a no-op. */
 KVC_API KVC_NODISCARD int kvc_pool_alloc(kvc_pool_t *pool, uint32_t n, uint32_t *out);
 
 /* Add a reference (pin).  A free block leaves the free queue but keeps its
- * identity.  KVC_EINVAL for a bad id, KVC_EOVERFLOW at the counter's limit. */
+ * identity.  KVC_EINVAL for a bad id (or pool NULL), KVC_EOVERFLOW at the
+ * counter's limit; nothing changes on error. */
 KVC_API KVC_NODISCARD int kvc_pool_ref(kvc_pool_t *pool, uint32_t block);
 
-/* Drop a reference.  At zero the block joins the free queue: at the tail if
- * cached, at the head otherwise.  KVC_EINVAL for a bad id; KVC_EUNDERFLOW if
- * the refcount is already zero (nothing changes: no block is freed twice). */
+/* Drop a reference.  At zero the block joins the free queue: at the tail of
+ * its level if cached, at the end of the uncached run otherwise.  KVC_EINVAL
+ * for a bad id (or pool NULL); KVC_EUNDERFLOW if the refcount is already zero
+ * (nothing changes: no block is freed twice). */
 KVC_API int kvc_pool_unref(kvc_pool_t *pool, uint32_t block);
 
 /* Release a block table: unref table[n-1] down to table[0] (tail first), so
  * that a request's tail blocks are evicted before its head blocks.  Entries
  * equal to KVC_NONE are skipped.  The table is validated first: on
- * KVC_EINVAL (bad id) or KVC_EUNDERFLOW (a free block, or one listed more
- * times than it is referenced) nothing changes. */
+ * KVC_EINVAL (pool NULL, table NULL with n > 0, a bad id) or KVC_EUNDERFLOW
+ * (a free block, or one listed more times than it is referenced) nothing
+ * changes. */
 KVC_API int kvc_pool_release(kvc_pool_t *pool, const uint32_t *table, uint32_t n);
 
-/* Mark a block cached (hittable) or not.  A free block moves to the run of
- * the queue its new state belongs to (a cached block to the tail).  For the
- * prefix layer. */
-KVC_API void kvc_pool_set_cached(kvc_pool_t *pool, uint32_t block, bool cached);
+/* Whether a block is cached (hittable); false for a bad id. */
 KVC_API bool kvc_pool_is_cached(const kvc_pool_t *pool, uint32_t block);
-
+/* A block's reference count; 0 for a bad id. */
 KVC_API uint32_t kvc_pool_refcount(const kvc_pool_t *pool, uint32_t block);
 KVC_API uint32_t kvc_pool_n_blocks(const kvc_pool_t *pool);
 KVC_API uint32_t kvc_pool_n_free(const kvc_pool_t *pool);
 KVC_API uint32_t kvc_pool_block_size(const kvc_pool_t *pool);
 KVC_API void kvc_pool_stats(const kvc_pool_t *pool, kvc_pool_stats_t *out);
 
-/* Walk the free queue: the block after `block` (which must be free), or the
- * head when block is KVC_NONE; KVC_NONE past the tail.  O(1). */
-KVC_API uint32_t kvc_pool_free_next(const kvc_pool_t *pool, uint32_t block);
-/* The oldest free cached block (the head of the cached run), or KVC_NONE. */
-KVC_API uint32_t kvc_pool_free_cached_first(const kvc_pool_t *pool);
-
 /* ---- storage --------------------------------------------------------- */
 /* Bytes one block of `block_size` tokens takes under a storage descriptor,
  * padding included (0 for a zeroed descriptor), without creating a pool: for
- * accounting in metadata-only runs.  KVC_EINVAL / KVC_EOVERFLOW. */
-KVC_API int kvc_storage_block_bytes(const kvc_storage_desc_t *desc, uint32_t block_size, size_t *bytes);
+ * accounting in metadata-only runs.  KVC_EINVAL (NULL arguments, block_size
+ * 0, a bad descriptor) or KVC_EOVERFLOW (too large). */
+KVC_API int kvc_storage_block_bytes(const kvc_storage_desc_t *desc, uint32_t block_size,
+                                    size_t *bytes);
 
 /* The storage descriptor (zeroed for a metadata-only pool). */
 KVC_API const kvc_storage_desc_t *kvc_pool_storage(const kvc_pool_t *pool);
@@ -163,13 +182,15 @@ KVC_API void *kvc_pool_kv_data(kvc_pool_t *pool, uint32_t block, uint32_t layer,
 /* Pointer to a block's scale bytes (NULL when there are none). */
 KVC_API void *kvc_pool_scale_data(kvc_pool_t *pool, uint32_t block);
 /* Copy one block's bytes to another (copy-on-write); no-op when
- * metadata-only.  KVC_EINVAL for bad ids. */
+ * metadata-only.  KVC_EINVAL for bad ids (or pool NULL). */
 KVC_API int kvc_pool_copy_block(kvc_pool_t *pool, uint32_t dst, uint32_t src);
 
 /* Check the pool's invariants (DESIGN.md invariant 1, pool side): a block is
  * in the free queue iff its refcount is 0; the queue's links, length and
  * cached count agree with the blocks; uncached free blocks precede cached
- * ones.  Returns 0 or KVC_ECORRUPT with a description in msg (if msg_cap > 0). */
+ * ones and each cached block sits in its level's run.  Returns 0, KVC_EINVAL
+ * (pool NULL) or KVC_ECORRUPT with a description in msg (if msg_cap > 0).
+ * O(blocks ever handed out). */
 KVC_API int kvc_pool_check(const kvc_pool_t *pool, char *msg, size_t msg_cap);
 
 #ifdef __cplusplus

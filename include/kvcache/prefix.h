@@ -20,7 +20,11 @@
  * Cached blocks form a tree (a block's parent is the cached block before it).
  * Eviction is the pool's: it reuses the free queue's head, and asks this
  * layer first; a block with cached children is refused, so no cached block
- * is ever stranded behind an evicted parent.
+ * is ever stranded behind an evicted parent.  Which free cached block the
+ * queue offers first is the eviction policy's (kvc_eviction_t): LRU by
+ * default, or LFU, or by priority; all of them evict leaves only, except
+ * the deliberately naive one, which strands the children of what it evicts
+ * and counts them (kvc_prefix_stats_t.n_stranded_blocks).
  *
  * Sliding-window groups are different on purpose: a request releases the
  * blocks that fall out of its window while it still holds later ones, so
@@ -30,6 +34,16 @@
  * (exactly) plus a second, independent 128-bit fingerprint of the whole
  * prefix (XXH3-128 under its own random seed, never the test hook): the
  * earlier blocks that would prove the prefix exactly are legitimately gone.
+ *
+ * Memory: per-block metadata is reserved at creation but only touched for
+ * blocks that get cached, so a huge metadata-only pool (a simulator's) costs
+ * memory in proportion to the blocks its requests use.
+ *
+ * Errors: functions that return int return 0 or a negative KVC_E* code (each
+ * one's are listed at it).  kvc_prefix_seed, kvc_prefix_block_parent,
+ * kvc_prefix_count_stranded and kvc_prefix_eviction return values, not codes;
+ * kvc_prefix_block_tokens and the *_name functions return pointers.
+ * Test hooks (a replacement or weakened index hash) are in kvcache/testing.h.
  *
  * Thread-safety: not thread-safe; the owner of the pool calls it.  Hashing
  * (kvc_prefix_hash) only reads the cache and may run on other threads while
@@ -46,19 +60,31 @@ extern "C" {
 
 typedef int32_t kvc_token_t;
 
-/* Everything outside the tokens that changes the KV of a block. */
+#define KVC_SALT_BYTES 32 /* a SHA-256 digest */
+
+/* Everything outside the tokens that changes the KV of a block.  Every field
+ * is compared exactly when a block is matched (never only through a hash). */
 typedef struct {
-    uint64_t weight_epoch; /* bump when weights change: older KV is never hit again */
-    uint64_t lora_id;      /* adapter id; 0 = base model */
-    uint8_t salt[16];      /* tenant cache salt; all zero = shared across tenants */
-    uint32_t group;        /* KV cache group (hybrid models), < KVC_MAX_GROUPS; 0 otherwise */
+    uint64_t weight_epoch;        /* bump when weights change: older KV is never hit again */
+    uint64_t lora_id;             /* adapter id; 0 = base model */
+    uint8_t salt[KVC_SALT_BYTES]; /* SHA-256 of the tenant's cache salt; all zero = shared
+                                     across tenants */
+    uint32_t group; /* KV cache group (hybrid models), < KVC_MAX_GROUPS; 0 otherwise */
 } kvc_namespace_t;
 
 /* KV cache groups a model may have (e.g. full-attention and sliding-window layers). */
 #define KVC_MAX_GROUPS 4
 
-/* Set ns->salt from a string (XXH3-128 of its bytes); NULL or "" clears it. */
-KVC_API void kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt);
+/* Set ns->salt to the SHA-256 digest of `len` bytes at `salt` (OpenSSL
+ * libcrypto; unkeyed, so a salt names the same namespace in every process).
+ * len = 0 clears it (shared across tenants).  A salt is a trust boundary:
+ * finding two salts with one digest is as hard as a SHA-256 collision.
+ * Errors: KVC_EINVAL (ns NULL, or salt NULL with len > 0), KVC_ENOMEM
+ * (libcrypto could not run the digest); on error ns is unchanged. */
+KVC_API KVC_NODISCARD int kvc_namespace_set_salt_bytes(kvc_namespace_t *ns, const void *salt,
+                                                       size_t len);
+/* The same for a NUL-terminated string; NULL or "" clears the salt. */
+KVC_API KVC_NODISCARD int kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt);
 
 /* A multimodal input (image, audio clip) whose placeholder tokens occupy
  * positions [start, start + length) of the request.  Its hash is computed
@@ -81,7 +107,13 @@ typedef struct {
                                           kvc_prefix_hash; NULL: computed on demand */
     const kvc_hash128_t *fingerprints; /* optional, sliding-window groups only: from
                                     kvc_prefix_fingerprint; NULL: computed on demand */
+    uint32_t priority; /* under the "priority" eviction policy, how long the blocks this
+                          query inserts or hits are kept: 0 (the default) goes first,
+                          KVC_PREFIX_MAX_PRIORITY last; the request's class gives it.  A
+                          block keeps the highest priority that used it.  Not identity. */
 } kvc_prefix_query_t;
+
+#define KVC_PREFIX_MAX_PRIORITY 63
 
 typedef enum { KVC_EVENT_STORED = 1, KVC_EVENT_REMOVED = 2 } kvc_event_type_t;
 
@@ -100,8 +132,40 @@ typedef struct {
 
 typedef void (*kvc_prefix_event_fn)(void *ctx, const kvc_prefix_event_t *ev);
 
-/* Hash function signature, for the test hook below. */
-typedef kvc_hash128_t (*kvc_hash_fn)(const void *data, size_t len, uint64_t seed);
+/* ---- eviction policies ------------------------------------------------------
+ * The order in which free cached blocks are evicted when the pool needs
+ * memory.  Every policy but the naive one takes only blocks with no cached
+ * children (leaf-first), so no cached prefix is ever stranded.  Selectable by
+ * name (kvc_eviction_parse); one row here (ID, name, summary) plus its
+ * behaviour in src/prefix/prefix.c make a policy. */
+#define KVC_EVICTION_MAP(XX)                                                                   \
+    XX(LRU, "lru", "least recently used leaf first (the default; O(1))")                       \
+    XX(LFU, "lfu",                                                                             \
+       "fewest uses first (insert + lookups that hit it, counted up to 64), least recently "   \
+       "used first among equals; leaves only")                                                 \
+    XX(PRIORITY, "priority",                                                                   \
+       "lowest query priority first (a block keeps the highest that used it), least recently " \
+       "used first within a priority; leaves only")                                            \
+    XX(NAIVE_LRU, "naive-lru",                                                                 \
+       "least recently used block first even when it has cached children, which it strands "   \
+       "(cached, resident, unreachable; counted): what leaf-first prevents")
+
+typedef enum {
+#define KVC__EVICT_ENUM(id, name, summary) KVC_EVICT_##id,
+    KVC_EVICTION_MAP(KVC__EVICT_ENUM)
+#undef KVC__EVICT_ENUM
+        KVC_EVICT__COUNT
+} kvc_eviction_t;
+
+/* The policy's name ("lru", "lfu", "priority", "naive-lru"); "?" if invalid. */
+KVC_API const char *kvc_eviction_name(kvc_eviction_t p);
+/* One line on what the policy evicts first; "?" if invalid. */
+KVC_API const char *kvc_eviction_summary(kvc_eviction_t p);
+/* Parse a name as kvc_eviction_name prints it.  0, or KVC_EINVAL (unknown name,
+ * or a NULL argument). */
+KVC_API KVC_NODISCARD int kvc_eviction_parse(const char *name, kvc_eviction_t *out);
+/* Every policy's name, in enum order, NULL-terminated (static storage). */
+KVC_API const char *const *kvc_eviction_names(void);
 
 typedef struct {
     uint64_t hash_seed;           /* 0: random per process (kvc_random_seed); set it
@@ -111,13 +175,11 @@ typedef struct {
     void *event_ctx;
     uint32_t group_window[KVC_MAX_GROUPS]; /* per KV group: 0 = full attention (the
                                     default), else the sliding window in tokens */
-    kvc_hash_fn hash_fn;       /* TEST HOOK: replaces XXH3-128 for the index hash (e.g. a
-                                  deliberately weak hash to force collisions); never used
-                                  for fingerprints; NULL in production */
-    kvc_allocator_t allocator; /* zeroed: the C library */
+    kvc_eviction_t eviction;               /* KVC_EVICT_LRU (0) by default */
+    kvc_allocator_t allocator;             /* zeroed: the C library */
 } kvc_prefix_params_t;
 
-/* Random seed, 4 extra keys per block, no events, XXH3-128, libc. */
+/* Random seed, 4 extra keys per block, no events, LRU eviction, libc. */
 KVC_API kvc_prefix_params_t kvc_prefix_params_default(void);
 
 typedef struct kvc_prefix kvc_prefix_t;
@@ -155,20 +217,37 @@ typedef struct {
     uint64_t n_query_blocks; /* full blocks in the queries */
     uint64_t n_hit_blocks;   /* blocks returned as hits */
     uint64_t n_hit_tokens;
-    uint64_t n_miss_blocks;   /* full blocks not hit (n_query_blocks - n_hit_blocks) */
-    uint64_t n_collisions;    /* candidates whose hash matched but identity did not */
-    uint64_t n_inserts;       /* blocks inserted */
-    uint64_t n_duplicates;    /* inserts that found the identity already cached */
-    uint64_t n_evictions;     /* cached blocks dropped */
-    uint32_t n_cached_blocks; /* current: blocks with an identity */
-    uint32_t n_cached_free;   /* current: cached blocks in the free queue (hittable,
-                                 reclaimable) */
+    uint64_t n_miss_blocks;     /* full blocks not hit (n_query_blocks - n_hit_blocks) */
+    uint64_t n_collisions;      /* candidates whose hash matched but identity did not */
+    uint64_t n_inserts;         /* blocks inserted */
+    uint64_t n_duplicates;      /* inserts that found the identity already cached */
+    uint64_t n_evictions;       /* cached blocks dropped */
+    uint64_t n_strandings;      /* blocks made unreachable, ever (naive-lru only: evicting a
+                                   block with cached children strands them and all below) */
+    uint32_t n_cached_blocks;   /* current: blocks with an identity */
+    uint32_t n_cached_free;     /* current: cached blocks in the free queue (hittable,
+                                   reclaimable) */
+    uint32_t n_stranded_blocks; /* current: cached, resident, unreachable (no lookup can
+                                   hit them); 0 under every policy but naive-lru */
+    uint64_t n_stranded_bytes;  /* current: n_stranded_blocks * the pool's block bytes (0 in
+                                   a metadata-only pool: multiply by the model's) */
 } kvc_prefix_stats_t;
 
 /* Create a prefix cache over `pool` (borrowed: it must outlive the cache)
  * and install it as the pool's evictor.  One cache per pool.  Fails with
- * KVC_EINVAL or KVC_ENOMEM.  The caller frees it with kvc_prefix_destroy. */
-KVC_API KVC_NODISCARD int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_prefix_t **out);
+ * KVC_EINVAL (an argument NULL, max_extra_keys > 16, an unknown eviction
+ * policy) or KVC_ENOMEM.  The caller frees it with kvc_prefix_destroy. */
+KVC_API KVC_NODISCARD int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params,
+                                            kvc_prefix_t **out);
+/* What a cache over a pool of n_blocks blocks of block_size tokens costs in
+ * metadata, without creating it: *reserved receives the address space it
+ * reserves, *per_block (either may be NULL) the most it writes for each block
+ * that gets cached (a page of the hash index included); the rest stays
+ * untouched.  For messages that say what a refused size would need.
+ * KVC_EINVAL for params NULL, n_blocks 0 or above 2^31, block_size 0 or
+ * above 256, max_extra_keys above 16. */
+KVC_API int kvc_prefix_metadata_bytes(const kvc_prefix_params_t *params, uint32_t n_blocks,
+                                      uint32_t block_size, size_t *reserved, size_t *per_block);
 /* Forget every identity (the blocks stay where they are, uncached), remove
  * the evictor, free the cache.  No events are sent.  NULL is a no-op. */
 KVC_API void kvc_prefix_destroy(kvc_prefix_t *pc);
@@ -185,31 +264,36 @@ KVC_API uint32_t kvc_prefix_group_window(const kvc_prefix_t *pc, uint32_t group)
  * into out[0..cap).  *n_out receives the number of full blocks (even when it
  * exceeds cap, in which case nothing is written and KVC_ERANGE is returned).
  * KVC_ERANGE also when more multimodal inputs than max_extra_keys overlap one
- * block; KVC_EINVAL for a malformed query. */
+ * block; KVC_EINVAL for a malformed query (NULL, tokens or mm NULL with a
+ * count, a group >= KVC_MAX_GROUPS, a priority > KVC_PREFIX_MAX_PRIORITY),
+ * pc or n_out NULL. */
 KVC_API int kvc_prefix_hash(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
-                    size_t cap, size_t *n_out);
+                            size_t cap, size_t *n_out);
 
 /* Incremental hashing for a growing sequence: the hash (and, if fp is not
  * NULL, the fingerprint) of full block `index` of the query, chained from
  * block index - 1's values (prev_hash / prev_fp; ignored when index is 0).
- * KVC_EINVAL for a partial or missing block, KVC_ERANGE for too many extra
- * keys. */
+ * KVC_EINVAL for a partial or missing block, a malformed query, pc or hash
+ * NULL, or prev_hash (prev_fp when fp is wanted) NULL with index > 0;
+ * KVC_ERANGE for too many extra keys. */
 KVC_API int kvc_prefix_hash_next(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index,
-                         const kvc_hash128_t *prev_hash, const kvc_hash128_t *prev_fp,
-                         kvc_hash128_t *hash, kvc_hash128_t *fp);
+                                 const kvc_hash128_t *prev_hash, const kvc_hash128_t *prev_fp,
+                                 kvc_hash128_t *hash, kvc_hash128_t *fp);
 
 /* The fingerprints (sliding-window identity) of the query's full blocks, as
  * kvc_prefix_hash gives the hashes; same errors. */
-KVC_API int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q, kvc_hash128_t *out,
-                           size_t cap, size_t *n_out);
+KVC_API int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q,
+                                   kvc_hash128_t *out, size_t cap, size_t *n_out);
 
 /* Which of the query's first `limit` full blocks are cached with the exact
  * identity: present[i] = the block, or KVC_NONE.  For a full-attention group
  * the chain stops at the first miss; for a sliding-window group each block is
- * looked up on its own.  Pins nothing, counts nothing.  *n_present (if not
- * NULL) receives how many were found. */
-KVC_API int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit, uint32_t *present,
-                     size_t *n_present);
+ * looked up on its own; in both, a block with too many extra keys ends the
+ * walk (every later identity chains through it).  Pins nothing, counts
+ * nothing.  *n_present (if not NULL) receives how many were found.
+ * KVC_EINVAL for pc NULL, a malformed query or present NULL with limit > 0. */
+KVC_API int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit,
+                             uint32_t *present, size_t *n_present);
 
 /* The longest cached prefix of the query, without pinning anything.
  * For a sliding-window group, the longest prefix whose last window is cached:
@@ -218,17 +302,23 @@ KVC_API int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size
  * blocks[i] (if blocks != NULL, for i < min(cap, n_hit_blocks)) receives the
  * physical block of hit i; status[i] (if status != NULL) receives the status of
  * block i for every block of the query, partial one included (status needs
- * ceil(n_tokens / block_size) entries).  Never fails on a well-formed query. */
-KVC_API int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
-                     kvc_block_status_t *status, kvc_prefix_hit_t *hit);
+ * ceil(n_tokens / block_size) entries).  A block with too many extra keys
+ * (which can never be cached) ends the match in every group.  KVC_EINVAL for
+ * pc or hit NULL, a malformed query, or blocks NULL with cap > 0; never fails
+ * otherwise. */
+KVC_API int kvc_prefix_match(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks,
+                             size_t cap, kvc_block_status_t *status, kvc_prefix_hit_t *hit);
 
 /* Look up the query's longest cached prefix and pin it: the hit blocks get
  * one reference each (they leave the free queue if they were in it) and are
- * written to blocks[0..n_hit_blocks) (KVC_NONE before a sliding window).  The hit never covers the
- * last token and never exceeds cap blocks.  The caller owns the references (release them with
- * kvc_pool_release).  Counts in the stats. */
-KVC_API KVC_NODISCARD int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *blocks, size_t cap,
-                      kvc_prefix_hit_t *hit);
+ * written to blocks[0..n_hit_blocks) (KVC_NONE before a sliding window).  The
+ * hit never covers the last token and never exceeds cap blocks.  The caller
+ * owns the references (release them with kvc_pool_release).  Counts in the
+ * stats, and counts as a use of each hit block for the eviction policy.
+ * Errors: as kvc_prefix_match, and KVC_EOVERFLOW if a block's refcount is at
+ * its limit (then nothing is pinned and the hit is reported empty). */
+KVC_API KVC_NODISCARD int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q,
+                                            uint32_t *blocks, size_t cap, kvc_prefix_hit_t *hit);
 
 /* Give physical `block` the identity of full block `index` of the query.
  * `parent` is the cached block holding block index - 1 (KVC_NONE iff index is
@@ -237,37 +327,53 @@ KVC_API KVC_NODISCARD int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_q
  * identity is already cached, nothing changes and *canonical (if not NULL)
  * receives that block; otherwise *canonical = block.  A caller that wants to
  * continue the chain uses *canonical as the next parent (and may swap it into
- * its table to share the memory).  Errors: KVC_EINVAL (bad ids, a partial
- * block, a parent that is not cached or does not hold block index - 1's
- * tokens, a block that is free or already cached with another identity),
- * KVC_ERANGE (too many extra keys). */
-KVC_API KVC_NODISCARD int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index, uint32_t parent,
-                      uint32_t block, uint32_t *canonical);
+ * its table to share the memory).  Inserting (or finding) counts as a use
+ * for the eviction policy, at the query's priority.  Errors: KVC_EINVAL (pc
+ * NULL, a malformed query, bad ids, a partial block, a parent that is not
+ * cached or does not hold block index - 1's tokens or namespace, a
+ * precomputed hash that disagrees, a block that is free or already cached
+ * with another identity), KVC_ERANGE (too many extra keys in this block or,
+ * in a sliding-window group, an earlier one).  Nothing changes on error. */
+KVC_API KVC_NODISCARD int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q,
+                                            size_t index, uint32_t parent, uint32_t block,
+                                            uint32_t *canonical);
 
-/* Evict up to n free cached blocks, in the pool's order (leaves only), and
- * report how many went.  For tiers and for tests; allocation evicts on its
- * own. */
+/* Evict up to n free cached blocks, in the pool's order (leaves only, except
+ * under naive-lru), and report how many went (n_evicted may be NULL).  For
+ * tiers and for tests; allocation evicts on its own.  KVC_EINVAL if pc is
+ * NULL. */
 KVC_API int kvc_prefix_evict(kvc_prefix_t *pc, uint32_t n, uint32_t *n_evicted);
 
-/* Identity of a cached block (KVC_ENOENT if it is not cached). */
+/* Identity of a cached block: KVC_ENOENT if it is not cached (or a bad id),
+ * KVC_EINVAL if pc or hash is NULL. */
 KVC_API int kvc_prefix_block_hash(const kvc_prefix_t *pc, uint32_t block, kvc_hash128_t *hash);
-/* Parent of a cached block (KVC_NONE for roots and uncached blocks). */
+/* Parent of a cached block (KVC_NONE for roots, stranded blocks, uncached
+ * blocks and bad ids). */
 KVC_API uint32_t kvc_prefix_block_parent(const kvc_prefix_t *pc, uint32_t block);
-/* Tokens of a cached block (block_size of them), NULL if it is not cached. */
+/* Tokens of a cached block (block_size of them), NULL if it is not cached
+ * (or a bad id).  Borrowed: valid until the block is evicted. */
 KVC_API const kvc_token_t *kvc_prefix_block_tokens(const kvc_prefix_t *pc, uint32_t block);
 
 KVC_API void kvc_prefix_stats(const kvc_prefix_t *pc, kvc_prefix_stats_t *out);
+/* The eviction policy the cache was created with. */
+KVC_API kvc_eviction_t kvc_prefix_eviction(const kvc_prefix_t *pc);
 
-/* Cached blocks that no lookup can reach: a parent that is not cached, or not
- * the parent its hash was chained from.  Must be zero; O(n_blocks). */
+/* Cached blocks that no lookup can reach, counted from the structure alone: a
+ * parent that is not cached, or not the parent its hash was chained from, or
+ * such a block above.  Zero under every eviction policy but naive-lru, where
+ * it equals the stats' n_stranded_blocks.  O(cached blocks * depth). */
 KVC_API uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc);
 
 /* Check invariants 2 to 4 of DESIGN.md and the index's own consistency:
- * each cached block is in its hash chain exactly once and nothing else is;
- * its stored hash recomputes from its stored identity; its parent is cached
- * and counts it as a child; child counts are exact; the pool's cached marks
- * match.  Also runs kvc_pool_check.  Returns 0 or KVC_ECORRUPT with a
- * description in msg.  O(n_blocks * block_size). */
+ * each reachable cached block is in its hash chain exactly once and nothing
+ * else is; its stored hash recomputes from its stored identity; its parent
+ * is cached and counts it as a child; child counts are exact; the pool's
+ * cached marks and eviction levels match the policy's.  A stranded block
+ * (cached behind an evicted parent) fails the check under every policy but
+ * naive-lru, where the stranded blocks must be exactly the ones counted.
+ * Also runs kvc_pool_check.  Returns 0, KVC_ECORRUPT with a description in
+ * msg, KVC_EINVAL (pc NULL) or KVC_ENOMEM (it allocates a scratch count).
+ * O(blocks ever used * block_size). */
 KVC_API int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t msg_cap);
 
 #ifdef __cplusplus

@@ -121,7 +121,8 @@ static int parse_options(int argc, char **argv, opts_t *o)
             if (!kvc_cli_utf8_valid(optarg, strlen(optarg)))
                 return kvc_cli_error(CMD, "--salt: '%s' is not valid UTF-8", optarg);
             o->salt = optarg;
-            kvc_namespace_set_salt(&o->ns, optarg);
+            if (kvc_namespace_set_salt(&o->ns, optarg))
+                return kvc_cli_error(CMD, "--salt: cannot digest the salt (SHA-256 failed)");
             break;
         case 'l':
             if (!kvc_cli_parse_u64(optarg, 0, UINT64_MAX, &o->ns.lora_id))
@@ -361,7 +362,8 @@ static int parse_salt(const cJSON *salt, prompt_t *p, where_t w)
     if (p->salt_owned) free((char *)p->salt);
     p->salt = copy;
     p->salt_owned = true;
-    kvc_namespace_set_salt(&p->ns, copy);
+    if (kvc_namespace_set_salt(&p->ns, copy))
+        return bad(w, "%s", "cannot digest the salt (SHA-256 failed)");
     return 0;
 }
 

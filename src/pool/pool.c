@@ -1,7 +1,13 @@
-/* pool.c - the fixed set of KV blocks: refcounts, the LRU free queue and the
+/* pool.c - the fixed set of KV blocks: refcounts, the free queue and the
  * storage behind the blocks.  See include/kvcache/pool.h for the queue's
- * shape; the prefix layer above decides identity through the evictor hook. */
-#include "kvcache/pool.h"
+ * shape; the prefix layer above decides identity and eviction levels through
+ * src/pool/pool_int.h.
+ *
+ * Memory proportional to use: blocks [hw, n_blocks) have never been handed
+ * out.  They are free and uncached, sit in the queue right after the `early`
+ * run, and their block_t has never been written (the array comes from
+ * kvc_alloc, so with the C library its pages stay untouched until then). */
+#include "pool/pool_int.h"
 #include "util/msg.h"
 
 #include <stdarg.h>
@@ -9,28 +15,47 @@
 #include <string.h>
 #include <sys/mman.h>
 
-enum { BLOCK_CACHED = 1u << 0 };
+enum {
+    BLOCK_CACHED = 1u << 0,
+    BLOCK_EARLY = 1u << 1, /* in the early run (see below) */
+};
 
 typedef struct {
     kvc_list_t link; /* in the free queue iff refcount == 0 */
     uint32_t refcount;
-    uint32_t flags;
+    uint8_t flags;
+    uint8_t level; /* eviction level while cached, < KVC__POOL_LEVELS */
+    uint16_t pad;
 } block_t;
+
+/* The free queue is a sequence of segments, walked in this order:
+ *   early:     blocks below hw initialised out of turn (a never-used block pinned or marked by id
+ *              makes every fresh block before it explicit, in order, so the queue's order is
+ *              exactly what it would have been with every block initialised up front)
+ *   fresh:     the implicit run [hw, n_blocks), never touched
+ *   uncached:  freed uncached blocks, oldest first
+ *   cached[L]: free cached blocks of level L, least recently freed first. */
+enum { SEG_EARLY, SEG_FRESH, SEG_UNCACHED, SEG_CACHED0, N_SEGS = SEG_CACHED0 + KVC__POOL_LEVELS };
 
 struct kvc_pool {
     kvc_pool_params_t params;
     size_t block_bytes; /* 0: metadata only */
     size_t kv_bytes;    /* one (layer, kv) slab: n_kv_heads * block_size * head_dim * dtype */
     uint8_t *storage;   /* (n_blocks, block_bytes) */
-    block_t *blocks;    /* (n_blocks) */
-    kvc_list_t free_q;
-    kvc_list_t *cached_first; /* first cached block in free_q, or &free_q if none */
-    uint32_t n_free;
+    block_t *blocks;    /* (n_blocks); only [0, hw) ever written */
+    uint32_t hw;        /* high-water mark: blocks [0, hw) are initialised */
+    uint32_t *scratch;  /* (n_blocks) for the checkers above: kvc__pool_check_scratch */
+    kvc_list_t early, uncached;
+    kvc_list_t cached[KVC__POOL_LEVELS];
+    uint64_t levels_used; /* bit L set iff cached[L] is not empty */
+    uint32_t n_free;      /* every free block, the fresh ones included */
     uint32_t n_free_cached;
-    kvc_evict_fn evict;
+    kvc__evict_fn evict;
     void *evict_ctx;
     uint64_t n_allocated, n_evicted, n_alloc_failed;
 };
+
+_Static_assert(KVC__POOL_LEVELS <= 64, "levels_used is a 64-bit mask");
 
 /* ---- dtypes -------------------------------------------------------------- */
 static const struct {
@@ -146,23 +171,37 @@ int kvc_pool_create(const kvc_pool_params_t *params, kvc_pool_t **out)
         pool->params.storage.n_kv = 2;
     pool->block_bytes = block_bytes;
     pool->kv_bytes = kv_bytes;
-    pool->blocks = kvc_calloc(a, p->n_blocks, sizeof(block_t), 64);
+    /* Not zeroed, never written beyond the high-water mark: see the banner. */
+    pool->blocks = kvc_alloc(a, (size_t)p->n_blocks * sizeof(block_t), 64);
     if (!pool->blocks) goto oom;
+    /* Reserved now so that the invariant checkers never allocate (they run under injected
+     * faults and inside runs whose memory is watched); only [0, hw) is ever touched. */
+    pool->scratch = kvc_alloc(a, (size_t)p->n_blocks * sizeof(uint32_t), 64);
+    if (!pool->scratch) goto oom;
     if (block_bytes) {
         pool->storage = alloc_storage(a, (size_t)p->n_blocks * block_bytes);
         if (!pool->storage) goto oom;
     }
-    kvc_list_init(&pool->free_q);
-    for (uint32_t i = 0; i < p->n_blocks; i++)
-        kvc_list_push_back(&pool->free_q, &pool->blocks[i].link);
-    pool->cached_first = &pool->free_q;
+    kvc_list_init(&pool->early);
+    kvc_list_init(&pool->uncached);
+    for (int l = 0; l < KVC__POOL_LEVELS; l++) kvc_list_init(&pool->cached[l]);
     pool->n_free = p->n_blocks;
     *out = pool;
     return 0;
 oom:
+    kvc_free(a, pool->scratch);
     kvc_free(a, pool->blocks);
     kvc_free(a, pool);
     return KVC_ENOMEM;
+}
+
+int kvc_pool_metadata_bytes(const kvc_pool_params_t *params, size_t *reserved, size_t *per_block)
+{
+    if (!params || params->n_blocks == 0 || params->n_blocks > (1u << 31)) return KVC_EINVAL;
+    const size_t per = sizeof(block_t) + sizeof(uint32_t); /* + the checkers' scratch */
+    if (reserved) *reserved = sizeof(kvc_pool_t) + (size_t)params->n_blocks * per;
+    if (per_block) *per_block = per;
+    return 0;
 }
 
 void kvc_pool_destroy(kvc_pool_t *pool)
@@ -170,50 +209,126 @@ void kvc_pool_destroy(kvc_pool_t *pool)
     if (!pool) return;
     kvc_allocator_t a = pool->params.allocator;
     kvc_free(&a, pool->storage);
+    kvc_free(&a, pool->scratch);
     kvc_free(&a, pool->blocks);
     kvc_free(&a, pool);
 }
 
-void kvc_pool_set_evictor(kvc_pool_t *pool, kvc_evict_fn fn, void *ctx)
+uint32_t *kvc__pool_check_scratch(const kvc_pool_t *pool)
 {
+    return pool ? pool->scratch : NULL;
+}
+
+void kvc__pool_set_evictor(kvc_pool_t *pool, kvc__evict_fn fn, void *ctx)
+{
+    if (!pool) return;
     pool->evict = fn;
     pool->evict_ctx = ctx;
 }
 
-/* ---- the free queue ---------------------------------------------------------
- * cached_first marks where the cached run starts, so that an uncached block can
- * join the end of the uncached run in O(1) and the boundary stays exact. */
+/* ---- the free queue ------------------------------------------------------- */
 static inline uint32_t block_id(const kvc_pool_t *pool, const block_t *b)
 {
     return (uint32_t)(b - pool->blocks);
 }
 
-static void queue_push(kvc_pool_t *pool, block_t *b)
+static inline block_t *node_block(const kvc_list_t *node)
+{
+    return kvc_container_of(node, block_t, link);
+}
+
+/* Hand out the next fresh block: its metadata is written for the first time. */
+static inline uint32_t take_fresh(kvc_pool_t *pool)
+{
+    uint32_t id = pool->hw++;
+    block_t *b = &pool->blocks[id];
+    *b = (block_t){.refcount = 1};
+    kvc_list_init(&b->link);
+    pool->n_free--;
+    return id;
+}
+
+/* Make blocks [hw, block] explicit (free, uncached) at the end of the early run, keeping the
+ * queue's order.  O(block - hw): only a caller that names never-used blocks by id pays it. */
+static void materialize(kvc_pool_t *pool, uint32_t block)
+{
+    while (pool->hw <= block) {
+        block_t *b = &pool->blocks[pool->hw++];
+        *b = (block_t){.flags = BLOCK_EARLY};
+        kvc_list_push_back(&pool->early, &b->link);
+    }
+}
+
+/* A block whose refcount just reached 0 (or whose cached mark or level changed while free) joins
+ * the queue: a cached one at the tail of its level, an uncached one at the end of the uncached
+ * run.  Reuse order among never-hittable blocks does not matter, but keeping them FIFO makes
+ * allocation patterns easy to follow in traces. */
+static inline void queue_push(kvc_pool_t *pool, block_t *b)
 {
     if (b->flags & BLOCK_CACHED) {
-        kvc_list_push_back(&pool->free_q, &b->link);
-        if (pool->cached_first == &pool->free_q) pool->cached_first = &b->link;
+        kvc_list_push_back(&pool->cached[b->level], &b->link);
+        pool->levels_used |= 1ull << b->level;
         pool->n_free_cached++;
     } else {
-        /* Uncached: at the end of the uncached run, i.e. just before the first cached block.
-         * Reuse order among never-hittable blocks does not matter, but keeping them FIFO makes
-         * allocation patterns easy to follow in traces. */
-        kvc__list_insert(&b->link, pool->cached_first->prev, pool->cached_first);
+        kvc_list_push_back(&pool->uncached, &b->link);
     }
     pool->n_free++;
 }
 
-static void queue_remove(kvc_pool_t *pool, block_t *b)
+static inline void queue_remove(kvc_pool_t *pool, block_t *b)
 {
-    if (pool->cached_first == &b->link) pool->cached_first = b->link.next;
-    if (b->flags & BLOCK_CACHED) pool->n_free_cached--;
     kvc_list_remove(&b->link);
+    if (b->flags & BLOCK_CACHED) {
+        pool->n_free_cached--;
+        if (kvc_list_empty(&pool->cached[b->level])) pool->levels_used &= ~(1ull << b->level);
+    }
+    b->flags &= (uint8_t)~BLOCK_EARLY;
     pool->n_free--;
 }
 
+static const kvc_list_t *seg_list(const kvc_pool_t *pool, int seg)
+{
+    return seg == SEG_EARLY      ? &pool->early
+           : seg == SEG_UNCACHED ? &pool->uncached
+                                 : &pool->cached[seg - SEG_CACHED0];
+}
+
+/* The first free block in segment `seg` or any later one, or KVC_NONE. */
+static uint32_t seg_first(const kvc_pool_t *pool, int seg)
+{
+    for (; seg < N_SEGS; seg++) {
+        if (seg == SEG_FRESH) {
+            if (pool->hw < pool->params.n_blocks) return pool->hw;
+            continue;
+        }
+        if (seg >= SEG_CACHED0) {
+            uint64_t rest = pool->levels_used >> (seg - SEG_CACHED0);
+            if (!rest) return KVC_NONE;
+            seg += __builtin_ctzll(rest); /* skip empty levels */
+        }
+        const kvc_list_t *l = seg_list(pool, seg);
+        if (!kvc_list_empty(l)) return block_id(pool, node_block(l->next));
+    }
+    return KVC_NONE;
+}
+
+static int block_seg(const block_t *b)
+{
+    return (b->flags & BLOCK_CACHED)  ? SEG_CACHED0 + b->level
+           : (b->flags & BLOCK_EARLY) ? SEG_EARLY
+                                      : SEG_UNCACHED;
+}
+
 /* ---- allocation and references ------------------------------------------ */
+static inline void take(kvc_pool_t *pool, block_t *b)
+{
+    queue_remove(pool, b);
+    b->refcount = 1;
+}
+
 int kvc_pool_alloc(kvc_pool_t *pool, uint32_t n, uint32_t *out)
 {
+    if (!pool) return KVC_EINVAL;
     if (n == 0) return 0;
     if (!out) return KVC_EINVAL;
     if (n > pool->n_free) {
@@ -221,34 +336,43 @@ int kvc_pool_alloc(kvc_pool_t *pool, uint32_t n, uint32_t *out)
         return KVC_ENOSPC;
     }
     uint32_t got = 0;
-    /* Walk from the head.  A cached block whose evictor says "busy" is skipped; if a whole pass
-     * takes nothing we are stuck.  Skipped blocks are retried on the next pass because evicting
-     * their children (later in the queue) can free them. */
+    /* Uncached blocks first, in queue order; nobody can refuse them. */
+    while (got < n && !kvc_list_empty(&pool->early)) {
+        block_t *b = node_block(pool->early.next);
+        take(pool, b);
+        out[got++] = block_id(pool, b);
+    }
+    while (got < n && pool->hw < pool->params.n_blocks) out[got++] = take_fresh(pool);
+    while (got < n && !kvc_list_empty(&pool->uncached)) {
+        block_t *b = node_block(pool->uncached.next);
+        take(pool, b);
+        out[got++] = block_id(pool, b);
+    }
+    /* Then cached blocks, level by level, oldest first.  A block whose evictor says "busy" is
+     * skipped; if a whole pass takes nothing we are stuck.  Skipped blocks are retried on the
+     * next pass because evicting their children (later in the queue) can free them. */
     while (got < n) {
         uint32_t before = got;
-        kvc_list_t *node = pool->free_q.next;
-        while (node != &pool->free_q && got < n) {
-            kvc_list_t *next = node->next;
-            block_t *b = kvc_container_of(node, block_t, link);
-            if (b->flags & BLOCK_CACHED) {
-                if (pool->evict && pool->evict(pool->evict_ctx, block_id(pool, b)) != 0) {
-                    node = next;
-                    continue;
-                }
-                queue_remove(pool, b);
-                b->flags &= ~(uint32_t)BLOCK_CACHED;
+        for (int l = 0; l < KVC__POOL_LEVELS && got < n; l++) {
+            if (!(pool->levels_used >> l & 1)) continue;
+            kvc_list_t *head = &pool->cached[l];
+            for (kvc_list_t *node = head->next; node != head && got < n;) {
+                kvc_list_t *next = node->next;
+                block_t *b = node_block(node);
+                uint32_t id = block_id(pool, b);
+                node = next;
+                if (pool->evict && pool->evict(pool->evict_ctx, id) != 0) continue;
+                take(pool, b);
+                b->flags = 0; /* its identity is gone */
+                b->level = 0;
                 pool->n_evicted++;
-            } else {
-                queue_remove(pool, b);
+                out[got++] = id;
             }
-            b->refcount = 1;
-            out[got++] = block_id(pool, b);
-            node = next;
         }
         if (got == before) break;
     }
     if (got < n) {
-        /* Undo: the blocks taken go back to the head, uncached (their identities are gone). */
+        /* Undo: the blocks taken go back uncached (their identities are gone). */
         for (uint32_t i = got; i-- > 0;) {
             block_t *b = &pool->blocks[out[i]];
             b->refcount = 0;
@@ -263,7 +387,8 @@ int kvc_pool_alloc(kvc_pool_t *pool, uint32_t n, uint32_t *out)
 
 int kvc_pool_ref(kvc_pool_t *pool, uint32_t block)
 {
-    if (block >= pool->params.n_blocks) return KVC_EINVAL;
+    if (!pool || block >= pool->params.n_blocks) return KVC_EINVAL;
+    if (block >= pool->hw) materialize(pool, block);
     block_t *b = &pool->blocks[block];
     if (b->refcount == UINT32_MAX) return KVC_EOVERFLOW;
     if (b->refcount++ == 0) queue_remove(pool, b);
@@ -272,7 +397,8 @@ int kvc_pool_ref(kvc_pool_t *pool, uint32_t block)
 
 int kvc_pool_unref(kvc_pool_t *pool, uint32_t block)
 {
-    if (block >= pool->params.n_blocks) return KVC_EINVAL;
+    if (!pool || block >= pool->params.n_blocks) return KVC_EINVAL;
+    if (block >= pool->hw) return KVC_EUNDERFLOW; /* never handed out: free */
     block_t *b = &pool->blocks[block];
     if (b->refcount == 0) return KVC_EUNDERFLOW;
     if (--b->refcount == 0) queue_push(pool, b);
@@ -281,7 +407,7 @@ int kvc_pool_unref(kvc_pool_t *pool, uint32_t block)
 
 int kvc_pool_release(kvc_pool_t *pool, const uint32_t *table, uint32_t n)
 {
-    if (n && !table) return KVC_EINVAL;
+    if (!pool || (n && !table)) return KVC_EINVAL;
     /* Validate before touching anything: a bad id or a double release changes nothing.  The
      * refcount field is borrowed as a countdown while validating, then restored. */
     int rc = 0;
@@ -293,7 +419,7 @@ int kvc_pool_release(kvc_pool_t *pool, const uint32_t *table, uint32_t n)
             rc = KVC_EINVAL;
             break;
         }
-        if (pool->blocks[id].refcount == 0) {
+        if (id >= pool->hw || pool->blocks[id].refcount == 0) {
             rc = KVC_EUNDERFLOW;
             break;
         }
@@ -307,28 +433,56 @@ int kvc_pool_release(kvc_pool_t *pool, const uint32_t *table, uint32_t n)
     return 0;
 }
 
-void kvc_pool_set_cached(kvc_pool_t *pool, uint32_t block, bool cached)
+int kvc__pool_set_cached(kvc_pool_t *pool, uint32_t block, bool cached)
 {
-    KVC_ASSERT(block < pool->params.n_blocks);
+    if (!pool || block >= pool->params.n_blocks) return KVC_EINVAL;
+    if (block >= pool->hw) {
+        if (!cached) return 0; /* never handed out: uncached already */
+        materialize(pool, block);
+    }
     block_t *b = &pool->blocks[block];
-    if (!!(b->flags & BLOCK_CACHED) == cached) return;
+    if (!!(b->flags & BLOCK_CACHED) == cached) return 0;
     bool free_ = b->refcount == 0;
     if (free_) queue_remove(pool, b);
-    if (cached)
+    if (cached) {
         b->flags |= BLOCK_CACHED;
-    else
-        b->flags &= ~(uint32_t)BLOCK_CACHED;
+    } else {
+        b->flags &= (uint8_t)~BLOCK_CACHED;
+        b->level = 0; /* a level ranks cached blocks only */
+    }
     if (free_) queue_push(pool, b);
+    return 0;
+}
+
+int kvc__pool_set_level(kvc_pool_t *pool, uint32_t block, uint32_t level)
+{
+    if (!pool || block >= pool->params.n_blocks || level >= KVC__POOL_LEVELS) return KVC_EINVAL;
+    if (block >= pool->hw) {
+        if (level == 0) return 0;
+        materialize(pool, block);
+    }
+    block_t *b = &pool->blocks[block];
+    if (b->level == level) return 0;
+    bool move = b->refcount == 0 && (b->flags & BLOCK_CACHED);
+    if (move) queue_remove(pool, b);
+    b->level = (uint8_t)level;
+    if (move) queue_push(pool, b);
+    return 0;
+}
+
+uint32_t kvc__pool_level(const kvc_pool_t *pool, uint32_t block)
+{
+    return pool && block < pool->hw ? pool->blocks[block].level : 0;
 }
 
 bool kvc_pool_is_cached(const kvc_pool_t *pool, uint32_t block)
 {
-    return block < pool->params.n_blocks && (pool->blocks[block].flags & BLOCK_CACHED);
+    return pool && block < pool->hw && (pool->blocks[block].flags & BLOCK_CACHED);
 }
 
 uint32_t kvc_pool_refcount(const kvc_pool_t *pool, uint32_t block)
 {
-    return block < pool->params.n_blocks ? pool->blocks[block].refcount : 0;
+    return pool && block < pool->hw ? pool->blocks[block].refcount : 0;
 }
 
 uint32_t kvc_pool_n_blocks(const kvc_pool_t *pool)
@@ -346,6 +500,11 @@ uint32_t kvc_pool_block_size(const kvc_pool_t *pool)
     return pool->params.block_size;
 }
 
+uint32_t kvc__pool_high_water(const kvc_pool_t *pool)
+{
+    return pool->hw;
+}
+
 void kvc_pool_stats(const kvc_pool_t *pool, kvc_pool_stats_t *out)
 {
     *out = (kvc_pool_stats_t){
@@ -353,28 +512,37 @@ void kvc_pool_stats(const kvc_pool_t *pool, kvc_pool_stats_t *out)
         .n_free = pool->n_free,
         .n_free_cached = pool->n_free_cached,
         .n_used = pool->params.n_blocks - pool->n_free,
+        .n_high_water = pool->hw,
         .n_allocated = pool->n_allocated,
         .n_evicted = pool->n_evicted,
         .n_alloc_failed = pool->n_alloc_failed,
     };
 }
 
-uint32_t kvc_pool_free_next(const kvc_pool_t *pool, uint32_t block)
+int kvc__pool_free_next(const kvc_pool_t *pool, uint32_t block, uint32_t *next)
 {
-    const kvc_list_t *node;
+    if (!pool || !next) return KVC_EINVAL;
     if (block == KVC_NONE) {
-        node = pool->free_q.next;
-    } else {
-        KVC_ASSERT(block < pool->params.n_blocks && pool->blocks[block].refcount == 0);
-        node = pool->blocks[block].link.next;
+        *next = seg_first(pool, SEG_EARLY);
+        return 0;
     }
-    return node == &pool->free_q ? KVC_NONE : block_id(pool, kvc_container_of(node, block_t, link));
+    if (block >= pool->params.n_blocks) return KVC_EINVAL;
+    if (block >= pool->hw) { /* fresh: the next fresh block, then the uncached run */
+        *next = block + 1 < pool->params.n_blocks ? block + 1 : seg_first(pool, SEG_UNCACHED);
+        return 0;
+    }
+    const block_t *b = &pool->blocks[block];
+    if (b->refcount != 0) return KVC_EBUSY;
+    int seg = block_seg(b);
+    const kvc_list_t *node = b->link.next;
+    *next =
+        node != seg_list(pool, seg) ? block_id(pool, node_block(node)) : seg_first(pool, seg + 1);
+    return 0;
 }
 
-uint32_t kvc_pool_free_cached_first(const kvc_pool_t *pool)
+uint32_t kvc__pool_free_cached_first(const kvc_pool_t *pool)
 {
-    const kvc_list_t *node = pool->cached_first;
-    return node == &pool->free_q ? KVC_NONE : block_id(pool, kvc_container_of(node, block_t, link));
+    return pool ? seg_first(pool, SEG_CACHED0) : KVC_NONE;
 }
 
 /* ---- storage ------------------------------------------------------------- */
@@ -413,7 +581,7 @@ void *kvc_pool_scale_data(kvc_pool_t *pool, uint32_t block)
 
 int kvc_pool_copy_block(kvc_pool_t *pool, uint32_t dst, uint32_t src)
 {
-    if (dst >= pool->params.n_blocks || src >= pool->params.n_blocks) return KVC_EINVAL;
+    if (!pool || dst >= pool->params.n_blocks || src >= pool->params.n_blocks) return KVC_EINVAL;
     if (pool->storage && dst != src)
         memcpy(pool->storage + (size_t)dst * pool->block_bytes,
                pool->storage + (size_t)src * pool->block_bytes, pool->block_bytes);
@@ -423,45 +591,56 @@ int kvc_pool_copy_block(kvc_pool_t *pool, uint32_t dst, uint32_t src)
 /* ---- invariants ---------------------------------------------------------- */
 #define fail(msg, cap, ...) kvc__msgf(KVC_ECORRUPT, msg, cap, __VA_ARGS__)
 
-int kvc_pool_check(const kvc_pool_t *pool, char *msg, size_t cap)
+/* Walk one segment's list: links, membership, flags; adds to the counts. */
+static int check_list(const kvc_pool_t *pool, int seg, uint32_t *in_queue, uint32_t *n_cached,
+                      char *msg, size_t cap)
 {
-    uint32_t n_blocks = pool->params.n_blocks;
-    uint32_t in_queue = 0, cached_in_queue = 0;
-    bool seen_cached = false, boundary_ok = pool->cached_first == &pool->free_q;
-    const kvc_list_t *prev = &pool->free_q;
-    for (const kvc_list_t *node = pool->free_q.next; node != &pool->free_q; node = node->next) {
-        if (node->prev != prev) return fail(msg, cap, "free queue: broken back link");
-        const block_t *b = kvc_container_of(node, block_t, link);
-        if (b < pool->blocks || b >= pool->blocks + n_blocks)
-            return fail(msg, cap, "free queue: foreign node");
+    const kvc_list_t *head = seg_list(pool, seg), *prev = head;
+    const char *name = seg == SEG_EARLY ? "early" : seg == SEG_UNCACHED ? "uncached" : "cached";
+    for (const kvc_list_t *node = head->next; node != head; node = node->next) {
+        if (node->prev != prev) return fail(msg, cap, "free queue (%s): broken back link", name);
+        const block_t *b = node_block(node);
+        if (b < pool->blocks || b >= pool->blocks + pool->hw)
+            return fail(msg, cap, "free queue (%s): foreign node", name);
         uint32_t id = block_id(pool, b);
         if (b->refcount != 0)
             return fail(msg, cap, "block %u is in the free queue with refcount %u", id,
                         b->refcount);
-        if (++in_queue > n_blocks) return fail(msg, cap, "free queue: cycle");
-        bool cached = b->flags & BLOCK_CACHED;
-        if (cached && !seen_cached) {
-            if (pool->cached_first != node)
-                return fail(msg, cap, "free queue: cached run starts at block %u, marker elsewhere",
-                            id);
-            boundary_ok = true;
-        }
-        if (!cached && seen_cached)
-            return fail(msg, cap, "free queue: uncached block %u after a cached one", id);
-        seen_cached |= cached;
-        cached_in_queue += cached;
+        if (++*in_queue > pool->hw) return fail(msg, cap, "free queue: cycle");
+        if (block_seg(b) != seg)
+            return fail(msg, cap, "block %u (%s, level %u) is in the %s run", id,
+                        (b->flags & BLOCK_CACHED) ? "cached" : "uncached", b->level, name);
+        if (seg >= SEG_CACHED0 && !(pool->levels_used >> (seg - SEG_CACHED0) & 1))
+            return fail(msg, cap, "level %d holds blocks, its bit is clear", seg - SEG_CACHED0);
+        *n_cached += seg >= SEG_CACHED0;
         prev = node;
     }
-    if (pool->free_q.prev != prev) return fail(msg, cap, "free queue: broken tail link");
-    if (!boundary_ok)
-        return fail(msg, cap, "free queue: cached-run marker points at no cached block");
-    if (in_queue != pool->n_free)
-        return fail(msg, cap, "free queue holds %u blocks, n_free says %u", in_queue, pool->n_free);
+    if (head->prev != prev) return fail(msg, cap, "free queue (%s): broken tail link", name);
+    if (seg >= SEG_CACHED0 && prev == head && (pool->levels_used >> (seg - SEG_CACHED0) & 1))
+        return fail(msg, cap, "level %d is empty, its bit is set", seg - SEG_CACHED0);
+    return 0;
+}
+
+int kvc_pool_check(const kvc_pool_t *pool, char *msg, size_t cap)
+{
+    if (!pool) return KVC_EINVAL;
+    const uint32_t n_blocks = pool->params.n_blocks, hw = pool->hw;
+    if (hw > n_blocks) return fail(msg, cap, "high-water mark %u past %u blocks", hw, n_blocks);
+    uint32_t in_queue = 0, cached_in_queue = 0;
+    for (int seg = 0; seg < N_SEGS; seg++) {
+        if (seg == SEG_FRESH) continue;
+        int rc = check_list(pool, seg, &in_queue, &cached_in_queue, msg, cap);
+        if (rc) return rc;
+    }
+    const uint32_t n_fresh = n_blocks - hw;
+    if (in_queue + n_fresh != pool->n_free)
+        return fail(msg, cap, "free queue holds %u blocks (%u fresh), n_free says %u",
+                    in_queue + n_fresh, n_fresh, pool->n_free);
     if (cached_in_queue != pool->n_free_cached)
         return fail(msg, cap, "free queue holds %u cached blocks, counter says %u", cached_in_queue,
                     pool->n_free_cached);
     uint32_t n_zero = 0;
-    for (uint32_t i = 0; i < n_blocks; i++) {
+    for (uint32_t i = 0; i < hw; i++) {
         const block_t *b = &pool->blocks[i];
         bool linked = kvc_list_linked(&b->link);
         if (b->refcount == 0 && !linked)
@@ -469,9 +648,11 @@ int kvc_pool_check(const kvc_pool_t *pool, char *msg, size_t cap)
         if (b->refcount != 0 && linked)
             return fail(msg, cap, "block %u has refcount %u but is in the free queue", i,
                         b->refcount);
+        if (b->level >= KVC__POOL_LEVELS) return fail(msg, cap, "block %u: bad level", i);
         n_zero += b->refcount == 0;
     }
-    if (n_zero != pool->n_free)
-        return fail(msg, cap, "%u blocks have refcount 0, n_free says %u", n_zero, pool->n_free);
+    if (n_zero != in_queue)
+        return fail(msg, cap, "%u initialised blocks have refcount 0, %u are queued", n_zero,
+                    in_queue);
     return 0;
 }

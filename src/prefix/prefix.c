@@ -5,16 +5,25 @@
  * index is a chained hash table whose chains run through the entries
  * themselves (no allocation after creation).  Identity is checked exactly on
  * every candidate, so the hash function only affects speed, never results.
+ *
+ * Memory proportional to use: per-block arrays are allocated uninitialised
+ * and only written for blocks that are inserted (entries [0, hw) are
+ * initialised; the pool hands blocks out in id order the first time, so hw
+ * follows its high-water mark); the bucket array is initialised a page-sized
+ * chunk at a time, the first time an entry lands in the chunk.
  */
 #include "kvcache/prefix.h"
+#include "kvcache/testing.h"
+#include "pool/pool_int.h"
 #include "util/msg.h"
 
+#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #define MAX_EXTRA_KEYS 16
-#define NS_BYTES       36 /* epoch 8 | lora 8 | salt 16 | group 4 */
+#define NS_BYTES       (20 + KVC_SALT_BYTES) /* epoch 8 | lora 8 | salt 32 | group 4 */
 
 typedef struct {
     kvc_hash128_t hash;
@@ -23,34 +32,91 @@ typedef struct {
     uint32_t pad;
 } extra_t;
 
+/* A full-attention block whose parent was evicted under it (only the naive eviction policy
+ * does that) keeps this as its parent: no lookup names it, so the block can never be reached. */
+#define STRANDED (UINT32_MAX - 1)
+
 typedef struct {
     kvc_hash128_t hash;
     uint32_t hnext;      /* next entry in the same bucket, KVC_NONE at the end */
-    uint32_t parent;     /* KVC_NONE for a root, and always in sliding-window groups */
+    uint32_t parent;     /* KVC_NONE for a root, and always in sliding-window groups;
+                            STRANDED once evicted from under this block */
     uint32_t n_children; /* cached blocks whose parent is this one */
-    uint8_t cached;
+    uint8_t cached : 1;
+    uint8_t sliding : 1;     /* belongs to a sliding-window group */
+    uint8_t unreachable : 1; /* stranded, or below a stranded block */
     uint8_t n_extra;
-    uint8_t sliding; /* belongs to a sliding-window group */
-    uint8_t pad;
+    uint8_t uses;     /* the insert and every lookup that pinned it (counted only when the
+                         policy ranks by uses or priority), saturating at 255 */
+    uint8_t priority; /* the highest query priority that inserted or pinned it */
 } entry_t;
+
+/* ---- eviction policies --------------------------------------------------------
+ * A policy ranks free cached blocks by giving each one a level of the pool's free queue (level
+ * 0 goes first, least recently freed first within a level); its level is set when the block is
+ * inserted and each time a lookup pins it.  Adding a policy: a row in KVC_EVICTION_MAP
+ * (prefix.h, its name) and its behaviour here, in policy_<ID>. */
+typedef struct {
+    /* The block's level (< KVC__POOL_LEVELS); NULL: every block at level 0 (plain LRU). */
+    uint32_t (*level)(const entry_t *e);
+    /* Evicts blocks that have cached children, stranding them (counted). */
+    bool strands;
+} policy_t;
+
+static uint32_t level_lfu(const entry_t *e)
+{
+    return KVC_MIN((uint32_t)e->uses - 1, KVC__POOL_LEVELS - 1);
+}
+
+static uint32_t level_priority(const entry_t *e)
+{
+    return e->priority;
+}
+
+static const policy_t policy_LRU = {.level = NULL};
+static const policy_t policy_LFU = {.level = level_lfu};
+static const policy_t policy_PRIORITY = {.level = level_priority};
+static const policy_t policy_NAIVE_LRU = {.level = NULL, .strands = true};
+
+static const struct {
+    const char *name, *summary;
+    const policy_t *policy;
+} policies[] = {
+#define KVC__POLICY_ROW(id, name, summary) {name, summary, &policy_##id},
+    KVC_EVICTION_MAP(KVC__POLICY_ROW)
+#undef KVC__POLICY_ROW
+};
+_Static_assert(KVC_ARRAY_LEN(policies) == KVC_EVICT__COUNT, "one row per policy");
+_Static_assert(KVC_PREFIX_MAX_PRIORITY < KVC__POOL_LEVELS, "a priority is a level");
+
+#define CHUNK_SHIFT 10 /* buckets per lazily initialised chunk: 4 KiB of chain heads */
 
 struct kvc_prefix {
     kvc_pool_t *pool;
     kvc_prefix_params_t params;
+    const policy_t *policy;
+    uint32_t (*level)(const entry_t *e); /* policy->level, kept here for the hot paths */
     uint64_t seed;
-    uint64_t fp_seed; /* fingerprints: independent of seed and of the test hook */
+    uint64_t fp_seed;    /* fingerprints: independent of seed and of the test hook */
+    kvc_hash_fn hash_fn; /* testing.h: replaces XXH3-128 for the index hash; NULL normally */
+    uint32_t hash_bits;  /* testing.h: the index hash keeps this many low bits (128: all) */
+    bool hooked;         /* hash_fn set or hash_bits < 128 */
     uint32_t n_blocks;
     uint32_t block_size;
     uint32_t bucket_mask;
-    uint32_t *buckets;    /* (bucket_mask + 1) chain heads */
-    entry_t *entries;     /* (n_blocks) */
-    kvc_token_t *tokens;  /* (n_blocks, block_size) */
-    kvc_namespace_t *ns;  /* (n_blocks) */
-    extra_t *extras;      /* (n_blocks, max_extra_keys) */
-    kvc_hash128_t *fp;    /* (n_blocks) fingerprints of sliding-window blocks */
-    kvc_hash128_t *phash; /* (n_blocks) the hash each cached block chains from (zero for a
-                             root); kept out of entry_t so lookups touch one line per block */
+    uint32_t hw;           /* entries [0, hw) are initialised; the rest are uncached */
+    uint32_t *buckets;     /* (bucket_mask + 1) chain heads, valid where their chunk is ready */
+    uint8_t *bucket_ready; /* (chunks) 1 once a chunk of buckets is initialised */
+    entry_t *entries;      /* (n_blocks) */
+    kvc_token_t *tokens;   /* (n_blocks, block_size), valid for cached blocks */
+    kvc_namespace_t *ns;   /* (n_blocks), valid for cached blocks */
+    extra_t *extras;       /* (n_blocks, max_extra_keys), valid for cached blocks */
+    kvc_hash128_t *fp;     /* (n_blocks) fingerprints of cached sliding-window blocks */
+    kvc_hash128_t *phash;  /* (n_blocks) the hash each cached block chains from (zero for a
+                              root); kept out of entry_t so lookups touch one line per block */
     uint32_t n_cached;
+    uint32_t n_unreachable; /* cached blocks no lookup can reach (naive eviction only) */
+    bool installed;         /* the pool's evictor is ours */
     kvc_prefix_stats_t stats;
 };
 
@@ -64,14 +130,25 @@ const char *kvc_block_status_name(kvc_block_status_t s)
     return (unsigned)s < KVC_ARRAY_LEN(names) ? names[s] : "?";
 }
 
-void kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt)
+int kvc_namespace_set_salt_bytes(kvc_namespace_t *ns, const void *salt, size_t len)
 {
-    memset(ns->salt, 0, sizeof ns->salt);
-    if (!salt || !*salt) return;
-    /* A fixed seed here: the same salt string must give the same namespace in every process. */
-    kvc_hash128_t h = kvc_hash128(salt, strlen(salt), 0x6b7663616368652dULL /* "kvcache-" */);
-    memcpy(ns->salt, &h.lo, 8);
-    memcpy(ns->salt + 8, &h.hi, 8);
+    if (!ns || (len && !salt)) return KVC_EINVAL;
+    uint8_t digest[KVC_SALT_BYTES] = {0};
+    if (len) {
+        /* SHA-256, not the index hash: a salt crosses a trust boundary, and two salts with one
+         * digest would share a tenant's KV.  Unkeyed, so the same salt gives the same namespace
+         * in every process. */
+        unsigned int n = 0;
+        if (!EVP_Digest(salt, len, digest, &n, EVP_sha256(), NULL) || n != KVC_SALT_BYTES)
+            return KVC_ENOMEM;
+    }
+    memcpy(ns->salt, digest, sizeof ns->salt);
+    return 0;
+}
+
+int kvc_namespace_set_salt(kvc_namespace_t *ns, const char *salt)
+{
+    return kvc_namespace_set_salt_bytes(ns, salt, salt ? strlen(salt) : 0);
 }
 
 static bool ns_equal(const kvc_namespace_t *a, const kvc_namespace_t *b)
@@ -80,18 +157,27 @@ static bool ns_equal(const kvc_namespace_t *a, const kvc_namespace_t *b)
            memcmp(a->salt, b->salt, sizeof a->salt) == 0;
 }
 
+static kvc_hash128_t hooked_hash(const kvc_prefix_t *pc, const void *data, size_t len)
+{
+    kvc_hash128_t h =
+        pc->hash_fn ? pc->hash_fn(data, len, pc->seed) : kvc_hash128(data, len, pc->seed);
+    if (pc->hash_bits < 128)
+        h = (kvc_hash128_t){.lo = pc->hash_bits >= 64 ? h.lo : h.lo & ((1ull << pc->hash_bits) - 1),
+                            .hi = 0};
+    return h;
+}
+
 static inline kvc_hash128_t do_hash(const kvc_prefix_t *pc, const void *data, size_t len)
 {
-    return pc->params.hash_fn ? pc->params.hash_fn(data, len, pc->seed)
-                              : kvc_hash128(data, len, pc->seed);
+    return KVC_UNLIKELY(pc->hooked) ? hooked_hash(pc, data, len) : kvc_hash128(data, len, pc->seed);
 }
 
 static void ns_bytes(const kvc_namespace_t *ns, uint8_t buf[NS_BYTES])
 {
     memcpy(buf, &ns->weight_epoch, 8);
     memcpy(buf + 8, &ns->lora_id, 8);
-    memcpy(buf + 16, ns->salt, 16);
-    memcpy(buf + 32, &ns->group, 4);
+    memcpy(buf + 16, ns->salt, KVC_SALT_BYTES);
+    memcpy(buf + 16 + KVC_SALT_BYTES, &ns->group, 4);
 }
 
 static kvc_hash128_t ns_digest(const kvc_prefix_t *pc, const kvc_namespace_t *ns)
@@ -121,7 +207,7 @@ static inline const kvc_namespace_t *query_ns(const kvc_prefix_query_t *q)
 static bool query_ok(const kvc_prefix_query_t *q)
 {
     return q && (q->tokens || q->n_tokens == 0) && (q->mm || q->n_mm == 0) &&
-           (!q->ns || q->ns->group < KVC_MAX_GROUPS);
+           (!q->ns || q->ns->group < KVC_MAX_GROUPS) && q->priority <= KVC_PREFIX_MAX_PRIORITY;
 }
 
 /* The extra keys of block `index`: every multimodal input overlapping it, sorted so that the
@@ -190,6 +276,38 @@ static inline uint32_t bucket_of(const kvc_prefix_t *pc, kvc_hash128_t h)
     return (uint32_t)(h.lo ^ (h.lo >> 32)) & pc->bucket_mask;
 }
 
+/* The first entry of bucket k's chain (KVC_NONE if its chunk was never initialised). */
+static inline uint32_t bucket_head(const kvc_prefix_t *pc, uint32_t k)
+{
+    return pc->bucket_ready[k >> CHUNK_SHIFT] ? pc->buckets[k] : KVC_NONE;
+}
+
+/* Bucket k's chain head, for writing: its chunk is initialised on first use. */
+static uint32_t *bucket_slot(kvc_prefix_t *pc, uint32_t k)
+{
+    uint32_t c = k >> CHUNK_SHIFT;
+    if (!pc->bucket_ready[c]) {
+        size_t first = (size_t)c << CHUNK_SHIFT;
+        size_t n = KVC_MIN((size_t)1 << CHUNK_SHIFT, (size_t)pc->bucket_mask + 1 - first);
+        memset(pc->buckets + first, 0xff, n * sizeof(uint32_t));
+        pc->bucket_ready[c] = 1;
+    }
+    return &pc->buckets[k];
+}
+
+/* Entries [hw, b] become valid (uncached).  The pool hands blocks out in id order the first
+ * time, so this follows its high-water mark. */
+static void entries_upto(kvc_prefix_t *pc, uint32_t b)
+{
+    for (; pc->hw <= b; pc->hw++)
+        pc->entries[pc->hw] = (entry_t){.hnext = KVC_NONE, .parent = KVC_NONE};
+}
+
+static inline bool is_cached(const kvc_prefix_t *pc, uint32_t b)
+{
+    return b < pc->hw && pc->entries[b].cached;
+}
+
 static inline kvc_token_t *entry_tokens(const kvc_prefix_t *pc, uint32_t b)
 {
     return pc->tokens + (size_t)b * pc->block_size;
@@ -241,7 +359,7 @@ static inline uint32_t find_exact(const kvc_prefix_t *pc, kvc_hash128_t h, const
                                   const kvc_namespace_t *ns, const kvc_token_t *tokens,
                                   const extra_t *extras, int n_extra, bool *collided)
 {
-    for (uint32_t b = pc->buckets[bucket_of(pc, h)]; b != KVC_NONE; b = pc->entries[b].hnext) {
+    for (uint32_t b = bucket_head(pc, bucket_of(pc, h)); b != KVC_NONE; b = pc->entries[b].hnext) {
         if (!kvc_hash128_eq(pc->entries[b].hash, h)) continue;
         if (identity_equal(pc, b, link, ns, tokens, extras, n_extra)) return b;
         *collided = true;
@@ -273,25 +391,74 @@ static void drop(kvc_prefix_t *pc, uint32_t b)
     entry_t *e = &pc->entries[b];
     KVC_ASSERT(e->cached && e->n_children == 0);
     emit(pc, KVC_EVENT_REMOVED, b);
-    uint32_t *link = &pc->buckets[bucket_of(pc, e->hash)];
+    uint32_t *link = bucket_slot(pc, bucket_of(pc, e->hash));
     while (*link != b) {
         KVC_ASSERT(*link != KVC_NONE);
         link = &pc->entries[*link].hnext;
     }
     *link = e->hnext;
-    if (e->parent != KVC_NONE) pc->entries[e->parent].n_children--;
+    if (e->parent < pc->n_blocks) pc->entries[e->parent].n_children--;
+    if (e->unreachable) pc->n_unreachable--;
     *e = (entry_t){.hnext = KVC_NONE, .parent = KVC_NONE};
     pc->n_cached--;
     pc->stats.n_evictions++;
 }
 
+/* The naive policy evicts a block with cached children: they lose their parent for good, and
+ * they and every cached block below them can never be reached again (until evicted in turn).
+ * Deliberately simple: O(blocks ever used) per stranding, like the policy it serves. */
+static void strand_children(kvc_prefix_t *pc, uint32_t b)
+{
+    uint32_t newly = 0;
+    for (uint32_t c = 0; c < pc->hw; c++) {
+        entry_t *e = &pc->entries[c];
+        if (!e->cached || e->parent != b) continue;
+        e->parent = STRANDED;
+        if (!e->unreachable) e->unreachable = 1, newly++;
+    }
+    pc->entries[b].n_children = 0;
+    for (bool changed = newly > 0; changed;) { /* everything below them, level by level */
+        changed = false;
+        for (uint32_t c = 0; c < pc->hw; c++) {
+            entry_t *e = &pc->entries[c];
+            if (e->cached && !e->unreachable && e->parent < pc->n_blocks &&
+                pc->entries[e->parent].unreachable) {
+                e->unreachable = 1;
+                newly++;
+                changed = true;
+            }
+        }
+    }
+    pc->n_unreachable += newly;
+    pc->stats.n_strandings += newly;
+}
+
+/* Drop a free cached block's identity if the policy allows it now: KVC_EBUSY while it has
+ * cached children (leaf-first), unless the policy strands them. */
+static inline int evict_one(kvc_prefix_t *pc, uint32_t b)
+{
+    if (!is_cached(pc, b)) return 0;
+    if (pc->entries[b].n_children) {
+        if (!pc->policy->strands) return KVC_EBUSY;
+        strand_children(pc, b);
+    }
+    drop(pc, b);
+    return 0;
+}
+
 static int evict_cb(void *ctx, uint32_t block)
 {
-    kvc_prefix_t *pc = ctx;
-    if (!pc->entries[block].cached) return 0;
-    if (pc->entries[block].n_children) return KVC_EBUSY;
-    drop(pc, block);
-    return 0;
+    return evict_one(ctx, block);
+}
+
+/* A lookup pinned block b, or an insert gave it (or found) its identity: count the use and
+ * rank it again under the policy. */
+static inline void touch(kvc_prefix_t *pc, uint32_t b, uint32_t priority)
+{
+    entry_t *e = &pc->entries[b];
+    if (e->uses < UINT8_MAX) e->uses++;
+    if (priority > e->priority) e->priority = (uint8_t)priority;
+    if (pc->level) (void)kvc__pool_set_level(pc->pool, b, pc->level(e));
 }
 
 /* ---- lifecycle ------------------------------------------------------------ */
@@ -300,18 +467,58 @@ kvc_prefix_params_t kvc_prefix_params_default(void)
     return (kvc_prefix_params_t){.max_extra_keys = 4};
 }
 
+static uint64_t n_buckets_for(uint32_t n_blocks)
+{
+    uint64_t n_buckets = 16;
+    while (n_buckets < 2ull * n_blocks) n_buckets <<= 1;
+    return n_buckets;
+}
+
+static bool any_sliding_group(const kvc_prefix_params_t *params)
+{
+    bool any = false;
+    for (int g = 0; g < KVC_MAX_GROUPS; g++) any |= params->group_window[g] != 0;
+    return any;
+}
+
+/* Bytes of the per-block arrays for one block (what create reserves n_blocks times). */
+static size_t per_block_bytes(const kvc_prefix_params_t *params, uint32_t block_size)
+{
+    return sizeof(entry_t) + block_size * sizeof(kvc_token_t) + sizeof(kvc_namespace_t) +
+           params->max_extra_keys * sizeof(extra_t) +
+           (any_sliding_group(params) ? 2 : 1) * sizeof(kvc_hash128_t);
+}
+
+int kvc_prefix_metadata_bytes(const kvc_prefix_params_t *params, uint32_t n_blocks,
+                              uint32_t block_size, size_t *reserved, size_t *per_block)
+{
+    if (!params || n_blocks == 0 || n_blocks > (1u << 31) || block_size == 0 || block_size > 256 ||
+        params->max_extra_keys > MAX_EXTRA_KEYS)
+        return KVC_EINVAL;
+    uint64_t n_buckets = n_buckets_for(n_blocks);
+    size_t one = per_block_bytes(params, block_size);
+    if (reserved)
+        *reserved = sizeof(kvc_prefix_t) + n_buckets * sizeof(uint32_t) +
+                    (n_buckets >> CHUNK_SHIFT) + 1 + (size_t)n_blocks * one;
+    if (per_block) *per_block = one + ((size_t)sizeof(uint32_t) << CHUNK_SHIFT);
+    return 0;
+}
+
 int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_prefix_t **out)
 {
     if (!pool || !params || !out) return KVC_EINVAL;
     *out = NULL;
-    if (params->max_extra_keys > MAX_EXTRA_KEYS) return KVC_EINVAL;
-    bool any_sliding = false;
-    for (int g = 0; g < KVC_MAX_GROUPS; g++) any_sliding |= params->group_window[g] != 0;
+    if (params->max_extra_keys > MAX_EXTRA_KEYS || (unsigned)params->eviction >= KVC_EVICT__COUNT)
+        return KVC_EINVAL;
+    const bool any_sliding = any_sliding_group(params);
     const kvc_allocator_t *a = &params->allocator;
     kvc_prefix_t *pc = kvc_calloc(a, 1, sizeof *pc, 0);
     if (!pc) return KVC_ENOMEM;
     pc->pool = pool;
     pc->params = *params;
+    pc->policy = policies[params->eviction].policy;
+    pc->level = pc->policy->level;
+    pc->hash_bits = 128;
     pc->seed = params->hash_seed ? params->hash_seed : kvc_random_seed();
     /* The fingerprint seed is independent of the index seed; derived from it when a deployment
      * fixes the seed (so fingerprints agree across its processes), random otherwise. */
@@ -320,27 +527,27 @@ int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_p
                       : kvc_random_seed();
     pc->n_blocks = kvc_pool_n_blocks(pool);
     pc->block_size = kvc_pool_block_size(pool);
-    uint64_t n_buckets = 16;
-    while (n_buckets < 2ull * pc->n_blocks) n_buckets <<= 1;
+    uint64_t n_buckets = n_buckets_for(pc->n_blocks);
     pc->bucket_mask = (uint32_t)(n_buckets - 1);
+    /* Uninitialised on purpose (see the banner): nothing is read before it is written. */
+    const size_t n = pc->n_blocks;
     pc->buckets = kvc_alloc(a, n_buckets * sizeof(uint32_t), 64);
-    pc->entries = kvc_alloc(a, (size_t)pc->n_blocks * sizeof(entry_t), 64);
-    pc->tokens = kvc_calloc(a, (size_t)pc->n_blocks * pc->block_size, sizeof(kvc_token_t), 64);
-    pc->ns = kvc_calloc(a, pc->n_blocks, sizeof(kvc_namespace_t), 64);
+    pc->bucket_ready =
+        kvc_calloc(a, (size_t)((n_buckets + (1u << CHUNK_SHIFT) - 1) >> CHUNK_SHIFT), 1, 0);
+    pc->entries = kvc_alloc(a, n * sizeof(entry_t), 64);
+    pc->tokens = kvc_alloc(a, n * pc->block_size * sizeof(kvc_token_t), 64);
+    pc->ns = kvc_alloc(a, n * sizeof(kvc_namespace_t), 64);
     if (params->max_extra_keys)
-        pc->extras =
-            kvc_calloc(a, (size_t)pc->n_blocks * params->max_extra_keys, sizeof(extra_t), 64);
-    if (any_sliding) pc->fp = kvc_calloc(a, pc->n_blocks, sizeof(kvc_hash128_t), 64);
-    pc->phash = kvc_calloc(a, pc->n_blocks, sizeof(kvc_hash128_t), 64);
-    if (!pc->buckets || !pc->entries || !pc->tokens || !pc->ns || !pc->phash ||
+        pc->extras = kvc_alloc(a, n * params->max_extra_keys * sizeof(extra_t), 64);
+    if (any_sliding) pc->fp = kvc_alloc(a, n * sizeof(kvc_hash128_t), 64);
+    pc->phash = kvc_alloc(a, n * sizeof(kvc_hash128_t), 64);
+    if (!pc->buckets || !pc->bucket_ready || !pc->entries || !pc->tokens || !pc->ns || !pc->phash ||
         (params->max_extra_keys && !pc->extras) || (any_sliding && !pc->fp)) {
         kvc_prefix_destroy(pc);
         return KVC_ENOMEM;
     }
-    memset(pc->buckets, 0xff, n_buckets * sizeof(uint32_t));
-    for (uint32_t i = 0; i < pc->n_blocks; i++)
-        pc->entries[i] = (entry_t){.hnext = KVC_NONE, .parent = KVC_NONE};
-    kvc_pool_set_evictor(pool, evict_cb, pc);
+    kvc__pool_set_evictor(pool, evict_cb, pc);
+    pc->installed = true;
     *out = pc;
     return 0;
 }
@@ -348,13 +555,14 @@ int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_p
 void kvc_prefix_destroy(kvc_prefix_t *pc)
 {
     if (!pc) return;
-    if (pc->entries) {
-        kvc_pool_set_evictor(pc->pool, NULL, NULL);
-        for (uint32_t b = 0; b < pc->n_blocks; b++)
-            if (pc->entries[b].cached) kvc_pool_set_cached(pc->pool, b, false);
+    if (pc->installed) { /* give the pool back its marks */
+        kvc__pool_set_evictor(pc->pool, NULL, NULL);
+        for (uint32_t b = 0; b < pc->hw; b++)
+            if (pc->entries[b].cached) (void)kvc__pool_set_cached(pc->pool, b, false);
     }
     kvc_allocator_t a = pc->params.allocator;
     kvc_free(&a, pc->buckets);
+    kvc_free(&a, pc->bucket_ready);
     kvc_free(&a, pc->entries);
     kvc_free(&a, pc->tokens);
     kvc_free(&a, pc->ns);
@@ -377,6 +585,29 @@ kvc_pool_t *kvc_prefix_pool(const kvc_prefix_t *pc)
 uint32_t kvc_prefix_group_window(const kvc_prefix_t *pc, uint32_t group)
 {
     return group < KVC_MAX_GROUPS ? pc->params.group_window[group] : 0;
+}
+
+/* ---- testing.h ------------------------------------------------------------ */
+static int set_hooks(kvc_prefix_t *pc, kvc_hash_fn fn, uint32_t bits)
+{
+    /* Cached blocks carry hashes made by the old function: they could not be found again. */
+    if (pc->n_cached) return KVC_EBUSY;
+    pc->hash_fn = fn;
+    pc->hash_bits = bits;
+    pc->hooked = fn || bits < 128;
+    return 0;
+}
+
+int kvc_testing_prefix_set_hash(kvc_prefix_t *pc, kvc_hash_fn fn)
+{
+    if (!pc) return KVC_EINVAL;
+    return set_hooks(pc, fn, pc->hash_bits);
+}
+
+int kvc_testing_prefix_set_hash_bits(kvc_prefix_t *pc, uint32_t bits)
+{
+    if (!pc || bits == 0 || (bits > 64 && bits != 128)) return KVC_EINVAL;
+    return set_hooks(pc, pc->hash_fn, bits);
 }
 
 /* ---- hashing -------------------------------------------------------------- */
@@ -542,17 +773,21 @@ static int match_impl(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
         const uint32_t window = pc->params.group_window[w.ns->group];
         size_t run = 0, best = 0, best_no_rule = 0, matched = 0;
         for (size_t i = 0; i < n_full; i++) {
-            kvc_block_status_t st = KVC_BLOCK_MISS;
-            uint32_t b = KVC_NONE;
-            if (walker_step(&w, i)) {
-                bool collided;
-                b = walker_find(pc, &w, i, KVC_NONE, &collided);
-                st = b != KVC_NONE ? KVC_BLOCK_HIT
-                     : collided    ? KVC_BLOCK_COLLISION
-                                   : KVC_BLOCK_MISS;
-            } else {
-                memset(&w.h, 0, sizeof w.h); /* unhashable: later blocks cannot match either */
+            if (!walker_step(&w, i)) {
+                /* Unhashable (more extra keys than a block holds): it was never cached, and
+                 * every later block's identity chains through it, so nothing after it can hit
+                 * either.  The match ends here. */
+                if (status) {
+                    status[i] = KVC_BLOCK_MISS;
+                    for (size_t j = i + 1; j < n_full; j++) status[j] = KVC_BLOCK_AFTER_MISS;
+                }
+                break;
             }
+            bool collided;
+            uint32_t b = walker_find(pc, &w, i, KVC_NONE, &collided);
+            kvc_block_status_t st = b != KVC_NONE ? KVC_BLOCK_HIT
+                                    : collided    ? KVC_BLOCK_COLLISION
+                                                  : KVC_BLOCK_MISS;
             if (blocks && i < cap) blocks[i] = b;
             if (status) status[i] = st;
             run = b != KVC_NONE ? run + 1 : 0;
@@ -605,16 +840,17 @@ int kvc_prefix_probe(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t limit
     bool broken = false;
     for (size_t i = 0; i < n; i++) {
         uint32_t b = KVC_NONE;
-        if (!broken && walker_step(&w, i)) {
+        /* An unhashable block ends the walk in every group: all later identities chain through
+         * it.  In a full-attention group so does a miss. */
+        if (!broken && !walker_step(&w, i)) broken = true;
+        if (!broken) {
             bool collided;
             b = walker_find(pc, &w, i, prev, &collided);
-        } else if (w.sliding) {
-            memset(&w.h, 0, sizeof w.h);
         }
         present[i] = b;
         found += b != KVC_NONE;
         if (!w.sliding) {
-            if (b == KVC_NONE) broken = true; /* a chain: nothing after a miss */
+            if (b == KVC_NONE) broken = true;
             prev = b;
         }
     }
@@ -636,6 +872,9 @@ int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
             return rc;
         }
     }
+    if (pc->level) /* a use, for the policies that rank by uses or priority */
+        for (size_t i = hit->first_hit_block; i < hit->n_hit_blocks; i++)
+            touch(pc, blocks[i], q->priority);
     kvc_prefix_stats_t *s = &pc->stats;
     s->n_lookups++;
     s->n_lookups_hit += hit->n_hit_blocks > 0;
@@ -675,7 +914,7 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     if (!pc || !query_ok(q)) return KVC_EINVAL;
     const uint32_t bs = pc->block_size;
     if (index >= q->n_tokens / bs || block >= pc->n_blocks) return KVC_EINVAL;
-    if (kvc_pool_refcount(pc->pool, block) == 0) return KVC_EINVAL;
+    if (kvc_pool_refcount(pc->pool, block) == 0) return KVC_EINVAL; /* so block < high water */
     const kvc_namespace_t *ns = query_ns(q);
     const kvc_token_t *tok = q->tokens + index * bs;
     const bool sliding = is_sliding(pc, ns);
@@ -688,8 +927,7 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     } else if (index == 0) {
         if (parent != KVC_NONE) return KVC_EINVAL;
     } else {
-        if (parent >= pc->n_blocks || !pc->entries[parent].cached || pc->entries[parent].sliding)
-            return KVC_EINVAL;
+        if (!is_cached(pc, parent) || pc->entries[parent].sliding) return KVC_EINVAL;
         if (kvc_pool_refcount(pc->pool, parent) == 0) return KVC_EINVAL;
         if (memcmp(entry_tokens(pc, parent), tok - bs, bs * sizeof(kvc_token_t)) != 0 ||
             !ns_equal(&pc->ns[parent], ns))
@@ -708,30 +946,42 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     bool collided = false;
     uint32_t found = find_exact(pc, h, &link, ns, tok, extras, n_extra, &collided);
     if (found != KVC_NONE) {
-        if (found != block) pc->stats.n_duplicates++;
+        if (found != block) { /* computed twice: a use of the cached copy */
+            pc->stats.n_duplicates++;
+            touch(pc, found, q->priority);
+        }
         if (canonical) *canonical = found;
         return 0;
     }
+    if (is_cached(pc, block)) return KVC_EINVAL; /* cached with another identity */
+    entries_upto(pc, block);
     entry_t *e = &pc->entries[block];
-    if (e->cached) return KVC_EINVAL; /* cached with another identity */
-
+    /* Below a block no lookup can reach (naive eviction stranded it), nothing can be reached. */
+    const bool unreachable = link.parent != KVC_NONE && pc->entries[link.parent].unreachable;
     *e = (entry_t){.hash = h,
                    .parent = link.parent,
                    .cached = 1,
+                   .sliding = sliding,
+                   .unreachable = unreachable,
                    .n_extra = (uint8_t)n_extra,
-                   .sliding = sliding};
+                   .uses = 1, /* its first use */
+                   .priority = (uint8_t)q->priority};
     memcpy(entry_tokens(pc, block), tok, bs * sizeof(kvc_token_t));
     pc->ns[block] = *ns;
     pc->phash[block] = link.parent_hash;
     if (sliding) pc->fp[block] = link.fp;
     if (n_extra) memcpy(entry_extras(pc, block), extras, (size_t)n_extra * sizeof(extra_t));
-    uint32_t *head = &pc->buckets[bucket_of(pc, h)];
+    uint32_t *head = bucket_slot(pc, bucket_of(pc, h));
     e->hnext = *head;
     *head = block;
     if (link.parent != KVC_NONE) pc->entries[link.parent].n_children++;
     pc->n_cached++;
+    pc->n_unreachable += unreachable;
+    pc->stats.n_strandings += unreachable;
     pc->stats.n_inserts++;
-    kvc_pool_set_cached(pc->pool, block, true);
+    if (pc->level) (void)kvc__pool_set_level(pc->pool, block, pc->level(e));
+    rc = kvc__pool_set_cached(pc->pool, block, true);
+    KVC_ASSERT(rc == 0); /* block < n_blocks, checked above */
     emit(pc, KVC_EVENT_STORED, block);
     if (canonical) *canonical = block;
     return 0;
@@ -741,12 +991,14 @@ int kvc_prefix_evict(kvc_prefix_t *pc, uint32_t n, uint32_t *n_evicted)
 {
     if (!pc) return KVC_EINVAL;
     uint32_t done = 0;
-    uint32_t b = kvc_pool_free_cached_first(pc->pool);
+    uint32_t b = kvc__pool_free_cached_first(pc->pool);
     while (done < n && b != KVC_NONE) {
-        uint32_t next = kvc_pool_free_next(pc->pool, b);
-        if (pc->entries[b].n_children == 0) {
-            drop(pc, b);
-            kvc_pool_set_cached(pc->pool, b, false); /* moves it to the uncached run */
+        uint32_t next;
+        int rc = kvc__pool_free_next(pc->pool, b, &next);
+        KVC_ASSERT(rc == 0); /* b came from the queue */
+        if (evict_one(pc, b) == 0) {
+            rc = kvc__pool_set_cached(pc->pool, b, false); /* moves it to the uncached run */
+            KVC_ASSERT(rc == 0);
             done++;
         }
         b = next;
@@ -758,19 +1010,23 @@ int kvc_prefix_evict(kvc_prefix_t *pc, uint32_t n, uint32_t *n_evicted)
 /* ---- introspection ------------------------------------------------------------ */
 int kvc_prefix_block_hash(const kvc_prefix_t *pc, uint32_t block, kvc_hash128_t *hash)
 {
-    if (block >= pc->n_blocks || !pc->entries[block].cached) return KVC_ENOENT;
+    if (!pc || !hash) return KVC_EINVAL;
+    if (!is_cached(pc, block)) return KVC_ENOENT;
     *hash = pc->entries[block].hash;
     return 0;
 }
 
 uint32_t kvc_prefix_block_parent(const kvc_prefix_t *pc, uint32_t block)
 {
-    return block < pc->n_blocks ? pc->entries[block].parent : KVC_NONE;
+    /* a stranded block's parent is gone */
+    return is_cached(pc, block) && pc->entries[block].parent < pc->n_blocks
+               ? pc->entries[block].parent
+               : KVC_NONE;
 }
 
 const kvc_token_t *kvc_prefix_block_tokens(const kvc_prefix_t *pc, uint32_t block)
 {
-    return block < pc->n_blocks && pc->entries[block].cached ? entry_tokens(pc, block) : NULL;
+    return is_cached(pc, block) ? entry_tokens(pc, block) : NULL;
 }
 
 void kvc_prefix_stats(const kvc_prefix_t *pc, kvc_prefix_stats_t *out)
@@ -780,6 +1036,42 @@ void kvc_prefix_stats(const kvc_prefix_t *pc, kvc_prefix_stats_t *out)
     kvc_pool_stats_t ps;
     kvc_pool_stats(pc->pool, &ps);
     out->n_cached_free = ps.n_free_cached;
+    out->n_stranded_blocks = pc->n_unreachable;
+    out->n_stranded_bytes = (uint64_t)pc->n_unreachable * kvc_pool_block_bytes(pc->pool);
+}
+
+kvc_eviction_t kvc_prefix_eviction(const kvc_prefix_t *pc)
+{
+    return pc->params.eviction;
+}
+
+/* ---- eviction policies by name ---------------------------------------------------- */
+const char *kvc_eviction_name(kvc_eviction_t p)
+{
+    return (unsigned)p < KVC_EVICT__COUNT ? policies[p].name : "?";
+}
+
+const char *kvc_eviction_summary(kvc_eviction_t p)
+{
+    return (unsigned)p < KVC_EVICT__COUNT ? policies[p].summary : "?";
+}
+
+int kvc_eviction_parse(const char *name, kvc_eviction_t *out)
+{
+    if (!name || !out) return KVC_EINVAL;
+    for (int p = 0; p < KVC_EVICT__COUNT; p++)
+        if (strcmp(name, policies[p].name) == 0) return *out = (kvc_eviction_t)p, 0;
+    return KVC_EINVAL;
+}
+
+const char *const *kvc_eviction_names(void)
+{
+    static const char *const names[] = {
+#define KVC__POLICY_NAME(id, name, summary) name,
+        KVC_EVICTION_MAP(KVC__POLICY_NAME)
+#undef KVC__POLICY_NAME
+            NULL};
+    return names;
 }
 
 /* ---- invariants ------------------------------------------------------------- */
@@ -800,24 +1092,30 @@ static bool link_sound(const kvc_prefix_t *pc, uint32_t b)
     const entry_t *e = &pc->entries[b];
     kvc_hash128_t ph = pc->phash[b];
     if (e->parent == KVC_NONE) return ph.lo == 0 && ph.hi == 0;
+    if (!is_cached(pc, e->parent)) return false; /* STRANDED included */
     const entry_t *p = &pc->entries[e->parent];
-    return p->cached && !p->sliding && kvc_hash128_eq(p->hash, ph);
+    return !p->sliding && kvc_hash128_eq(p->hash, ph);
 }
 
 uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc)
 {
     /* A cached block is reachable iff its parent link is sound (parent cached, and the stored
      * hash chains from the parent's) and its parent is reachable.  Walk each block's ancestry;
-     * depth is bounded by the number of cached blocks. */
+     * depth is bounded by the number of cached blocks.  Computed from the structure alone, so
+     * that it can check the counter kept for the stats. */
     uint32_t stranded = 0;
-    for (uint32_t b = 0; b < pc->n_blocks; b++) {
+    for (uint32_t b = 0; b < pc->hw; b++) {
         if (!pc->entries[b].cached) continue;
         uint32_t x = b, steps = 0;
         bool ok = true;
         if (pc->entries[b].sliding) continue; /* found block by block, never through a parent */
         while (ok && x != KVC_NONE) {
+            if (!is_cached(pc, x)) {
+                ok = false;
+                break;
+            }
             const entry_t *e = &pc->entries[x];
-            if (!e->cached || !link_sound(pc, x) || !kvc_hash128_eq(recompute(pc, x), e->hash) ||
+            if (!link_sound(pc, x) || !kvc_hash128_eq(recompute(pc, x), e->hash) ||
                 ++steps > pc->n_cached)
                 ok = false;
             x = e->parent;
@@ -829,22 +1127,32 @@ uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc)
 
 int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
 {
+    if (!pc) return KVC_EINVAL;
     int rc = kvc_pool_check(pc->pool, msg, cap);
     if (rc) return rc;
-    uint32_t n_cached = 0;
+    const bool strands = pc->policy->strands;
+    uint32_t n_cached = 0, n_unreachable = 0;
     /* Chains: every entry in a chain is cached, in the right bucket, and appears once. */
     uint32_t in_chains = 0;
     for (uint32_t k = 0; k <= pc->bucket_mask; k++) {
+        if (!pc->bucket_ready[k >> CHUNK_SHIFT]) {
+            k |= (1u << CHUNK_SHIFT) - 1; /* a whole chunk never used: empty */
+            continue;
+        }
         for (uint32_t b = pc->buckets[k]; b != KVC_NONE; b = pc->entries[b].hnext) {
-            if (b >= pc->n_blocks) return fail(msg, cap, "bucket %u: bad block id %u", k, b);
+            if (b >= pc->hw) return fail(msg, cap, "bucket %u: bad block id %u", k, b);
             if (!pc->entries[b].cached)
                 return fail(msg, cap, "uncached block %u in bucket %u", b, k);
             if (bucket_of(pc, pc->entries[b].hash) != k)
                 return fail(msg, cap, "block %u is in bucket %u, its hash says another", b, k);
-            if (++in_chains > pc->n_blocks) return fail(msg, cap, "hash chains: cycle");
+            if (++in_chains > pc->hw) return fail(msg, cap, "hash chains: cycle");
         }
     }
-    for (uint32_t b = 0; b < pc->n_blocks; b++) {
+    const uint32_t pool_hw = kvc__pool_high_water(pc->pool);
+    for (uint32_t b = pc->hw; b < pool_hw; b++)
+        if (kvc_pool_is_cached(pc->pool, b))
+            return fail(msg, cap, "block %u: cache says uncached, pool says cached", b);
+    for (uint32_t b = 0; b < pc->hw; b++) {
         const entry_t *e = &pc->entries[b];
         bool pool_cached = kvc_pool_is_cached(pc->pool, b);
         if (!!e->cached != pool_cached)
@@ -856,18 +1164,36 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
             continue;
         }
         n_cached++;
+        n_unreachable += e->unreachable;
         if (!!e->sliding != is_sliding(pc, &pc->ns[b]))
             return fail(msg, cap, "block %u: sliding mark disagrees with its group", b);
+        if (e->uses == 0) return fail(msg, cap, "cached block %u has never been used", b);
+        if (e->priority > KVC_PREFIX_MAX_PRIORITY)
+            return fail(msg, cap, "block %u: priority %u out of range", b, e->priority);
+        if (pc->level && kvc__pool_level(pc->pool, b) != pc->level(e))
+            return fail(msg, cap, "block %u: queue level %u, the %s policy says %u", b,
+                        kvc__pool_level(pc->pool, b), kvc_eviction_name(pc->params.eviction),
+                        pc->level(e));
         if (e->sliding) {
-            if (e->parent != KVC_NONE || e->n_children)
+            if (e->parent != KVC_NONE || e->n_children || e->unreachable)
                 return fail(msg, cap, "sliding-window block %u has parent links", b);
+        } else if (e->parent == STRANDED) {
+            if (!strands)
+                return fail(msg, cap, "block %u: stranded (its parent was evicted under it)", b);
+            if (!e->unreachable) return fail(msg, cap, "stranded block %u not counted", b);
         } else if (e->parent != KVC_NONE) {
-            if (e->parent >= pc->n_blocks || !pc->entries[e->parent].cached)
+            if (!is_cached(pc, e->parent))
                 return fail(msg, cap, "block %u: parent %u is not cached (stranded)", b, e->parent);
             if (!ns_equal(&pc->ns[e->parent], &pc->ns[b]))
                 return fail(msg, cap, "block %u: namespace differs from its parent's", b);
+            if (e->unreachable != pc->entries[e->parent].unreachable)
+                return fail(msg, cap, "block %u: %s below a%s block", b,
+                            e->unreachable ? "unreachable" : "reachable",
+                            e->unreachable ? " reachable" : "n unreachable");
+        } else if (e->unreachable) {
+            return fail(msg, cap, "root block %u counted unreachable", b);
         }
-        if (!e->sliding && !link_sound(pc, b))
+        if (!e->sliding && e->parent != STRANDED && !link_sound(pc, b))
             return fail(msg, cap, "block %u: parent hash does not match its parent", b);
         if (!kvc_hash128_eq(recompute(pc, b), e->hash))
             return fail(msg, cap, "block %u: stored hash does not chain from its identity", b);
@@ -875,10 +1201,18 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
     if (n_cached != in_chains || n_cached != pc->n_cached)
         return fail(msg, cap, "%u cached blocks, %u in chains, counter says %u", n_cached,
                     in_chains, pc->n_cached);
-    /* Exactly one cached block per identity, and the index finds it. */
-    for (uint32_t b = 0; b < pc->n_blocks; b++) {
+    if (n_unreachable != pc->n_unreachable)
+        return fail(msg, cap, "%u unreachable blocks, counter says %u", n_unreachable,
+                    pc->n_unreachable);
+    uint32_t structural = kvc_prefix_count_stranded(pc);
+    if (structural != n_unreachable)
+        return fail(msg, cap, "%u blocks cannot be reached, %u are marked so", structural,
+                    n_unreachable);
+    /* Exactly one reachable cached block per identity, and the index finds it.  (Unreachable
+     * blocks may repeat an identity: none of them can be found.) */
+    for (uint32_t b = 0; b < pc->hw; b++) {
         const entry_t *e = &pc->entries[b];
-        if (!e->cached) continue;
+        if (!e->cached || e->unreachable) continue;
         bool collided = false;
         link_t link = {.parent = e->parent,
                        .parent_hash = pc->phash[b],
@@ -889,19 +1223,19 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
         if (f != b) return fail(msg, cap, "block %u: the index finds %u for its identity", b, f);
     }
     /* Child counts, exactly: count again from the children's side. */
-    uint32_t *counted = kvc_calloc(NULL, pc->n_blocks, sizeof(uint32_t), 0);
-    if (!counted) return KVC_ENOMEM;
-    for (uint32_t b = 0; b < pc->n_blocks; b++)
-        if (pc->entries[b].cached && pc->entries[b].parent != KVC_NONE)
+    if (!pc->hw) return 0;
+    uint32_t *counted = kvc__pool_check_scratch(pc->pool);
+    KVC_ASSERT(pc->hw <= kvc_pool_n_blocks(pc->pool));
+    memset(counted, 0, pc->hw * sizeof *counted);
+    for (uint32_t b = 0; b < pc->hw; b++)
+        if (pc->entries[b].cached && pc->entries[b].parent < pc->hw)
             counted[pc->entries[b].parent]++;
-    for (uint32_t b = 0; b < pc->n_blocks; b++) {
+    for (uint32_t b = 0; b < pc->hw; b++) {
         if (counted[b] != pc->entries[b].n_children) {
             uint32_t want = counted[b];
-            kvc_free(NULL, counted);
             return fail(msg, cap, "block %u: %u cached children, counter says %u", b, want,
                         pc->entries[b].n_children);
         }
     }
-    kvc_free(NULL, counted);
     return 0;
 }

@@ -3,6 +3,7 @@
  * sliding-window release, and the step launch/completion contract.
  * See include/kvcache/seq.h for the model. */
 #include "kvcache/seq.h"
+#include "pool/pool_int.h"
 #include "util/msg.h"
 
 #include <stdarg.h>
@@ -1267,9 +1268,11 @@ int kvc_seqs_check(const kvc_seqs_t *s, char *msg, size_t cap)
 {
     int rc = s->pc ? kvc_prefix_check(s->pc, msg, cap) : kvc_pool_check(s->pool, msg, cap);
     if (rc) return rc;
-    const uint32_t n_blocks = kvc_pool_n_blocks(s->pool), bs = s->bs;
-    uint32_t *refs = kvc_calloc(NULL, n_blocks, sizeof(uint32_t), 0);
-    if (!refs) return KVC_ENOMEM;
+    /* Blocks at or above the pool's high-water mark were never handed out: no table may hold
+     * one, and counting stops there, so the check touches no more memory than the run used. */
+    const uint32_t n_blocks = kvc__pool_high_water(s->pool), bs = s->bs;
+    uint32_t *refs = kvc__pool_check_scratch(s->pool); /* never allocates: see pool_int.h */
+    memset(refs, 0, n_blocks * sizeof *refs);
     uint32_t live = 0, zombies = 0;
     for (uint32_t slot = 0; slot < s->params.max_seqs && !rc; slot++) {
         const seq_t *q = &s->slots[slot];
@@ -1298,7 +1301,8 @@ int kvc_seqs_check(const kvc_seqs_t *s, char *msg, size_t cap)
                     continue;
                 }
                 if (b >= n_blocks) {
-                    rc = fail(msg, cap, "slot %u group %u: bad block id %u", slot, g, b);
+                    rc = fail(msg, cap, "slot %u group %u: block id %u, never handed out", slot,
+                              g, b);
                     break;
                 }
                 refs[b]++;
@@ -1328,7 +1332,6 @@ int kvc_seqs_check(const kvc_seqs_t *s, char *msg, size_t cap)
     if (!rc && (live != s->n_live || zombies != s->n_zombies))
         rc = fail(msg, cap, "%u live and %u zombie slots, counters say %u and %u", live, zombies,
                   s->n_live, s->n_zombies);
-    kvc_free(NULL, refs);
     return rc;
 }
 

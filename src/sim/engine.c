@@ -290,8 +290,9 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
             if (mml && (uint64_t)q->n_prompt + max_out > mml)
                 max_out = (uint32_t)(mml - q->n_prompt);
             kvc_namespace_t ns = {0};
-            if (cfg->tenant_salts)
-                kvc_namespace_set_salt(&ns, kvc_workload_tenant_name(r->w, q->tenant));
+            if (cfg->tenant_salts &&
+                (rc = kvc_namespace_set_salt(&ns, kvc_workload_tenant_name(r->w, q->tenant))))
+                goto out_results;
             kvc_sched_req_t req = {.prompt = prompt,
                                    .n_prompt = q->n_prompt,
                                    .max_output = max_out,

@@ -38,7 +38,7 @@ ONLY=("$@")
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/seq-mutants.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
-PKGS="cmocka libxxhash libcjson"
+PKGS="cmocka libxxhash libcjson libcrypto"
 CFLAGS="-std=c17 -O1 -D_GNU_SOURCE -w$INCS -I$SRC/include -I$SRC/src -I$SRC/tests $(pkg-config --cflags $PKGS)"
 LIBS="$(pkg-config --libs $PKGS) -lm -lpthread"
 TESTS=(test_seq test_seq_model)
