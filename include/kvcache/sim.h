@@ -408,8 +408,19 @@ typedef struct {
     /* debug trace of every step's decisions (NULL: none) */
     FILE *trace;
     /* check every invariant after every step (kvc_sched_check: blocks balanced, refcounts,
-     * caps; and the step's token budget and running cap); slow, for tests */
+     * caps; and the step's token budget and running cap), and after a failed allocation;
+     * slow, for tests */
     bool check_every_step;
+    /* memory: the most the run may hold at once, the workload it is given included (the
+     * replica's pool, prefix cache, sequences and scheduler, and the engine's own tables).
+     * A run estimated to need more is refused before it allocates; an allocation that would
+     * pass the limit fails.  0: the memory this machine has (physical memory, or a lower
+     * address-space or cgroup limit) */
+    uint64_t max_memory_bytes;
+    /* every allocation of the run goes through it (the replicas' pools, prefix caches,
+     * sequence tables and schedulers included; sched.allocator is not used); zeroed: the C
+     * library */
+    kvc_allocator_t allocator;
 } kvc_sim_config_t;
 
 KVC_API kvc_sim_config_t kvc_sim_config_default(void);
@@ -424,7 +435,8 @@ typedef struct {
     uint64_t prompt_tokens, hit_tokens, resume_hit_tokens;
     uint32_t peak_kv_blocks, peak_running;
     double simulated_s;
-    double wall_s; /* real seconds the run took */
+    double wall_s;       /* real seconds the run took */
+    uint64_t peak_bytes; /* the most the run held at once through its allocator */
 } kvc_sim_result_t;
 
 /* Run the workload through the deployment and fill `report` (created by the
