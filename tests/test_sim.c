@@ -386,6 +386,249 @@ static void a_bigger_pool_hits_more_of_the_mooncake_trace(void **state)
     kvc_workload_destroy(w);
 }
 
+/* ---- allocation: the caller's allocator, faults, the memory limit ------------------------------
+ */
+/* An allocator that refuses any allocation over `max_bytes` and remembers the largest it saw. */
+typedef struct {
+    size_t max_bytes, largest;
+    uint64_t n_live;
+} sized_alloc_t;
+
+static void *sized_alloc(void *ctx, size_t bytes, size_t align)
+{
+    sized_alloc_t *a = ctx;
+    a->largest = KVC_MAX(a->largest, bytes);
+    if (bytes > a->max_bytes) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, bytes ? bytes : 1))
+        return NULL;
+    a->n_live++;
+    return p;
+}
+
+static void sized_free(void *ctx, void *p)
+{
+    sized_alloc_t *a = ctx;
+    if (!p) return;
+    a->n_live--;
+    free(p);
+}
+
+static kvc_report_t *new_report_with(const kvc_workload_t *w, kvc_allocator_t a)
+{
+    kvc_report_params_t rp = kvc_report_params_default();
+    rp.tenant_names = kvc_workload_tenant_names(w);
+    rp.n_tenants = kvc_workload_n_tenants(w);
+    rp.class_names = kvc_workload_class_names(w);
+    rp.n_classes = kvc_workload_n_classes(w);
+    rp.allocator = a;
+    kvc_report_t *r = NULL;
+    int rc = kvc_report_create(&rp, &r);
+    return rc ? NULL : r;
+}
+
+static char *report_json(const kvc_report_t *r)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_ok(kvc_report_write_json(r, f));
+    fclose(f);
+    return buf;
+}
+
+/* Fail allocation 1, 2, 3, ... of a whole run (its report included): each failed run returns
+ * KVC_ENOMEM with a message, frees everything, and (check_every_step) leaves the scheduler's
+ * state passing its checker; the run that fails nothing gives the reference report. */
+static void fault_every_allocation_of_a_run(kvc_sim_config_t c, const kvc_workload_t *w)
+{
+    c.check_every_step = true;
+    kvc_report_t *ref = new_report(w);
+    kvc_sim_result_t res;
+    char err[512];
+    if (kvc_sim_run(&c, w, ref, &res, err, sizeof err)) fail_msg("reference run: %s", err);
+    char *want = report_json(ref);
+    kvc_report_destroy(ref);
+    uint64_t n_failed_runs = 0;
+    for (uint64_t n = 1;; n++) {
+        kvc_failing_alloc_t st = {.fail_at = n};
+        c.allocator = kvc_failing_allocator(&st);
+        kvc_report_t *r = new_report_with(w, c.allocator);
+        int rc = r ? kvc_sim_run(&c, w, r, &res, err, sizeof err) : KVC_ENOMEM;
+        if (st.n_failed) {
+            if (rc != KVC_ENOMEM)
+                fail_msg("allocation %llu failed: %s (%s)", (unsigned long long)n, kvc_errname(rc),
+                         r ? err : "report");
+            if (r) assert_true(err[0] != '\0' && !strchr(err, '\n'));
+            n_failed_runs++;
+        } else {
+            assert_ok(rc);
+            char *got = report_json(r);
+            assert_string_equal(got, want); /* counting changed nothing */
+            free(got);
+        }
+        kvc_report_destroy(r);
+        assert_int_equal(st.n_live, 0); /* nothing leaked */
+        if (!st.n_failed) break;
+    }
+    print_message("%llu allocations, each failed once\n", (unsigned long long)n_failed_runs);
+    assert_true(n_failed_runs > 40); /* the pool, prefix cache, sequences, scheduler, tables */
+    free(want);
+}
+
+static void runs_fail_cleanly_under_allocation_faults(void **state)
+{
+    (void)state;
+    /* preemptions (a tight pool), speculation, closed-loop conversations on two replicas */
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/chat_multiturn.json", 24);
+    kvc_sim_config_t c = config(120);
+    c.sched.spec_tokens = 2;
+    c.closed_loop = true;
+    c.plan.dp = 2;
+    fault_every_allocation_of_a_run(c, w);
+    kvc_workload_destroy(w);
+    /* a Mooncake trace with tokens on demand: the engine assembles its prompts */
+    kvc_workload_params_t wp = kvc_workload_params_default();
+    wp.max_requests = 12;
+    wp.tokens_on_demand = true;
+    char msg[256];
+    assert_ok(kvc_workload_load(KVC_DATA_DIR "/traces/mooncake_synthetic_trace.jsonl", &wp, &w, msg,
+                                sizeof msg));
+    c = config(4000);
+    c.sched.preemption = KVC_PREEMPT_SWAP;
+    fault_every_allocation_of_a_run(c, w);
+    kvc_workload_destroy(w);
+}
+
+static void the_pool_is_allocated_through_the_callers_allocator(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=20,n=20,prompt=100,output=5", 0);
+    kvc_sim_config_t c = config(200000); /* the pool's and prefix cache's tables: megabytes */
+    sized_alloc_t sa = {.max_bytes = 1 << 20};
+    c.allocator = (kvc_allocator_t){.alloc = sized_alloc, .free = sized_free, .ctx = &sa};
+    kvc_report_t *r = new_report(w);
+    kvc_sim_result_t res;
+    char err[512];
+    assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_ENOMEM);
+    assert_true(sa.largest > (1 << 20)); /* it asked the caller's allocator for them */
+    assert_int_equal(sa.n_live, 0);
+    kvc_report_destroy(r);
+    sa = (sized_alloc_t){.max_bytes = SIZE_MAX};
+    r = new_report(w);
+    assert_ok(kvc_sim_run(&c, w, r, &res, err, sizeof err));
+    assert_true(res.peak_bytes > 200000u * 16); /* at least 16 bytes of metadata per block */
+    assert_int_equal(sa.n_live, 0);
+    kvc_report_destroy(r);
+    kvc_workload_destroy(w);
+}
+
+static void replicas_that_receive_no_request_cost_nothing(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/chat_multiturn.json", 50);
+    uint64_t allocs[2];
+    char *json[2];
+    const uint32_t dp[2] = {50, 5000}; /* request i goes to replica i mod dp: 50 replicas run */
+    for (int i = 0; i < 2; i++) {
+        kvc_sim_config_t c = config(2000);
+        c.plan.dp = dp[i];
+        c.closed_loop = true;
+        kvc_failing_alloc_t st = {0}; /* counts, never fails */
+        c.allocator = kvc_failing_allocator(&st);
+        kvc_report_t *r = new_report(w);
+        kvc_sim_result_t res;
+        char err[512];
+        if (kvc_sim_run(&c, w, r, &res, err, sizeof err)) fail_msg("dp %u: %s", dp[i], err);
+        assert_int_equal(res.n_replicas, dp[i]);
+        assert_int_equal(res.completed + res.rejected, 50);
+        allocs[i] = st.n_allocs;
+        json[i] = report_json(r);
+        kvc_report_destroy(r);
+    }
+    assert_int_equal(allocs[0], allocs[1]); /* the 4,950 idle replicas allocated nothing */
+    /* the same report but for the replica count */
+    char *a = strstr(json[0], "\"replicas\""), *b = strstr(json[1], "\"replicas\"");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_memory_equal(json[0], json[1], (size_t)(a - json[0]));
+    free(json[0]);
+    free(json[1]);
+    kvc_workload_destroy(w);
+}
+
+static void a_run_that_cannot_fit_is_refused_before_it_allocates(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=20,n=50,prompt=500,output=50", 0);
+    kvc_sim_config_t c = config(100000000); /* 1e8 blocks: gigabytes of metadata */
+    c.max_memory_bytes = 64u << 20;
+    sized_alloc_t sa = {.max_bytes = SIZE_MAX};
+    c.allocator = (kvc_allocator_t){.alloc = sized_alloc, .free = sized_free, .ctx = &sa};
+    kvc_report_t *r = new_report(w);
+    kvc_sim_result_t res;
+    char err[512];
+    assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_ENOMEM);
+    print_message("%s\n", err);
+    assert_non_null(strstr(err, "would need about"));
+    assert_non_null(strstr(err, "100000000 KV blocks"));
+    assert_non_null(strstr(err, "more than the limit of 64.0 MiB"));
+    assert_true(sa.largest < (4u << 20)); /* only the small probe was built */
+    assert_int_equal(sa.n_live, 0);
+    kvc_report_destroy(r);
+    /* a limit passed while the run measures what it needs: the allocation fails, cleanly */
+    kvc_workload_stats_t ws;
+    assert_ok(kvc_workload_stats(w, &ws));
+    c = config(2000);
+    c.max_memory_bytes = ws.bytes + (64u << 10); /* 64 KiB besides the workload */
+    kvc_failing_alloc_t st = {0};
+    c.allocator = kvc_failing_allocator(&st);
+    r = new_report(w);
+    assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_ENOMEM);
+    print_message("%s\n", err);
+    assert_non_null(strstr(err, "needs more memory than the limit of"));
+    assert_int_equal(st.n_live, 0);
+    kvc_report_destroy(r);
+    /* and without a limit given, the machine's memory bounds it: 2^30 blocks are refused */
+    c = config(1u << 30);
+    r = new_report(w);
+    int rc = kvc_sim_run(&c, w, r, &res, err, sizeof err);
+    if (rc == KVC_ENOMEM)
+        assert_non_null(strstr(err, "the memory this machine has"));
+    else
+        assert_ok(rc); /* a machine with some 200 GiB to spare */
+    kvc_report_destroy(r);
+    kvc_workload_destroy(w);
+}
+
+static void a_model_with_no_kv_bytes_is_refused(void **state)
+{
+    (void)state;
+    kvc_sim_config_t c = config(0);
+    kvc_plan_result_t *pr = malloc(sizeof *pr);
+    char msg[256];
+    assert_ok(kvc_plan_compute(&c.model, &c.gpu, &c.plan, pr, msg, sizeof msg));
+    kvc_sim_cost_model_t cm;
+    assert_ok(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, pr, 0.002, 8e-6, &cm));
+    /* what an overflowing config could hand over: KV bytes per token wrapped to 0, or NaN rates */
+    kvc_plan_result_t bad = *pr;
+    bad.kv_bytes_per_token_per_gpu = 0;
+    assert_int_equal(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, &bad, 0.002, 8e-6, &cm),
+                     KVC_EINVAL);
+    bad = *pr;
+    bad.peak_flops = NAN;
+    assert_int_equal(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, &bad, 0.002, 8e-6, &cm),
+                     KVC_EINVAL);
+    bad = *pr;
+    bad.layers_per_gpu = UINT32_MAX; /* 2 all-reduces per layer would wrap */
+    c.plan.tp = 2;
+    assert_int_equal(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, &bad, 0.002, 8e-6, &cm),
+                     KVC_EINVAL);
+    assert_int_equal(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, pr, NAN, 8e-6, &cm), KVC_EINVAL);
+    free(pr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -402,6 +645,12 @@ int main(void)
         cmocka_unit_test(a_long_request_cap_protects_regular_traffic),
         cmocka_unit_test(prefix_caching_hits_the_conversation_history),
         cmocka_unit_test(a_bigger_pool_hits_more_of_the_mooncake_trace),
+        cmocka_unit_test(runs_fail_cleanly_under_allocation_faults),
+        cmocka_unit_test(the_pool_is_allocated_through_the_callers_allocator),
+        cmocka_unit_test(replicas_that_receive_no_request_cost_nothing),
+        cmocka_unit_test(a_run_that_cannot_fit_is_refused_before_it_allocates),
+        cmocka_unit_test(a_model_with_no_kv_bytes_is_refused),
     };
+    if (getenv("KVC_TEST_FILTER")) cmocka_set_test_filter(getenv("KVC_TEST_FILTER"));
     return cmocka_run_group_tests_name("sim", tests, NULL, NULL);
 }

@@ -42,6 +42,10 @@ extern "C" {
 #define KVC_SIM_MAX_TOKENS   (1u << 24)
 /* Most requests one workload may hold. */
 #define KVC_SIM_MAX_REQUESTS ((size_t)UINT32_MAX - 1)
+/* The latest arrival (and the longest think time) a workload may hold, in seconds after
+ * its start, time scale applied: about 31.7 years.  Past it a double's spacing passes
+ * 0.1 us and latencies printed to the microsecond would lose their digits. */
+#define KVC_SIM_MAX_TIME_S   1e9
 
 typedef struct {
     double arrival_s;          /* seconds from the start of the run, non-decreasing in a workload */
@@ -111,14 +115,14 @@ typedef struct kvc_workload kvc_workload_t; /* opaque: owns requests, tokens, na
  * field: KVC_EIO (unreadable), KVC_EPARSE (malformed or inconsistent
  * input, no requests), KVC_EINVAL (bad params), KVC_ENOMEM. */
 KVC_API int kvc_workload_load(const char *path_or_spec, const kvc_workload_params_t *params,
-                      kvc_workload_t **out, char *err, size_t err_cap);
+                              kvc_workload_t **out, char *err, size_t err_cap);
 
 /* The same from bytes in memory (`data` need not be NUL-terminated);
  * `name` labels error messages.  An inline spec string is not recognised
  * here: pass format KVC_WORKLOAD_SPEC and a JSON object, or AUTO. */
 KVC_API int kvc_workload_load_buffer(const char *data, size_t len, const char *name,
-                             const kvc_workload_params_t *params, kvc_workload_t **out, char *err,
-                             size_t err_cap);
+                                     const kvc_workload_params_t *params, kvc_workload_t **out,
+                                     char *err, size_t err_cap);
 
 /* Free the workload, its requests, tokens and names.  NULL is a no-op. */
 KVC_API void kvc_workload_destroy(kvc_workload_t *w);
@@ -296,7 +300,7 @@ typedef struct {
  * class `index`.  KVC_EINVAL before finish, KVC_ENOENT for an index the
  * report has never seen or been named. */
 KVC_API int kvc_report_summary(const kvc_report_t *r, kvc_report_scope_t scope, uint32_t index,
-                       kvc_report_summary_t *out);
+                               kvc_report_summary_t *out);
 
 /* Nearest-rank percentile of sorted[0..n) (ascending): the value at
  * 1-based rank ceil(p / 100 * n), p in [0, 100] taken to 0.01; rank 0 is
@@ -368,9 +372,9 @@ typedef struct {
 /* The cost model of a planned deployment (kvc_plan_compute's result and its
  * inputs).  step_overhead_s and allreduce_latency_s come from the caller. */
 KVC_API int kvc_sim_cost_model(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
-                       const kvc_plan_params_t *plan, const kvc_plan_result_t *result,
-                       double step_overhead_s, double allreduce_latency_s,
-                       kvc_sim_cost_model_t *out);
+                               const kvc_plan_params_t *plan, const kvc_plan_result_t *result,
+                               double step_overhead_s, double allreduce_latency_s,
+                               kvc_sim_cost_model_t *out);
 
 typedef struct {
     double compute_s, memory_s, comm_s, swap_s, total_s;
@@ -379,7 +383,7 @@ typedef struct {
 
 /* Seconds one planned step takes; detail (may be NULL) gets the parts. */
 KVC_API double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t *plan,
-                         kvc_sim_step_cost_t *detail);
+                                 kvc_sim_step_cost_t *detail);
 
 typedef struct {
     /* the deployment, as for kvcache plan */
@@ -449,7 +453,7 @@ typedef struct {
  * output stops at max_model_len.  Fails with KVC_EINVAL and a one-line message
  * (a deployment that does not start, bad parameters), or KVC_ENOMEM. */
 KVC_API int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report_t *report,
-                kvc_sim_result_t *out, char *err, size_t err_cap);
+                        kvc_sim_result_t *out, char *err, size_t err_cap);
 
 #ifdef __cplusplus
 }

@@ -7,12 +7,32 @@
 #include <math.h>
 
 /* ---- the cost model ---------------------------------------------------------------- */
+/* Rates and sizes a step time can be computed from: rates positive, sizes finite and not
+ * negative, KV bytes per token positive and small enough that a block's bytes are a size_t
+ * (a real model holds at most a few MB per token). */
+static bool cost_model_usable(const kvc_sim_cost_model_t *c)
+{
+    const double sizes[] = {c->linear_flops_per_token, c->attn_flops_per_pair,
+                            c->dense_weight_bytes,     c->expert_weight_bytes,
+                            c->comm_bytes_per_token,   c->allreduce_latency_s,
+                            c->step_overhead_s,        c->link_bytes_per_s};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(sizes); i++)
+        if (!(sizes[i] >= 0) || !isfinite(sizes[i])) return false;
+    return c->flops_per_s > 0 && isfinite(c->flops_per_s) && c->attn_flops_per_s > 0 &&
+           isfinite(c->attn_flops_per_s) && c->bytes_per_s > 0 && isfinite(c->bytes_per_s) &&
+           c->host_link_bytes_per_s > 0 && isfinite(c->host_link_bytes_per_s) &&
+           c->kv_bytes_per_token > 0 && c->kv_bytes_per_token <= 1e12 &&
+           c->experts_per_token_share >= 0 && c->experts_per_token_share <= 1 && c->tp >= 1 &&
+           c->pp >= 1;
+}
+
 int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu,
                        const kvc_plan_params_t *p, const kvc_plan_result_t *r,
                        double step_overhead_s, double allreduce_latency_s,
                        kvc_sim_cost_model_t *out)
 {
-    if (!m || !gpu || !p || !r || !out || step_overhead_s < 0 || allreduce_latency_s < 0)
+    if (!m || !gpu || !p || !r || !out || !(step_overhead_s >= 0) || !(allreduce_latency_s >= 0) ||
+        p->tp == 0 || p->pp == 0 || r->layers_per_gpu > UINT32_MAX / 2)
         return KVC_EINVAL;
     const double tp = p->tp, pp = p->pp, parts = tp * pp;
     const double mfu = p->mfu > 0 ? p->mfu : 1.0, mbu = p->mbu > 0 ? p->mbu : 1.0;
@@ -47,7 +67,7 @@ int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu,
         .step_overhead_s = step_overhead_s,
         .host_link_bytes_per_s = gpu->pcie_bytes_per_s > 0 ? gpu->pcie_bytes_per_s : 32e9,
     };
-    return out->flops_per_s > 0 && out->bytes_per_s > 0 ? 0 : KVC_EINVAL;
+    return cost_model_usable(out) ? 0 : KVC_EINVAL;
 }
 
 double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t *plan,

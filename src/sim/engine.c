@@ -194,6 +194,8 @@ typedef struct {
     uint32_t *produced;  /* per workload index: output tokens sampled */
     uint32_t *next_turn; /* per workload index: the next turn of its conversation on the same
                             replica, or KVC_NONE */
+    bool *follows;       /* per workload index: an earlier turn of its conversation goes to the
+                            same replica (closed loop: that turn releases it) */
     kvc_token_t **owned; /* per workload index: assembled prompts (on-demand traces) */
     kvc_rng_t rng;
     uint64_t done_total, total;
@@ -257,15 +259,15 @@ static int link_turns(run_t *r)
         kvc_free(r->a, last);
         return KVC_ENOMEM;
     }
-    for (size_t i = 0; i < n; i++) r->next_turn[i] = KVC_NONE;
+    for (size_t i = 0; i < n; i++) r->next_turn[i] = KVC_NONE, r->follows[i] = false;
     for (size_t i = 0; i < n; i++) {
         const kvc_sim_request_t *q = kvc_workload_request(r->w, i);
         if (!q->conversation) continue;
         uint32_t rep = (uint32_t)(i % r->n_replicas);
-        size_t k = (size_t)((q->conversation ^ ((uint64_t)rep << 40)) * 0x9e3779b97f4a7c15ULL) &
-                   (cap - 1);
+        size_t k =
+            (size_t)((q->conversation ^ ((uint64_t)rep << 40)) * 0x9e3779b97f4a7c15ULL) & (cap - 1);
         while (keys[k] && (keys[k] != q->conversation || reps[k] != rep)) k = (k + 1) & (cap - 1);
-        if (keys[k]) r->next_turn[last[k]] = (uint32_t)i;
+        if (keys[k]) r->next_turn[last[k]] = (uint32_t)i, r->follows[i] = true;
         keys[k] = q->conversation;
         reps[k] = rep;
         last[k] = (uint32_t)i;
@@ -276,10 +278,12 @@ static int link_turns(run_t *r)
     return 0;
 }
 
+/* Closed loop, a turn waits for the previous turn of its conversation on its replica.  A turn
+ * with none there (its conversation's earlier turns went to other replicas, or the trace starts
+ * mid-conversation) arrives at its trace time: nothing else would ever release it. */
 static bool has_predecessor(const run_t *r, size_t i)
 {
-    const kvc_sim_request_t *q = kvc_workload_request(r->w, i);
-    return r->cfg->closed_loop && q->conversation && q->turn > 0;
+    return r->cfg->closed_loop && r->follows[i];
 }
 
 /* ---- one replica's engine ------------------------------------------------------------------ */
@@ -408,8 +412,8 @@ static int check_memory(run_t *r, uint64_t limit, bool limit_given, char *err, s
     if (rc) return rc;
     const size_t n = kvc_workload_size(r->w);
     /* the engine's own tables: per request, the counters, the arrival heap and the id map */
-    double per_request = 2 * sizeof(uint32_t) + sizeof(kvc_token_t *) + 2 * sizeof(arrival_t) +
-                         2 * sizeof(uint32_t) + 4 * sizeof(uint64_t);
+    double per_request = 2 * sizeof(uint32_t) + sizeof(bool) + sizeof(kvc_token_t *) +
+                         2 * sizeof(arrival_t) + 2 * sizeof(uint32_t) + 4 * sizeof(uint64_t);
     uint64_t used = blocks_touched_bound(r);
     double engine = pr.fixed + pr.per_block * r->num_blocks + pr.per_used * (double)used;
     double need = engine + per_request * (double)n + (double)r->w->bytes;
@@ -423,7 +427,7 @@ static int check_memory(run_t *r, uint64_t limit, bool limit_given, char *err, s
         fmt_bytes(need, a, sizeof a), r->num_blocks,
         pr.per_block + pr.per_used * (double)used / r->num_blocks,
         fmt_bytes((double)r->w->bytes, b, sizeof b), n, fmt_bytes((double)limit, c, sizeof c),
-        limit_given ? "max_memory_bytes" : "the memory this machine has");
+        limit_given ? "the limit given" : "the memory this machine has");
 }
 
 /* ---- one step's parts -------------------------------------------------------------------- */
@@ -730,9 +734,19 @@ static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_si
     out->num_blocks = (uint32_t)blocks;
     out->n_groups = n_groups;
     out->n_replicas = cfg->plan.dp ? cfg->plan.dp : 1;
-    if ((rc = kvc_sim_cost_model(m, &cfg->gpu, &cfg->plan, &out->planned, cfg->step_overhead_s,
+    const kvc_plan_result_t *pr = &out->planned;
+    if (pr->kv_bytes_per_token_per_gpu == 0 || pr->layers_per_gpu == 0 ||
+        pr->layers_per_gpu > UINT32_MAX / 2)
+        return kvc__msgf(KVC_EINVAL, err, cap,
+                         "the model's KV cache takes %llu bytes per token over %u layers per GPU: "
+                         "nothing a simulated pool can hold (check the config's layer and head "
+                         "counts)",
+                         (unsigned long long)pr->kv_bytes_per_token_per_gpu, pr->layers_per_gpu);
+    if ((rc = kvc_sim_cost_model(m, &cfg->gpu, &cfg->plan, pr, cfg->step_overhead_s,
                                  cfg->allreduce_latency_s, &out->cost)))
-        return kvc__msgf(rc, err, cap, "the cost model needs positive FLOP/s and bandwidth");
+        return kvc__msgf(rc, err, cap,
+                         "the cost model needs positive, finite FLOP/s, bandwidth and KV bytes "
+                         "per token (at most 1e12), and finite sizes");
     return 0;
 }
 
@@ -834,8 +848,9 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     if (!rc) {
         r.produced = kvc_calloc(&a, n ? n : 1, sizeof(uint32_t), 0);
         r.next_turn = kvc_alloc(&a, (n ? n : 1) * sizeof(uint32_t), 0);
+        r.follows = kvc_alloc(&a, (n ? n : 1) * sizeof(bool), 0);
         r.owned = kvc_calloc(&a, n ? n : 1, sizeof(kvc_token_t *), 0);
-        if (!r.produced || !r.next_turn || !r.owned) rc = KVC_ENOMEM;
+        if (!r.produced || !r.next_turn || !r.follows || !r.owned) rc = KVC_ENOMEM;
     }
     kvc_rng_seed(&r.rng, cfg->seed);
     out->requests = n;
@@ -850,6 +865,7 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     kvc_free(&a, r.owned);
     kvc_free(&a, r.produced);
     kvc_free(&a, r.next_turn);
+    kvc_free(&a, r.follows);
     kvc_free(&a, r.idx_of);
     kvc_free(&a, r.heap.v);
     kvc_free(&a, r.results);
@@ -861,7 +877,7 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
                       "the simulation needs more memory than the limit of %s (%s): it held %s "
                       "when it asked for %llu bytes more",
                       fmt_bytes((double)limit, x, sizeof x),
-                      limit_given ? "max_memory_bytes" : "the memory this machine has",
+                      limit_given ? "the limit given" : "the memory this machine has",
                       fmt_bytes((double)(mem.live + w->bytes), y, sizeof y),
                       (unsigned long long)mem.refused);
         if (err && cap && !err[0])

@@ -645,14 +645,24 @@ static void text_ms(FILE *f, const kvc_latency_summary_t *s, double v)
         fprintf(f, " %10s", "-");
 }
 
+/* Group i's name as the text report prints it: control bytes escaped, at most 40 bytes. */
+static const char *text_name(const kvc__groups_t *g, uint32_t i, const char *prefix, char *out,
+                             size_t cap)
+{
+    char buf[32];
+    const char *s = kvc__group_name(g, i, prefix, buf, sizeof buf);
+    kvc__escape(out, KVC_MIN(cap, (size_t)41), s, strlen(s));
+    return out;
+}
+
 static void text_groups(const kvc_report_t *r, FILE *f, const char *title, const kvc__groups_t *g,
                         const char *prefix)
 {
     if (g->n == 0) return;
     int width = (int)strlen(title);
-    char buf[32];
+    char buf[64];
     for (uint32_t i = 0; i < g->n; i++)
-        width = KVC_MAX(width, (int)strlen(kvc__group_name(g, i, prefix, buf, sizeof buf)));
+        width = KVC_MAX(width, (int)strlen(text_name(g, i, prefix, buf, sizeof buf)));
     width = KVC_MIN(width, 40);
     fprintf(f, "\n%-*s  %9s %10s %10s %10s %10s %10s %12s %8s %8s\n", width, title, "completed",
             "ttft p50", "ttft p99", "tpot p50", "tpot p99", "e2e p99", "out tok/s", "goodput",
@@ -660,7 +670,7 @@ static void text_groups(const kvc_report_t *r, FILE *f, const char *title, const
     for (uint32_t i = 0; i < g->n; i++) {
         kvc_report_summary_t s;
         fill_summary(r, &g->groups[i], false, &s);
-        fprintf(f, "%-*.*s  %9llu", width, width, kvc__group_name(g, i, prefix, buf, sizeof buf),
+        fprintf(f, "%-*.*s  %9llu", width, width, text_name(g, i, prefix, buf, sizeof buf),
                 (unsigned long long)s.completed);
         text_ms(f, &s.ttft_ms, s.ttft_ms.p50);
         text_ms(f, &s.ttft_ms, s.ttft_ms.p99);
@@ -670,6 +680,22 @@ static void text_groups(const kvc_report_t *r, FILE *f, const char *title, const
         fprintf(f, " %12.1f %8.3f %7.1f%%\n", s.throughput_tokens_per_s, s.goodput_requests_per_s,
                 100.0 * s.prefix_hit_rate);
     }
+}
+
+/* s with control bytes escaped (a name or setting may come from the input), padded to
+ * `width`. */
+static void text_escaped(FILE *f, const char *s, int width)
+{
+    int n = 0;
+    for (size_t len = strlen(s); len;) {
+        char buf[256];
+        size_t take = KVC_MIN(len, (size_t)60); /* 60 bytes escape to at most 240 */
+        n += (int)kvc__escape(buf, sizeof buf, s, take);
+        fputs(buf, f);
+        s += take;
+        len -= take;
+    }
+    for (; n < width; n++) fputc(' ', f);
 }
 
 int kvc_report_write_text(const kvc_report_t *r, FILE *f)
@@ -726,10 +752,15 @@ int kvc_report_write_text(const kvc_report_t *r, FILE *f)
     if (r->n_config) {
         fputs("\nconfig\n", f);
         for (size_t i = 0; i < r->n_config; i++) {
-            if (r->config[i].text)
-                fprintf(f, "  %-28s %s\n", r->config[i].key, r->config[i].text);
-            else
-                fprintf(f, "  %-28s %.10g\n", r->config[i].key, r->config[i].num);
+            fputs("  ", f);
+            text_escaped(f, r->config[i].key, 28);
+            if (r->config[i].text) {
+                fputc(' ', f);
+                text_escaped(f, r->config[i].text, 0);
+                fputc('\n', f);
+            } else {
+                fprintf(f, " %.10g\n", r->config[i].num);
+            }
         }
     }
     return ferror(f) ? KVC_EIO : 0;
