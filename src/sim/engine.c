@@ -209,6 +209,15 @@ typedef struct {
     size_t err_cap;
 } run_t;
 
+/* An error from a layer below that only a bug can cause (the engine hands them nothing a
+ * caller chose unchecked): KVC_ECORRUPT, naming the call.  Allocation failures pass as they
+ * are. */
+static int internal(run_t *r, int rc, const char *call)
+{
+    if (rc == 0 || rc == KVC_ENOMEM) return rc;
+    return kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap, "internal: %s: %s", call, kvc_strerror(rc));
+}
+
 /* sched: the workload index of a scheduler request id, and recording it. */
 static uint32_t wl_index(const run_t *r, uint32_t id)
 {
@@ -308,21 +317,35 @@ static int replica_open(run_t *r, const kvc_allocator_t *a, uint32_t num_blocks,
     pp.n_blocks = num_blocks;
     pp.block_size = bs;
     pp.allocator = *a;
-    if ((rc = kvc_pool_create(&pp, &rep->pool))) goto fail;
+    if ((rc = kvc_pool_create(&pp, &rep->pool))) {
+        if (rc != KVC_ENOMEM)
+            kvc__msgf(rc, r->err, r->err_cap, "KV pool of %u blocks of %u tokens: %s", num_blocks,
+                      bs, kvc_strerror(rc));
+        goto fail;
+    }
     if (cfg->prefix_caching) {
         kvc_prefix_params_t cp = kvc_prefix_params_default();
         cp.hash_seed = cfg->seed ? cfg->seed : 1;
         cp.max_extra_keys = 0; /* workloads carry no multimodal inputs: save the metadata */
         memcpy(cp.group_window, r->window, sizeof cp.group_window);
         cp.allocator = *a;
-        if ((rc = kvc_prefix_create(rep->pool, &cp, &rep->pc))) goto fail;
+        if ((rc = kvc_prefix_create(rep->pool, &cp, &rep->pc))) {
+            if (rc != KVC_ENOMEM)
+                kvc__msgf(rc, r->err, r->err_cap, "prefix cache: %s", kvc_strerror(rc));
+            goto fail;
+        }
     }
     kvc_seqs_params_t sp = kvc_seqs_params_default();
     sp.max_seqs = cfg->plan.max_num_seqs * 4 + 256;
     sp.n_groups = r->n_groups;
     memcpy(sp.window, r->window, sizeof sp.window);
     sp.allocator = *a;
-    if ((rc = kvc_seqs_create(rep->pool, rep->pc, &sp, &rep->seqs))) goto fail;
+    if ((rc = kvc_seqs_create(rep->pool, rep->pc, &sp, &rep->seqs))) {
+        if (rc != KVC_ENOMEM)
+            kvc__msgf(rc, r->err, r->err_cap, "sequence table of %u: %s", sp.max_seqs,
+                      kvc_strerror(rc));
+        goto fail;
+    }
     kvc_sched_params_t schp = cfg->sched;
     schp.max_num_seqs = cfg->plan.max_num_seqs;
     schp.max_num_batched_tokens = cfg->plan.max_num_batched_tokens;
@@ -485,7 +508,7 @@ static int admit_arrivals(run_t *r, kvc_sched_t *s)
             r->res->rejected++;
             continue;
         }
-        if (rc) return rc;
+        if (rc) return internal(r, rc, "kvc_sched_add");
         if ((rc = map_id(r, id, a.idx))) return rc;
     }
     return 0;
@@ -583,7 +606,7 @@ static int collect_finished(run_t *r, kvc_sched_t *s)
                                 .n_preemptions = d->n_preemptions,
                                 .recomputed_tokens = d->recomputed_tokens};
         int rc = kvc_report_add(r->report, &rec);
-        if (rc) return rc;
+        if (rc) return internal(r, rc, "kvc_report_add");
         r->res->completed++;
         kvc_free(r->a, r->owned[wi]);
         r->owned[wi] = NULL;
@@ -615,7 +638,7 @@ static int sample_state(run_t *r, const kvc_sched_t *s, uint32_t batch_tokens)
                                 .swapped = st.n_swapped,
                                 .batch_tokens = batch_tokens};
         int rc = kvc_report_sample(r->report, &smp);
-        if (rc) return rc;
+        if (rc) return internal(r, rc, "kvc_report_sample");
     }
     r->res->steps++;
     if (cfg->progress && r->done_total - r->last_progress >= KVC_MAX(r->total / 100, 1)) {
@@ -660,7 +683,8 @@ static int run_replica(run_t *r)
     for (;;) {
         if ((rc = admit_arrivals(r, s))) goto out;
         const kvc_sched_plan_t *plan;
-        if ((rc = kvc_sched_step(s, r->now, &plan))) goto out; /* sched: */
+        if ((rc = internal(r, kvc_sched_step(s, r->now, &plan), "kvc_sched_step"))) /* sched: */
+            goto out;
         if (cfg->trace) fputs(kvc_sched_trace(s), cfg->trace);
         if (plan->n_entries == 0) {
             bool stop;
@@ -672,8 +696,8 @@ static int run_replica(run_t *r)
         r->now += kvc_sim_step_time(&r->cost, plan, NULL);
         uint32_t batch_tokens;
         if ((rc = step_results(r, plan, &batch_tokens))) goto out;
-        if ((rc = kvc_sched_complete(s, r->results, plan->n_entries, r->now))) /* sched: */
-            goto out;
+        rc = kvc_sched_complete(s, r->results, plan->n_entries, r->now); /* sched: */
+        if ((rc = internal(r, rc, "kvc_sched_complete"))) goto out;
         if (cfg->check_every_step && (rc = check_step(r, s, batch_tokens))) goto out;
         if ((rc = collect_finished(r, s))) goto out;
         if ((rc = sample_state(r, s, batch_tokens))) goto out;

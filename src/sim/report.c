@@ -118,6 +118,7 @@ const char *kvc__group_name(const kvc__groups_t *g, uint32_t i, const char *pref
 
 int kvc_report_create(const kvc_report_params_t *p, kvc_report_t **out)
 {
+    if (!out) return KVC_EINVAL;
     *out = NULL;
     kvc_report_params_t pp = p ? *p : kvc_report_params_default();
     if (!(pp.ttft_ms >= 0) || !(pp.tpot_ms >= 0) || !(pp.e2e_ms >= 0) || !isfinite(pp.ttft_ms) ||
@@ -171,6 +172,7 @@ static void group_add(kvc__group_t *g, const kvc_sim_record_t *rec, bool good)
 
 int kvc_report_add(kvc_report_t *r, const kvc_sim_record_t *rec)
 {
+    if (!r || !rec) return KVC_EINVAL;
     if (r->finished || !isfinite(rec->arrival_s) || !isfinite(rec->first_token_s) ||
         !isfinite(rec->finish_s) || rec->first_token_s < rec->arrival_s ||
         rec->finish_s < rec->first_token_s || rec->n_prompt == 0 || rec->n_output == 0 ||
@@ -229,6 +231,7 @@ static void rows_coarsen(kvc_report_t *r)
 
 int kvc_report_sample(kvc_report_t *r, const kvc_sim_sample_t *s)
 {
+    if (!r || !s) return KVC_EINVAL;
     if (r->finished || !isfinite(s->t_s) || s->t_s < 0 || (r->have_sample && s->t_s < r->last.t_s))
         return KVC_EINVAL;
     bool adaptive = r->p.sample_interval_s == 0;

@@ -421,8 +421,7 @@ size_t kvc_workload_size(const kvc_workload_t *w)
 
 const kvc_sim_request_t *kvc_workload_request(const kvc_workload_t *w, size_t i)
 {
-    KVC_ASSERT(i < w->n);
-    return &w->req[i];
+    return i < w->n ? &w->req[i] : NULL;
 }
 
 int kvc_workload_prompt(const kvc_workload_t *w, size_t i, kvc_token_t *buf, size_t cap)
@@ -644,6 +643,7 @@ int kvc_workload_write_jsonl(const kvc_workload_t *w, FILE *f)
 /* ---- building by hand ----------------------------------------------------------------- */
 int kvc_workload_create(const kvc_workload_params_t *params, kvc_workload_t **out)
 {
+    if (!out) return KVC_EINVAL;
     *out = NULL;
     kvc_workload_params_t p;
     if (kvc__wl_params(params, &p, NULL, 0)) return KVC_EINVAL;
@@ -656,22 +656,23 @@ int kvc_workload_create(const kvc_workload_params_t *params, kvc_workload_t **ou
 
 static int add_name(kvc_workload_t *w, kvc__names_t *t, const char *name, uint32_t *index)
 {
-    if (!name || !*name) return KVC_EINVAL;
+    if (!name || !*name || !index) return KVC_EINVAL;
     return kvc__names_intern(w, t, name, strlen(name), index);
 }
 
 int kvc_workload_add_tenant(kvc_workload_t *w, const char *name, uint32_t *index)
 {
-    return add_name(w, &w->tenants, name, index);
+    return w ? add_name(w, &w->tenants, name, index) : KVC_EINVAL;
 }
 
 int kvc_workload_add_class(kvc_workload_t *w, const char *name, uint32_t *index)
 {
-    return add_name(w, &w->classes, name, index);
+    return w ? add_name(w, &w->classes, name, index) : KVC_EINVAL;
 }
 
 int kvc_workload_add(kvc_workload_t *w, const kvc_sim_request_t *req)
 {
+    if (!w || !req) return KVC_EINVAL;
     uint32_t max_output = req->max_output ? req->max_output : req->n_output;
     if (!req->tokens || req->n_prompt == 0 || req->n_output == 0 ||
         req->n_prompt > w->params.max_tokens || req->n_output > w->params.max_tokens ||
@@ -814,8 +815,12 @@ int kvc_workload_load_buffer(const char *data, size_t len, const char *name,
                              const kvc_workload_params_t *params, kvc_workload_t **out, char *err,
                              size_t err_cap)
 {
-    *out = NULL;
     if (err && err_cap) err[0] = '\0';
+    if (!out) {
+        kvc__errf(err, err_cap, "workload: no place for the result");
+        return KVC_EINVAL;
+    }
+    *out = NULL;
     if (!name) name = "<buffer>";
     kvc_workload_params_t p;
     int rc = kvc__wl_params(params, &p, err, err_cap);
@@ -906,8 +911,12 @@ static bool looks_like_spec(const char *s)
 int kvc_workload_load(const char *path_or_spec, const kvc_workload_params_t *params,
                       kvc_workload_t **out, char *err, size_t err_cap)
 {
-    *out = NULL;
     if (err && err_cap) err[0] = '\0';
+    if (!out) {
+        kvc__errf(err, err_cap, "workload: no place for the result");
+        return KVC_EINVAL;
+    }
+    *out = NULL;
     kvc_workload_params_t p;
     int rc = kvc__wl_params(params, &p, err, err_cap);
     if (rc) return rc;
