@@ -909,6 +909,7 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
         return rc;
     }
     rc = finish_report(cfg, out, report);
+    if (rc) return kvc__msgf(rc, err, cap, "the report: %s", kvc_strerror(rc));
     out->wall_s = (double)(kvc_now_ns() - t0) * 1e-9;
-    return rc;
+    return 0;
 }
