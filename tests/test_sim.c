@@ -501,26 +501,30 @@ static void runs_fail_cleanly_under_allocation_faults(void **state)
     kvc_workload_destroy(w);
 }
 
-static void the_pool_is_allocated_through_the_callers_allocator(void **state)
+static void the_engine_allocates_through_the_callers_allocator(void **state)
 {
     (void)state;
     kvc_workload_t *w = load("poisson:rate=20,n=20,prompt=100,output=5", 0);
-    kvc_sim_config_t c = config(200000); /* the pool's and prefix cache's tables: megabytes */
-    sized_alloc_t sa = {.max_bytes = 1 << 20};
-    c.allocator = (kvc_allocator_t){.alloc = sized_alloc, .free = sized_free, .ctx = &sa};
-    kvc_report_t *r = new_report(w);
-    kvc_sim_result_t res;
-    char err[512];
-    assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_ENOMEM);
-    assert_true(sa.largest > (1 << 20)); /* it asked the caller's allocator for them */
-    assert_int_equal(sa.n_live, 0);
-    kvc_report_destroy(r);
-    sa = (sized_alloc_t){.max_bytes = SIZE_MAX};
-    r = new_report(w);
-    assert_ok(kvc_sim_run(&c, w, r, &res, err, sizeof err));
-    assert_true(res.peak_bytes > 200000u * 16); /* at least 16 bytes of metadata per block */
-    assert_int_equal(sa.n_live, 0);
-    kvc_report_destroy(r);
+    /* 200,000 blocks: the pool's table alone is megabytes, and so is the prefix cache's */
+    for (int prefix = 0; prefix < 2; prefix++) {
+        kvc_sim_config_t c = config(200000);
+        c.prefix_caching = prefix;
+        sized_alloc_t sa = {.max_bytes = 1 << 20};
+        c.allocator = (kvc_allocator_t){.alloc = sized_alloc, .free = sized_free, .ctx = &sa};
+        kvc_report_t *r = new_report(w);
+        kvc_sim_result_t res;
+        char err[512];
+        assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_ENOMEM);
+        assert_true(sa.largest > (1 << 20)); /* it asked the caller's allocator for them */
+        assert_int_equal(sa.n_live, 0);
+        kvc_report_destroy(r);
+        sa = (sized_alloc_t){.max_bytes = SIZE_MAX};
+        r = new_report(w);
+        assert_ok(kvc_sim_run(&c, w, r, &res, err, sizeof err));
+        assert_true(res.peak_bytes > 200000u * 16); /* at least 16 bytes of metadata per block */
+        assert_int_equal(sa.n_live, 0);
+        kvc_report_destroy(r);
+    }
     kvc_workload_destroy(w);
 }
 
@@ -646,7 +650,7 @@ int main(void)
         cmocka_unit_test(prefix_caching_hits_the_conversation_history),
         cmocka_unit_test(a_bigger_pool_hits_more_of_the_mooncake_trace),
         cmocka_unit_test(runs_fail_cleanly_under_allocation_faults),
-        cmocka_unit_test(the_pool_is_allocated_through_the_callers_allocator),
+        cmocka_unit_test(the_engine_allocates_through_the_callers_allocator),
         cmocka_unit_test(replicas_that_receive_no_request_cost_nothing),
         cmocka_unit_test(a_run_that_cannot_fit_is_refused_before_it_allocates),
         cmocka_unit_test(a_model_with_no_kv_bytes_is_refused),
