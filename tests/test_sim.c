@@ -4,10 +4,12 @@
  * and the scenarios' effects in the direction they must have. */
 #include "test_helpers.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static kvc_sim_config_t config(uint32_t num_blocks)
 {
@@ -528,6 +530,75 @@ static void the_engine_allocates_through_the_callers_allocator(void **state)
     kvc_workload_destroy(w);
 }
 
+/* An allocator outside the C library's heap (each block its own mapping), so that what the
+ * heap holds during a run is what bypassed the caller's allocator. */
+static void *map_alloc(void *ctx, size_t bytes, size_t align)
+{
+    (void)align; /* <= 4096: a page */
+    size_t *live = ctx, total = bytes + 4096;
+    unsigned char *p =
+        mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    memcpy(p, &total, sizeof total);
+    *live += total;
+    return p + 4096;
+}
+
+static void map_free(void *ctx, void *q)
+{
+    if (!q) return;
+    size_t *live = ctx, total;
+    unsigned char *p = (unsigned char *)q - 4096;
+    memcpy(&total, p, sizeof total);
+    *live -= total;
+    munmap(p, total);
+}
+
+typedef struct {
+    size_t heap0, heap_max, mapped_max;
+    const size_t *mapped;
+} heap_watch_t;
+
+static size_t heap_bytes(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static void watch_heap(void *ctx, uint64_t done, uint64_t total)
+{
+    (void)done, (void)total;
+    heap_watch_t *hw = ctx; /* called while the replica's engine is up */
+    size_t h = heap_bytes();
+    hw->heap_max = KVC_MAX(hw->heap_max, h > hw->heap0 ? h - hw->heap0 : 0);
+    hw->mapped_max = KVC_MAX(hw->mapped_max, *hw->mapped);
+}
+
+static void nothing_bypasses_the_callers_allocator(void **state)
+{
+    (void)state;
+    if (KVC_TEST_SANITIZED) skip(); /* the sanitizer's allocator keeps no mallinfo */
+    /* every table is sizable: the engine's (100,000 blocks), the scheduler's (3,000 requests) */
+    kvc_workload_t *w = load("poisson:rate=3000,n=3000,prompt=40,output=4", 0);
+    size_t mapped = 0;
+    heap_watch_t hw = {.mapped = &mapped};
+    kvc_sim_config_t c = config(100000);
+    c.allocator = (kvc_allocator_t){.alloc = map_alloc, .free = map_free, .ctx = &mapped};
+    kvc_report_t *r = new_report_with(w, c.allocator);
+    c.progress = watch_heap;
+    c.progress_ctx = &hw;
+    kvc_sim_result_t res;
+    char err[512];
+    hw.heap0 = heap_bytes();
+    assert_ok(kvc_sim_run(&c, w, r, &res, err, sizeof err));
+    print_message("through the allocator %zu bytes, around it %zu\n", hw.mapped_max, hw.heap_max);
+    assert_true(hw.mapped_max > 100000u * 16);
+    assert_true(hw.heap_max < 64u << 10); /* stdio's buffers, no more */
+    kvc_report_destroy(r);
+    assert_int_equal(mapped, 0);
+    kvc_workload_destroy(w);
+}
+
 static void replicas_that_receive_no_request_cost_nothing(void **state)
 {
     (void)state;
@@ -651,6 +722,7 @@ int main(void)
         cmocka_unit_test(a_bigger_pool_hits_more_of_the_mooncake_trace),
         cmocka_unit_test(runs_fail_cleanly_under_allocation_faults),
         cmocka_unit_test(the_engine_allocates_through_the_callers_allocator),
+        cmocka_unit_test(nothing_bypasses_the_callers_allocator),
         cmocka_unit_test(replicas_that_receive_no_request_cost_nothing),
         cmocka_unit_test(a_run_that_cannot_fit_is_refused_before_it_allocates),
         cmocka_unit_test(a_model_with_no_kv_bytes_is_refused),
