@@ -50,6 +50,7 @@ typedef struct {
     uint64_t limit;        /* bytes the run may hold at once */
     uint64_t live, peak;   /* bytes held (headers included) */
     uint64_t refused;      /* the request the limit refused (0: none) */
+    uint64_t held;         /* what was held when it was refused */
 } mem_t;
 
 /* Each block carries its size and alignment in front of it, so that free knows what it
@@ -63,6 +64,7 @@ static void *mem_alloc(void *ctx, size_t bytes, size_t align)
     size_t total = bytes + align;
     if (total > m->limit || m->live > m->limit - total) {
         m->refused = total;
+        m->held = m->live;
         return NULL;
     }
     unsigned char *p = kvc_alloc(&m->inner, total, align);
@@ -908,7 +910,7 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
                       "when it asked for %llu bytes more",
                       fmt_bytes((double)limit, x, sizeof x),
                       limit_given ? "the limit given" : "the memory this machine has",
-                      fmt_bytes((double)(mem.live + w->bytes), y, sizeof y),
+                      fmt_bytes((double)(mem.held + w->bytes), y, sizeof y),
                       (unsigned long long)mem.refused);
         if (err && cap && !err[0])
             kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
