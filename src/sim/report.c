@@ -654,7 +654,7 @@ static const char *text_name(const kvc__groups_t *g, uint32_t i, const char *pre
 {
     char buf[32];
     const char *s = kvc__group_name(g, i, prefix, buf, sizeof buf);
-    kvc__escape(out, KVC_MIN(cap, (size_t)41), s, strlen(s));
+    kvc__sim_escape(out, KVC_MIN(cap, (size_t)41), s, strlen(s));
     return out;
 }
 
@@ -693,7 +693,7 @@ static void text_escaped(FILE *f, const char *s, int width)
     for (size_t len = strlen(s); len;) {
         char buf[256];
         size_t take = KVC_MIN(len, (size_t)60); /* 60 bytes escape to at most 240 */
-        n += (int)kvc__escape(buf, sizeof buf, s, take);
+        n += (int)kvc__sim_escape(buf, sizeof buf, s, take);
         fputs(buf, f);
         s += take;
         len -= take;

@@ -20,7 +20,7 @@
 #define MAX_NAMES        65536u
 
 /* ---- small helpers ----------------------------------------------------------- */
-size_t kvc__escape(char *out, size_t cap, const char *s, size_t len)
+size_t kvc__sim_escape(char *out, size_t cap, const char *s, size_t len)
 {
     static const char hex[] = "0123456789abcdef";
     size_t at = 0;
@@ -58,7 +58,7 @@ void kvc__errf(char *err, size_t cap, const char *fmt, ...)
     int n = vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
     if (n < 0) n = 0;
-    kvc__escape(err, cap, raw, KVC_MIN((size_t)n, sizeof raw - 1));
+    kvc__sim_escape(err, cap, raw, KVC_MIN((size_t)n, sizeof raw - 1));
 }
 
 uint64_t kvc__mix64(uint64_t a, uint64_t b)

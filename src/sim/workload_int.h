@@ -97,10 +97,10 @@ void kvc__json_string(FILE *f, const char *s);
 /* Copy s[0..len) into out (cap bytes, NUL-terminated) with control bytes escaped: \n, \t,
  * \r, else \xNN (DEL too).  Stops before an escape that would not fit; returns the length
  * written. */
-size_t kvc__escape(char *out, size_t cap, const char *s, size_t len);
+size_t kvc__sim_escape(char *out, size_t cap, const char *s, size_t len);
 
 /* printf into err (if not NULL), one line: control bytes in what it quotes are escaped
- * (kvc__escape). */
+ * (kvc__sim_escape). */
 void kvc__errf(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Loaders (trace.c, synth.c).  `name` labels errors.  They fill w, which the
