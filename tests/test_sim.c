@@ -443,12 +443,11 @@ static char *report_json(const kvc_report_t *r)
 /* Fail allocation 1, 2, 3, ... of a whole run (its report included).  Each run either fails
  * with KVC_ENOMEM and a one-line message, or goes on (the scheduler lets a request whose
  * sequence cannot be made now wait and retry: sched.h) and accounts for every request; either
- * way it frees everything, and (check_every_step) the scheduler's state passes its checker
- * after every step and after the failure.  The run that fails nothing gives the reference
- * report. */
+ * way it frees everything, and the scheduler's state passes its checker where the failure
+ * left it (the engine checks it on every failed allocation) and at the end of each replica.
+ * The run that fails nothing gives the reference report. */
 static void fault_every_allocation_of_a_run(kvc_sim_config_t c, const kvc_workload_t *w)
 {
-    c.check_every_step = true;
     kvc_report_t *ref = new_report(w);
     kvc_sim_result_t res;
     char err[512];
@@ -493,21 +492,30 @@ static void runs_fail_cleanly_under_allocation_faults(void **state)
 {
     (void)state;
     /* preemptions (a tight pool), speculation, closed-loop conversations on two replicas */
-    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/chat_multiturn.json", 24);
-    kvc_sim_config_t c = config(120);
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/chat_multiturn.json", 12);
+    kvc_sim_config_t c = config(60);
     c.sched.spec_tokens = 2;
     c.closed_loop = true;
     c.plan.dp = 2;
     fault_every_allocation_of_a_run(c, w);
     kvc_workload_destroy(w);
-    /* a Mooncake trace with tokens on demand: the engine assembles its prompts */
+    /* a Mooncake trace with tokens on demand (the engine assembles its prompts), shared
+     * prefixes, and swapping in a tight pool */
+    char trace[4096] = "";
+    for (int i = 0; i < 12; i++) {
+        char line[160];
+        snprintf(line, sizeof line,
+                 "{\"timestamp\": %d, \"input_length\": %d, \"output_length\": %d, "
+                 "\"hash_ids\": [1, %d, %d]}\n",
+                 40 * i, 34 + i, 3 + i % 5, 2 + i % 3, 10 + i);
+        strcat(trace, line);
+    }
     kvc_workload_params_t wp = kvc_workload_params_default();
-    wp.max_requests = 12;
     wp.tokens_on_demand = true;
+    wp.block_tokens = 16;
     char msg[256];
-    assert_ok(kvc_workload_load(KVC_DATA_DIR "/traces/mooncake_synthetic_trace.jsonl", &wp, &w, msg,
-                                sizeof msg));
-    c = config(4000);
+    assert_ok(kvc_workload_load_buffer(trace, strlen(trace), "trace", &wp, &w, msg, sizeof msg));
+    c = config(30);
     c.sched.preemption = KVC_PREEMPT_SWAP;
     fault_every_allocation_of_a_run(c, w);
     kvc_workload_destroy(w);

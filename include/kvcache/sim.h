@@ -437,8 +437,8 @@ typedef struct {
     /* debug trace of every step's decisions (NULL: none) */
     FILE *trace;
     /* check every invariant after every step (kvc_sched_check: blocks balanced, refcounts,
-     * caps; and the step's token budget and running cap), and after a failed allocation;
-     * slow, for tests */
+     * caps; and the step's token budget and running cap); slow, for tests.  (The run always
+     * checks them at the end of each replica and after a failed allocation.) */
     bool check_every_step;
     /* memory: the most the run may hold at once, the workload it is given included (the
      * replica's pool, prefix cache, sequences and scheduler, and the engine's own tables).
@@ -499,9 +499,9 @@ typedef struct {
  *   KVC_ENOMEM    an allocation failed, or the run would need more memory
  *                 than max_memory_bytes or the machine has (the message says
  *                 how much)
- *   KVC_ECORRUPT  an invariant failed (check_every_step, or the check after
- *                 each replica), or a layer below returned an error only a
- *                 bug can cause: a bug
+ *   KVC_ECORRUPT  an invariant failed (check_every_step, the check after each
+ *                 replica or the one after a failed allocation), or a layer
+ *                 below returned an error only a bug can cause: a bug
  * On failure the report holds what was recorded so far, unfinished. */
 KVC_API int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report_t *report,
                         kvc_sim_result_t *out, char *err, size_t err_cap);

@@ -576,16 +576,27 @@ static int step_results(run_t *r, const kvc_sched_plan_t *plan, uint32_t *batch_
     return 0;
 }
 
+/* The scheduler's checker (which checks the seq table, prefix cache and pool under it): 0, the
+ * checker's own allocation failure as is, or KVC_ECORRUPT with `what` and its message. */
+static int check_sched(run_t *r, const kvc_sched_t *s, const char *what)
+{
+    char msg[256] = "";
+    int rc = kvc_sched_check(s, msg, sizeof msg); /* sched: */
+    if (rc == 0 || rc == KVC_ENOMEM) return rc;
+    return kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap, "%s: %s", what,
+                     msg[0] ? msg : kvc_strerror(rc));
+}
+
 /* check_every_step: the scheduler's invariants, the token budget and the running cap. */
 static int check_step(run_t *r, const kvc_sched_t *s, uint32_t batch_tokens)
 {
     const kvc_sim_config_t *cfg = r->cfg;
-    char msg[256];
     kvc_sched_stats_t cst;
     kvc_sched_stats(s, &cst); /* sched: */
-    if (kvc_sched_check(s, msg, sizeof msg))
-        return kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap, "step %llu: %s",
-                         (unsigned long long)r->res->steps, msg);
+    char what[32];
+    snprintf(what, sizeof what, "step %llu", (unsigned long long)r->res->steps);
+    int rc = check_sched(r, s, what);
+    if (rc) return rc;
     if (batch_tokens > cfg->plan.max_num_batched_tokens || cst.n_running > cfg->plan.max_num_seqs)
         return kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap,
                          "step %llu: %u tokens, %u running: over the limits",
@@ -669,10 +680,7 @@ static int replica_totals(run_t *r, const kvc_sched_t *s)
     r->res->hit_tokens += st.hit_tokens;
     r->res->resume_hit_tokens += st.resume_hit_tokens;
     r->res->simulated_s = KVC_MAX(r->res->simulated_s, r->now);
-    char msg[256];
-    if (kvc_sched_check(s, msg, sizeof msg))
-        return kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap, "internal: %s", msg);
-    return 0;
+    return check_sched(r, s, "internal");
 }
 
 static int run_replica(run_t *r)
@@ -712,11 +720,10 @@ static int run_replica(run_t *r)
     }
     rc = replica_totals(r, s);
 out:
-    if (rc == KVC_ENOMEM && cfg->check_every_step) {
-        /* a failed allocation must leave the scheduler's state whole */
-        char msg[256];
-        if (kvc_sched_check(s, msg, sizeof msg))
-            rc = kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap, "after a failed allocation: %s", msg);
+    if (rc == KVC_ENOMEM) {
+        /* a failed allocation must leave the scheduler's state whole (one check, on the way out) */
+        int crc = check_sched(r, s, "after a failed allocation");
+        if (crc == KVC_ECORRUPT) rc = crc;
     }
     replica_close(&rep);
     return rc;
