@@ -654,8 +654,9 @@ static void replicas_that_receive_no_request_cost_nothing(void **state)
 static void a_run_that_cannot_fit_is_refused_before_it_allocates(void **state)
 {
     (void)state;
-    kvc_workload_t *w = load("poisson:rate=20,n=50,prompt=500,output=50", 0);
-    kvc_sim_config_t c = config(100000000); /* 1e8 blocks: gigabytes of metadata */
+    /* 1e8 blocks: gigabytes of metadata; 500 requests could use some 17,000 of them */
+    kvc_workload_t *w = load("poisson:rate=20,n=500,prompt=500,output=50", 0);
+    kvc_sim_config_t c = config(100000000);
     c.max_memory_bytes = 64u << 20;
     sized_alloc_t sa = {.max_bytes = SIZE_MAX};
     c.allocator = (kvc_allocator_t){.alloc = sized_alloc, .free = sized_free, .ctx = &sa};
@@ -683,14 +684,13 @@ static void a_run_that_cannot_fit_is_refused_before_it_allocates(void **state)
     assert_non_null(strstr(err, "needs more memory than the limit of"));
     assert_int_equal(st.n_live, 0);
     kvc_report_destroy(r);
-    /* and without a limit given, the machine's memory bounds it: 2^30 blocks are refused */
+    /* without a limit given, the machine's memory bounds it: 2^30 blocks are refused where their
+     * metadata is written up front; tables written only as blocks are used may fit */
     c = config(1u << 30);
     r = new_report(w);
     int rc = kvc_sim_run(&c, w, r, &res, err, sizeof err);
-    if (rc == KVC_ENOMEM)
-        assert_non_null(strstr(err, "the memory this machine has"));
-    else
-        assert_ok(rc); /* a machine with some 200 GiB to spare */
+    print_message("2^30 blocks: %s\n", rc ? err : "ran");
+    if (rc) assert_int_equal(rc, KVC_ENOMEM);
     kvc_report_destroy(r);
     kvc_workload_destroy(w);
 }

@@ -369,43 +369,106 @@ fail:
 }
 
 /* ---- the memory estimate ---------------------------------------------------------------- */
-/* What one replica's engine costs, measured by building it at two small sizes through a
- * counting allocator: fixed + per_block x blocks at creation, plus per_used for each block
- * the pool hands out (nothing for a pool that allocates its metadata up front; the part
- * of a pool that grows with use). */
-typedef struct {
-    double fixed, per_block, per_used;
-} probe_t;
-
+/* What one replica's engine costs, measured by building it at two small sizes through an
+ * allocator that records each allocation and fills it with a pattern: the bytes allocated
+ * per block, and the pages creation writes (those are resident at once).  A pool or cache
+ * that allocates its tables up front but writes a block's entries only when the block is
+ * used costs, resident, what creation writes plus what the blocks in use touch. */
 #define PROBE_BLOCKS 1024u
+#define PROBE_MAX    256 /* allocations one replica's engine makes at creation, at most */
+#define PAGE         4096.0
+#define POISON       0xa5
+
+typedef struct {
+    mem_t m;
+    struct {
+        unsigned char *p;
+        size_t n;
+    } a[PROBE_MAX];
+    int n_a;
+    bool overflow; /* more allocations than recorded: count them all as written */
+} probe_mem_t;
+
+static void *probe_alloc(void *ctx, size_t bytes, size_t align)
+{
+    probe_mem_t *pm = ctx;
+    unsigned char *p = mem_alloc(&pm->m, bytes, align);
+    if (!p) return NULL;
+    memset(p, POISON, bytes);
+    int i = 0;
+    while (i < pm->n_a && pm->a[i].p) i++; /* a free record */
+    if (i == PROBE_MAX)
+        pm->overflow = true;
+    else {
+        pm->a[i].p = p, pm->a[i].n = bytes;
+        if (i == pm->n_a) pm->n_a++;
+    }
+    return p;
+}
+
+static void probe_free(void *ctx, void *p)
+{
+    probe_mem_t *pm = ctx;
+    for (int i = 0; p && i < pm->n_a; i++)
+        if (pm->a[i].p == p) pm->a[i].p = NULL;
+    mem_free(&pm->m, p);
+}
+
+typedef struct {
+    double alloc, written; /* bytes allocated; bytes of the pages written */
+    int n_big;             /* allocations of a page or more */
+} probe_sum_t;
+
+static probe_sum_t probe_measure(const probe_mem_t *pm)
+{
+    probe_sum_t s = {0};
+    for (int i = 0; i < pm->n_a; i++) {
+        const unsigned char *p = pm->a[i].p;
+        size_t n = pm->a[i].n;
+        if (!p) continue;
+        s.alloc += (double)n;
+        s.n_big += n >= PAGE;
+        for (size_t at = 0; at < n; at += (size_t)PAGE) {
+            size_t len = KVC_MIN(n - at, (size_t)PAGE);
+            for (size_t k = 0; k < len; k++)
+                if (p[at + k] != POISON) {
+                    s.written += (double)len;
+                    break;
+                }
+        }
+    }
+    if (pm->overflow) s.written = (double)pm->m.live;
+    return s;
+}
+
+typedef struct {
+    double fixed_alloc, fixed_written;         /* at creation, whatever the size */
+    double alloc_per_block, written_per_block; /* at creation, per block of the pool */
+    double big_per_block;                      /* tables that grow with the pool */
+} probe_t;
 
 static int probe_engine(run_t *r, probe_t *out)
 {
-    mem_t m = {.inner = *r->a, .limit = UINT64_MAX};
-    kvc_allocator_t a = mem_allocator(&m);
-    replica_t rep;
-    uint64_t b[2];
+    probe_sum_t sum[2];
     int rc = 0;
     for (int i = 0; i < 2 && !rc; i++) {
-        if ((rc = replica_open(r, &a, PROBE_BLOCKS << i, &rep))) break;
-        b[i] = m.live;
-        if (i == 1) {
-            uint32_t *ids = kvc_alloc(r->a, (PROBE_BLOCKS << i) * sizeof *ids, 0);
-            if (!ids) rc = KVC_ENOMEM;
-            uint64_t before = m.live;
-            /* what handing out every block adds; a pool that cannot is measured as is */
-            if (ids && kvc_pool_alloc(rep.pool, PROBE_BLOCKS << i, ids) == 0)
-                out->per_used = (double)(m.live - before) / (PROBE_BLOCKS << i);
-            else
-                out->per_used = 0;
-            kvc_free(r->a, ids);
+        probe_mem_t *pm = kvc_calloc(r->a, 1, sizeof *pm, 0);
+        if (!pm) return KVC_ENOMEM;
+        pm->m = (mem_t){.inner = *r->a, .limit = UINT64_MAX};
+        kvc_allocator_t a = {.alloc = probe_alloc, .free = probe_free, .ctx = pm};
+        replica_t rep;
+        if (!(rc = replica_open(r, &a, PROBE_BLOCKS << i, &rep))) {
+            sum[i] = probe_measure(pm);
+            replica_close(&rep);
         }
-        replica_close(&rep);
+        kvc_free(r->a, pm);
     }
     if (rc) return rc;
-    out->per_block = b[1] > b[0] ? (double)(b[1] - b[0]) / PROBE_BLOCKS : 0;
-    out->fixed = (double)b[0] - out->per_block * PROBE_BLOCKS;
-    if (out->fixed < 0) out->fixed = 0;
+    out->alloc_per_block = KVC_MAX(0.0, (sum[1].alloc - sum[0].alloc) / PROBE_BLOCKS);
+    out->written_per_block = KVC_MAX(0.0, (sum[1].written - sum[0].written) / PROBE_BLOCKS);
+    out->fixed_alloc = KVC_MAX(0.0, sum[0].alloc - out->alloc_per_block * PROBE_BLOCKS);
+    out->fixed_written = KVC_MAX(0.0, sum[0].written - out->written_per_block * PROBE_BLOCKS);
+    out->big_per_block = sum[1].n_big;
     return 0;
 }
 
@@ -429,9 +492,13 @@ static uint64_t blocks_touched_bound(const run_t *r)
     return most;
 }
 
-/* Refuse a run that cannot fit in `limit` bytes (the workload included) before allocating it. */
-static int check_memory(run_t *r, uint64_t limit, bool limit_given, char *err, size_t cap)
+/* Refuse a run whose resident memory could pass `limit` bytes (the workload included) before
+ * allocating it; *alloc_bytes: what it will ask its allocator for (the pages it never writes
+ * included). */
+static int check_memory(run_t *r, uint64_t limit, bool limit_given, double *alloc_bytes, char *err,
+                        size_t cap)
 {
+    *alloc_bytes = 0;
     /* a pool no bigger than the probe's: building it costs what measuring it would, and the
      * limit still holds allocation by allocation */
     if (r->num_blocks <= 2 * PROBE_BLOCKS) return 0;
@@ -439,15 +506,21 @@ static int check_memory(run_t *r, uint64_t limit, bool limit_given, char *err, s
     int rc = probe_engine(r, &pr);
     if (rc) return rc;
     const size_t n = kvc_workload_size(r->w);
-    /* the engine's own tables: per request, the counters, the arrival heap and the id map */
-    double per_request = 2 * sizeof(uint32_t) + sizeof(bool) + sizeof(kvc_token_t *) +
-                         2 * sizeof(arrival_t) + 2 * sizeof(uint32_t) + 4 * sizeof(uint64_t);
-    uint64_t used = blocks_touched_bound(r);
+    const double blocks = r->num_blocks;
+    /* the engine's own tables: per request, the counters, the arrival heap */
+    const double per_request = 2 * sizeof(uint32_t) + sizeof(bool) + sizeof(kvc_token_t *) +
+                               2 * sizeof(arrival_t) + 4 * sizeof(uint64_t);
+    const double used = (double)blocks_touched_bound(r);
+    /* Resident: what creation writes, and for each block in use its own bytes plus, at
+     * worst, a page of every table that grows with the pool (a hash bucket, say) */
+    double alloc = pr.fixed_alloc + pr.alloc_per_block * blocks;
+    double resident = pr.fixed_written + pr.written_per_block * blocks +
+                      used * (pr.alloc_per_block + pr.big_per_block * PAGE);
+    resident = KVC_MIN(resident, alloc);
     /* plus 1/16 for what the allocator and the kernel keep on top (headers, page tables, the
      * checker's own scratch): about 5% at 1e7 blocks, measured against the process's RSS */
-    double engine =
-        (pr.fixed + pr.per_block * r->num_blocks + pr.per_used * (double)used) * 17 / 16;
-    double need = engine + per_request * (double)n + (double)r->w->bytes;
+    double need = resident * 17 / 16 + per_request * (double)n + (double)r->w->bytes;
+    *alloc_bytes = alloc * 17 / 16 + per_request * (double)n;
     if (need <= (double)limit) return 0;
     char a[32], b[32], c[32];
     return kvc__msgf(
@@ -455,8 +528,7 @@ static int check_memory(run_t *r, uint64_t limit, bool limit_given, char *err, s
         "the simulation would need about %s of memory (%u KV blocks per replica at about "
         "%.0f bytes of metadata each, the workload's %s and the tables of its %zu requests), more "
         "than the limit of %s (%s)",
-        fmt_bytes(need, a, sizeof a), r->num_blocks,
-        pr.per_block + pr.per_used * (double)used / r->num_blocks,
+        fmt_bytes(need, a, sizeof a), r->num_blocks, resident / blocks,
         fmt_bytes((double)r->w->bytes, b, sizeof b), n, fmt_bytes((double)limit, c, sizeof c),
         limit_given ? "the limit given" : "the memory this machine has");
 }
@@ -883,7 +955,12 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
                .err = err,
                .err_cap = cap};
     memcpy(r.window, window, sizeof r.window);
-    rc = check_memory(&r, limit, limit_given, err, cap);
+    double alloc_bytes;
+    rc = check_memory(&r, limit, limit_given, &alloc_bytes, err, cap);
+    /* allocations count against the limit, or against what the estimate said the run would
+     * allocate where that is more (tables whose pages are written only as blocks are used) */
+    if (!rc && alloc_bytes > (double)mem.limit)
+        mem.limit = alloc_bytes >= 1.8e19 ? UINT64_MAX : (uint64_t)alloc_bytes;
     if (!rc) {
         r.produced = kvc_calloc(&a, n ? n : 1, sizeof(uint32_t), 0);
         r.next_turn = kvc_alloc(&a, (n ? n : 1) * sizeof(uint32_t), 0);

@@ -102,7 +102,7 @@ expect_error "csv unwritable" "--csv: cannot write .*/no/such/x.csv: No such fil
 expect_error "svg is a file" "--svg: cannot write into .*afile: Not a directory" -- "${BASE[@]}" --workload "$W" --svg "$TMP/afile"
 expect_error "svg under a file" "--svg: cannot write into .*afile/charts" -- "${BASE[@]}" --workload "$W" --svg "$TMP/afile/charts"
 # a run that fails leaves no --csv or --svg behind
-expect_error "failed run, outputs" "more than the limit of 1.0 GiB|more memory than the limit of 1.0 GiB" -- "${BASE[@]}" --workload "$W" --num-blocks 100000000 --max-memory 1GiB --csv "$TMP/left.csv" --svg "$TMP/left-svg"
+expect_error "failed run, outputs" "more than the limit of 256.0 MiB|more memory than the limit of 256.0 MiB" -- "${BASE[@]}" --workload "$W" --num-blocks 100000000 --max-memory 256MiB --csv "$TMP/left.csv" --svg "$TMP/left-svg"
 [ ! -e "$TMP/left.csv" ] && [ ! -e "$TMP/left-svg" ] || fail "a failed run left its --csv or --svg behind"
 expect_error "max-memory value" "--max-memory: 'lots' is not a size" -- "${BASE[@]}" --workload "$W" --max-memory lots
 
