@@ -51,6 +51,7 @@ typedef struct {
     uint64_t live, peak;   /* bytes held (headers included) */
     uint64_t refused;      /* the request the limit refused (0: none) */
     uint64_t held;         /* what was held when it was refused */
+    uint64_t failed;       /* the largest request the caller's allocator refused (0: none) */
 } mem_t;
 
 /* Each block carries its size and alignment in front of it, so that free knows what it
@@ -68,7 +69,10 @@ static void *mem_alloc(void *ctx, size_t bytes, size_t align)
         return NULL;
     }
     unsigned char *p = kvc_alloc(&m->inner, total, align);
-    if (!p) return NULL;
+    if (!p) {
+        m->failed = KVC_MAX(m->failed, (uint64_t)total);
+        return NULL;
+    }
     unsigned char *q = p + align;
     size_t hdr[2] = {total, align};
     memcpy(q - sizeof hdr, hdr, sizeof hdr);
@@ -955,7 +959,7 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
                .err = err,
                .err_cap = cap};
     memcpy(r.window, window, sizeof r.window);
-    double alloc_bytes;
+    double alloc_bytes = 0;
     rc = check_memory(&r, limit, limit_given, &alloc_bytes, err, cap);
     /* allocations count against the limit, or against what the estimate said the run would
      * allocate where that is more (tables whose pages are written only as blocks are used) */
@@ -987,7 +991,7 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     kvc_free(&a, r.results);
     out->peak_bytes = mem.peak;
     if (rc) {
-        char x[32], y[32];
+        char x[32], y[32], z[32];
         if (rc == KVC_ENOMEM && mem.refused && err && cap && !err[0])
             kvc__msgf(rc, err, cap,
                       "the simulation needs more memory than the limit of %s (%s): it held %s "
@@ -996,6 +1000,13 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
                       limit_given ? "the limit given" : "the memory this machine has",
                       fmt_bytes((double)(mem.held + w->bytes), y, sizeof y),
                       (unsigned long long)mem.refused);
+        if (rc == KVC_ENOMEM && mem.failed && err && cap && !err[0])
+            kvc__msgf(rc, err, cap,
+                      "out of memory: an allocation of %s failed (the run would allocate about %s "
+                      "in all; this machine has %s)",
+                      fmt_bytes((double)mem.failed, x, sizeof x),
+                      fmt_bytes(alloc_bytes > 0 ? alloc_bytes : (double)mem.peak, y, sizeof y),
+                      fmt_bytes((double)memory_available(), z, sizeof z));
         if (err && cap && !err[0])
             kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
         return rc;
