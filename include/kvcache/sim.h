@@ -440,10 +440,10 @@ typedef struct {
      * caps; and the step's token budget and running cap); slow, for tests.  (The run always
      * checks them at the end of each replica and after a failed allocation.) */
     bool check_every_step;
-    /* memory: the most the run may hold at once, the workload it is given included (the
-     * replica's pool, prefix cache, sequences and scheduler, and the engine's own tables).
-     * A run estimated to need more is refused before it allocates; an allocation that would
-     * pass the limit fails.  0: the memory this machine has (physical memory, or a lower
+    /* memory: the most the run may keep resident at once, the workload it is given included
+     * (the replica's pool, prefix cache, sequences and scheduler, and the engine's own
+     * tables).  A run estimated to need more is refused before it allocates (see
+     * kvc_sim_run).  0: the memory this machine has (physical memory, or a lower
      * address-space or cgroup limit) */
     uint64_t max_memory_bytes;
     /* every allocation of the run goes through it (the replicas' pools, prefix caches,
@@ -480,11 +480,17 @@ typedef struct {
  * (out->rejected), as a server would answer it with an error; its output
  * stops at max_model_len.
  *
- * Memory: every allocation goes through cfg->allocator, counted against
- * max_memory_bytes (the workload's own bytes included).  Before allocating,
- * the run measures what a replica's engine costs per block (it builds one at
- * 1,024 and 2,048 blocks) and refuses a run estimated not to fit.  The
- * report is the caller's and allocates through its own allocator.
+ * Memory: every allocation goes through cfg->allocator.  Before allocating,
+ * the run measures what a replica's engine costs: it builds one at 1,024 and
+ * 2,048 blocks, counting the bytes allocated and the pages creation writes,
+ * and estimates what the run keeps resident (what creation writes for every
+ * block, plus, for each block the workload could ever use, its bytes and a
+ * page of each table that grows with the pool; 1/16 on top).  A run whose
+ * estimate (with the workload's own bytes) passes max_memory_bytes is
+ * refused.  While it runs, an allocation that would take the bytes it holds
+ * past max_memory_bytes (or past the bytes the estimate says it allocates,
+ * where that is more) fails.  The report is the caller's and allocates
+ * through its own allocator.
  *
  * Fails with a one-line message in err:
  *   KVC_EINVAL    NULL arguments, bad parameters (spec acceptance outside
