@@ -455,6 +455,29 @@ static void text_report_reads_well(void **state)
     kvc_report_destroy(r);
 }
 
+static void text_report_escapes_control_bytes_of_names_and_settings(void **state)
+{
+    (void)state;
+    /* names and settings come from the input (a trace's tenants, a config's model name) */
+    static const char *const odd[] = {"ev\x1b[2Jil", "tab\there"};
+    kvc_report_params_t p = params();
+    p.tenant_names = odd;
+    kvc_report_t *r;
+    assert_ok(kvc_report_create(&p, &r));
+    for (int i = 0; i < 4; i++) assert_ok(kvc_report_add(r, &recs[i]));
+    assert_ok(kvc_report_add_config(r, "model", "line\nbreak\x07"));
+    assert_ok(kvc_report_finish(r, &totals));
+    char *text = capture(kvc_report_write_text, r, NULL);
+    for (const char *c = text; *c; c++)
+        if ((unsigned char)*c < 0x20 && *c != '\n')
+            fail_msg("raw control byte 0x%02x in the text report", (unsigned char)*c);
+    const char *want[] = {"ev\\x1b[2Jil", "tab\\there", "line\\nbreak\\x07"};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(want); i++)
+        if (!strstr(text, want[i])) fail_msg("text report lacks '%s':\n%s", want[i], text);
+    free(text);
+    kvc_report_destroy(r);
+}
+
 /* ---- the time series -------------------------------------------------------------------- */
 static void fixed_interval_rows_fold_samples(void **state)
 {
@@ -788,6 +811,7 @@ int main(void)
         cmocka_unit_test(misuse_is_refused),
         cmocka_unit_test(json_has_the_keys_and_values),
         cmocka_unit_test(text_report_reads_well),
+        cmocka_unit_test(text_report_escapes_control_bytes_of_names_and_settings),
         cmocka_unit_test(fixed_interval_rows_fold_samples),
         cmocka_unit_test(adaptive_rows_stay_bounded_and_keep_peaks),
         cmocka_unit_test(svg_charts_are_well_formed),

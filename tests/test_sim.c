@@ -4,10 +4,12 @@
  * and the scenarios' effects in the direction they must have. */
 #include "test_helpers.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static kvc_sim_config_t config(uint32_t num_blocks)
 {
@@ -386,6 +388,342 @@ static void a_bigger_pool_hits_more_of_the_mooncake_trace(void **state)
     kvc_workload_destroy(w);
 }
 
+/* ---- allocation: the caller's allocator, faults, the memory limit ------------------------------
+ */
+/* An allocator that refuses any allocation over `max_bytes` and remembers the largest it saw. */
+typedef struct {
+    size_t max_bytes, largest;
+    uint64_t n_live;
+} sized_alloc_t;
+
+static void *sized_alloc(void *ctx, size_t bytes, size_t align)
+{
+    sized_alloc_t *a = ctx;
+    a->largest = KVC_MAX(a->largest, bytes);
+    if (bytes > a->max_bytes) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, bytes ? bytes : 1))
+        return NULL;
+    a->n_live++;
+    return p;
+}
+
+static void sized_free(void *ctx, void *p)
+{
+    sized_alloc_t *a = ctx;
+    if (!p) return;
+    a->n_live--;
+    free(p);
+}
+
+static kvc_report_t *new_report_with(const kvc_workload_t *w, kvc_allocator_t a)
+{
+    kvc_report_params_t rp = kvc_report_params_default();
+    rp.tenant_names = kvc_workload_tenant_names(w);
+    rp.n_tenants = kvc_workload_n_tenants(w);
+    rp.class_names = kvc_workload_class_names(w);
+    rp.n_classes = kvc_workload_n_classes(w);
+    rp.allocator = a;
+    kvc_report_t *r = NULL;
+    int rc = kvc_report_create(&rp, &r);
+    return rc ? NULL : r;
+}
+
+static char *report_json(const kvc_report_t *r)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_ok(kvc_report_write_json(r, f));
+    fclose(f);
+    return buf;
+}
+
+/* Fail allocation 1, 2, 3, ... of a whole run (its report included).  Each run either fails
+ * with KVC_ENOMEM and a one-line message, or goes on (the scheduler lets a request whose
+ * sequence cannot be made now wait and retry: sched.h) and accounts for every request; either
+ * way it frees everything, and the scheduler's state passes its checker where the failure
+ * left it (the engine checks it on every failed allocation) and at the end of each replica.
+ * The run that fails nothing gives the reference report. */
+static void fault_every_allocation_of_a_run(kvc_sim_config_t c, const kvc_workload_t *w)
+{
+    kvc_report_t *ref = new_report(w);
+    kvc_sim_result_t res;
+    char err[512];
+    if (kvc_sim_run(&c, w, ref, &res, err, sizeof err)) fail_msg("reference run: %s", err);
+    char *want = report_json(ref);
+    kvc_report_destroy(ref);
+    uint64_t n_failed = 0, n_absorbed = 0;
+    for (uint64_t n = 1;; n++) {
+        kvc_failing_alloc_t st = {.fail_at = n};
+        c.allocator = kvc_failing_allocator(&st);
+        kvc_report_t *r = new_report_with(w, c.allocator);
+        int rc = r ? kvc_sim_run(&c, w, r, &res, err, sizeof err) : KVC_ENOMEM;
+        if (st.n_failed && rc == 0) { /* retried: every request still accounted for */
+            if (res.completed + res.rejected != kvc_workload_size(w))
+                fail_msg("allocation %llu failed: %llu of %zu requests accounted for",
+                         (unsigned long long)n, (unsigned long long)(res.completed + res.rejected),
+                         kvc_workload_size(w));
+            n_absorbed++;
+        } else if (st.n_failed) {
+            if (rc != KVC_ENOMEM)
+                fail_msg("allocation %llu failed: %s (%s)", (unsigned long long)n, kvc_errname(rc),
+                         r ? err : "report");
+            if (r) assert_true(err[0] != '\0' && !strchr(err, '\n'));
+            n_failed++;
+        } else {
+            assert_ok(rc);
+            char *got = report_json(r);
+            assert_string_equal(got, want); /* counting changed nothing */
+            free(got);
+        }
+        kvc_report_destroy(r);
+        assert_int_equal(st.n_live, 0); /* nothing leaked */
+        if (!st.n_failed) break;
+    }
+    print_message("%llu allocations failed the run, %llu were retried\n",
+                  (unsigned long long)n_failed, (unsigned long long)n_absorbed);
+    assert_true(n_failed > 40); /* the pool, prefix cache, sequences, scheduler, tables */
+    free(want);
+}
+
+static void runs_fail_cleanly_under_allocation_faults(void **state)
+{
+    (void)state;
+    /* preemptions (a tight pool), speculation, closed-loop conversations on two replicas */
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/chat_multiturn.json", 12);
+    kvc_sim_config_t c = config(60);
+    c.sched.spec_tokens = 2;
+    c.closed_loop = true;
+    c.plan.dp = 2;
+    fault_every_allocation_of_a_run(c, w);
+    kvc_workload_destroy(w);
+    /* a Mooncake trace with tokens on demand (the engine assembles its prompts), shared
+     * prefixes, and swapping in a tight pool */
+    char trace[4096] = "";
+    for (int i = 0; i < 12; i++) {
+        char line[160];
+        snprintf(line, sizeof line,
+                 "{\"timestamp\": %d, \"input_length\": %d, \"output_length\": %d, "
+                 "\"hash_ids\": [1, %d, %d]}\n",
+                 40 * i, 34 + i, 3 + i % 5, 2 + i % 3, 10 + i);
+        strcat(trace, line);
+    }
+    kvc_workload_params_t wp = kvc_workload_params_default();
+    wp.tokens_on_demand = true;
+    wp.block_tokens = 16;
+    char msg[256];
+    assert_ok(kvc_workload_load_buffer(trace, strlen(trace), "trace", &wp, &w, msg, sizeof msg));
+    c = config(30);
+    c.sched.preemption = KVC_PREEMPT_SWAP;
+    fault_every_allocation_of_a_run(c, w);
+    kvc_workload_destroy(w);
+}
+
+static void the_engine_allocates_through_the_callers_allocator(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=20,n=20,prompt=100,output=5", 0);
+    /* 200,000 blocks: the pool's table alone is megabytes, and so is the prefix cache's */
+    for (int prefix = 0; prefix < 2; prefix++) {
+        kvc_sim_config_t c = config(200000);
+        c.prefix_caching = prefix;
+        sized_alloc_t sa = {.max_bytes = 1 << 20};
+        c.allocator = (kvc_allocator_t){.alloc = sized_alloc, .free = sized_free, .ctx = &sa};
+        kvc_report_t *r = new_report(w);
+        kvc_sim_result_t res;
+        char err[512];
+        assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_ENOMEM);
+        assert_true(sa.largest > (1 << 20)); /* it asked the caller's allocator for them */
+        assert_int_equal(sa.n_live, 0);
+        kvc_report_destroy(r);
+        sa = (sized_alloc_t){.max_bytes = SIZE_MAX};
+        r = new_report(w);
+        assert_ok(kvc_sim_run(&c, w, r, &res, err, sizeof err));
+        assert_true(res.peak_bytes > 200000u * 16); /* at least 16 bytes of metadata per block */
+        assert_int_equal(sa.n_live, 0);
+        kvc_report_destroy(r);
+    }
+    kvc_workload_destroy(w);
+}
+
+/* An allocator outside the C library's heap (each block its own mapping), so that what the
+ * heap holds during a run is what bypassed the caller's allocator. */
+static void *map_alloc(void *ctx, size_t bytes, size_t align)
+{
+    (void)align; /* <= 4096: a page */
+    size_t *live = ctx, total = bytes + 4096;
+    unsigned char *p =
+        mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    memcpy(p, &total, sizeof total);
+    *live += total;
+    return p + 4096;
+}
+
+static void map_free(void *ctx, void *q)
+{
+    if (!q) return;
+    size_t *live = ctx, total;
+    unsigned char *p = (unsigned char *)q - 4096;
+    memcpy(&total, p, sizeof total);
+    *live -= total;
+    munmap(p, total);
+}
+
+typedef struct {
+    size_t heap0, heap_max, mapped_max;
+    const size_t *mapped;
+} heap_watch_t;
+
+static size_t heap_bytes(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static void watch_heap(void *ctx, uint64_t done, uint64_t total)
+{
+    (void)done, (void)total;
+    heap_watch_t *hw = ctx; /* called while the replica's engine is up */
+    size_t h = heap_bytes();
+    hw->heap_max = KVC_MAX(hw->heap_max, h > hw->heap0 ? h - hw->heap0 : 0);
+    hw->mapped_max = KVC_MAX(hw->mapped_max, *hw->mapped);
+}
+
+static void nothing_bypasses_the_callers_allocator(void **state)
+{
+    (void)state;
+    if (KVC_TEST_SANITIZED) skip(); /* the sanitizer's allocator keeps no mallinfo */
+    /* every table is sizable: the engine's (100,000 blocks), the scheduler's (3,000 requests) */
+    kvc_workload_t *w = load("poisson:rate=3000,n=3000,prompt=40,output=4", 0);
+    size_t mapped = 0;
+    heap_watch_t hw = {.mapped = &mapped};
+    kvc_sim_config_t c = config(100000);
+    c.allocator = (kvc_allocator_t){.alloc = map_alloc, .free = map_free, .ctx = &mapped};
+    kvc_report_t *r = new_report_with(w, c.allocator);
+    c.progress = watch_heap;
+    c.progress_ctx = &hw;
+    kvc_sim_result_t res;
+    char err[512];
+    hw.heap0 = heap_bytes();
+    assert_ok(kvc_sim_run(&c, w, r, &res, err, sizeof err));
+    print_message("through the allocator %zu bytes, around it %zu\n", hw.mapped_max, hw.heap_max);
+    assert_true(hw.mapped_max > 100000u * 16);
+    assert_true(hw.heap_max < 64u << 10); /* stdio's buffers, no more */
+    kvc_report_destroy(r);
+    assert_int_equal(mapped, 0);
+    kvc_workload_destroy(w);
+}
+
+static void replicas_that_receive_no_request_cost_nothing(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/chat_multiturn.json", 50);
+    uint64_t allocs[2];
+    char *json[2];
+    const uint32_t dp[2] = {50, 5000}; /* request i goes to replica i mod dp: 50 replicas run */
+    for (int i = 0; i < 2; i++) {
+        kvc_sim_config_t c = config(2000);
+        c.plan.dp = dp[i];
+        c.closed_loop = true;
+        kvc_failing_alloc_t st = {0}; /* counts, never fails */
+        c.allocator = kvc_failing_allocator(&st);
+        kvc_report_t *r = new_report(w);
+        kvc_sim_result_t res;
+        char err[512];
+        if (kvc_sim_run(&c, w, r, &res, err, sizeof err)) fail_msg("dp %u: %s", dp[i], err);
+        assert_int_equal(res.n_replicas, dp[i]);
+        assert_int_equal(res.completed + res.rejected, 50);
+        allocs[i] = st.n_allocs;
+        json[i] = report_json(r);
+        kvc_report_destroy(r);
+    }
+    assert_int_equal(allocs[0], allocs[1]); /* the 4,950 idle replicas allocated nothing */
+    /* the same report but for the replica count */
+    char *a = strstr(json[0], "\"replicas\""), *b = strstr(json[1], "\"replicas\"");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_memory_equal(json[0], json[1], (size_t)(a - json[0]));
+    free(json[0]);
+    free(json[1]);
+    kvc_workload_destroy(w);
+}
+
+static void a_run_that_cannot_fit_is_refused_before_it_allocates(void **state)
+{
+    (void)state;
+    /* 1e8 blocks: gigabytes of metadata; 500 requests could use some 17,000 of them */
+    kvc_workload_t *w = load("poisson:rate=20,n=500,prompt=500,output=50", 0);
+    kvc_sim_config_t c = config(100000000);
+    c.max_memory_bytes = 64u << 20;
+    sized_alloc_t sa = {.max_bytes = SIZE_MAX};
+    c.allocator = (kvc_allocator_t){.alloc = sized_alloc, .free = sized_free, .ctx = &sa};
+    kvc_report_t *r = new_report(w);
+    kvc_sim_result_t res;
+    char err[512];
+    assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_ENOMEM);
+    print_message("%s\n", err);
+    assert_non_null(strstr(err, "would need about"));
+    assert_non_null(strstr(err, "100000000 KV blocks"));
+    assert_non_null(strstr(err, "more than the limit of 64.0 MiB"));
+    assert_true(sa.largest < (4u << 20)); /* only the small probe was built */
+    assert_int_equal(sa.n_live, 0);
+    kvc_report_destroy(r);
+    /* a limit passed while the run measures what it needs: the allocation fails, cleanly */
+    kvc_workload_stats_t ws;
+    assert_ok(kvc_workload_stats(w, &ws));
+    c = config(2000);
+    c.max_memory_bytes = ws.bytes + (64u << 10); /* 64 KiB besides the workload */
+    kvc_failing_alloc_t st = {0};
+    c.allocator = kvc_failing_allocator(&st);
+    r = new_report(w);
+    assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_ENOMEM);
+    print_message("%s\n", err);
+    assert_non_null(strstr(err, "needs more memory than the limit of"));
+    assert_int_equal(st.n_live, 0);
+    kvc_report_destroy(r);
+    /* without a limit given, the machine's memory bounds it: 2^30 blocks are refused where their
+     * metadata is written up front; tables written only as blocks are used may fit */
+    if (!KVC_TEST_SANITIZED) { /* the sanitizer's allocator aborts where malloc returns NULL */
+        c = config(1u << 30);
+        r = new_report(w);
+        int rc = kvc_sim_run(&c, w, r, &res, err, sizeof err);
+        print_message("2^30 blocks: %s\n", rc ? err : "ran");
+        if (rc) assert_int_equal(rc, KVC_ENOMEM);
+        kvc_report_destroy(r);
+    }
+    kvc_workload_destroy(w);
+}
+
+static void a_model_with_no_kv_bytes_is_refused(void **state)
+{
+    (void)state;
+    kvc_sim_config_t c = config(0);
+    kvc_plan_result_t *pr = malloc(sizeof *pr);
+    char msg[256];
+    assert_ok(kvc_plan_compute(&c.model, &c.gpu, &c.plan, pr, msg, sizeof msg));
+    kvc_sim_cost_model_t cm;
+    assert_ok(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, pr, 0.002, 8e-6, &cm));
+    /* what an overflowing config could hand over: KV bytes per token wrapped to 0, or NaN rates */
+    kvc_plan_result_t bad = *pr;
+    bad.kv_bytes_per_token_per_gpu = 0;
+    assert_int_equal(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, &bad, 0.002, 8e-6, &cm),
+                     KVC_EINVAL);
+    bad = *pr;
+    bad.peak_flops = NAN;
+    assert_int_equal(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, &bad, 0.002, 8e-6, &cm),
+                     KVC_EINVAL);
+    bad = *pr;
+    bad.layers_per_gpu = UINT32_MAX; /* 2 all-reduces per layer would wrap */
+    c.plan.tp = 2;
+    assert_int_equal(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, &bad, 0.002, 8e-6, &cm),
+                     KVC_EINVAL);
+    assert_int_equal(kvc_sim_cost_model(&c.model, &c.gpu, &c.plan, pr, NAN, 8e-6, &cm), KVC_EINVAL);
+    free(pr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -402,6 +740,13 @@ int main(void)
         cmocka_unit_test(a_long_request_cap_protects_regular_traffic),
         cmocka_unit_test(prefix_caching_hits_the_conversation_history),
         cmocka_unit_test(a_bigger_pool_hits_more_of_the_mooncake_trace),
+        cmocka_unit_test(runs_fail_cleanly_under_allocation_faults),
+        cmocka_unit_test(the_engine_allocates_through_the_callers_allocator),
+        cmocka_unit_test(nothing_bypasses_the_callers_allocator),
+        cmocka_unit_test(replicas_that_receive_no_request_cost_nothing),
+        cmocka_unit_test(a_run_that_cannot_fit_is_refused_before_it_allocates),
+        cmocka_unit_test(a_model_with_no_kv_bytes_is_refused),
     };
+    if (getenv("KVC_TEST_FILTER")) cmocka_set_test_filter(getenv("KVC_TEST_FILTER"));
     return cmocka_run_group_tests_name("sim", tests, NULL, NULL);
 }

@@ -628,7 +628,101 @@ static void files_and_inline_specs(void **state)
     spec_fails("poisson:rate=4,n=5,n=6,prompt=1,output=1", KVC_EPARSE, "given twice");
     spec_fails("poisson:n=5,prompt=1,output=1", KVC_EPARSE, "streams[0].arrival.rate: missing");
     spec_fails("poisson:rate=1,n=5,output=1", KVC_EPARSE, "streams[0].prompt: missing");
-    spec_fails("gaussian:rate=1", KVC_EIO, "cannot open");
+    /* an unknown process is said to be one, not "no such file" */
+    spec_fails("gaussian:rate=1", KVC_EPARSE, "'gaussian' is not an arrival process");
+    spec_fails("zipf:rate=5,n=20", KVC_EPARSE,
+               "no such file, and 'zipf' is not an arrival process");
+    spec_fails("no/such/dir/trace.jsonl", KVC_EIO, "cannot open");
+}
+
+static void inline_specs_longer_than_a_file_name_load(void **state)
+{
+    (void)state;
+    char spec[600], tenant[400];
+    memset(tenant, 't', 300);
+    tenant[300] = '\0';
+    snprintf(spec, sizeof spec, "poisson:rate=4,n=5,prompt=10,output=2,tenant=%s", tenant);
+    assert_true(strlen(spec) > 255); /* too long for a file name: ENAMETOOLONG, not ENOENT */
+    kvc_workload_t *w = spec_ok(spec, NULL);
+    assert_int_equal(kvc_workload_size(w), 5);
+    assert_string_equal(kvc_workload_tenant_name(w, 0), tenant);
+    kvc_workload_destroy(w);
+    /* its errors are the spec's, not the file system's */
+    snprintf(spec, sizeof spec, "poisson:rate=4,n=5,prompt=10,tenant=%s", tenant);
+    spec_fails(spec, KVC_EPARSE, "streams[0].output: missing");
+}
+
+/* ---- times past the horizon -------------------------------------------------------------------
+ */
+static void times_past_the_horizon_are_refused_with_line_and_field(void **state)
+{
+    (void)state;
+    kvc_workload_params_t p = kvc_workload_params_default();
+    /* Mooncake: 1e300 ms used to be taken, and every latency printed as 0.000 */
+    load_fails("{\"timestamp\": 0, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [1]}\n"
+               "{\"timestamp\": 1e300, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": "
+               "[1]}\n",
+               NULL, KVC_EPARSE,
+               "t.jsonl:2: field 'timestamp': 1e+300 ms is past the simulator's horizon");
+    /* exactly at the horizon is kept; the time scale counts */
+    const char *edge =
+        "{\"timestamp\": 1e12, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [1]}\n";
+    kvc_workload_t *w = load_ok(edge, NULL);
+    assert_true(kvc_workload_request(w, 0)->arrival_s == KVC_SIM_MAX_TIME_S);
+    kvc_workload_destroy(w);
+    p.time_scale = 2;
+    load_fails(edge, &p, KVC_EPARSE, "at time scale 2 is 2e+09 s, past the simulator's horizon");
+    /* kvcache JSONL: arrival_s and think_s, scaled */
+    p.time_scale = 1e9;
+    load_fails("{\"arrival_s\": 1e300, \"tokens\": [1, 2], \"output\": 1}\n", &p, KVC_EPARSE,
+               "t.jsonl:1: field 'arrival_s'");
+    load_fails("{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1, \"think_s\": 2}\n", &p,
+               KVC_EPARSE, "t.jsonl:1: field 'think_s': 2 s at time scale 1e+09 is 2e+09 s");
+    /* specs: the first request past it is named */
+    p.time_scale = 1e9;
+    char err[512];
+    assert_int_equal(
+        kvc_workload_load("poisson:rate=5,n=20,prompt=10,output=2", &p, &w, err, sizeof err),
+        KVC_EPARSE);
+    assert_null(w);
+    if (!strstr(err, "streams[0]: request") || !strstr(err, "past the simulator's horizon"))
+        fail_msg("'%s'", err);
+    /* the builder */
+    p = kvc_workload_params_default();
+    assert_ok(kvc_workload_create(&p, &w));
+    kvc_token_t t[2] = {1, 2};
+    kvc_sim_request_t r = {.arrival_s = 2e9, .tokens = t, .n_prompt = 2, .n_output = 1};
+    assert_int_equal(kvc_workload_add(w, &r), KVC_EINVAL);
+    r.arrival_s = 1;
+    r.think_s = INFINITY;
+    assert_int_equal(kvc_workload_add(w, &r), KVC_EINVAL);
+    r.think_s = 1e9;
+    assert_ok(kvc_workload_add(w, &r));
+    kvc_workload_destroy(w);
+}
+
+/* ---- messages quote input with its control bytes escaped ----------------------------------------
+ */
+static void messages_escape_control_bytes(void **state)
+{
+    (void)state;
+    /* a tenant name with an escape sequence and a bell, undeclared in the header */
+    const char *text = "{\"kvcache_workload\": 1, \"tenants\": [\"a\"]}\n"
+                       "{\"arrival_s\": 0, \"tokens\": [1], \"output\": 1, \"tenant\": "
+                       "\"x\\u001b[31m\\u0007y\"}\n";
+    load_fails(text, NULL, KVC_EPARSE, "'x\\x1b[31m\\x07y' is not declared");
+    /* a file name with a newline and a tab */
+    char err[512];
+    kvc_workload_t *w = NULL;
+    assert_int_equal(kvc_workload_load_buffer("{", 1, "bad\nname\t", NULL, &w, err, sizeof err),
+                     KVC_EPARSE);
+    assert_non_null(strstr(err, "bad\\nname\\t"));
+    for (const char *c = err; *c; c++) assert_true((unsigned char)*c >= 0x20 && *c != 0x7f);
+    /* an inline spec */
+    assert_int_equal(kvc_workload_load("poisson:rate=1,n=2,prompt=1,output=1,bogus\x7f=1", NULL, &w,
+                                       err, sizeof err),
+                     KVC_EPARSE);
+    assert_non_null(strstr(err, "unknown key 'bogus\\x7f'"));
 }
 
 /* ---- synthetic specs --------------------------------------------------------------------- */
@@ -1153,6 +1247,26 @@ static void loaders_leak_nothing_under_allocation_faults(void **state)
         false, 0);
     fault_each_allocation(two_stream_spec, false, 40);
 
+    /* an inline spec, through kvc_workload_load */
+    for (uint64_t n = 1;; n++) {
+        kvc_failing_alloc_t st = {.fail_at = n};
+        kvc_workload_params_t p = kvc_workload_params_default();
+        p.allocator = kvc_failing_allocator(&st);
+        kvc_workload_t *w = NULL;
+        char err[256] = "";
+        int rc = kvc_workload_load("poisson:rate=4,n=30,prompt=10..20,output=3,tenant=x", &p, &w,
+                                   err, sizeof err);
+        if (st.n_failed) {
+            if (rc != KVC_ENOMEM) fail_msg("allocation %llu: %s", (unsigned long long)n, err);
+            assert_null(w);
+        } else {
+            assert_ok(rc);
+            kvc_workload_destroy(w);
+        }
+        assert_int_equal(st.n_live, 0);
+        if (!st.n_failed) break;
+    }
+
     /* the builder */
     for (uint64_t n = 1;; n++) {
         kvc_failing_alloc_t st = {.fail_at = n};
@@ -1189,6 +1303,9 @@ int main(void)
         cmocka_unit_test(jsonl_records_with_header_and_defaults),
         cmocka_unit_test(jsonl_errors_name_line_and_field),
         cmocka_unit_test(files_and_inline_specs),
+        cmocka_unit_test(inline_specs_longer_than_a_file_name_load),
+        cmocka_unit_test(times_past_the_horizon_are_refused_with_line_and_field),
+        cmocka_unit_test(messages_escape_control_bytes),
         cmocka_unit_test(specs_are_deterministic),
         cmocka_unit_test(max_requests_keeps_the_first_requests),
         cmocka_unit_test(shared_prefix_groups_share_exactly_their_prefix),

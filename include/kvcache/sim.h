@@ -42,6 +42,10 @@ extern "C" {
 #define KVC_SIM_MAX_TOKENS   (1u << 24)
 /* Most requests one workload may hold. */
 #define KVC_SIM_MAX_REQUESTS ((size_t)UINT32_MAX - 1)
+/* The latest arrival (and the longest think time) a workload may hold, in seconds after
+ * its start, time scale applied: about 31.7 years.  Past it a double's spacing passes
+ * 0.1 us and latencies printed to the microsecond would lose their digits. */
+#define KVC_SIM_MAX_TIME_S   1e9
 
 typedef struct {
     double arrival_s;          /* seconds from the start of the run, non-decreasing in a workload */
@@ -99,34 +103,44 @@ KVC_API kvc_workload_params_t kvc_workload_params_default(void);
 typedef struct kvc_workload kvc_workload_t; /* opaque: owns requests, tokens, names */
 
 /* Load a workload from `path_or_spec`: a file (any supported format), or,
- * when no such file exists, an inline synthetic spec such as
- * "poisson:rate=5,n=1000,prompt=1024,output=300".  With format AUTO a file
- * holding one JSON object with "streams" is a spec; otherwise it is JSONL,
- * Mooncake if its first record has "hash_ids", kvcache JSONL if it has
- * "tokens" (or is the kvcache header line).  Trace records are sorted stably
- * by arrival (kvc_workload_stats counts the records that moved).
- * params NULL: the defaults.  On success *out is a new workload the caller
- * frees with kvc_workload_destroy.  On failure *out is NULL and, if err is
- * not NULL, err holds one line naming the file, the line (JSONL) and the
- * field: KVC_EIO (unreadable), KVC_EPARSE (malformed or inconsistent
- * input, no requests), KVC_EINVAL (bad params), KVC_ENOMEM. */
+ * when no such file exists (or the string is too long to name one), an
+ * inline synthetic spec such as "poisson:rate=5,n=1000,prompt=1024,output=300".
+ * With format AUTO a file holding one JSON object with "streams" is a spec;
+ * otherwise it is JSONL, Mooncake if its first record has "hash_ids",
+ * kvcache JSONL if it has "tokens" (or is the kvcache header line).  Trace
+ * records are sorted stably by arrival (kvc_workload_stats counts the
+ * records that moved).  params NULL: the defaults.  Every allocation but
+ * cJSON's own parse trees (freed before return) goes through
+ * params->allocator.  On success *out is a new workload the caller frees
+ * with kvc_workload_destroy.  On failure *out is NULL and, if err is not
+ * NULL, err holds one line naming the file, the line (JSONL) and the field,
+ * with control bytes of what it quotes escaped:
+ *   KVC_EIO     the file cannot be opened or read
+ *   KVC_EPARSE  malformed or inconsistent input, no requests, an inline spec
+ *               whose process is unknown, an arrival or think time past
+ *               KVC_SIM_MAX_TIME_S (time scale applied), more requests than
+ *               KVC_SIM_MAX_REQUESTS
+ *   KVC_EINVAL  bad params, an empty or NULL path, out NULL
+ *   KVC_ENOMEM */
 KVC_API int kvc_workload_load(const char *path_or_spec, const kvc_workload_params_t *params,
-                      kvc_workload_t **out, char *err, size_t err_cap);
+                              kvc_workload_t **out, char *err, size_t err_cap);
 
 /* The same from bytes in memory (`data` need not be NUL-terminated);
  * `name` labels error messages.  An inline spec string is not recognised
- * here: pass format KVC_WORKLOAD_SPEC and a JSON object, or AUTO. */
+ * here: pass format KVC_WORKLOAD_SPEC and a JSON object, or AUTO.
+ * KVC_EPARSE, KVC_EINVAL (also: data NULL with len > 0), KVC_ENOMEM, as for
+ * kvc_workload_load; never KVC_EIO. */
 KVC_API int kvc_workload_load_buffer(const char *data, size_t len, const char *name,
-                             const kvc_workload_params_t *params, kvc_workload_t **out, char *err,
-                             size_t err_cap);
+                                     const kvc_workload_params_t *params, kvc_workload_t **out,
+                                     char *err, size_t err_cap);
 
 /* Free the workload, its requests, tokens and names.  NULL is a no-op. */
 KVC_API void kvc_workload_destroy(kvc_workload_t *w);
 
 /* Number of requests. */
 KVC_API size_t kvc_workload_size(const kvc_workload_t *w);
-/* Request i (i < size), borrowed until the workload is destroyed (or, while
- * building, until the next kvc_workload_add). */
+/* Request i, borrowed until the workload is destroyed (or, while building,
+ * until the next kvc_workload_add); NULL when i >= size. */
 KVC_API const kvc_sim_request_t *kvc_workload_request(const kvc_workload_t *w, size_t i);
 /* Copy request i's prompt into buf (cap tokens): works whether or not
  * tokens is materialised.  KVC_EINVAL (i out of range), KVC_ERANGE (cap <
@@ -163,7 +177,7 @@ typedef struct {
 } kvc_workload_stats_t;
 
 /* Totals over the workload: O(n log n) (conversations are counted by
- * sorting their ids).  KVC_ENOMEM (out is then zeroed). */
+ * sorting their ids).  KVC_ENOMEM (its scratch array; out is then zeroed). */
 KVC_API int kvc_workload_stats(const kvc_workload_t *w, kvc_workload_stats_t *out);
 
 /* Write the workload in the kvcache JSONL format: a header line naming the
@@ -174,18 +188,22 @@ KVC_API int kvc_workload_write_jsonl(const kvc_workload_t *w, FILE *f);
 
 /* ---- building a workload by hand (tests, embedders) ---------------------
  * kvc_workload_create makes an empty workload; names and requests are then
- * added in arrival order.  A built workload is then used like a loaded one. */
+ * added in arrival order.  A built workload is then used like a loaded one.
+ * KVC_EINVAL (bad params, out NULL), KVC_ENOMEM. */
 KVC_API int kvc_workload_create(const kvc_workload_params_t *params, kvc_workload_t **out);
 /* Index of tenant (or class) `name`, declaring it if new.  KVC_EINVAL (NULL
- * or empty name), KVC_ENOMEM. */
+ * workload, name or index; empty name), KVC_ERANGE (65,536 names already),
+ * KVC_ENOMEM. */
 KVC_API int kvc_workload_add_tenant(kvc_workload_t *w, const char *name, uint32_t *index);
 KVC_API int kvc_workload_add_class(kvc_workload_t *w, const char *name, uint32_t *index);
 /* Append a copy of *req (its tokens and output_tokens are copied; NULL
  * output_tokens get deterministic filler; max_output 0 means n_output).
  * A request naming tenant or class 0 when none is declared declares
- * "default".  KVC_EINVAL (empty prompt or output, n_prompt or n_output > max_tokens,
- * max_output < n_output, an undeclared tenant or class, an arrival that is
- * negative, not finite or earlier than the previous request's), KVC_ENOMEM;
+ * "default".  KVC_EINVAL (NULL workload, request or tokens, empty prompt or
+ * output, n_prompt or n_output > max_tokens, max_output < n_output, an
+ * undeclared tenant or class, an arrival or think time that is negative,
+ * past KVC_SIM_MAX_TIME_S or not a number, an arrival earlier than the
+ * previous request's, KVC_SIM_MAX_REQUESTS requests already), KVC_ENOMEM;
  * no request is added on failure. */
 KVC_API int kvc_workload_add(kvc_workload_t *w, const kvc_sim_request_t *req);
 
@@ -246,33 +264,39 @@ KVC_API void kvc_report_destroy(kvc_report_t *r);
 
 /* Record one finished request (copied).  KVC_EINVAL for an inconsistent
  * record (times not finite, not arrival <= first_token <= finish, n_prompt or
- * n_output 0, n_hit_tokens > n_prompt, tenant or priority >= 65536) or after
- * kvc_report_finish; KVC_ENOMEM.  Amortised O(1). */
+ * n_output 0, n_hit_tokens > n_prompt, tenant or priority >= 65536), NULL
+ * arguments, or after kvc_report_finish; KVC_ENOMEM.  Amortised O(1). */
 KVC_API int kvc_report_add(kvc_report_t *r, const kvc_sim_record_t *rec);
 /* Add a time-series sample.  Samples fold into rows of one interval each:
  * a row keeps the maxima of the counts, the last kv_blocks_total, and the
- * sum and maximum of batch_tokens.  KVC_EINVAL (t_s not finite or earlier
- * than the previous sample, or after finish), KVC_ENOMEM.  O(1) amortised. */
+ * sum and maximum of batch_tokens.  KVC_EINVAL (NULL arguments, t_s negative,
+ * not finite or earlier than the previous sample, a fixed interval that
+ * t_s / interval would take past 9e15 rows, or after finish), KVC_ENOMEM.
+ * O(1) amortised. */
 KVC_API int kvc_report_sample(kvc_report_t *r, const kvc_sim_sample_t *s);
 /* Compute the percentiles, goodput and breakdowns; after this the report
  * takes no more records or samples (KVC_EINVAL), and a second call is
- * KVC_EINVAL.  KVC_ENOMEM (the report stays unfinished and may be retried). */
+ * KVC_EINVAL, as are t NULL and t->simulated_s negative or not finite.
+ * KVC_ENOMEM (the report stays unfinished and may be retried). */
 KVC_API int kvc_report_finish(kvc_report_t *r, const kvc_report_totals_t *t);
 
 /* Add a named setting shown in the text report and under "config" in the
  * JSON (the cost model's constants, the policies): a string or a number.
  * Settings keep their order; a repeated key is KVC_EEXIST.  KVC_EINVAL
- * (NULL/empty key, non-finite number), KVC_ENOMEM. */
+ * (NULL/empty key, NULL value, non-finite number), KVC_ENOMEM. */
 KVC_API int kvc_report_add_config(kvc_report_t *r, const char *key, const char *value);
 KVC_API int kvc_report_add_config_num(kvc_report_t *r, const char *key, double value);
 
 /* Writers: KVC_EINVAL before kvc_report_finish, KVC_EIO on a write error.
+ * The text report escapes control bytes in names and settings (\n, \t, \r,
+ * else \xNN); JSON escapes them as JSON does.
  * They write nothing else to f and do not close it. */
 KVC_API int kvc_report_write_text(const kvc_report_t *r, FILE *f); /* human report */
 KVC_API int kvc_report_write_json(const kvc_report_t *r, FILE *f); /* one JSON object and '\n' */
 KVC_API int kvc_report_write_csv(const kvc_report_t *r, FILE *f);  /* the time series */
 /* Write kv_usage.svg, batch.svg and latency_cdf.svg into dir (created if
- * missing, one level).  KVC_EIO (cannot create or write), KVC_ENOMEM. */
+ * missing, one level).  KVC_EINVAL (before finish, dir NULL or empty),
+ * KVC_EIO (cannot create or write), KVC_ENOMEM. */
 KVC_API int kvc_report_write_svg(const kvc_report_t *r, const char *dir);
 
 /* ---- reading a finished report back (tests, sweeps) --------------------- */
@@ -293,10 +317,10 @@ typedef struct {
 } kvc_report_summary_t;
 
 /* The figures of one scope: everything (index ignored), tenant `index` or
- * class `index`.  KVC_EINVAL before finish, KVC_ENOENT for an index the
- * report has never seen or been named. */
+ * class `index`.  KVC_EINVAL before finish or for an unknown scope,
+ * KVC_ENOENT for an index the report has never seen or been named. */
 KVC_API int kvc_report_summary(const kvc_report_t *r, kvc_report_scope_t scope, uint32_t index,
-                       kvc_report_summary_t *out);
+                               kvc_report_summary_t *out);
 
 /* Nearest-rank percentile of sorted[0..n) (ascending): the value at
  * 1-based rank ceil(p / 100 * n), p in [0, 100] taken to 0.01; rank 0 is
@@ -366,20 +390,25 @@ typedef struct {
 } kvc_sim_cost_model_t;
 
 /* The cost model of a planned deployment (kvc_plan_compute's result and its
- * inputs).  step_overhead_s and allreduce_latency_s come from the caller. */
+ * inputs).  step_overhead_s and allreduce_latency_s come from the caller.
+ * KVC_EINVAL: a NULL argument, a negative or NaN overhead or latency, TP or
+ * PP 0, or a result no step time can come from (FLOP/s or bandwidth not
+ * positive and finite, KV bytes per token 0 or over 1e12, a layer count
+ * whose all-reduces would wrap); *out is then unspecified. */
 KVC_API int kvc_sim_cost_model(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
-                       const kvc_plan_params_t *plan, const kvc_plan_result_t *result,
-                       double step_overhead_s, double allreduce_latency_s,
-                       kvc_sim_cost_model_t *out);
+                               const kvc_plan_params_t *plan, const kvc_plan_result_t *result,
+                               double step_overhead_s, double allreduce_latency_s,
+                               kvc_sim_cost_model_t *out);
 
 typedef struct {
     double compute_s, memory_s, comm_s, swap_s, total_s;
     double linear_flops, attn_flops, bytes_read;
 } kvc_sim_step_cost_t;
 
-/* Seconds one planned step takes; detail (may be NULL) gets the parts. */
+/* Seconds one planned step takes; detail (may be NULL) gets the parts.  cm
+ * must come from a successful kvc_sim_cost_model.  Never fails. */
 KVC_API double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t *plan,
-                         kvc_sim_step_cost_t *detail);
+                                 kvc_sim_step_cost_t *detail);
 
 typedef struct {
     /* the deployment, as for kvcache plan */
@@ -408,8 +437,19 @@ typedef struct {
     /* debug trace of every step's decisions (NULL: none) */
     FILE *trace;
     /* check every invariant after every step (kvc_sched_check: blocks balanced, refcounts,
-     * caps; and the step's token budget and running cap); slow, for tests */
+     * caps; and the step's token budget and running cap); slow, for tests.  (The run always
+     * checks them at the end of each replica and after a failed allocation.) */
     bool check_every_step;
+    /* memory: the most the run may keep resident at once, the workload it is given included
+     * (the replica's pool, prefix cache, sequences and scheduler, and the engine's own
+     * tables).  A run estimated to need more is refused before it allocates (see
+     * kvc_sim_run).  0: the memory this machine has (physical memory, or a lower
+     * address-space or cgroup limit) */
+    uint64_t max_memory_bytes;
+    /* every allocation of the run goes through it (the replicas' pools, prefix caches,
+     * sequence tables and schedulers included; sched.allocator is not used); zeroed: the C
+     * library */
+    kvc_allocator_t allocator;
 } kvc_sim_config_t;
 
 KVC_API kvc_sim_config_t kvc_sim_config_default(void);
@@ -424,20 +464,53 @@ typedef struct {
     uint64_t prompt_tokens, hit_tokens, resume_hit_tokens;
     uint32_t peak_kv_blocks, peak_running;
     double simulated_s;
-    double wall_s; /* real seconds the run took */
+    double wall_s;       /* real seconds the run took */
+    uint64_t peak_bytes; /* the most the run held at once through its allocator */
 } kvc_sim_result_t;
 
 /* Run the workload through the deployment and fill `report` (created by the
  * caller; finished here).  Deterministic: the same config, workload and seed
  * give the same report, byte for byte.  Data parallelism: request i goes to
- * replica i mod dp; replicas are simulated one after another; the time
- * series is replica 0's.  A request whose prompt reaches max_model_len, or
- * that could never fit the pool or a cap that applies to it, is refused and
- * counted (out->rejected), as a server would answer it with an error; its
- * output stops at max_model_len.  Fails with KVC_EINVAL and a one-line message
- * (a deployment that does not start, bad parameters), or KVC_ENOMEM. */
+ * replica i mod dp; replicas are simulated one after another, those that
+ * receive no request not at all; the time series is replica 0's.  Closed
+ * loop, a turn waits for the previous turn of its conversation on the same
+ * replica; one whose earlier turns all went to other replicas arrives at its
+ * trace time.  A request whose prompt reaches max_model_len, or that could
+ * never fit the pool or a cap that applies to it, is refused and counted
+ * (out->rejected), as a server would answer it with an error; its output
+ * stops at max_model_len.
+ *
+ * Memory: every allocation goes through cfg->allocator.  Before allocating,
+ * the run measures what a replica's engine costs: it builds one at 1,024 and
+ * 2,048 blocks, counting the bytes allocated and the pages creation writes,
+ * and estimates what the run keeps resident (what creation writes for every
+ * block, plus, for each block the workload could ever use, its bytes and a
+ * page of each table that grows with the pool; 1/16 on top).  A run whose
+ * estimate (with the workload's own bytes) passes max_memory_bytes is
+ * refused.  While it runs, an allocation that would take the bytes it holds
+ * past max_memory_bytes (or past the bytes the estimate says it allocates,
+ * where that is more) fails.  The report is the caller's and allocates
+ * through its own allocator.
+ *
+ * Fails with a one-line message in err:
+ *   KVC_EINVAL    NULL arguments, bad parameters (spec acceptance outside
+ *                 0..1, a negative step overhead, more tenants or classes
+ *                 than the scheduler takes, a pool of 0 or over 2^30 blocks,
+ *                 a block size over 256 or that the pool refuses, scheduler
+ *                 parameters it refuses), what kvc_plan_compute refuses, a
+ *                 deployment that does not start (and no num_blocks), a model
+ *                 whose KV cache takes no bytes or a cost model no step time
+ *                 can come from, a simulation that is stuck (requests wait
+ *                 and nothing can ever run)
+ *   KVC_ENOMEM    an allocation failed, or the run would need more memory
+ *                 than max_memory_bytes or the machine has (the message says
+ *                 how much)
+ *   KVC_ECORRUPT  an invariant failed (check_every_step, the check after each
+ *                 replica or the one after a failed allocation), or a layer
+ *                 below returned an error only a bug can cause: a bug
+ * On failure the report holds what was recorded so far, unfinished. */
 KVC_API int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report_t *report,
-                kvc_sim_result_t *out, char *err, size_t err_cap);
+                        kvc_sim_result_t *out, char *err, size_t err_cap);
 
 #ifdef __cplusplus
 }

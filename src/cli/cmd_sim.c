@@ -18,8 +18,10 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define CMD      "sim"
@@ -56,6 +58,7 @@ enum {
     O_TRACE,
     O_QUIET,
     O_SCENARIO,
+    O_MAX_MEMORY,
 };
 
 static const struct option own_options[] = {
@@ -89,6 +92,7 @@ static const struct option own_options[] = {
     {"trace", required_argument, NULL, O_TRACE},
     {"quiet", no_argument, NULL, O_QUIET},
     {"scenario", required_argument, NULL, O_SCENARIO},
+    {"max-memory", required_argument, NULL, O_MAX_MEMORY},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}};
 
@@ -98,6 +102,8 @@ typedef struct {
     kvc_workload_params_t wp;
     const char *workload, *csv, *svg, *trace, *scenario;
     bool json, quiet, num_blocks_set;
+    int n_given;          /* options other than --scenario, --json and --quiet */
+    char first_given[64]; /* the first of them, for the message */
     struct {
         const char *cls; /* a class name or index, resolved once the workload is loaded */
         double share;
@@ -157,15 +163,53 @@ static void help(FILE *f)
            "  --svg DIR                 kv_usage.svg, batch.svg, latency_cdf.svg\n"
            "  --trace PATH              every step's decisions, in words ('-': stderr)\n"
            "  --quiet                   no progress bar\n"
+           "  --max-memory SIZE         refuse a run that would hold more (default: the\n"
+           "                            machine's memory)\n"
            "  --scenario FILE           run a scenario file's variants and compare them\n"
            "  -h, --help                this help\n");
+}
+
+/* s with control bytes escaped (\n, \t, \r, else \xNN), into out (cap bytes): input echoed
+ * in a message or a table stays one line of text. */
+static const char *esc(const char *s, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t at = 0;
+    for (; s && *s && at + 5 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '\n' || c == '\t' || c == '\r') {
+            out[at++] = '\\';
+            out[at++] = c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
+        } else if (c < 0x20 || c == 0x7f) {
+            out[at++] = '\\';
+            out[at++] = 'x';
+            out[at++] = hex[c >> 4];
+            out[at++] = hex[c & 15];
+        } else {
+            out[at++] = (char)c;
+        }
+    }
+    out[at] = '\0';
+    return out;
+}
+
+/* kvc_cli_error with whatever the message quotes escaped. */
+static int sim_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sim_error(const char *fmt, ...)
+{
+    char raw[2048], line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    va_end(ap);
+    return kvc_cli_error(CMD, "%s", esc(raw, line, sizeof line));
 }
 
 static int parse(int argc, char **argv, opts_t *o)
 {
     struct option opts[KVC_CLI_MAX_OPTIONS];
     if (kvc_cli_join_options(opts, KVC_CLI_MAX_OPTIONS, kvc_cli_deploy_options, own_options))
-        return kvc_cli_error(CMD, "internal: too many options");
+        return sim_error("internal: too many options");
     memset(o, 0, sizeof *o);
     kvc_cli_deploy_init(&o->dep);
     o->cfg = kvc_sim_config_default();
@@ -180,6 +224,8 @@ static int parse(int argc, char **argv, opts_t *o)
         char opt_name[64];
         kvc_cli_opt_name(opt_name, sizeof opt_name, opts, li, ch, argc, argv);
         li = -1;
+        if (ch != O_SCENARIO && ch != O_JSON && ch != O_QUIET && ch != 'h' && !o->n_given++)
+            snprintf(o->first_given, sizeof o->first_given, "%s", opt_name);
         int handled = kvc_cli_deploy_option(&o->dep, CMD, ch, opt_name, optarg);
         if (handled < 0) return 1;
         if (handled) continue;
@@ -202,9 +248,8 @@ static int parse(int argc, char **argv, opts_t *o)
             break;
         case O_ADMISSION:
             if (kvc_admission_parse(optarg, &o->cfg.sched.admission))
-                return kvc_cli_error(
-                    CMD, "--admission: '%s' is not greedy, reserve-max or reserve-expected",
-                    optarg);
+                return sim_error("--admission: '%s' is not greedy, reserve-max or reserve-expected",
+                                 optarg);
             break;
         case O_EXPECTED_OUTPUT:
             U64(1, 1u << 30, o->cfg.sched.expected_output);
@@ -214,21 +259,20 @@ static int parse(int argc, char **argv, opts_t *o)
             break;
         case O_PREEMPTION:
             if (kvc_preemption_parse(optarg, &o->cfg.sched.preemption))
-                return kvc_cli_error(
-                    CMD, "--preemption: '%s' is not recompute, swap or backpressure", optarg);
+                return sim_error("--preemption: '%s' is not recompute, swap or backpressure",
+                                 optarg);
             break;
         case O_SWAP_SPACE:
             if (kvc_plan_parse_bytes(optarg, &u) || !u)
-                return kvc_cli_error(CMD, "--swap-space: '%s' is not a size (e.g. 64GiB)", optarg);
+                return sim_error("--swap-space: '%s' is not a size (e.g. 64GiB)", optarg);
             o->cfg.sched.swap_space_bytes = u;
             break;
         case O_CLASS_CAP: {
             const char *eqs = strchr(optarg, '=');
             if (!eqs || eqs == optarg || !kvc_cli_parse_double(eqs + 1, 0, 1, &d) || !(d > 0))
-                return kvc_cli_error(
-                    CMD, "--class-kv-cap: '%s' is not CLASS=SHARE with 0 < SHARE <= 1", optarg);
-            if (o->n_caps == MAX_CAPS)
-                return kvc_cli_error(CMD, "--class-kv-cap: at most %d", MAX_CAPS);
+                return sim_error("--class-kv-cap: '%s' is not CLASS=SHARE with 0 < SHARE <= 1",
+                                 optarg);
+            if (o->n_caps == MAX_CAPS) return sim_error("--class-kv-cap: at most %d", MAX_CAPS);
             o->caps[o->n_caps].cls = optarg;
             o->caps[o->n_caps++].share = d;
             break;
@@ -301,6 +345,11 @@ static int parse(int argc, char **argv, opts_t *o)
         case O_SCENARIO:
             o->scenario = optarg;
             break;
+        case O_MAX_MEMORY:
+            if (kvc_plan_parse_bytes(optarg, &u) || !u)
+                return sim_error("--max-memory: '%s' is not a size (e.g. 16GiB)", optarg);
+            o->cfg.max_memory_bytes = u;
+            break;
         case 'h':
             help(stdout);
             return 2;
@@ -310,8 +359,7 @@ static int parse(int argc, char **argv, opts_t *o)
 #undef U64
 #undef DBL
     }
-    if (optind < argc)
-        return kvc_cli_error(CMD, "unexpected argument '%s' (try --help)", argv[optind]);
+    if (optind < argc) return sim_error("unexpected argument '%s' (try --help)", argv[optind]);
     /* the scheduler follows the deployment's engine limits; speculation from the shared options */
     o->cfg.sched.spec_tokens = o->dep.p.spec_tokens;
     if (o->dep.p.spec_acceptance > 0) o->cfg.spec_acceptance = o->dep.p.spec_acceptance;
@@ -323,18 +371,78 @@ static void progress(void *ctx, uint64_t done, uint64_t total)
     kvc_progress_update(ctx, done, total);
 }
 
-/* Load, run, and (if print) write the outputs.  On success *report is the finished report. */
+/* --csv and --svg, made ready before the run: a path that cannot be written fails at once,
+ * not after the whole report was printed.  What was created for them is removed again if the
+ * run fails. */
+typedef struct {
+    FILE *csv;
+    bool csv_made, svg_dir_made, svg_file_made;
+} outputs_t;
+
+static void outputs_abandon(const opts_t *o, outputs_t *out)
+{
+    if (out->csv) fclose(out->csv);
+    if (out->csv_made) unlink(o->csv);
+    if (out->svg_file_made || out->svg_dir_made) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/kv_usage.svg", o->svg);
+        if (out->svg_file_made) unlink(path);
+        if (out->svg_dir_made) rmdir(o->svg);
+    }
+    *out = (outputs_t){0};
+}
+
+/* 0, or an errno for the folder `dir`: it exists (or is made, one level) and takes a file. */
+static int svg_prepare(const char *dir, outputs_t *out)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno != ENOENT) return errno;
+        if (mkdir(dir, 0777) != 0) return errno;
+        out->svg_dir_made = true;
+    } else if (!S_ISDIR(st.st_mode)) {
+        return ENOTDIR;
+    }
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/kv_usage.svg", dir) >= (int)sizeof path)
+        return ENAMETOOLONG;
+    bool existed = stat(path, &st) == 0;
+    FILE *f = fopen(path, "a"); /* "a": an existing chart is only replaced after the run */
+    if (!f) return errno;
+    fclose(f);
+    out->svg_file_made = !existed;
+    return 0;
+}
+
+static int outputs_open(const opts_t *o, outputs_t *out)
+{
+    *out = (outputs_t){0};
+    if (o->csv) {
+        struct stat st;
+        bool existed = stat(o->csv, &st) == 0;
+        out->csv = fopen(o->csv, "w");
+        if (!out->csv) return sim_error("--csv: cannot write %s: %s", o->csv, strerror(errno));
+        out->csv_made = !existed;
+    }
+    int e = o->svg ? svg_prepare(o->svg, out) : 0;
+    if (e) {
+        outputs_abandon(o, out);
+        return sim_error("--svg: cannot write into %s: %s", o->svg, strerror(e));
+    }
+    return 0;
+}
+
+/* Load, run, print the report if `print` and write --csv and --svg.  On success *report is the
+ * finished report. */
 static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_t *res)
 {
     *report_out = NULL;
-    if (!o->workload)
-        return kvc_cli_error(CMD, "no --workload (a trace file or a spec; try --help)");
+    if (!o->workload) return sim_error("no --workload (a trace file or a spec; try --help)");
     if (kvc_cli_deploy_resolve(&o->dep, CMD, &o->cfg.model, &o->cfg.gpu)) return 1;
     o->cfg.plan = o->dep.p;
     char err[512];
     kvc_workload_t *w = NULL;
-    if (kvc_workload_load(o->workload, &o->wp, &w, err, sizeof err))
-        return kvc_cli_error(CMD, "%s", err);
+    if (kvc_workload_load(o->workload, &o->wp, &w, err, sizeof err)) return sim_error("%s", err);
     for (int i = 0; i < o->n_caps; i++) { /* class caps by name or index */
         const char *eqs = strchr(o->caps[i].cls, '=');
         size_t len = (size_t)(eqs - o->caps[i].cls);
@@ -352,8 +460,8 @@ static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_
         }
         if (found < 0 || found >= KVC_MAX_CLASSES) {
             kvc_workload_destroy(w);
-            return kvc_cli_error(CMD, "--class-kv-cap: the workload has no class '%.*s'", (int)len,
-                                 o->caps[i].cls);
+            return sim_error("--class-kv-cap: the workload has no class '%.*s'", (int)len,
+                             o->caps[i].cls);
         }
         o->cfg.sched.class_kv_cap[found] = o->caps[i].share;
     }
@@ -362,10 +470,16 @@ static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_
         trace = strcmp(o->trace, "-") ? fopen(o->trace, "w") : stderr;
         if (!trace) {
             kvc_workload_destroy(w);
-            return kvc_cli_error(CMD, "--trace: cannot write %s: %s", o->trace, strerror(errno));
+            return sim_error("--trace: cannot write %s: %s", o->trace, strerror(errno));
         }
     }
     o->cfg.trace = trace;
+    outputs_t outs;
+    if (outputs_open(o, &outs)) {
+        if (trace && trace != stderr) fclose(trace);
+        kvc_workload_destroy(w);
+        return 1;
+    }
     kvc_report_params_t rp = kvc_report_params_default();
     rp.ttft_ms = o->cfg.slo_ttft_ms;
     rp.tpot_ms = o->cfg.slo_tpot_ms;
@@ -387,22 +501,26 @@ static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_
     if (trace && trace != stderr) fclose(trace);
     kvc_workload_destroy(w);
     if (rc) {
+        outputs_abandon(o, &outs);
         kvc_report_destroy(report);
-        return kvc_cli_error(CMD, "%s", err[0] ? err : kvc_strerror(rc));
+        return sim_error("%s", err[0] ? err : kvc_strerror(rc));
     }
     *report_out = report;
-    if (!print) return 0;
-    rc = o->json ? kvc_report_write_json(report, stdout) : kvc_report_write_text(report, stdout);
-    if (!rc && o->csv) {
-        FILE *f = fopen(o->csv, "w");
-        if (!f) return kvc_cli_error(CMD, "--csv: cannot write %s: %s", o->csv, strerror(errno));
-        rc = kvc_report_write_csv(report, f);
-        if (fclose(f)) rc = KVC_EIO;
-        if (rc) return kvc_cli_error(CMD, "--csv: cannot write %s", o->csv);
+    if (print) {
+        rc =
+            o->json ? kvc_report_write_json(report, stdout) : kvc_report_write_text(report, stdout);
+        if (rc) {
+            outputs_abandon(o, &outs);
+            return sim_error("cannot write the report: %s", kvc_strerror(rc));
+        }
     }
-    if (!rc && o->svg && (rc = kvc_report_write_svg(report, o->svg)))
-        return kvc_cli_error(CMD, "--svg: cannot write into %s: %s", o->svg, kvc_strerror(rc));
-    if (rc) return kvc_cli_error(CMD, "cannot write the report: %s", kvc_strerror(rc));
+    if (outs.csv) {
+        rc = kvc_report_write_csv(report, outs.csv);
+        if (fclose(outs.csv)) rc = KVC_EIO;
+        if (rc) return sim_error("--csv: cannot write %s: %s", o->csv, kvc_strerror(rc));
+    }
+    if (o->svg && (rc = kvc_report_write_svg(report, o->svg)))
+        return sim_error("--svg: cannot write into %s: %s", o->svg, kvc_strerror(rc));
     return 0;
 }
 
@@ -521,7 +639,7 @@ static int scenario(const char *path, bool json)
 {
     size_t len;
     char *text = read_file(path, &len);
-    if (!text) return kvc_cli_error(CMD, "--scenario: cannot read %s: %s", path, strerror(errno));
+    if (!text) return sim_error("--scenario: cannot read %s: %s", path, strerror(errno));
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
     int rc = 0;
@@ -533,8 +651,8 @@ static int scenario(const char *path, bool json)
         !cJSON_IsArray(variants) || !cJSON_IsArray(metrics) || cJSON_GetArraySize(variants) < 1 ||
         cJSON_GetArraySize(metrics) < 1) {
         cJSON_Delete(root);
-        return kvc_cli_error(
-            CMD, "--scenario %s: needs \"question\", \"args\", \"variants\" and \"metrics\"", path);
+        return sim_error(
+            "--scenario %s: needs \"question\", \"args\", \"variants\" and \"metrics\"", path);
     }
     /* relative paths in the arguments (workloads, configs) are taken from the scenario's folder */
     char dir[4096];
@@ -550,14 +668,13 @@ static int scenario(const char *path, bool json)
     const char **names = calloc((size_t)n_var, sizeof(char *));
     char **argv = calloc(256, sizeof(char *));
     char **owned = calloc(256, sizeof(char *));
-    if (!values || !have || !names || !argv || !owned) rc = kvc_cli_error(CMD, "out of memory");
+    if (!values || !have || !names || !argv || !owned) rc = sim_error("out of memory");
     for (int v = 0; !rc && v < n_var; v++) {
         const cJSON *var = cJSON_GetArrayItem(variants, v);
         const cJSON *vname = cJSON_GetObjectItemCaseSensitive(var, "name");
         const cJSON *vargs = cJSON_GetObjectItemCaseSensitive(var, "args");
         if (!cJSON_IsString(vname) || !cJSON_IsArray(vargs)) {
-            rc = kvc_cli_error(CMD, "--scenario %s: variant %d needs \"name\" and \"args\"", path,
-                               v + 1);
+            rc = sim_error("--scenario %s: variant %d needs \"name\" and \"args\"", path, v + 1);
             break;
         }
         names[v] = vname->valuestring;
@@ -570,8 +687,7 @@ static int scenario(const char *path, bool json)
             cJSON_ArrayForEach(a, lists[l])
             {
                 if (!cJSON_IsString(a) || argc >= 250) {
-                    rc = kvc_cli_error(
-                        CMD, "--scenario %s: arguments must be strings (at most 250)", path);
+                    rc = sim_error("--scenario %s: arguments must be strings (at most 250)", path);
                     break;
                 }
                 char *arg = a->valuestring;
@@ -598,6 +714,13 @@ static int scenario(const char *path, bool json)
             int prc = parse(argc, argv, &o);
             if (prc) rc = 1;
         }
+        if (!rc && o.scenario)
+            rc = sim_error("--scenario %s: variant '%s' gives --scenario: a scenario cannot run "
+                           "another scenario",
+                           path, names[v]);
+        if (!rc && o.json)
+            rc = sim_error("--scenario %s: variant '%s' gives --json: give it next to --scenario",
+                           path, names[v]);
         if (!rc) {
             o.quiet = true;
             if (!json && isatty(2))
@@ -608,19 +731,17 @@ static int scenario(const char *path, bool json)
             kvc_workload_t *w = NULL;
             char err[256];
             if (kvc_workload_load(o.workload, &o.wp, &w, err, sizeof err))
-                rc = kvc_cli_error(CMD, "%s", err);
+                rc = sim_error("%s", err);
             for (int m = 0; !rc && m < n_metrics; m++) {
                 const cJSON *mn = cJSON_GetArrayItem(metrics, m);
                 if (!cJSON_IsString(mn)) {
-                    rc =
-                        kvc_cli_error(CMD, "--scenario %s: metric %d is not a string", path, m + 1);
+                    rc = sim_error("--scenario %s: metric %d is not a string", path, m + 1);
                     break;
                 }
                 have[v * n_metrics + m] =
                     metric(report, &res, w, mn->valuestring, &values[v * n_metrics + m]);
                 if (!have[v * n_metrics + m])
-                    rc = kvc_cli_error(CMD, "--scenario %s: unknown metric '%s'", path,
-                                       mn->valuestring);
+                    rc = sim_error("--scenario %s: unknown metric '%s'", path, mn->valuestring);
             }
             kvc_workload_destroy(w);
         }
@@ -647,12 +768,14 @@ static int scenario(const char *path, bool json)
             free(s);
             cJSON_Delete(out);
         } else {
-            printf("scenario: %s\nquestion: %s\n\n%-22s", path, question->valuestring, "variant");
+            char e1[4096], e2[4096];
+            printf("scenario: %s\nquestion: %s\n\n%-22s", esc(path, e1, sizeof e1),
+                   esc(question->valuestring, e2, sizeof e2), "variant");
             for (int m = 0; m < n_metrics; m++)
-                printf(" %16s", cJSON_GetArrayItem(metrics, m)->valuestring);
+                printf(" %16s", esc(cJSON_GetArrayItem(metrics, m)->valuestring, e1, sizeof e1));
             putchar('\n');
             for (int v = 0; v < n_var; v++) {
-                printf("%-22s", names[v]);
+                printf("%-22s", esc(names[v], e1, sizeof e1));
                 for (int m = 0; m < n_metrics; m++) {
                     double x = values[v * n_metrics + m];
                     if (x == floor(x) && fabs(x) < 1e15)
@@ -678,12 +801,18 @@ int kvc_cmd_sim(int argc, char **argv)
     opts_t o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc == 2 ? 0 : 1;
-    if (o.scenario) return scenario(o.scenario, o.json);
+    if (o.scenario) {
+        if (o.n_given) /* they would apply to nothing: each variant is its own command line */
+            return sim_error("--scenario: %s cannot be given next to --scenario (put it in the "
+                             "scenario's \"args\")",
+                             o.first_given);
+        return scenario(o.scenario, o.json);
+    }
     kvc_report_t *report = NULL;
     kvc_sim_result_t res;
     rc = run(&o, true, &report, &res);
     kvc_report_destroy(report);
     if (!rc && fflush(stdout) != 0)
-        return kvc_cli_error(CMD, "cannot write the output: %s", strerror(errno));
+        return sim_error("cannot write the output: %s", strerror(errno));
     return rc;
 }

@@ -1,95 +1,36 @@
 /* engine.c - the simulator: the real pool (metadata only), prefix cache,
  * sequences and scheduler, driven in virtual time by a cost model of the GPU
- * in place of the forward pass.  Nothing here re-implements allocation or
- * scheduling; it only decides how long each planned step takes and what the
- * "model" samples (the workload's own output tokens). */
+ * (cost.c) in place of the forward pass.  Nothing here re-implements
+ * allocation or scheduling; it only decides how long each planned step takes
+ * and what the "model" samples (the workload's own output tokens).
+ *
+ * Every allocation of a run goes through the caller's allocator, counted
+ * against a memory limit (the machine's physical memory unless the caller
+ * gives one): a run that cannot fit is refused before it allocates, with
+ * what it would need, and an allocation that would pass the limit fails
+ * cleanly instead of waking the OOM killer.
+ *
+ * A step of one replica, in run_replica's loop:
+ *   admit_arrivals    requests whose arrival time has come go to the scheduler
+ *   kvc_sched_step    the plan (an empty one: wait_for_work moves the clock)
+ *   kvc_sim_step_time the clock advances by the step's cost
+ *   step_results      what each row sampled and how many drafts it accepted
+ *   kvc_sched_complete
+ *   collect_finished  finished requests become report records (closed loop:
+ *                     their next turns are released)
+ *   sample_state      peaks, the time series, progress
+ * The scheduler's call sites are marked "sched:". */
 #include "kvcache/sim.h"
 
 #include "util/msg.h"
+#include "workload_int.h" /* the bytes a workload holds, for the memory estimate */
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
-/* ---- the cost model ---------------------------------------------------------------- */
-int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu,
-                       const kvc_plan_params_t *p, const kvc_plan_result_t *r,
-                       double step_overhead_s, double allreduce_latency_s,
-                       kvc_sim_cost_model_t *out)
-{
-    if (!m || !gpu || !p || !r || !out || step_overhead_s < 0 || allreduce_latency_s < 0)
-        return KVC_EINVAL;
-    const double tp = p->tp, pp = p->pp, parts = tp * pp;
-    const double mfu = p->mfu > 0 ? p->mfu : 1.0, mbu = p->mbu > 0 ? p->mbu : 1.0;
-    const kvc_plan_param_count_t *c = &r->counts;
-    /* Linear layers: every active parameter but the embedding lookup is one multiply-add. */
-    double linear_params = (double)(c->active - c->embedding);
-    /* Attention per (query, key) pair and layer: QK^T over the key width, PV over the value width,
-     * 2 FLOPs a multiply-add, for every query head.  MLA (absorbed): keys are the latent plus the
-     * rope part, values the latent. */
-    double d_qk = m->mla ? (double)m->kv_lora_rank + m->qk_rope_head_dim : m->head_dim;
-    double d_v = m->mla ? (double)m->kv_lora_rank : (m->v_head_dim ? m->v_head_dim : m->head_dim);
-    double heads_per_gpu = ceil((double)m->n_heads / tp);
-    double wbytes = kvc_plan_dtype_bits(p->weight_dtype) / 8.0;
-    double expert_bytes = m->n_experts ? (double)c->experts_routed * wbytes / parts : 0;
-    *out = (kvc_sim_cost_model_t){
-        .flops_per_s = r->peak_flops * mfu,
-        .attn_flops_per_s = gpu->bf16_flops * mfu,
-        .bytes_per_s = gpu->hbm_bytes_per_s * mbu,
-        .linear_flops_per_token = 2.0 * linear_params / parts,
-        .attn_flops_per_pair = 2.0 * (d_qk + d_v) * heads_per_gpu * r->layers_per_gpu,
-        .dense_weight_bytes = KVC_MAX(0.0, (double)r->weight_bytes_per_gpu - expert_bytes),
-        .expert_weight_bytes = expert_bytes,
-        .experts_per_token_share = m->n_experts ? (double)m->n_experts_active / m->n_experts : 0,
-        .kv_bytes_per_token = (double)r->kv_bytes_per_token_per_gpu,
-        .comm_bytes_per_token = 2.0 * m->hidden_size, /* bf16 activations */
-        .n_allreduce = p->tp > 1 ? 2 * r->layers_per_gpu : 0,
-        .link_bytes_per_s = gpu->interconnect_bytes_per_s > 0 ? gpu->interconnect_bytes_per_s
-                                                              : gpu->pcie_bytes_per_s,
-        .allreduce_latency_s = allreduce_latency_s,
-        .tp = p->tp,
-        .pp = p->pp,
-        .step_overhead_s = step_overhead_s,
-        .host_link_bytes_per_s = gpu->pcie_bytes_per_s > 0 ? gpu->pcie_bytes_per_s : 32e9,
-    };
-    return out->flops_per_s > 0 && out->bytes_per_s > 0 ? 0 : KVC_EINVAL;
-}
-
-double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t *plan,
-                         kvc_sim_step_cost_t *detail)
-{
-    double tokens = 0, pairs = 0, context = 0;
-    for (uint32_t i = 0; i < plan->n_entries; i++) {
-        const kvc_sched_entry_t *e = &plan->entries[i];
-        double n = e->n_tokens, first = e->first_pos;
-        tokens += n;
-        pairs += n * first + n * (n + 1) / 2; /* query i sees first + i + 1 keys (causal) */
-        context += first + n;
-    }
-    kvc_sim_step_cost_t d = {0};
-    if (tokens > 0) {
-        d.linear_flops = cm->linear_flops_per_token * tokens;
-        d.attn_flops = cm->attn_flops_per_pair * pairs;
-        double experts_read =
-            cm->expert_weight_bytes > 0
-                ? cm->expert_weight_bytes * (1.0 - pow(1.0 - cm->experts_per_token_share, tokens))
-                : 0;
-        d.bytes_read =
-            cm->dense_weight_bytes + experts_read + cm->kv_bytes_per_token * (context + tokens);
-        d.compute_s = d.linear_flops / cm->flops_per_s + d.attn_flops / cm->attn_flops_per_s;
-        d.memory_s = d.bytes_read / cm->bytes_per_s;
-        if (cm->n_allreduce && cm->link_bytes_per_s > 0)
-            d.comm_s = cm->n_allreduce * (cm->allreduce_latency_s +
-                                          2.0 * (cm->tp - 1) / cm->tp * cm->comm_bytes_per_token *
-                                              tokens / cm->link_bytes_per_s);
-    }
-    d.swap_s = (double)(plan->swap_out_bytes + plan->swap_in_bytes) / cm->host_link_bytes_per_s;
-    d.total_s =
-        cm->pp * (KVC_MAX(d.compute_s, d.memory_s) + d.comm_s) + cm->step_overhead_s + d.swap_s;
-    if (detail) *detail = d;
-    return d.total_s;
-}
-
-/* ---- the run ----------------------------------------------------------------------------- */
 kvc_sim_config_t kvc_sim_config_default(void)
 {
     kvc_sim_config_t c = {0};
@@ -103,12 +44,93 @@ kvc_sim_config_t kvc_sim_config_default(void)
     return c;
 }
 
+/* ---- memory: the caller's allocator, counted against the limit -------------------------- */
+typedef struct {
+    kvc_allocator_t inner; /* the caller's */
+    uint64_t limit;        /* bytes the run may hold at once */
+    uint64_t live, peak;   /* bytes held (headers included) */
+    uint64_t refused;      /* the request the limit refused (0: none) */
+    uint64_t held;         /* what was held when it was refused */
+    uint64_t failed;       /* the largest request the caller's allocator refused (0: none) */
+} mem_t;
+
+/* Each block carries its size and alignment in front of it, so that free knows what it
+ * gives back.  The header is one alignment unit (at least 16 bytes), so the block stays
+ * aligned as asked. */
+static void *mem_alloc(void *ctx, size_t bytes, size_t align)
+{
+    mem_t *m = ctx;
+    if (align < 16) align = 16;
+    if (bytes > SIZE_MAX - align) return NULL;
+    size_t total = bytes + align;
+    if (total > m->limit || m->live > m->limit - total) {
+        m->refused = total;
+        m->held = m->live;
+        return NULL;
+    }
+    unsigned char *p = kvc_alloc(&m->inner, total, align);
+    if (!p) {
+        m->failed = KVC_MAX(m->failed, (uint64_t)total);
+        return NULL;
+    }
+    unsigned char *q = p + align;
+    size_t hdr[2] = {total, align};
+    memcpy(q - sizeof hdr, hdr, sizeof hdr);
+    m->live += total;
+    m->peak = KVC_MAX(m->peak, m->live);
+    return q;
+}
+
+static void mem_free(void *ctx, void *ptr)
+{
+    mem_t *m = ctx;
+    if (!ptr) return;
+    unsigned char *q = ptr;
+    size_t hdr[2];
+    memcpy(hdr, q - sizeof hdr, sizeof hdr);
+    m->live -= hdr[0];
+    kvc_free(&m->inner, q - hdr[1]);
+}
+
+static kvc_allocator_t mem_allocator(mem_t *m)
+{
+    return (kvc_allocator_t){.alloc = mem_alloc, .free = mem_free, .ctx = m};
+}
+
+/* The most this process can hold: physical memory, or less where an address-space or
+ * cgroup limit says so. */
+static uint64_t memory_available(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t m = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : UINT64_MAX;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < m)
+        m = (uint64_t)rl.rlim_cur;
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f) {
+        unsigned long long v;
+        if (fscanf(f, "%llu", &v) == 1 && v > 0 && v < m) m = v;
+        fclose(f);
+    }
+    return m;
+}
+
+/* "1.5 GiB" and the like. */
+static const char *fmt_bytes(double b, char *buf, size_t cap)
+{
+    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int u = 0;
+    while (b >= 1024 && u < 5) b /= 1024, u++;
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+    return buf;
+}
+
+/* ---- arrivals: a binary min-heap by (time, workload index), so ties have one order ------ */
 typedef struct {
     double t;
     uint32_t idx; /* workload index */
 } arrival_t;
 
-/* A binary min-heap of arrivals by (time, index): deterministic order for ties. */
 typedef struct {
     arrival_t *v;
     size_t n, cap;
@@ -119,14 +141,14 @@ static bool arr_less(arrival_t a, arrival_t b)
     return a.t < b.t || (a.t == b.t && a.idx < b.idx);
 }
 
-static int heap_push(heap_t *h, arrival_t a)
+static int heap_push(heap_t *h, const kvc_allocator_t *al, arrival_t a)
 {
     if (h->n == h->cap) {
         size_t cap = h->cap ? 2 * h->cap : 1024;
-        arrival_t *v = kvc_alloc(NULL, cap * sizeof *v, 0);
+        arrival_t *v = kvc_alloc(al, cap * sizeof *v, 0);
         if (!v) return KVC_ENOMEM;
         if (h->n) memcpy(v, h->v, h->n * sizeof *v);
-        kvc_free(NULL, h->v);
+        kvc_free(al, h->v);
         h->v = v;
         h->cap = cap;
     }
@@ -156,92 +178,156 @@ static arrival_t heap_pop(heap_t *h)
     return top;
 }
 
+/* ---- the run's state ----------------------------------------------------------------------- */
+typedef struct { /* one replica's engine: created per replica, destroyed after it */
+    kvc_pool_t *pool;
+    kvc_prefix_t *pc;
+    kvc_seqs_t *seqs;
+    kvc_sched_t *s;
+} replica_t;
+
 typedef struct {
     const kvc_sim_config_t *cfg;
     const kvc_workload_t *w;
     kvc_report_t *report;
     kvc_sim_result_t *res;
     kvc_sim_cost_model_t cost;
+    const kvc_allocator_t *a; /* every allocation: the caller's, counted (mem_t) */
+    uint32_t num_blocks, n_groups, window[KVC_MAX_GROUPS];
     uint32_t replica, n_replicas;
     uint32_t *produced;  /* per workload index: output tokens sampled */
-    uint32_t *next_turn; /* per workload index: the next turn of its conversation, or KVC_NONE */
+    uint32_t *next_turn; /* per workload index: the next turn of its conversation on the same
+                            replica, or KVC_NONE */
+    bool *follows;       /* per workload index: an earlier turn of its conversation goes to the
+                            same replica (closed loop: that turn releases it) */
     kvc_token_t **owned; /* per workload index: assembled prompts (on-demand traces) */
     kvc_rng_t rng;
     uint64_t done_total, total;
+    /* the replica being simulated */
+    heap_t heap;
+    double now;
+    kvc_sched_result_t *results;
+    size_t results_cap;
+    uint64_t last_progress;
+    char *err;
+    size_t err_cap;
 } run_t;
+
+/* An error from a layer below that only a bug can cause (the engine hands them nothing a
+ * caller chose unchecked): KVC_ECORRUPT, naming the call.  Allocation failures pass as they
+ * are. */
+static int internal(run_t *r, int rc, const char *call)
+{
+    if (rc == 0 || rc == KVC_ENOMEM) return rc;
+    return kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap, "internal: %s: %s", call, kvc_strerror(rc));
+}
 
 static void draft_tokens(void *ctx, kvc_req_id_t id, uint64_t tag, uint32_t n, kvc_token_t *out)
 {
     /* A drafter that proposes the tokens the model will sample; acceptance is drawn later. */
     (void)id;
     run_t *r = ctx;
-    uint32_t wi = (uint32_t)tag;
+    uint32_t wi = (uint32_t)tag; /* sched: the workload index */
     const kvc_sim_request_t *q = kvc_workload_request(r->w, wi);
     uint32_t k = r->produced[wi];
     for (uint32_t j = 0; j < n; j++)
         out[j] = k + j < q->n_output && q->output_tokens ? q->output_tokens[k + j] : 0;
 }
 
-/* Conversations: link each turn to the next one (by conversation id, in workload order). */
+/* Conversations: link each turn to the next turn of its conversation that goes to the same
+ * replica (request i goes to replica i mod dp), in workload order.  One pass for all
+ * replicas. */
 static int link_turns(run_t *r)
 {
     size_t n = kvc_workload_size(r->w), cap = 16;
     while (cap < 2 * n) cap <<= 1;
-    uint64_t *keys = kvc_calloc(NULL, cap, sizeof(uint64_t), 0);
-    uint32_t *last = kvc_alloc(NULL, cap * sizeof(uint32_t), 0);
-    if (!keys || !last) {
-        kvc_free(NULL, keys);
-        kvc_free(NULL, last);
+    uint64_t *keys = kvc_calloc(r->a, cap, sizeof(uint64_t), 0);
+    uint32_t *reps = kvc_alloc(r->a, cap * sizeof(uint32_t), 0);
+    uint32_t *last = kvc_alloc(r->a, cap * sizeof(uint32_t), 0);
+    if (!keys || !reps || !last) {
+        kvc_free(r->a, keys);
+        kvc_free(r->a, reps);
+        kvc_free(r->a, last);
         return KVC_ENOMEM;
     }
-    for (size_t i = 0; i < n; i++) r->next_turn[i] = KVC_NONE;
+    for (size_t i = 0; i < n; i++) r->next_turn[i] = KVC_NONE, r->follows[i] = false;
     for (size_t i = 0; i < n; i++) {
         const kvc_sim_request_t *q = kvc_workload_request(r->w, i);
-        if (!q->conversation || i % r->n_replicas != r->replica) continue;
-        size_t k = (size_t)(q->conversation * 0x9e3779b97f4a7c15ULL) & (cap - 1);
-        while (keys[k] && keys[k] != q->conversation) k = (k + 1) & (cap - 1);
-        if (keys[k]) r->next_turn[last[k]] = (uint32_t)i;
+        if (!q->conversation) continue;
+        uint32_t rep = (uint32_t)(i % r->n_replicas);
+        size_t k =
+            (size_t)((q->conversation ^ ((uint64_t)rep << 40)) * 0x9e3779b97f4a7c15ULL) & (cap - 1);
+        while (keys[k] && (keys[k] != q->conversation || reps[k] != rep)) k = (k + 1) & (cap - 1);
+        if (keys[k]) r->next_turn[last[k]] = (uint32_t)i, r->follows[i] = true;
         keys[k] = q->conversation;
+        reps[k] = rep;
         last[k] = (uint32_t)i;
     }
-    kvc_free(NULL, keys);
-    kvc_free(NULL, last);
+    kvc_free(r->a, keys);
+    kvc_free(r->a, reps);
+    kvc_free(r->a, last);
     return 0;
 }
 
+/* Closed loop, a turn waits for the previous turn of its conversation on its replica.  A turn
+ * with none there (its conversation's earlier turns went to other replicas, or the trace starts
+ * mid-conversation) arrives at its trace time: nothing else would ever release it. */
 static bool has_predecessor(const run_t *r, size_t i)
 {
-    const kvc_sim_request_t *q = kvc_workload_request(r->w, i);
-    return r->cfg->closed_loop && q->conversation && q->turn > 0;
+    return r->cfg->closed_loop && r->follows[i];
 }
 
-static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const uint32_t *window,
-                       char *err, size_t cap)
+/* ---- one replica's engine ------------------------------------------------------------------ */
+static void replica_close(replica_t *rep)
+{
+    kvc_sched_destroy(rep->s);
+    kvc_seqs_destroy(rep->seqs);
+    kvc_prefix_destroy(rep->pc);
+    kvc_pool_destroy(rep->pool);
+    *rep = (replica_t){0};
+}
+
+/* The pool, prefix cache, sequence table and scheduler of one replica, allocating through
+ * `a`.  On failure nothing is left. */
+static int replica_open(run_t *r, const kvc_allocator_t *a, uint32_t num_blocks, replica_t *rep)
 {
     const kvc_sim_config_t *cfg = r->cfg;
     const uint32_t bs = cfg->plan.block_size;
-    kvc_pool_t *pool = NULL;
-    kvc_prefix_t *pc = NULL;
-    kvc_seqs_t *seqs = NULL;
-    kvc_sched_t *s = NULL;
-    heap_t heap = {0};
+    *rep = (replica_t){0};
     int rc;
     kvc_pool_params_t pp = kvc_pool_params_default();
     pp.n_blocks = num_blocks;
     pp.block_size = bs;
-    if ((rc = kvc_pool_create(&pp, &pool))) goto out;
+    pp.allocator = *a;
+    if ((rc = kvc_pool_create(&pp, &rep->pool))) {
+        if (rc != KVC_ENOMEM)
+            kvc__msgf(rc, r->err, r->err_cap, "KV pool of %u blocks of %u tokens: %s", num_blocks,
+                      bs, kvc_strerror(rc));
+        goto fail;
+    }
     if (cfg->prefix_caching) {
         kvc_prefix_params_t cp = kvc_prefix_params_default();
         cp.hash_seed = cfg->seed ? cfg->seed : 1;
         cp.max_extra_keys = 0; /* workloads carry no multimodal inputs: save the metadata */
-        memcpy(cp.group_window, window, sizeof cp.group_window);
-        if ((rc = kvc_prefix_create(pool, &cp, &pc))) goto out;
+        memcpy(cp.group_window, r->window, sizeof cp.group_window);
+        cp.allocator = *a;
+        if ((rc = kvc_prefix_create(rep->pool, &cp, &rep->pc))) {
+            if (rc != KVC_ENOMEM)
+                kvc__msgf(rc, r->err, r->err_cap, "prefix cache: %s", kvc_strerror(rc));
+            goto fail;
+        }
     }
     kvc_seqs_params_t sp = kvc_seqs_params_default();
     sp.max_seqs = cfg->plan.max_num_seqs * 4 + 256;
-    sp.n_groups = n_groups;
-    memcpy(sp.window, window, sizeof sp.window);
-    if ((rc = kvc_seqs_create(pool, pc, &sp, &seqs))) goto out;
+    sp.n_groups = r->n_groups;
+    memcpy(sp.window, r->window, sizeof sp.window);
+    sp.allocator = *a;
+    if ((rc = kvc_seqs_create(rep->pool, rep->pc, &sp, &rep->seqs))) {
+        if (rc != KVC_ENOMEM)
+            kvc__msgf(rc, r->err, r->err_cap, "sequence table of %u: %s", sp.max_seqs,
+                      kvc_strerror(rc));
+        goto fail;
+    }
     kvc_sched_params_t schp = cfg->sched;
     schp.max_num_seqs = cfg->plan.max_num_seqs;
     schp.max_num_batched_tokens = cfg->plan.max_num_batched_tokens;
@@ -249,221 +335,464 @@ static int run_replica(run_t *r, uint32_t num_blocks, uint32_t n_groups, const u
     schp.draft = draft_tokens;
     schp.draft_ctx = r;
     schp.trace = cfg->trace != NULL;
-    if ((rc = kvc_sched_create(seqs, &schp, &s))) {
-        kvc__msgf(rc, err, cap, "scheduler parameters: %s", kvc_strerror(rc));
-        goto out;
+    schp.allocator = *a;
+    /* sched: */
+    if ((rc = kvc_sched_create(rep->seqs, &schp, &rep->s))) {
+        if (rc != KVC_ENOMEM)
+            kvc__msgf(rc, r->err, r->err_cap, "scheduler parameters: %s", kvc_strerror(rc));
+        goto fail;
     }
-
-    const size_t n = kvc_workload_size(r->w);
-    for (size_t i = r->replica; i < n; i += r->n_replicas) {
-        if (has_predecessor(r, i)) continue; /* released when its previous turn finishes */
-        if ((rc = heap_push(&heap,
-                            (arrival_t){kvc_workload_request(r->w, i)->arrival_s, (uint32_t)i})))
-            goto out;
-    }
-    kvc_sched_result_t *results = NULL;
-    size_t results_cap = 0;
-    double now = 0;
-    uint64_t stuck = 0, last_progress = 0;
-    const bool sample = r->replica == 0;
-    for (;;) {
-        while (heap.n && heap.v[0].t <= now) {
-            arrival_t a = heap_pop(&heap);
-            const kvc_sim_request_t *q = kvc_workload_request(r->w, a.idx);
-            const kvc_token_t *prompt = q->tokens;
-            if (!prompt) { /* a trace kept with tokens on demand: assemble this prompt */
-                r->owned[a.idx] = kvc_alloc(NULL, q->n_prompt * sizeof(kvc_token_t), 0);
-                if (!r->owned[a.idx]) {
-                    rc = KVC_ENOMEM;
-                    goto out_results;
-                }
-                (void)kvc_workload_prompt(r->w, a.idx, r->owned[a.idx], q->n_prompt);
-                prompt = r->owned[a.idx];
-            }
-            /* Like a server: a prompt at or over max_model_len is refused; outputs stop there. */
-            uint64_t mml = r->res->planned.max_model_len;
-            if (mml && q->n_prompt >= mml) {
-                r->res->rejected++;
-                continue;
-            }
-            uint32_t max_out = KVC_MAX(q->max_output, q->n_output);
-            if (mml && (uint64_t)q->n_prompt + max_out > mml)
-                max_out = (uint32_t)(mml - q->n_prompt);
-            kvc_namespace_t ns = {0};
-            if (cfg->tenant_salts &&
-                (rc = kvc_namespace_set_salt(&ns, kvc_workload_tenant_name(r->w, q->tenant))))
-                goto out_results;
-            kvc_sched_req_t req = {.prompt = prompt,
-                                   .n_prompt = q->n_prompt,
-                                   .max_output = max_out,
-                                   .priority = q->priority,
-                                   .tenant = q->tenant,
-                                   .ns = &ns,
-                                   .tag = a.idx};
-            kvc_req_id_t id;
-            rc = kvc_sched_add(s, &req, a.t, &id);
-            if (rc == KVC_ERANGE) { /* it can never fit the pool or its caps: refused, counted */
-                if (cfg->trace)
-                    fprintf(cfg->trace, "request %u (%u prompt tokens) refused: it can never fit\n",
-                            a.idx, q->n_prompt);
-                r->res->rejected++;
-                rc = 0;
-                continue;
-            }
-            if (rc) goto out_results;
-        }
-        const kvc_sched_plan_t *plan;
-        if ((rc = kvc_sched_step(s, now, &plan))) goto out_results;
-        if (cfg->trace) fputs(kvc_sched_trace(s), cfg->trace);
-        if (plan->n_entries == 0) {
-            kvc_sched_stats_t st;
-            kvc_sched_stats(s, &st);
-            bool busy = st.n_running || st.n_waiting || st.n_swapped;
-            if (!busy && !heap.n) break;
-            if (heap.n && (!busy || ++stuck > 2)) {
-                now = KVC_MAX(now, heap.v[0].t);
-                stuck = 0;
-                continue;
-            }
-            if (!heap.n && ++stuck > 1000) {
-                rc = kvc__msgf(KVC_EINVAL, err, cap,
-                               "the simulation is stuck: %u requests wait and nothing can run",
-                               st.n_waiting + st.n_swapped);
-                goto out_results;
-            }
-            continue;
-        }
-        stuck = 0;
-        double dt = kvc_sim_step_time(&r->cost, plan, NULL);
-        now += dt;
-        if (results_cap < plan->n_entries) {
-            kvc_free(NULL, results);
-            results_cap = plan->n_entries * 2;
-            results = kvc_alloc(NULL, results_cap * sizeof *results, 0);
-            if (!results) {
-                rc = KVC_ENOMEM;
-                goto out;
-            }
-        }
-        uint32_t batch_tokens = 0;
-        for (uint32_t i = 0; i < plan->n_entries; i++) {
-            const kvc_sched_entry_t *e = &plan->entries[i];
-            uint32_t wi = (uint32_t)e->tag;
-            const kvc_sim_request_t *q = kvc_workload_request(r->w, wi);
-            batch_tokens += e->n_tokens;
-            results[i] = (kvc_sched_result_t){.id = e->id};
-            if (!e->samples) continue;
-            uint32_t k = r->produced[wi], a = 0;
-            while (a < e->n_drafts && kvc_rng_double(&r->rng) < cfg->spec_acceptance) a++;
-            if (k + 1 + a > q->n_output) a = q->n_output > k + 1 ? q->n_output - k - 1 : 0;
-            uint32_t bonus = k + a;
-            results[i].n_accepted = a;
-            results[i].token =
-                q->output_tokens && bonus < q->n_output ? q->output_tokens[bonus] : 0;
-            r->produced[wi] = k + 1 + a;
-            results[i].finished = r->produced[wi] >= q->n_output;
-        }
-        if ((rc = kvc_sched_complete(s, results, plan->n_entries, now))) goto out_results;
-        if (cfg->check_every_step) {
-            char msg[256];
-            kvc_sched_stats_t cst;
-            kvc_sched_stats(s, &cst);
-            if (kvc_sched_check(s, msg, sizeof msg)) {
-                rc = kvc__msgf(KVC_ECORRUPT, err, cap, "step %llu: %s",
-                               (unsigned long long)r->res->steps, msg);
-                goto out_results;
-            }
-            if (batch_tokens > cfg->plan.max_num_batched_tokens ||
-                cst.n_running > cfg->plan.max_num_seqs) {
-                rc = kvc__msgf(KVC_ECORRUPT, err, cap,
-                               "step %llu: %u tokens, %u running: over the limits",
-                               (unsigned long long)r->res->steps, batch_tokens, cst.n_running);
-                goto out_results;
-            }
-        }
-        const kvc_sched_done_t *done;
-        uint32_t nd;
-        (void)kvc_sched_take_finished(s, &done, &nd);
-        for (uint32_t i = 0; i < nd; i++) {
-            const kvc_sched_done_t *d = &done[i];
-            uint32_t wi = (uint32_t)d->tag;
-            kvc_sim_record_t rec = {.arrival_s = d->arrival_s,
-                                    .first_token_s = d->first_token_s,
-                                    .finish_s = d->finish_s,
-                                    .n_prompt = d->n_prompt,
-                                    .n_output = d->n_output,
-                                    .n_hit_tokens = d->n_hit_tokens,
-                                    .tenant = d->tenant,
-                                    .priority = d->priority,
-                                    .n_preemptions = d->n_preemptions,
-                                    .recomputed_tokens = d->recomputed_tokens};
-            if ((rc = kvc_report_add(r->report, &rec))) goto out_results;
-            r->res->completed++;
-            kvc_free(NULL, r->owned[wi]);
-            r->owned[wi] = NULL;
-            uint32_t nx = r->next_turn[wi];
-            if (nx != KVC_NONE && cfg->closed_loop) {
-                const kvc_sim_request_t *q2 = kvc_workload_request(r->w, nx);
-                if ((rc = heap_push(&heap, (arrival_t){d->finish_s + q2->think_s, nx})))
-                    goto out_results;
-            }
-        }
-        r->done_total += nd;
-        kvc_sched_stats_t st;
-        kvc_sched_stats(s, &st);
-        r->res->peak_kv_blocks = KVC_MAX(r->res->peak_kv_blocks, st.blocks_used);
-        r->res->peak_running = KVC_MAX(r->res->peak_running, st.n_running);
-        if (sample) {
-            kvc_sim_sample_t smp = {.t_s = now,
-                                    .kv_blocks_used = st.blocks_used,
-                                    .kv_blocks_total = num_blocks,
-                                    .running = st.n_running,
-                                    .waiting = st.n_waiting,
-                                    .swapped = st.n_swapped,
-                                    .batch_tokens = batch_tokens};
-            if ((rc = kvc_report_sample(r->report, &smp))) goto out_results;
-        }
-        r->res->steps++;
-        if (cfg->progress && r->done_total - last_progress >= KVC_MAX(r->total / 100, 1)) {
-            last_progress = r->done_total;
-            cfg->progress(cfg->progress_ctx, r->done_total, r->total);
-        }
-    }
-    {
-        kvc_sched_stats_t st;
-        kvc_sched_stats(s, &st);
-        r->res->preemptions += st.preemptions;
-        r->res->recomputed_tokens += st.recomputed_tokens;
-        r->res->swapped_out_bytes += st.swapped_out_bytes;
-        r->res->swapped_in_bytes += st.swapped_in_bytes;
-        r->res->prompt_tokens += st.prompt_tokens_admitted;
-        r->res->hit_tokens += st.hit_tokens;
-        r->res->resume_hit_tokens += st.resume_hit_tokens;
-        r->res->simulated_s = KVC_MAX(r->res->simulated_s, now);
-        char msg[256];
-        if (kvc_sched_check(s, msg, sizeof msg))
-            rc = kvc__msgf(KVC_ECORRUPT, err, cap, "internal: %s", msg);
-    }
-out_results:
-    kvc_free(NULL, results);
-out:
-    if (rc && err && cap && !err[0])
-        kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
-    kvc_free(NULL, heap.v);
-    kvc_sched_destroy(s);
-    kvc_seqs_destroy(seqs);
-    kvc_prefix_destroy(pc);
-    kvc_pool_destroy(pool);
+    return 0;
+fail:
+    replica_close(rep);
     return rc;
 }
 
-int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report_t *report,
-                kvc_sim_result_t *out, char *err, size_t cap)
+/* ---- the memory estimate ---------------------------------------------------------------- */
+/* What one replica's engine costs, measured by building it at two small sizes through an
+ * allocator that records each allocation and fills it with a pattern: the bytes allocated
+ * per block, and the pages creation writes (those are resident at once).  A pool or cache
+ * that allocates its tables up front but writes a block's entries only when the block is
+ * used costs, resident, what creation writes plus what the blocks in use touch. */
+#define PROBE_BLOCKS 1024u
+#define PROBE_MAX    256 /* allocations one replica's engine makes at creation, at most */
+#define PAGE         4096.0
+#define POISON       0xa5
+
+typedef struct {
+    mem_t m;
+    struct {
+        unsigned char *p;
+        size_t n;
+    } a[PROBE_MAX];
+    int n_a;
+    bool overflow; /* more allocations than recorded: count them all as written */
+} probe_mem_t;
+
+static void *probe_alloc(void *ctx, size_t bytes, size_t align)
 {
-    if (err && cap) err[0] = 0;
-    if (!cfg || !w || !report || !out) return kvc__msgf(KVC_EINVAL, err, cap, "missing arguments");
-    *out = (kvc_sim_result_t){0};
-    uint64_t t0 = kvc_now_ns();
+    probe_mem_t *pm = ctx;
+    unsigned char *p = mem_alloc(&pm->m, bytes, align);
+    if (!p) return NULL;
+    memset(p, POISON, bytes);
+    int i = 0;
+    while (i < pm->n_a && pm->a[i].p) i++; /* a free record */
+    if (i == PROBE_MAX)
+        pm->overflow = true;
+    else {
+        pm->a[i].p = p, pm->a[i].n = bytes;
+        if (i == pm->n_a) pm->n_a++;
+    }
+    return p;
+}
+
+static void probe_free(void *ctx, void *p)
+{
+    probe_mem_t *pm = ctx;
+    for (int i = 0; p && i < pm->n_a; i++)
+        if (pm->a[i].p == p) pm->a[i].p = NULL;
+    mem_free(&pm->m, p);
+}
+
+typedef struct {
+    double alloc, written; /* bytes allocated; bytes of the pages written */
+    int n_big;             /* allocations of a page or more */
+} probe_sum_t;
+
+static probe_sum_t probe_measure(const probe_mem_t *pm)
+{
+    probe_sum_t s = {0};
+    for (int i = 0; i < pm->n_a; i++) {
+        const unsigned char *p = pm->a[i].p;
+        size_t n = pm->a[i].n;
+        if (!p) continue;
+        s.alloc += (double)n;
+        s.n_big += n >= PAGE;
+        for (size_t at = 0; at < n; at += (size_t)PAGE) {
+            size_t len = KVC_MIN(n - at, (size_t)PAGE);
+            for (size_t k = 0; k < len; k++)
+                if (p[at + k] != POISON) {
+                    s.written += (double)len;
+                    break;
+                }
+        }
+    }
+    if (pm->overflow) s.written = (double)pm->m.live;
+    return s;
+}
+
+typedef struct {
+    double fixed_alloc, fixed_written;         /* at creation, whatever the size */
+    double alloc_per_block, written_per_block; /* at creation, per block of the pool */
+    double big_per_block;                      /* tables that grow with the pool */
+} probe_t;
+
+static int probe_engine(run_t *r, probe_t *out)
+{
+    probe_sum_t sum[2];
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) {
+        probe_mem_t *pm = kvc_calloc(r->a, 1, sizeof *pm, 0);
+        if (!pm) return KVC_ENOMEM;
+        pm->m = (mem_t){.inner = *r->a, .limit = UINT64_MAX};
+        kvc_allocator_t a = {.alloc = probe_alloc, .free = probe_free, .ctx = pm};
+        replica_t rep;
+        if (!(rc = replica_open(r, &a, PROBE_BLOCKS << i, &rep))) {
+            sum[i] = probe_measure(pm);
+            replica_close(&rep);
+        }
+        kvc_free(r->a, pm);
+    }
+    if (rc) return rc;
+    out->alloc_per_block = KVC_MAX(0.0, (sum[1].alloc - sum[0].alloc) / PROBE_BLOCKS);
+    out->written_per_block = KVC_MAX(0.0, (sum[1].written - sum[0].written) / PROBE_BLOCKS);
+    out->fixed_alloc = KVC_MAX(0.0, sum[0].alloc - out->alloc_per_block * PROBE_BLOCKS);
+    out->fixed_written = KVC_MAX(0.0, sum[0].written - out->written_per_block * PROBE_BLOCKS);
+    out->big_per_block = sum[1].n_big;
+    return 0;
+}
+
+/* The most blocks one replica can ever hand out: every request's prompt and output (and
+ * its drafts), in every group, or the pool, whichever is less.  A pool that allocates on
+ * use touches no more than that. */
+static uint64_t blocks_touched_bound(const run_t *r)
+{
+    const size_t n = kvc_workload_size(r->w);
+    const uint64_t bs = r->cfg->plan.block_size, extra = r->cfg->sched.spec_tokens + 1;
+    uint64_t most = 0;
+    for (uint32_t rep = 0; rep < r->n_replicas && rep < n; rep++) {
+        uint64_t sum = 0;
+        for (size_t i = rep; i < n && sum < r->num_blocks; i += r->n_replicas) {
+            const kvc_sim_request_t *q = kvc_workload_request(r->w, i);
+            uint64_t tokens = (uint64_t)q->n_prompt + KVC_MAX(q->max_output, q->n_output) + extra;
+            sum += (tokens + bs - 1) / bs * r->n_groups;
+        }
+        most = KVC_MAX(most, KVC_MIN(sum, (uint64_t)r->num_blocks));
+    }
+    return most;
+}
+
+/* Refuse a run whose resident memory could pass `limit` bytes (the workload included) before
+ * allocating it; *alloc_bytes: what it will ask its allocator for (the pages it never writes
+ * included). */
+static int check_memory(run_t *r, uint64_t limit, bool limit_given, double *alloc_bytes, char *err,
+                        size_t cap)
+{
+    *alloc_bytes = 0;
+    /* a pool no bigger than the probe's: building it costs what measuring it would, and the
+     * limit still holds allocation by allocation */
+    if (r->num_blocks <= 2 * PROBE_BLOCKS) return 0;
+    probe_t pr = {0};
+    int rc = probe_engine(r, &pr);
+    if (rc) return rc;
+    const size_t n = kvc_workload_size(r->w);
+    const double blocks = r->num_blocks;
+    /* the engine's own tables: per request, the counters, the arrival heap */
+    const double per_request = 2 * sizeof(uint32_t) + sizeof(bool) + sizeof(kvc_token_t *) +
+                               2 * sizeof(arrival_t) + 4 * sizeof(uint64_t);
+    const double used = (double)blocks_touched_bound(r);
+    /* Resident: what creation writes, and for each block in use its own bytes plus, at
+     * worst, a page of every table that grows with the pool (a hash bucket, say) */
+    double alloc = pr.fixed_alloc + pr.alloc_per_block * blocks;
+    double resident = pr.fixed_written + pr.written_per_block * blocks +
+                      used * (pr.alloc_per_block + pr.big_per_block * PAGE);
+    resident = KVC_MIN(resident, alloc);
+    /* plus 1/16 for what the allocator and the kernel keep on top (headers, page tables, the
+     * checker's own scratch): about 5% at 1e7 blocks, measured against the process's RSS */
+    double need = resident * 17 / 16 + per_request * (double)n + (double)r->w->bytes;
+    *alloc_bytes = alloc * 17 / 16 + per_request * (double)n;
+    if (need <= (double)limit) return 0;
+    char a[32], b[32], c[32];
+    return kvc__msgf(
+        KVC_ENOMEM, err, cap,
+        "the simulation would need about %s of memory (%u KV blocks per replica at about "
+        "%.0f bytes of metadata each, the workload's %s and the tables of its %zu requests), more "
+        "than the limit of %s (%s)",
+        fmt_bytes(need, a, sizeof a), r->num_blocks, resident / blocks,
+        fmt_bytes((double)r->w->bytes, b, sizeof b), n, fmt_bytes((double)limit, c, sizeof c),
+        limit_given ? "the limit given" : "the memory this machine has");
+}
+
+/* ---- one step's parts -------------------------------------------------------------------- */
+/* Requests of this replica whose first turn (or, closed loop, every turn) is known up front. */
+static int queue_arrivals(run_t *r)
+{
+    const size_t n = kvc_workload_size(r->w);
+    for (size_t i = r->replica; i < n; i += r->n_replicas) {
+        if (has_predecessor(r, i)) continue; /* released when its previous turn finishes */
+        int rc = heap_push(&r->heap, r->a,
+                           (arrival_t){kvc_workload_request(r->w, i)->arrival_s, (uint32_t)i});
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Hand the scheduler every request that has arrived by now; refuse, like a server, those that
+ * can never run. */
+static int admit_arrivals(run_t *r, kvc_sched_t *s)
+{
+    const kvc_sim_config_t *cfg = r->cfg;
+    while (r->heap.n && r->heap.v[0].t <= r->now) {
+        arrival_t a = heap_pop(&r->heap);
+        const kvc_sim_request_t *q = kvc_workload_request(r->w, a.idx);
+        const kvc_token_t *prompt = q->tokens;
+        if (!prompt) { /* a trace kept with tokens on demand: assemble this prompt */
+            r->owned[a.idx] = kvc_alloc(r->a, q->n_prompt * sizeof(kvc_token_t), 0);
+            if (!r->owned[a.idx]) return KVC_ENOMEM;
+            (void)kvc_workload_prompt(r->w, a.idx, r->owned[a.idx], q->n_prompt);
+            prompt = r->owned[a.idx];
+        }
+        /* Like a server: a prompt at or over max_model_len is refused; outputs stop there. */
+        uint64_t mml = r->res->planned.max_model_len;
+        if (mml && q->n_prompt >= mml) {
+            r->res->rejected++;
+            continue;
+        }
+        uint32_t max_out = KVC_MAX(q->max_output, q->n_output);
+        if (mml && (uint64_t)q->n_prompt + max_out > mml) max_out = (uint32_t)(mml - q->n_prompt);
+        kvc_namespace_t ns = {0};
+        if (cfg->tenant_salts) {
+            int rc = kvc_namespace_set_salt(&ns, kvc_workload_tenant_name(r->w, q->tenant));
+            if (rc) return internal(r, rc, "kvc_namespace_set_salt");
+        }
+        kvc_sched_req_t req = {.prompt = prompt,
+                               .n_prompt = q->n_prompt,
+                               .max_output = max_out,
+                               .priority = q->priority,
+                               .tenant = q->tenant,
+                               .ns = &ns,
+                               .tag = a.idx};
+        kvc_req_id_t id;
+        int rc = kvc_sched_add(s, &req, a.t, &id); /* sched: */
+        if (rc == KVC_ERANGE) { /* it can never fit the pool or its caps: refused, counted */
+            if (cfg->trace)
+                fprintf(cfg->trace, "request %u (%u prompt tokens) refused: it can never fit\n",
+                        a.idx, q->n_prompt);
+            r->res->rejected++;
+            continue;
+        }
+        if (rc) return internal(r, rc, "kvc_sched_add");
+    }
+    return 0;
+}
+
+/* Nothing can run now: move the clock to the next arrival, or stop.  *stop is set when the
+ * replica has nothing left to do. */
+static int wait_for_work(run_t *r, kvc_sched_t *s, uint64_t *stuck, bool *stop)
+{
+    kvc_sched_stats_t st;
+    kvc_sched_stats(s, &st); /* sched: */
+    bool busy = st.n_running || st.n_waiting || st.n_swapped;
+    *stop = !busy && !r->heap.n;
+    if (*stop) return 0;
+    if (r->heap.n && (!busy || ++*stuck > 2)) {
+        r->now = KVC_MAX(r->now, r->heap.v[0].t);
+        *stuck = 0;
+        return 0;
+    }
+    if (!r->heap.n && ++*stuck > 1000)
+        return kvc__msgf(KVC_EINVAL, r->err, r->err_cap,
+                         "the simulation is stuck: %u requests wait and nothing can run",
+                         st.n_waiting + st.n_swapped);
+    return 0;
+}
+
+/* What each row of the plan sampled: the workload's next output token, after accepting each
+ * draft with probability spec_acceptance.  *batch_tokens: the tokens the step computed. */
+static int step_results(run_t *r, const kvc_sched_plan_t *plan, uint32_t *batch_tokens)
+{
+    if (r->results_cap < plan->n_entries) {
+        kvc_free(r->a, r->results);
+        r->results_cap = plan->n_entries * 2;
+        r->results = kvc_alloc(r->a, r->results_cap * sizeof *r->results, 0);
+        if (!r->results) {
+            r->results_cap = 0;
+            return KVC_ENOMEM;
+        }
+    }
+    *batch_tokens = 0;
+    for (uint32_t i = 0; i < plan->n_entries; i++) {
+        const kvc_sched_entry_t *e = &plan->entries[i];
+        uint32_t wi = (uint32_t)e->tag;
+        const kvc_sim_request_t *q = kvc_workload_request(r->w, wi);
+        *batch_tokens += e->n_tokens;
+        r->results[i] = (kvc_sched_result_t){.id = e->id};
+        if (!e->samples) continue;
+        uint32_t k = r->produced[wi], a = 0;
+        while (a < e->n_drafts && kvc_rng_double(&r->rng) < r->cfg->spec_acceptance) a++;
+        if (k + 1 + a > q->n_output) a = q->n_output > k + 1 ? q->n_output - k - 1 : 0;
+        uint32_t bonus = k + a;
+        r->results[i].n_accepted = a;
+        r->results[i].token = q->output_tokens && bonus < q->n_output ? q->output_tokens[bonus] : 0;
+        r->produced[wi] = k + 1 + a;
+        r->results[i].finished = r->produced[wi] >= q->n_output;
+    }
+    return 0;
+}
+
+/* The scheduler's checker (which checks the seq table, prefix cache and pool under it): 0, the
+ * checker's own allocation failure as is, or KVC_ECORRUPT with `what` and its message. */
+static int check_sched(run_t *r, const kvc_sched_t *s, const char *what)
+{
+    char msg[256] = "";
+    int rc = kvc_sched_check(s, msg, sizeof msg); /* sched: */
+    if (rc == 0 || rc == KVC_ENOMEM) return rc;
+    return kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap, "%s: %s", what,
+                     msg[0] ? msg : kvc_strerror(rc));
+}
+
+/* check_every_step: the scheduler's invariants, the token budget and the running cap. */
+static int check_step(run_t *r, const kvc_sched_t *s, uint32_t batch_tokens)
+{
+    const kvc_sim_config_t *cfg = r->cfg;
+    kvc_sched_stats_t cst;
+    kvc_sched_stats(s, &cst); /* sched: */
+    char what[32];
+    snprintf(what, sizeof what, "step %llu", (unsigned long long)r->res->steps);
+    int rc = check_sched(r, s, what);
+    if (rc) return rc;
+    if (batch_tokens > cfg->plan.max_num_batched_tokens || cst.n_running > cfg->plan.max_num_seqs)
+        return kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap,
+                         "step %llu: %u tokens, %u running: over the limits",
+                         (unsigned long long)r->res->steps, batch_tokens, cst.n_running);
+    return 0;
+}
+
+/* Finished requests become records; closed loop, each releases its conversation's next turn
+ * think_s after it finished. */
+static int collect_finished(run_t *r, kvc_sched_t *s)
+{
+    const kvc_sched_done_t *done;
+    uint32_t nd;
+    (void)kvc_sched_take_finished(s, &done, &nd); /* sched: */
+    for (uint32_t i = 0; i < nd; i++) {
+        const kvc_sched_done_t *d = &done[i];
+        uint32_t wi = (uint32_t)d->tag;
+        if (d->error) /* its sequence could not take a step's results: the run is not faithful */
+            return d->error == KVC_ENOMEM
+                       ? KVC_ENOMEM
+                       : kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap,
+                                   "internal: request %u ended with %s", wi, kvc_errname(d->error));
+        kvc_sim_record_t rec = {.arrival_s = d->arrival_s,
+                                .first_token_s = d->first_token_s,
+                                .finish_s = d->finish_s,
+                                .n_prompt = d->n_prompt,
+                                .n_output = d->n_output,
+                                .n_hit_tokens = d->n_hit_tokens,
+                                .tenant = d->tenant,
+                                .priority = d->priority,
+                                .n_preemptions = d->n_preemptions,
+                                .recomputed_tokens = d->recomputed_tokens};
+        int rc = kvc_report_add(r->report, &rec);
+        if (rc) return internal(r, rc, "kvc_report_add");
+        r->res->completed++;
+        kvc_free(r->a, r->owned[wi]);
+        r->owned[wi] = NULL;
+        uint32_t nx = r->next_turn[wi];
+        if (nx != KVC_NONE && r->cfg->closed_loop) {
+            const kvc_sim_request_t *q2 = kvc_workload_request(r->w, nx);
+            if ((rc = heap_push(&r->heap, r->a, (arrival_t){d->finish_s + q2->think_s, nx})))
+                return rc;
+        }
+    }
+    r->done_total += nd;
+    return 0;
+}
+
+/* After a step: the peaks, replica 0's time series, the step count and progress. */
+static int sample_state(run_t *r, const kvc_sched_t *s, uint32_t batch_tokens)
+{
+    const kvc_sim_config_t *cfg = r->cfg;
+    kvc_sched_stats_t st;
+    kvc_sched_stats(s, &st); /* sched: */
+    r->res->peak_kv_blocks = KVC_MAX(r->res->peak_kv_blocks, st.blocks_used);
+    r->res->peak_running = KVC_MAX(r->res->peak_running, st.n_running);
+    if (r->replica == 0) {
+        kvc_sim_sample_t smp = {.t_s = r->now,
+                                .kv_blocks_used = st.blocks_used,
+                                .kv_blocks_total = r->num_blocks,
+                                .running = st.n_running,
+                                .waiting = st.n_waiting,
+                                .swapped = st.n_swapped,
+                                .batch_tokens = batch_tokens};
+        int rc = kvc_report_sample(r->report, &smp);
+        if (rc) return internal(r, rc, "kvc_report_sample");
+    }
+    r->res->steps++;
+    if (cfg->progress && r->done_total - r->last_progress >= KVC_MAX(r->total / 100, 1)) {
+        r->last_progress = r->done_total;
+        cfg->progress(cfg->progress_ctx, r->done_total, r->total);
+    }
+    return 0;
+}
+
+/* The replica's counters into the result, and its final check. */
+static int replica_totals(run_t *r, const kvc_sched_t *s)
+{
+    kvc_sched_stats_t st;
+    kvc_sched_stats(s, &st); /* sched: */
+    r->res->preemptions += st.preemptions;
+    r->res->recomputed_tokens += st.recomputed_tokens;
+    r->res->swapped_out_bytes += st.swapped_out_bytes;
+    r->res->swapped_in_bytes += st.swapped_in_bytes;
+    r->res->prompt_tokens += st.prompt_tokens_admitted;
+    r->res->hit_tokens += st.hit_tokens;
+    r->res->resume_hit_tokens += st.resume_hit_tokens;
+    r->res->simulated_s = KVC_MAX(r->res->simulated_s, r->now);
+    return check_sched(r, s, "internal");
+}
+
+static int run_replica(run_t *r)
+{
+    const kvc_sim_config_t *cfg = r->cfg;
+    replica_t rep;
+    int rc = replica_open(r, r->a, r->num_blocks, &rep);
+    if (rc) return rc;
+    kvc_sched_t *s = rep.s;
+    r->heap.n = 0;
+    r->now = 0;
+    r->last_progress = 0;
+    uint64_t stuck = 0;
+    if ((rc = queue_arrivals(r))) goto out;
+    for (;;) {
+        if ((rc = admit_arrivals(r, s))) goto out;
+        const kvc_sched_plan_t *plan;
+        if ((rc = internal(r, kvc_sched_step(s, r->now, &plan), "kvc_sched_step"))) /* sched: */
+            goto out;
+        if (cfg->trace) fputs(kvc_sched_trace(s), cfg->trace);
+        if (plan->n_entries == 0) {
+            bool stop;
+            if ((rc = wait_for_work(r, s, &stuck, &stop))) goto out;
+            if (stop) break;
+            continue;
+        }
+        stuck = 0;
+        r->now += kvc_sim_step_time(&r->cost, plan, NULL);
+        uint32_t batch_tokens;
+        if ((rc = step_results(r, plan, &batch_tokens))) goto out;
+        rc = kvc_sched_complete(s, r->results, plan->n_entries, r->now); /* sched: */
+        if ((rc = internal(r, rc, "kvc_sched_complete"))) goto out;
+        if (cfg->check_every_step && (rc = check_step(r, s, batch_tokens))) goto out;
+        if ((rc = collect_finished(r, s))) goto out;
+        if ((rc = sample_state(r, s, batch_tokens))) goto out;
+    }
+    rc = replica_totals(r, s);
+out:
+    if (rc == KVC_ENOMEM) {
+        /* a failed allocation must leave the scheduler's state whole (one check, on the way out) */
+        int crc = check_sched(r, s, "after a failed allocation");
+        if (crc == KVC_ECORRUPT) rc = crc;
+    }
+    replica_close(&rep);
+    return rc;
+}
+
+/* ---- the run -------------------------------------------------------------------------------- */
+/* The deployment's pool and groups, the cost model and the checks on them; 0 or an error with
+ * the message written. */
+static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_sim_result_t *out,
+                    uint32_t window[KVC_MAX_GROUPS], char *err, size_t cap)
+{
     if (cfg->spec_acceptance < 0 || cfg->spec_acceptance > 1 || cfg->step_overhead_s < 0)
         return kvc__msgf(KVC_EINVAL, err, cap,
                          "spec acceptance must be in 0..1 and the step overhead >= 0");
@@ -488,8 +817,9 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
         return kvc__msgf(KVC_EINVAL, err, cap, "block size %u: the simulator's pool takes 1..256",
                          cfg->plan.block_size);
     /* KV groups: sliding-window layers get a group of their own when their blocks are freed. */
-    uint32_t window[KVC_MAX_GROUPS] = {0}, n_groups = 1;
+    uint32_t n_groups = 1;
     const kvc_plan_model_t *m = &cfg->model;
+    memset(window, 0, KVC_MAX_GROUPS * sizeof *window);
     if (m->sliding_window && m->n_sliding_layers && cfg->plan.window_freeing) {
         if (m->n_sliding_layers >= m->n_layers) {
             window[0] = m->sliding_window;
@@ -501,39 +831,26 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     out->num_blocks = (uint32_t)blocks;
     out->n_groups = n_groups;
     out->n_replicas = cfg->plan.dp ? cfg->plan.dp : 1;
-    if ((rc = kvc_sim_cost_model(m, &cfg->gpu, &cfg->plan, &out->planned, cfg->step_overhead_s,
+    const kvc_plan_result_t *pr = &out->planned;
+    if (pr->kv_bytes_per_token_per_gpu == 0 || pr->layers_per_gpu == 0 ||
+        pr->layers_per_gpu > UINT32_MAX / 2)
+        return kvc__msgf(KVC_EINVAL, err, cap,
+                         "the model's KV cache takes %llu bytes per token over %u layers per GPU: "
+                         "nothing a simulated pool can hold (check the config's layer and head "
+                         "counts)",
+                         (unsigned long long)pr->kv_bytes_per_token_per_gpu, pr->layers_per_gpu);
+    if ((rc = kvc_sim_cost_model(m, &cfg->gpu, &cfg->plan, pr, cfg->step_overhead_s,
                                  cfg->allreduce_latency_s, &out->cost)))
-        return kvc__msgf(rc, err, cap, "the cost model needs positive FLOP/s and bandwidth");
+        return kvc__msgf(rc, err, cap,
+                         "the cost model needs positive, finite FLOP/s, bandwidth and KV bytes "
+                         "per token (at most 1e12), and finite sizes");
+    return 0;
+}
 
-    const size_t n = kvc_workload_size(w);
-    run_t r = {.cfg = cfg,
-               .w = w,
-               .report = report,
-               .res = out,
-               .cost = out->cost,
-               .n_replicas = out->n_replicas,
-               .total = n};
-    r.produced = kvc_calloc(NULL, n ? n : 1, sizeof(uint32_t), 0);
-    r.next_turn = kvc_alloc(NULL, (n ? n : 1) * sizeof(uint32_t), 0);
-    r.owned = kvc_calloc(NULL, n ? n : 1, sizeof(kvc_token_t *), 0);
-    if (!r.produced || !r.next_turn || !r.owned) rc = KVC_ENOMEM;
-    kvc_rng_seed(&r.rng, cfg->seed);
-    out->requests = n;
-    for (uint32_t rep = 0; !rc && rep < out->n_replicas; rep++) {
-        r.replica = rep;
-        if (!(rc = link_turns(&r)))
-            rc = run_replica(&r, (uint32_t)blocks, n_groups, window, err, cap);
-    }
-    for (size_t i = 0; r.owned && i < n; i++) kvc_free(NULL, r.owned[i]);
-    kvc_free(NULL, r.owned);
-    kvc_free(NULL, r.produced);
-    kvc_free(NULL, r.next_turn);
-    if (rc) {
-        if (err && cap && !err[0])
-            kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
-        return rc;
-    }
-    /* Every constant the numbers rest on goes into the report. */
+/* Every constant the numbers rest on goes into the report; then it is finished. */
+static int finish_report(const kvc_sim_config_t *cfg, const kvc_sim_result_t *out,
+                         kvc_report_t *report)
+{
     const kvc_sim_cost_model_t *cm = &out->cost;
     struct {
         const char *key;
@@ -568,6 +885,7 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
         {"rejected_requests", (double)out->rejected},
         {"max_model_len", (double)out->planned.max_model_len},
     };
+    int rc = 0;
     for (size_t i = 0; i < KVC_ARRAY_LEN(nums) && !rc; i++)
         rc = kvc_report_add_config_num(report, nums[i].key, nums[i].v);
     const char *strs[][2] = {
@@ -590,7 +908,92 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
                              .peak_kv_blocks = out->peak_kv_blocks,
                              .simulated_s = out->simulated_s,
                              .steps = out->steps};
-    rc = kvc_report_finish(report, &t);
+    return kvc_report_finish(report, &t);
+}
+
+int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report_t *report,
+                kvc_sim_result_t *out, char *err, size_t cap)
+{
+    if (err && cap) err[0] = 0;
+    if (!cfg || !w || !report || !out) return kvc__msgf(KVC_EINVAL, err, cap, "missing arguments");
+    *out = (kvc_sim_result_t){0};
+    uint64_t t0 = kvc_now_ns();
+    uint32_t window[KVC_MAX_GROUPS];
+    int rc = plan_run(cfg, w, out, window, err, cap);
+    if (rc) return rc;
+
+    const size_t n = kvc_workload_size(w);
+    const bool limit_given = cfg->max_memory_bytes != 0;
+    const uint64_t limit = limit_given ? cfg->max_memory_bytes : memory_available();
+    /* the workload is already in memory: the run has what is left */
+    mem_t mem = {.inner = cfg->allocator, .limit = limit > w->bytes ? limit - w->bytes : 0};
+    const kvc_allocator_t a = mem_allocator(&mem);
+    run_t r = {.cfg = cfg,
+               .w = w,
+               .report = report,
+               .res = out,
+               .cost = out->cost,
+               .a = &a,
+               .num_blocks = out->num_blocks,
+               .n_groups = out->n_groups,
+               .n_replicas = out->n_replicas,
+               .total = n,
+               .err = err,
+               .err_cap = cap};
+    memcpy(r.window, window, sizeof r.window);
+    double alloc_bytes = 0;
+    rc = check_memory(&r, limit, limit_given, &alloc_bytes, err, cap);
+    /* allocations count against the limit, or against what the estimate said the run would
+     * allocate where that is more (tables whose pages are written only as blocks are used) */
+    if (!rc && alloc_bytes > (double)mem.limit)
+        mem.limit = alloc_bytes >= 1.8e19 ? UINT64_MAX : (uint64_t)alloc_bytes;
+    if (!rc) {
+        r.produced = kvc_calloc(&a, n ? n : 1, sizeof(uint32_t), 0);
+        r.next_turn = kvc_alloc(&a, (n ? n : 1) * sizeof(uint32_t), 0);
+        r.follows = kvc_alloc(&a, (n ? n : 1) * sizeof(bool), 0);
+        r.owned = kvc_calloc(&a, n ? n : 1, sizeof(kvc_token_t *), 0);
+        if (!r.produced || !r.next_turn || !r.follows || !r.owned) rc = KVC_ENOMEM;
+    }
+    kvc_rng_seed(&r.rng, cfg->seed);
+    out->requests = n;
+    if (!rc) rc = link_turns(&r);
+    /* request i goes to replica i mod dp: replicas past the last request receive none and
+     * cost nothing */
+    for (uint32_t rep = 0; !rc && rep < out->n_replicas && rep < n; rep++) {
+        r.replica = rep;
+        rc = run_replica(&r);
+    }
+    for (size_t i = 0; r.owned && i < n; i++) kvc_free(&a, r.owned[i]);
+    kvc_free(&a, r.owned);
+    kvc_free(&a, r.produced);
+    kvc_free(&a, r.next_turn);
+    kvc_free(&a, r.follows);
+    kvc_free(&a, r.heap.v);
+    kvc_free(&a, r.results);
+    out->peak_bytes = mem.peak;
+    if (rc) {
+        char x[32], y[32], z[32];
+        if (rc == KVC_ENOMEM && mem.refused && err && cap && !err[0])
+            kvc__msgf(rc, err, cap,
+                      "the simulation needs more memory than the limit of %s (%s): it held %s "
+                      "when it asked for %llu bytes more",
+                      fmt_bytes((double)limit, x, sizeof x),
+                      limit_given ? "the limit given" : "the memory this machine has",
+                      fmt_bytes((double)(mem.held + w->bytes), y, sizeof y),
+                      (unsigned long long)mem.refused);
+        if (rc == KVC_ENOMEM && mem.failed && err && cap && !err[0])
+            kvc__msgf(rc, err, cap,
+                      "out of memory: an allocation of %s failed (the run would allocate about %s "
+                      "in all; this machine has %s)",
+                      fmt_bytes((double)mem.failed, x, sizeof x),
+                      fmt_bytes(alloc_bytes > 0 ? alloc_bytes : (double)mem.peak, y, sizeof y),
+                      fmt_bytes((double)memory_available(), z, sizeof z));
+        if (err && cap && !err[0])
+            kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
+        return rc;
+    }
+    rc = finish_report(cfg, out, report);
+    if (rc) return kvc__msgf(rc, err, cap, "the report: %s", kvc_strerror(rc));
     out->wall_s = (double)(kvc_now_ns() - t0) * 1e-9;
-    return rc;
+    return 0;
 }

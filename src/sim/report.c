@@ -118,6 +118,7 @@ const char *kvc__group_name(const kvc__groups_t *g, uint32_t i, const char *pref
 
 int kvc_report_create(const kvc_report_params_t *p, kvc_report_t **out)
 {
+    if (!out) return KVC_EINVAL;
     *out = NULL;
     kvc_report_params_t pp = p ? *p : kvc_report_params_default();
     if (!(pp.ttft_ms >= 0) || !(pp.tpot_ms >= 0) || !(pp.e2e_ms >= 0) || !isfinite(pp.ttft_ms) ||
@@ -171,6 +172,7 @@ static void group_add(kvc__group_t *g, const kvc_sim_record_t *rec, bool good)
 
 int kvc_report_add(kvc_report_t *r, const kvc_sim_record_t *rec)
 {
+    if (!r || !rec) return KVC_EINVAL;
     if (r->finished || !isfinite(rec->arrival_s) || !isfinite(rec->first_token_s) ||
         !isfinite(rec->finish_s) || rec->first_token_s < rec->arrival_s ||
         rec->finish_s < rec->first_token_s || rec->n_prompt == 0 || rec->n_output == 0 ||
@@ -229,6 +231,7 @@ static void rows_coarsen(kvc_report_t *r)
 
 int kvc_report_sample(kvc_report_t *r, const kvc_sim_sample_t *s)
 {
+    if (!r || !s) return KVC_EINVAL;
     if (r->finished || !isfinite(s->t_s) || s->t_s < 0 || (r->have_sample && s->t_s < r->last.t_s))
         return KVC_EINVAL;
     bool adaptive = r->p.sample_interval_s == 0;
@@ -645,14 +648,24 @@ static void text_ms(FILE *f, const kvc_latency_summary_t *s, double v)
         fprintf(f, " %10s", "-");
 }
 
+/* Group i's name as the text report prints it: control bytes escaped, at most 40 bytes. */
+static const char *text_name(const kvc__groups_t *g, uint32_t i, const char *prefix, char *out,
+                             size_t cap)
+{
+    char buf[32];
+    const char *s = kvc__group_name(g, i, prefix, buf, sizeof buf);
+    kvc__sim_escape(out, KVC_MIN(cap, (size_t)41), s, strlen(s));
+    return out;
+}
+
 static void text_groups(const kvc_report_t *r, FILE *f, const char *title, const kvc__groups_t *g,
                         const char *prefix)
 {
     if (g->n == 0) return;
     int width = (int)strlen(title);
-    char buf[32];
+    char buf[64];
     for (uint32_t i = 0; i < g->n; i++)
-        width = KVC_MAX(width, (int)strlen(kvc__group_name(g, i, prefix, buf, sizeof buf)));
+        width = KVC_MAX(width, (int)strlen(text_name(g, i, prefix, buf, sizeof buf)));
     width = KVC_MIN(width, 40);
     fprintf(f, "\n%-*s  %9s %10s %10s %10s %10s %10s %12s %8s %8s\n", width, title, "completed",
             "ttft p50", "ttft p99", "tpot p50", "tpot p99", "e2e p99", "out tok/s", "goodput",
@@ -660,7 +673,7 @@ static void text_groups(const kvc_report_t *r, FILE *f, const char *title, const
     for (uint32_t i = 0; i < g->n; i++) {
         kvc_report_summary_t s;
         fill_summary(r, &g->groups[i], false, &s);
-        fprintf(f, "%-*.*s  %9llu", width, width, kvc__group_name(g, i, prefix, buf, sizeof buf),
+        fprintf(f, "%-*.*s  %9llu", width, width, text_name(g, i, prefix, buf, sizeof buf),
                 (unsigned long long)s.completed);
         text_ms(f, &s.ttft_ms, s.ttft_ms.p50);
         text_ms(f, &s.ttft_ms, s.ttft_ms.p99);
@@ -670,6 +683,22 @@ static void text_groups(const kvc_report_t *r, FILE *f, const char *title, const
         fprintf(f, " %12.1f %8.3f %7.1f%%\n", s.throughput_tokens_per_s, s.goodput_requests_per_s,
                 100.0 * s.prefix_hit_rate);
     }
+}
+
+/* s with control bytes escaped (a name or setting may come from the input), padded to
+ * `width`. */
+static void text_escaped(FILE *f, const char *s, int width)
+{
+    int n = 0;
+    for (size_t len = strlen(s); len;) {
+        char buf[256];
+        size_t take = KVC_MIN(len, (size_t)60); /* 60 bytes escape to at most 240 */
+        n += (int)kvc__sim_escape(buf, sizeof buf, s, take);
+        fputs(buf, f);
+        s += take;
+        len -= take;
+    }
+    for (; n < width; n++) fputc(' ', f);
 }
 
 int kvc_report_write_text(const kvc_report_t *r, FILE *f)
@@ -726,10 +755,15 @@ int kvc_report_write_text(const kvc_report_t *r, FILE *f)
     if (r->n_config) {
         fputs("\nconfig\n", f);
         for (size_t i = 0; i < r->n_config; i++) {
-            if (r->config[i].text)
-                fprintf(f, "  %-28s %s\n", r->config[i].key, r->config[i].text);
-            else
-                fprintf(f, "  %-28s %.10g\n", r->config[i].key, r->config[i].num);
+            fputs("  ", f);
+            text_escaped(f, r->config[i].key, 28);
+            if (r->config[i].text) {
+                fputc(' ', f);
+                text_escaped(f, r->config[i].text, 0);
+                fputc('\n', f);
+            } else {
+                fprintf(f, " %.10g\n", r->config[i].num);
+            }
         }
     }
     return ferror(f) ? KVC_EIO : 0;

@@ -651,6 +651,23 @@ out:
     return rc;
 }
 
+/* Every kept request arrives (and thinks) within the simulator's horizon. */
+static int check_horizon(ctx_t *c, const kvc_workload_t *w, const recipes_t *rs)
+{
+    for (size_t i = 0; i < w->n; i++) {
+        const kvc_sim_request_t *r = &w->req[i];
+        if (r->arrival_s <= KVC_SIM_MAX_TIME_S && r->think_s <= KVC_SIM_MAX_TIME_S) continue;
+        char where[32];
+        snprintf(where, sizeof where, "streams[%u]", rs->rec[i].stream);
+        bool late = !(r->arrival_s <= KVC_SIM_MAX_TIME_S);
+        return bad(c, where,
+                   "request %zu %s %.6g s (time scale %.6g), past the simulator's horizon of %s", i,
+                   late ? "arrives at" : "thinks for", late ? r->arrival_s : r->think_s,
+                   w->params.time_scale, KVC__SIM_HORIZON_TEXT);
+    }
+    return 0;
+}
+
 static int declare(ctx_t *c, kvc_workload_t *w, kvc__names_t *t, const cJSON *spec, const char *key)
 {
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(spec, key);
@@ -744,6 +761,7 @@ int kvc__load_spec(kvc_workload_t *w, const cJSON *spec, const char *what, char 
     }
     if (!rc && w->params.max_requests && w->n > w->params.max_requests)
         w->n = w->params.max_requests;
+    if (!rc && (rc = check_horizon(&c, w, &rs))) goto out;
     if (!rc) rc = materialise(w, &rs, streams, n_conv);
     if (rc) kvc__errf(err, err_cap, "%s: %s", what, kvc_strerror(rc));
 out:
@@ -835,12 +853,12 @@ static cJSON *sub_object(cJSON *parent, const char *name)
     return o;
 }
 
-cJSON *kvc__inline_spec(const char *s, int *rc, char *err, size_t err_cap)
+cJSON *kvc__inline_spec(const char *s, const kvc_allocator_t *a, int *rc, char *err, size_t err_cap)
 {
     *rc = KVC_ENOMEM;
     const char *colon = strchr(s, ':');
     size_t len = strlen(s);
-    char *buf = malloc(len + 1);
+    char *buf = kvc_alloc(a, len + 1, 0);
     cJSON *spec = cJSON_CreateObject(), *streams = NULL, *st = NULL, *arrival = NULL;
     if (!buf || !spec) goto fail;
     memcpy(buf, s, len + 1);
@@ -894,12 +912,12 @@ cJSON *kvc__inline_spec(const char *s, int *rc, char *err, size_t err_cap)
             goto fail;
         }
     }
-    free(buf);
+    kvc_free(a, buf);
     *rc = 0;
     return spec;
 fail:
     if (*rc == KVC_ENOMEM) kvc__errf(err, err_cap, "spec '%s': %s", s, kvc_strerror(*rc));
-    free(buf);
+    kvc_free(a, buf);
     cJSON_Delete(spec);
     return NULL;
 }

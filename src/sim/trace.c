@@ -76,12 +76,34 @@ static cJSON *parse_object(const char *s, size_t n, const char *name, size_t lin
     return NULL;
 }
 
+/* A trace time (timestamp or think time) scaled to seconds of the run: it must lie within
+ * the simulator's horizon.  0, or KVC_EPARSE with the line, the field and the numbers. */
+static int check_time(double t_s, double raw, const char *unit, const kvc_workload_params_t *p,
+                      const char *name, size_t lineno, const char *key, char *err, size_t err_cap)
+{
+    if (t_s <= KVC_SIM_MAX_TIME_S) return 0;
+    char scaled[64] = " is";
+    if (p->time_scale != 1)
+        snprintf(scaled, sizeof scaled, " at time scale %.6g is %.6g s,", p->time_scale, t_s);
+    kvc__errf(err, err_cap, "%s:%zu: field '%s': %.6g %s%s past the simulator's horizon of %s",
+              name, lineno, key, raw, unit, scaled, KVC__SIM_HORIZON_TEXT);
+    return KVC_EPARSE;
+}
+
 /* Messages for the json helpers' codes. */
 static int field_error(int rc, const char *name, size_t lineno, const char *key, const char *want,
                        char *err, size_t err_cap)
 {
     kvc__errf(err, err_cap, "%s:%zu: field '%s': %s%s", name, lineno, key,
               rc == KVC_ENOENT ? "missing, expected " : "expected ", want);
+    return KVC_EPARSE;
+}
+
+/* A trace longer than a workload can hold. */
+static int too_many(const char *name, size_t lineno, char *err, size_t err_cap)
+{
+    kvc__errf(err, err_cap, "%s:%zu: more requests (or hash ids) than a workload can hold", name,
+              lineno);
     return KVC_EPARSE;
 }
 
@@ -166,6 +188,9 @@ static int mooncake_line(kvc_workload_t *w, mc_t *mc, const cJSON *o, const char
     uint64_t in, out;
     int rc = kvc__json_num(o, "timestamp", 0, 1e300, &ts);
     if (rc) return field_error(rc, name, lineno, "timestamp", "a number of ms >= 0", err, err_cap);
+    if ((rc = check_time(ts / 1000.0 * p->time_scale, ts, "ms", p, name, lineno, "timestamp", err,
+                         err_cap)))
+        return rc;
     rc = kvc__json_int(o, "input_length", 1, p->max_tokens, &in);
     if (rc) {
         kvc__errf(err, err_cap, "%s:%zu: field 'input_length': %s an integer in [1, %u]", name,
@@ -195,6 +220,7 @@ static int mooncake_line(kvc_workload_t *w, mc_t *mc, const cJSON *o, const char
     rc = grow(w, (void **)&mc->ids, &mc->cap_ids, mc->n_ids + n_ids, sizeof *mc->ids);
     if (!rc) rc = grow(w, (void **)&mc->spans, &mc->cap_spans, w->n + 1, sizeof *mc->spans);
     if (!rc) rc = kvc__wl_reserve(w, w->n + 1);
+    if (rc == KVC_ERANGE) return too_many(name, lineno, err, err_cap);
     if (rc) {
         kvc__errf(err, err_cap, "%s:%zu: %s", name, lineno, kvc_strerror(rc));
         return rc;
@@ -331,7 +357,7 @@ int kvc__load_mooncake(kvc_workload_t *w, const char *data, size_t len, const ch
     mc_t mc = {0};
     lines_t L = {.p = data, .end = data + len};
     const char *s;
-    size_t n, lineno;
+    size_t n, lineno = 0;
     int rc = 0;
     while (!rc && (w->params.max_requests == 0 || w->n < w->params.max_requests) &&
            next_line(&L, &s, &n, &lineno)) {
@@ -342,8 +368,9 @@ int kvc__load_mooncake(kvc_workload_t *w, const char *data, size_t len, const ch
     }
     if (!rc && w->n) {
         rc = mooncake_materialise(w, &mc);
+        if (rc == KVC_ERANGE) rc = too_many(name, lineno, err, err_cap);
         if (!rc) rc = output_tape(w);
-        if (rc) kvc__errf(err, err_cap, "%s: %s", name, kvc_strerror(rc));
+        if (rc && rc != KVC_EPARSE) kvc__errf(err, err_cap, "%s: %s", name, kvc_strerror(rc));
     }
     kvc__wl_free(w, mc.ids);
     kvc__wl_free(w, mc.spans);
@@ -443,6 +470,9 @@ static int jsonl_line(kvc_workload_t *w, const cJSON *o, const char *name, size_
     double arrival, think = 0;
     int rc = kvc__json_num(o, "arrival_s", 0, 1e300, &arrival);
     if (rc) return field_error(rc, name, lineno, "arrival_s", "a number >= 0", err, err_cap);
+    if ((rc = check_time(arrival * p->time_scale, arrival, "s", p, name, lineno, "arrival_s", err,
+                         err_cap)))
+        return rc;
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(o, "tokens");
     if (!toks) return field_error(KVC_ENOENT, name, lineno, "tokens", "an array", err, err_cap);
     uint32_t n_prompt, n_out_tokens = 0;
@@ -479,11 +509,15 @@ static int jsonl_line(kvc_workload_t *w, const cJSON *o, const char *name, size_
     rc = kvc__json_num(o, "think_s", 0, 1e300, &think);
     if (rc && rc != KVC_ENOENT)
         return field_error(rc, name, lineno, "think_s", "a number >= 0", err, err_cap);
+    if ((rc = check_time(think * p->time_scale, think, "s", p, name, lineno, "think_s", err,
+                         err_cap)))
+        return rc;
     uint32_t tenant, cls;
     if ((rc = record_name(w, &w->tenants, o, "tenant", name, lineno, &tenant, err, err_cap)) ||
         (rc = record_name(w, &w->classes, o, "class", name, lineno, &cls, err, err_cap)))
         return rc;
     rc = kvc__wl_reserve(w, w->n + 1);
+    if (rc == KVC_ERANGE) return too_many(name, lineno, err, err_cap);
     kvc_token_t *t = rc ? NULL : kvc__wl_tokens(w, (size_t)n_prompt + n_output);
     if (!t) {
         rc = rc ? rc : KVC_ENOMEM;

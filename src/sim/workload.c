@@ -20,16 +20,45 @@
 #define MAX_NAMES        65536u
 
 /* ---- small helpers ----------------------------------------------------------- */
+size_t kvc__sim_escape(char *out, size_t cap, const char *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t at = 0;
+    if (cap == 0) return 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char e[5];
+        size_t k = 0;
+        if (c == '\n' || c == '\t' || c == '\r') {
+            e[k++] = '\\';
+            e[k++] = c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
+        } else if (c < 0x20 || c == 0x7f) {
+            e[k++] = '\\';
+            e[k++] = 'x';
+            e[k++] = hex[c >> 4];
+            e[k++] = hex[c & 15];
+        } else {
+            e[k++] = (char)c;
+        }
+        if (at + k >= cap) break; /* an escape is never cut in half */
+        memcpy(out + at, e, k);
+        at += k;
+    }
+    out[at] = '\0';
+    return at;
+}
+
 void kvc__errf(char *err, size_t cap, const char *fmt, ...)
 {
     if (!err || cap == 0) return;
+    /* one line of printable text, whatever the message quoted (names, paths, specs) */
+    char raw[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
+    int n = vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
-    /* one line, whatever the message quoted */
-    for (char *p = err; *p; p++)
-        if (*p == '\n' || *p == '\r') *p = ' ';
+    if (n < 0) n = 0;
+    kvc__sim_escape(err, cap, raw, KVC_MIN((size_t)n, sizeof raw - 1));
 }
 
 uint64_t kvc__mix64(uint64_t a, uint64_t b)
@@ -392,8 +421,7 @@ size_t kvc_workload_size(const kvc_workload_t *w)
 
 const kvc_sim_request_t *kvc_workload_request(const kvc_workload_t *w, size_t i)
 {
-    KVC_ASSERT(i < w->n);
-    return &w->req[i];
+    return i < w->n ? &w->req[i] : NULL;
 }
 
 int kvc_workload_prompt(const kvc_workload_t *w, size_t i, kvc_token_t *buf, size_t cap)
@@ -615,6 +643,7 @@ int kvc_workload_write_jsonl(const kvc_workload_t *w, FILE *f)
 /* ---- building by hand ----------------------------------------------------------------- */
 int kvc_workload_create(const kvc_workload_params_t *params, kvc_workload_t **out)
 {
+    if (!out) return KVC_EINVAL;
     *out = NULL;
     kvc_workload_params_t p;
     if (kvc__wl_params(params, &p, NULL, 0)) return KVC_EINVAL;
@@ -627,27 +656,29 @@ int kvc_workload_create(const kvc_workload_params_t *params, kvc_workload_t **ou
 
 static int add_name(kvc_workload_t *w, kvc__names_t *t, const char *name, uint32_t *index)
 {
-    if (!name || !*name) return KVC_EINVAL;
+    if (!name || !*name || !index) return KVC_EINVAL;
     return kvc__names_intern(w, t, name, strlen(name), index);
 }
 
 int kvc_workload_add_tenant(kvc_workload_t *w, const char *name, uint32_t *index)
 {
-    return add_name(w, &w->tenants, name, index);
+    return w ? add_name(w, &w->tenants, name, index) : KVC_EINVAL;
 }
 
 int kvc_workload_add_class(kvc_workload_t *w, const char *name, uint32_t *index)
 {
-    return add_name(w, &w->classes, name, index);
+    return w ? add_name(w, &w->classes, name, index) : KVC_EINVAL;
 }
 
 int kvc_workload_add(kvc_workload_t *w, const kvc_sim_request_t *req)
 {
+    if (!w || !req) return KVC_EINVAL;
     uint32_t max_output = req->max_output ? req->max_output : req->n_output;
     if (!req->tokens || req->n_prompt == 0 || req->n_output == 0 ||
         req->n_prompt > w->params.max_tokens || req->n_output > w->params.max_tokens ||
-        max_output < req->n_output || !isfinite(req->arrival_s) || req->arrival_s < 0 ||
-        !isfinite(req->think_s) || req->think_s < 0 ||
+        max_output < req->n_output || !(req->arrival_s >= 0) ||
+        !(req->arrival_s <= KVC_SIM_MAX_TIME_S) || !(req->think_s >= 0) ||
+        !(req->think_s <= KVC_SIM_MAX_TIME_S) ||
         (w->n && req->arrival_s < w->req[w->n - 1].arrival_s))
         return KVC_EINVAL;
     if ((req->tenant >= w->tenants.n && !(req->tenant == 0 && w->tenants.n == 0)) ||
@@ -784,8 +815,12 @@ int kvc_workload_load_buffer(const char *data, size_t len, const char *name,
                              const kvc_workload_params_t *params, kvc_workload_t **out, char *err,
                              size_t err_cap)
 {
-    *out = NULL;
     if (err && err_cap) err[0] = '\0';
+    if (!out) {
+        kvc__errf(err, err_cap, "workload: no place for the result");
+        return KVC_EINVAL;
+    }
+    *out = NULL;
     if (!name) name = "<buffer>";
     kvc_workload_params_t p;
     int rc = kvc__wl_params(params, &p, err, err_cap);
@@ -860,11 +895,28 @@ static int read_file(FILE *f, const kvc_allocator_t *a, char **data, size_t *len
     return 0;
 }
 
+/* "word:..." with a key=value after the colon (or nothing): what an inline spec looks like,
+ * whatever its process. */
+static bool looks_like_spec(const char *s)
+{
+    const char *colon = strchr(s, ':');
+    if (!colon || colon == s) return false;
+    for (const char *p = s; p < colon; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_' || *p == '-' ||
+              (*p >= '0' && *p <= '9')))
+            return false;
+    return colon[1] == '\0' || strchr(colon, '=') != NULL;
+}
+
 int kvc_workload_load(const char *path_or_spec, const kvc_workload_params_t *params,
                       kvc_workload_t **out, char *err, size_t err_cap)
 {
-    *out = NULL;
     if (err && err_cap) err[0] = '\0';
+    if (!out) {
+        kvc__errf(err, err_cap, "workload: no place for the result");
+        return KVC_EINVAL;
+    }
+    *out = NULL;
     kvc_workload_params_t p;
     int rc = kvc__wl_params(params, &p, err, err_cap);
     if (rc) return rc;
@@ -875,9 +927,20 @@ int kvc_workload_load(const char *path_or_spec, const kvc_workload_params_t *par
     FILE *f = fopen(path_or_spec, "rb");
     if (!f) {
         int e = errno;
-        if (e == ENOENT && kvc__is_inline_spec(path_or_spec) &&
-            (p.format == KVC_WORKLOAD_AUTO || p.format == KVC_WORKLOAD_SPEC)) {
-            cJSON *spec = kvc__inline_spec(path_or_spec, &rc, err, err_cap);
+        /* no such file (a spec longer than a file name can be is no file either) */
+        bool no_file = e == ENOENT || e == ENAMETOOLONG || e == ENOTDIR;
+        bool spec_ok = p.format == KVC_WORKLOAD_AUTO || p.format == KVC_WORKLOAD_SPEC;
+        if (no_file && spec_ok && !kvc__is_inline_spec(path_or_spec) &&
+            looks_like_spec(path_or_spec)) {
+            const char *colon = strchr(path_or_spec, ':');
+            kvc__errf(err, err_cap,
+                      "%s: no such file, and '%.*s' is not an arrival process of an inline spec "
+                      "(poisson, burst, fixed or uniform)",
+                      path_or_spec, (int)(colon - path_or_spec), path_or_spec);
+            return KVC_EPARSE;
+        }
+        if (no_file && spec_ok && kvc__is_inline_spec(path_or_spec)) {
+            cJSON *spec = kvc__inline_spec(path_or_spec, &p.allocator, &rc, err, err_cap);
             if (!spec) return rc;
             kvc_workload_t *w = kvc__wl_new(&p, KVC_WORKLOAD_SPEC);
             if (!w) {

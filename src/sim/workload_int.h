@@ -9,6 +9,9 @@
 
 #include <cjson/cJSON.h>
 
+/* KVC_SIM_MAX_TIME_S in words, for messages. */
+#define KVC__SIM_HORIZON_TEXT "1e9 s (about 31.7 years)"
+
 /* A chunk of token storage.  Chunks never move, so pointers into them stay
  * valid for the workload's life. */
 typedef struct kvc__tok_chunk {
@@ -91,7 +94,13 @@ uint64_t kvc__mix64(uint64_t a, uint64_t b);
 /* A JSON string literal (quoted, escaped) for s. */
 void kvc__json_string(FILE *f, const char *s);
 
-/* printf into err (if not NULL), one line. */
+/* Copy s[0..len) into out (cap bytes, NUL-terminated) with control bytes escaped: \n, \t,
+ * \r, else \xNN (DEL too).  Stops before an escape that would not fit; returns the length
+ * written. */
+size_t kvc__sim_escape(char *out, size_t cap, const char *s, size_t len);
+
+/* printf into err (if not NULL), one line: control bytes in what it quotes are escaped
+ * (kvc__sim_escape). */
 void kvc__errf(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Loaders (trace.c, synth.c).  `name` labels errors.  They fill w, which the
@@ -104,10 +113,12 @@ int kvc__load_jsonl(kvc_workload_t *w, const char *data, size_t len, const char 
  * the inline string). */
 int kvc__load_spec(kvc_workload_t *w, const cJSON *spec, const char *what, char *err,
                    size_t err_cap);
-/* Parse an inline spec ("poisson:rate=5,n=100,...") into a spec object.
+/* Parse an inline spec ("poisson:rate=5,n=100,...") into a spec object (scratch memory
+ * through `a`; the JSON tree is cJSON's own).
  * Returns NULL (with err set, *rc = KVC_EPARSE or KVC_ENOMEM) on failure;
  * the caller deletes the object. */
-cJSON *kvc__inline_spec(const char *s, int *rc, char *err, size_t err_cap);
+cJSON *kvc__inline_spec(const char *s, const kvc_allocator_t *a, int *rc, char *err,
+                        size_t err_cap);
 /* True if s looks like an inline spec: a known arrival process and ':'. */
 bool kvc__is_inline_spec(const char *s);
 

@@ -80,5 +80,67 @@ expect_error "scenario shape" "needs \"question\"" -- sim --scenario "$TMP/sc-ba
 printf '{"question":"q","args":["--model","llama-3.1-8b","--gpu","h100-sxm","--workload","%s"],"variants":[{"name":"a","args":[]}],"metrics":["warp_speed"]}' "$W" >"$TMP/sc-metric.json"
 expect_error "scenario metric" "unknown metric 'warp_speed'" -- sim --scenario "$TMP/sc-metric.json"
 
+no_control_bytes() { # NAME FILE: nothing but printable text and line ends
+  if LC_ALL=C grep -q "$(printf '[\001-\011\013-\037\177]')" "$2"; then fail "$1: raw control bytes in $(od -c "$2" | head -3)"; fi
+}
+
+# times past the simulator's horizon (1e9 s) are refused with the line and the field
+printf '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n{"timestamp": 1e300, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n' >"$TMP/far.jsonl"
+expect_error "Mooncake 1e300 ms" "far.jsonl:2: field 'timestamp': 1e\+300 ms is past the simulator's horizon" -- "${BASE[@]}" --workload "$TMP/far.jsonl"
+printf '{"arrival_s": 1e300, "tokens": [1, 2], "output": 2}\n' >"$TMP/far2.jsonl"
+expect_error "time scale 1e9, huge arrival" "far2.jsonl:1: field 'arrival_s'.*time scale 1e\+09" -- "${BASE[@]}" --workload "$TMP/far2.jsonl" --time-scale 1e9
+expect_error "time scale 1e9, spec" "streams\[0\]: request [0-9]+ arrives at .* past the simulator's horizon" -- "${BASE[@]}" --workload "$W" --time-scale 1e9
+# inline specs: an unknown process is named, a spec longer than a file name runs
+expect_error "unknown process" "zipf:rate=5,n=20: no such file, and 'zipf' is not an arrival process" -- "${BASE[@]}" --workload zipf:rate=5,n=20
+LONG="poisson:rate=20,n=30,prompt=100,output=5,tenant=$(printf 't%.0s' $(seq 300))"
+"$KVC" "${BASE[@]}" --workload "$LONG" --json >"$TMP/long.json" 2>"$TMP/long.err" || fail "300-character inline spec: $(cat "$TMP/long.err")"
+grep -q '"completed": 30' "$TMP/long.json" || fail "the 300-character inline spec did not run"
+
+# --csv and --svg that cannot be written fail before the run: no report on stdout
+expect_error "csv unwritable" "--csv: cannot write .*/no/such/x.csv: No such file" -- "${BASE[@]}" --workload "$W" --csv "$TMP/no/such/x.csv"
+: >"$TMP/afile"
+expect_error "svg is a file" "--svg: cannot write into .*afile: Not a directory" -- "${BASE[@]}" --workload "$W" --svg "$TMP/afile"
+expect_error "svg under a file" "--svg: cannot write into .*afile/charts" -- "${BASE[@]}" --workload "$W" --svg "$TMP/afile/charts"
+# a run that fails leaves no --csv or --svg behind
+expect_error "failed run, outputs" "more than the limit of 256.0 MiB|more memory than the limit of 256.0 MiB" -- "${BASE[@]}" --workload "$W" --num-blocks 100000000 --max-memory 256MiB --csv "$TMP/left.csv" --svg "$TMP/left-svg"
+[ ! -e "$TMP/left.csv" ] && [ ! -e "$TMP/left-svg" ] || fail "a failed run left its --csv or --svg behind"
+expect_error "max-memory value" "--max-memory: 'lots' is not a size" -- "${BASE[@]}" --workload "$W" --max-memory lots
+
+# scenarios: options beside --scenario, a recursive scenario, a variant's outputs
+expect_error "options beside --scenario" "--scenario: --model cannot be given next to --scenario" -- sim --scenario "$SRC/examples/scenarios/multiturn.json" --model llama-3.1-8b
+sc() { # FILE VARIANT-ARGS-JSON: a one-variant scenario
+  printf '{"question":"q","args":["--model","llama-3.1-8b","--gpu","h100-sxm","--workload","%s"],"variants":[{"name":"v","args":%s}],"metrics":["completed"]}' "$W" "$2" >"$1"
+}
+sc "$TMP/sc-rec.json" "[\"--scenario\", \"$TMP/sc-rec.json\"]"
+expect_error "recursive scenario" "variant 'v' gives --scenario: a scenario cannot run another scenario" -- sim --scenario "$TMP/sc-rec.json"
+sc "$TMP/sc-json.json" '["--json"]'
+expect_error "--json in a variant" "variant 'v' gives --json: give it next to --scenario" -- sim --scenario "$TMP/sc-json.json"
+sc "$TMP/sc-csv-bad.json" "[\"--csv\", \"$TMP/no/such/v.csv\"]"
+expect_error "variant csv unwritable" "--csv: cannot write .*/no/such/v.csv" -- sim --scenario "$TMP/sc-csv-bad.json"
+sc "$TMP/sc-csv.json" "[\"--csv\", \"$TMP/v.csv\"]"
+"$KVC" sim --scenario "$TMP/sc-csv.json" >"$TMP/sc-csv.out" 2>/dev/null || fail "variant with --csv: exit $?"
+[ "$(wc -l <"$TMP/v.csv" 2>/dev/null || echo 0)" -gt 5 ] || fail "a variant's --csv was not written"
+
+# control bytes from the input are escaped in errors and in the text report
+printf '{"kvcache_workload": 1, "tenants": ["a"]}\n{"arrival_s": 0, "tokens": [1], "output": 1, "tenant": "x\\u001b[2Jy"}\n' >"$TMP/esc.jsonl"
+expect_error "escaped tenant" "'x.x1b\[2Jy' is not declared" -- "${BASE[@]}" --workload "$TMP/esc.jsonl"
+no_control_bytes "escaped tenant" "$TMP/err"
+expect_error "escaped path" "no.x01such: cannot open" -- "${BASE[@]}" --workload "$(printf 'no\001such')"
+no_control_bytes "escaped path" "$TMP/err"
+printf '{"kvcache_workload": 1, "tenants": ["x\\u001b[2Jy"]}\n{"arrival_s": 0, "tokens": [1, 2, 3], "output": 2}\n' >"$TMP/esc2.jsonl"
+"$KVC" "${BASE[@]}" --workload "$TMP/esc2.jsonl" >"$TMP/esc2.txt" || fail "escaped tenant run: exit $?"
+grep -qF 'x\x1b[2Jy' "$TMP/esc2.txt" || fail "the text report does not show the tenant escaped"
+no_control_bytes "text report" "$TMP/esc2.txt"
+
+# replicas that receive no request cost nothing (--dp 65536 took about a minute for 50 requests)
+timeout 60 "$KVC" "${BASE[@]}" --workload 'poisson:rate=5,n=50,prompt=500,output=50' --dp 65536 --json >"$TMP/dp.json" \
+  || fail "--dp 65536 with 50 requests: exit $? (124: over a minute)"
+grep -q '"completed": 50' "$TMP/dp.json" || fail "--dp 65536 should complete 50"
+
+# a config whose KV bytes per token wrap to 0 (it crashed kvcache plan and sim): one line, exit 1
+printf '{"hidden_size":1,"intermediate_size":1,"num_hidden_layers":1,"num_attention_heads":2147483648,"head_dim":2147483648,"vocab_size":1,"max_position_embeddings":4096}' >"$TMP/overflow.json"
+expect_error "overflowing config" "." -- sim --model "$TMP/overflow.json" --gpu h100-sxm --workload "$W" --quiet
+expect_error "overflowing config, pool given" "." -- sim --model "$TMP/overflow.json" --gpu h100-sxm --workload "$W" --num-blocks 1000 --quiet
+
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "sim CLI: all checks passed"
