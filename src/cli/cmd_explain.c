@@ -822,7 +822,7 @@ static int find_copies(const cache_t *c, outcome_t *o)
     size_t k = 0;
     for (uint32_t b = 0; b < c->n_blocks && k < c->n_stranded_last; b++)
         if (c->stranded[b] && kvc_prefix_block_hash(c->pc, b, &v[k].hash) == 0) v[k++].block = b;
-    qsort(v, k, sizeof *v, by_hash);
+    if (k > 1) qsort(v, k, sizeof *v, by_hash);
     for (size_t i = 0; i < o->n_all; i++) {
         keyed_t key = {.hash = i < o->n_full ? o->hashes[i] : (kvc_hash128_t){0}};
         const keyed_t *hit = i < o->n_full && k ? bsearch(&key, v, k, sizeof *v, by_hash) : NULL;
@@ -1042,7 +1042,8 @@ static int count_stranded(cache_t *c, const prompt_t *p, outcome_t *o)
             x = up, s->depth++;
         s->top = x;
     }
-    qsort(o->stranded, o->n_stranded, sizeof *o->stranded, by_chain);
+    if (o->n_stranded > 1) /* (qsort takes no NULL, even for 0 items) */
+        qsort(o->stranded, o->n_stranded, sizeof *o->stranded, by_chain);
     if (n != st.n_stranded_blocks)
         return kvc_cli_error(CMD,
                              "line %zu: internal: %u cached blocks are unreachable, the cache "
