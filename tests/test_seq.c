@@ -1528,6 +1528,65 @@ static void a_block_the_caller_unrefd_is_an_error_not_an_abort(void **state)
     harness_free(&h);
 }
 
+/* One request through seq's path: look up, compute the rest, complete, finish. */
+static void run_with_priority(kvc_seqs_t *seqs, const kvc_token_t *t, size_t n, uint32_t prio)
+{
+    kvc_seq_desc_t d = {.prompt = t, .n_prompt = n, .priority = prio};
+    kvc_seq_t a;
+    size_t hit;
+    assert_ok(kvc_seq_create(seqs, &d, &a));
+    assert_ok(kvc_seq_lookup(seqs, a, &hit));
+    assert_ok(kvc_seq_reserve(seqs, a, (uint32_t)(n - hit), NULL));
+    assert_ok(kvc_seq_complete(seqs, a, (uint32_t)(n - hit)));
+    assert_ok(kvc_seq_destroy(seqs, a));
+}
+
+static void a_requests_priority_reaches_the_prefix_cache(void **state)
+{
+    (void)state;
+    /* Under the priority eviction policy a request's blocks are kept by its priority.  Before,
+     * kvc_seq_desc_t had no priority and every query seq made said 0: the policy was LRU. */
+    for (int routed = 0; routed < 2; routed++) {
+        kvc_pool_params_t pp = kvc_pool_params_default();
+        pp.n_blocks = 8;
+        pp.block_size = 4;
+        kvc_prefix_params_t cp = kvc_prefix_params_default();
+        cp.eviction = KVC_EVICT_PRIORITY;
+        kvc_seqs_params_t sp = kvc_seqs_params_default();
+        kvc_pool_t *pool;
+        kvc_prefix_t *pc;
+        kvc_seqs_t *seqs;
+        assert_ok(kvc_pool_create(&pp, &pool));
+        assert_ok(kvc_prefix_create(pool, &cp, &pc));
+        assert_ok(kvc_seqs_create(pool, pc, &sp, &seqs));
+        kvc_token_t sys[14], a[14], b[14];
+        fill(sys, 14, 1);
+        fill(a, 14, 300);
+        fill(b, 14, 500);
+        run_with_priority(seqs, sys, 14, routed ? 9 : 0); /* 3 blocks cached, first */
+        run_with_priority(seqs, a, 14, 0);                /* 3 more: 2 free blocks left */
+        run_with_priority(seqs, b, 14, 0);                /* evicts 2 cached blocks */
+        kvc_prefix_query_t q = {.tokens = sys, .n_tokens = 14};
+        kvc_prefix_hit_t hit;
+        assert_ok(kvc_prefix_match(pc, &q, NULL, 0, NULL, &hit));
+        /* at priority 9 the system prompt outlives the priority-0 blocks; at 0 its tail is
+         * the least recently used and goes */
+        assert_int_equal(hit.n_hit_blocks, routed ? 3 : 1);
+        /* a priority the cache cannot rank is refused, even before a block is full to hash */
+        kvc_seq_desc_t d = {.prompt = sys, .n_prompt = 3, .priority = KVC_PREFIX_MAX_PRIORITY + 1};
+        kvc_seq_t h;
+        assert_int_equal(kvc_seq_create(seqs, &d, &h), KVC_EINVAL);
+        d.priority = KVC_PREFIX_MAX_PRIORITY;
+        assert_ok(kvc_seq_create(seqs, &d, &h));
+        assert_ok(kvc_seq_destroy(seqs, h));
+        char msg[256];
+        assert_int_equal(kvc_seqs_check(seqs, msg, sizeof msg), 0);
+        kvc_seqs_destroy(seqs);
+        kvc_prefix_destroy(pc);
+        kvc_pool_destroy(pool);
+    }
+}
+
 static void multimodal_inputs_are_checked_whole_at_create(void **state)
 {
     (void)state;
@@ -1597,6 +1656,7 @@ int main(void)
         cmocka_unit_test(empty_arguments_are_no_ops),
         cmocka_unit_test(a_block_the_caller_unrefd_is_an_error_not_an_abort),
         cmocka_unit_test(multimodal_inputs_are_checked_whole_at_create),
+        cmocka_unit_test(a_requests_priority_reaches_the_prefix_cache),
     };
     /* SEQ_TEST_FILTER=pattern runs the matching tests only (the mutation script uses it) */
     const char *filter = getenv("SEQ_TEST_FILTER");

@@ -106,12 +106,15 @@ typedef struct {
                                   (each group uses its own) */
     const kvc_mm_input_t *mm;  /* multimodal inputs in the prompt, copied */
     size_t n_mm;
+    uint32_t priority; /* the prefix queries' priority (kvc_prefix_query_t.priority:
+                          0..KVC_PREFIX_MAX_PRIORITY; only the "priority" eviction policy
+                          reads it); 0 by default */
 } kvc_seq_desc_t;
 
 /* Register a request: its prompt is known, no block is taken yet.
  * KVC_EINVAL (NULL arguments, an empty prompt, a multimodal input that does not
- * lie within the prompt), KVC_ENOSPC (all slots taken), KVC_ERANGE (with a
- * prefix cache: more multimodal inputs overlap one block, the prompt's last
+ * lie within the prompt, a priority above KVC_PREFIX_MAX_PRIORITY), KVC_ENOSPC (all slots taken),
+ * KVC_ERANGE (with a prefix cache: more multimodal inputs overlap one block, the prompt's last
  * partial block included, than the cache's max_extra_keys), KVC_ENOMEM. */
 KVC_API KVC_NODISCARD int kvc_seq_create(kvc_seqs_t *seqs, const kvc_seq_desc_t *desc,
                                          kvc_seq_t *out);

@@ -6,14 +6,18 @@
  * reserves the rest (the pool evicts cached blocks through the prefix cache
  * when it is full), completes the prompt (its full blocks are inserted, and a
  * block someone else already cached is swapped for that copy), and releases
- * its table tail-first, so that the next prompt sees what a server would see.
- * Beside that path, kvc_prefix_match says why each block did or did not hit,
- * and the pool's eviction events say what made room.  All input is read and
- * checked before anything runs: a bad line gets one error naming it, and no
- * output.
+ * its table tail-first (or head-first, to show what that order costs), so that
+ * the next prompt sees what a server would see.  Beside that path,
+ * kvc_prefix_match says why each block did or did not hit, the pool's eviction
+ * events say what made room, and the cache's parent links say which cached
+ * blocks an eviction left stranded (only naive-lru strands).  Every hit is
+ * checked to hold the prompt's exact prefix, whatever the hash (--hash-bits
+ * weakens it).  All input is read and checked before anything runs: a bad line
+ * gets one error naming it, and no output.
  */
 #include "cli.h"
 #include "kvcache/kvcache.h"
+#include "kvcache/testing.h" /* --hash-bits: a weakened index hash, for demonstration */
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -31,8 +35,9 @@ typedef struct {
     size_t n_tokens;
     size_t line;
     kvc_namespace_t ns;
-    const char *salt; /* as given, for printing; NULL when none */
-    bool salt_owned;  /* salt is this prompt's copy (from its JSON line) */
+    uint32_t priority; /* its JSON line's "priority"; 0 for text lines */
+    const char *salt;  /* as given, for printing; NULL when none */
+    bool salt_owned;   /* salt is this prompt's copy (from its JSON line) */
 } prompt_t;
 
 typedef struct {
@@ -56,35 +61,98 @@ typedef struct {
     uint64_t pool_blocks, block_size, seed;
     const char *salt;   /* --salt, NULL when none */
     kvc_namespace_t ns; /* --salt, --lora, --epoch: every prompt's unless its line says */
+    kvc_eviction_t eviction;
+    uint64_t hash_bits;          /* --hash-bits; 0: the full 128-bit hash */
+    uint64_t kv_bytes_per_token; /* what a block's KV weighs, for the stranded bytes */
+    bool head_first;             /* --release head-first */
     bool json;
     const char *path; /* the input */
 } opts_t;
 
+/* KV bytes a token by default: Llama-3.1-8B in bf16, 2 (K and V) x 32 layers x 8 KV heads x
+ * 128 dims x 2 bytes, as `kvcache plan --model llama-3.1-8b` derives it. */
+#define KV_BYTES_PER_TOKEN_DEFAULT 131072
+#define KV_BYTES_PER_TOKEN_MAX     (1ull << 30) /* far above any model; keeps products exact */
+#define KV_BYTES_PER_TOKEN_MAX_TXT "1073741824"
+
+/* Print `text` from column `indent`, words wrapped before column 80; the first line continues
+ * a line already at column `col`. */
+static void wrap(FILE *f, const char *text, int col, int indent)
+{
+    while (*text) {
+        size_t n = strcspn(text, " ");
+        if (col > indent && col + 1 + (int)n > 80) {
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            fputc(' ', f);
+            col++;
+        }
+        fprintf(f, "%.*s", (int)n, text);
+        col += (int)n;
+        text += n;
+        text += strspn(text, " ");
+    }
+    fputc('\n', f);
+}
+
+/* "lru, lfu, priority, naive-lru": the policies' names, for --help and the error. */
+static void policy_names(char *out, size_t cap)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (const char *const *n = kvc_eviction_names(); *n && len < cap; n++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%s", len ? ", " : "", *n);
+}
+
 static void help(FILE *f)
 {
-    fprintf(
-        f,
-        "usage: kvcache explain [options] FILE\n"
-        "\n"
-        "Walks each prompt through the prefix cache as a server would (hash, look up and\n"
-        "pin, allocate with eviction, insert, release tail-first) and prints, per block,\n"
-        "its hash, whether it hit and why, and what eviction took to make room.\n"
-        "\n"
-        "FILE ('-' for standard input) holds one prompt a line: token ids separated by\n"
-        "spaces or commas, or a JSON object {\"tokens\": [...], \"salt\": \"...\", \"lora\": N}.\n"
-        "Lines starting with '#' are comments.\n"
-        "\n"
-        "options:\n"
-        "  --pool-blocks N   blocks in the pool (default 64)\n"
-        "  --block-size N    tokens per block, a power of two 1..256 (default 16)\n"
-        "  --salt STR        tenant cache salt for every prompt (JSON lines may override)\n"
-        "  --lora ID         LoRA adapter id for every prompt (default 0: base model)\n"
-        "  --epoch N         weight epoch (default 0)\n"
-        "  --seed N          hash seed (default: random per process, as in production)\n"
-        "  --json            one JSON object per prompt instead of text\n"
-        "  -h, --help        this help\n"
-        "\n"
-        "Numbers are plain decimal digits (no sign, no spaces).\n");
+    fprintf(f,
+            "usage: kvcache explain [options] FILE\n"
+            "\n"
+            "Walks each prompt through the prefix cache as a server would (hash, look up and\n"
+            "pin, allocate with eviction, insert, release) and prints, per block, its hash,\n"
+            "whether it hit and why, what eviction took to make room, and which cached\n"
+            "blocks were left stranded (cached, resident, but unreachable).\n"
+            "\n"
+            "FILE ('-' for standard input) holds one prompt a line: token ids separated by\n"
+            "spaces or commas, or a JSON object {\"tokens\": [...], \"salt\": \"...\",\n"
+            "\"lora\": N, \"priority\": N} (all but tokens optional; priority 0..%d, for the\n"
+            "priority policy; text lines have priority 0).  Lines starting with '#' are\n"
+            "comments.\n"
+            "\n"
+            "options:\n"
+            "  --pool-blocks N   blocks in the pool, 1..16777216 (default 64)\n"
+            "  --block-size N    tokens per block, a power of two 1..256 (default 16)\n"
+            "  --salt STR        tenant cache salt for every prompt (JSON lines may override)\n"
+            "  --lora ID         LoRA adapter id for every prompt (default 0: base model)\n"
+            "  --epoch N         weight epoch (default 0)\n"
+            "  --seed N          hash seed (default: random per process, as in production)\n"
+            "  --eviction POLICY which free cached block goes first when the pool needs one:\n",
+            KVC_PREFIX_MAX_PRIORITY);
+    for (int i = 0; i < KVC_EVICT__COUNT; i++) {
+        fprintf(f, "%*s%-10s ", 20, "", kvc_eviction_name((kvc_eviction_t)i));
+        wrap(f, kvc_eviction_summary((kvc_eviction_t)i), 31, 31);
+    }
+    fprintf(f,
+            "  --release ORDER   how a finished request's blocks go back to the free queue:\n"
+            "                    tail-first (the default, what the library does: a prefix's\n"
+            "                    tail is then evicted before its head) or head-first (table\n"
+            "                    order, as a naive server frees them; only then does\n"
+            "                    naive-lru find a parent older than its children)\n"
+            "  --kv-bytes-per-token N\n"
+            "                    KV bytes one token takes, 1..%s, to weigh stranded\n"
+            "                    blocks (this pool holds no KV); default %d, Llama-3.1-8B\n"
+            "                    in bf16: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 bytes\n"
+            "  --hash-bits N     cut the index hash to its low N bits, 1..64, so that\n"
+            "                    unrelated blocks collide (status 'collision'), for\n"
+            "                    demonstration: a hit still needs the exact tokens and\n"
+            "                    parent (default: all 128 bits)\n"
+            "  --json            one JSON object per prompt instead of text\n"
+            "  -h, --help        this help\n"
+            "\n"
+            "Numbers are plain decimal digits (no sign, no spaces).\n",
+            KV_BYTES_PER_TOKEN_MAX_TXT, KV_BYTES_PER_TOKEN_DEFAULT);
 }
 
 /* 0: parsed; 1: the one-line error is printed; -1: help printed, exit 0. */
@@ -96,10 +164,17 @@ static int parse_options(int argc, char **argv, opts_t *o)
                                          {"lora", required_argument, NULL, 'l'},
                                          {"epoch", required_argument, NULL, 'e'},
                                          {"seed", required_argument, NULL, 'S'},
+                                         {"eviction", required_argument, NULL, 'E'},
+                                         {"release", required_argument, NULL, 'R'},
+                                         {"kv-bytes-per-token", required_argument, NULL, 'K'},
+                                         {"hash-bits", required_argument, NULL, 'H'},
                                          {"json", no_argument, NULL, 'j'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    *o = (opts_t){.pool_blocks = 64, .block_size = 16};
+    *o = (opts_t){.pool_blocks = 64,
+                  .block_size = 16,
+                  .eviction = KVC_EVICT_LRU,
+                  .kv_bytes_per_token = KV_BYTES_PER_TOKEN_DEFAULT};
     int ch;
     optind = 1;
     opterr = 0;
@@ -135,6 +210,28 @@ static int parse_options(int argc, char **argv, opts_t *o)
         case 'S':
             if (!kvc_cli_parse_u64(optarg, 1, UINT64_MAX, &o->seed))
                 return kvc_cli_error(CMD, "--seed: '%s' is not a positive integer", optarg);
+            break;
+        case 'E':
+            if (kvc_eviction_parse(optarg, &o->eviction)) {
+                char names[256];
+                policy_names(names, sizeof names);
+                return kvc_cli_error(CMD, "--eviction: '%s' is not a policy (%s)", optarg, names);
+            }
+            break;
+        case 'R':
+            if (strcmp(optarg, "tail-first") && strcmp(optarg, "head-first"))
+                return kvc_cli_error(
+                    CMD, "--release: '%s' is not an order (tail-first, head-first)", optarg);
+            o->head_first = !strcmp(optarg, "head-first");
+            break;
+        case 'K':
+            if (!kvc_cli_parse_u64(optarg, 1, KV_BYTES_PER_TOKEN_MAX, &o->kv_bytes_per_token))
+                return kvc_cli_error(CMD, "--kv-bytes-per-token: '%s' is not a number in 1..%s",
+                                     optarg, KV_BYTES_PER_TOKEN_MAX_TXT);
+            break;
+        case 'H':
+            if (!kvc_cli_parse_u64(optarg, 1, 64, &o->hash_bits))
+                return kvc_cli_error(CMD, "--hash-bits: '%s' is not a number in 1..64", optarg);
             break;
         case 'j':
             o->json = true;
@@ -337,20 +434,33 @@ static int parse_tokens(const cJSON *toks, const lexer_t *lx, prompt_t *p, where
     return 0;
 }
 
-static int parse_lora(const cJSON *lora, const lexer_t *lx, prompt_t *p, where_t w)
+/* The whole number under `key` in [0, max], read exactly from its text. */
+static int parse_uint_key(const char *key, const cJSON *item, const lexer_t *lx, uint64_t max,
+                          uint64_t *out, where_t w)
 {
     size_t cursor = 0;
-    const number_t *num = cJSON_IsNumber(lora) ? number_text(lx, &cursor, lora) : NULL;
-    if (cJSON_IsNumber(lora) && !num)
+    const number_t *num = cJSON_IsNumber(item) ? number_text(lx, &cursor, item) : NULL;
+    if (cJSON_IsNumber(item) && !num)
         return bad(w, "%s", "internal: a number's text was not found");
-    uint64_t v;
     kvc_cli_num_t r =
-        num ? kvc_cli_parse_json_uint(num->text, num->len, UINT64_MAX, &v) : KVC_CLI_NUM_MALFORMED;
+        num ? kvc_cli_parse_json_uint(num->text, num->len, max, out) : KVC_CLI_NUM_MALFORMED;
     if (r == KVC_CLI_NUM_TOO_LARGE)
-        return bad(w, "\"lora\" %.*s is too large (max %" PRIu64 ")", clip(num->len), num->text,
-                   UINT64_MAX);
-    if (r != KVC_CLI_NUM_OK) return bad(w, "%s", "\"lora\" is not a non-negative integer");
-    p->ns.lora_id = v;
+        return bad(w, "\"%s\" %.*s is too large (max %" PRIu64 ")", key, clip(num->len), num->text,
+                   max);
+    if (r != KVC_CLI_NUM_OK) return bad(w, "\"%s\" is not a non-negative integer", key);
+    return 0;
+}
+
+static int parse_lora(const cJSON *lora, const lexer_t *lx, prompt_t *p, where_t w)
+{
+    return parse_uint_key("lora", lora, lx, UINT64_MAX, &p->ns.lora_id, w);
+}
+
+static int parse_priority(const cJSON *prio, const lexer_t *lx, prompt_t *p, where_t w)
+{
+    uint64_t v;
+    if (parse_uint_key("priority", prio, lx, KVC_PREFIX_MAX_PRIORITY, &v, w)) return 1;
+    p->priority = (uint32_t)v;
     return 0;
 }
 
@@ -370,13 +480,14 @@ static int parse_salt(const cJSON *salt, prompt_t *p, where_t w)
 /* The object's keys: each known one at most once, no other. */
 static int check_keys(const cJSON *obj, where_t w)
 {
-    static const char *const keys[] = {"tokens", "salt", "lora"};
+    static const char *const keys[] = {"tokens", "salt", "lora", "priority"};
     unsigned seen = 0;
     for (const cJSON *c = obj->child; c; c = c->next) {
         size_t k = 0;
         while (k < KVC_ARRAY_LEN(keys) && strcmp(c->string, keys[k])) k++;
         if (k == KVC_ARRAY_LEN(keys))
-            return bad(w, "unknown key \"%s\" (the keys are tokens, salt and lora)", c->string);
+            return bad(w, "unknown key \"%s\" (the keys are tokens, salt, lora and priority)",
+                       c->string);
         if (seen & (1u << k)) return bad(w, "\"%s\" is given twice", keys[k]);
         seen |= 1u << k;
     }
@@ -398,6 +509,7 @@ static int parse_json_line(const char *s, size_t n, prompt_t *p, where_t w)
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(obj, "tokens");
     const cJSON *salt = cJSON_GetObjectItemCaseSensitive(obj, "salt");
     const cJSON *lora = cJSON_GetObjectItemCaseSensitive(obj, "lora");
+    const cJSON *prio = cJSON_GetObjectItemCaseSensitive(obj, "priority");
     end += strspn(end, " \t\r\n");
     size_t rest = (size_t)(s + n - end); /* what follows the object, but its line end */
     while (rest && (end[rest - 1] == '\n' || end[rest - 1] == '\r')) rest--;
@@ -414,7 +526,7 @@ static int parse_json_line(const char *s, size_t n, prompt_t *p, where_t w)
         rc = 1;
     else
         rc = parse_tokens(toks, &lx, p, w) || (salt && parse_salt(salt, p, w)) ||
-             (lora && parse_lora(lora, &lx, p, w));
+             (lora && parse_lora(lora, &lx, p, w)) || (prio && parse_priority(prio, &lx, p, w));
     free(lx.v);
     cJSON_Delete(obj);
     return rc;
@@ -470,6 +582,8 @@ static int read_prompts(const opts_t *o, prompts_t *out)
 typedef struct {
     kvc_hash128_t hash;
     uint32_t block;
+    uint32_t n_stranded; /* cached blocks its eviction made unreachable (naive-lru) */
+    bool was_stranded;   /* it was unreachable itself when it went */
 } evicted_t;
 
 typedef struct {
@@ -479,30 +593,99 @@ typedef struct {
     bool lost; /* an event could not be recorded (no memory) */
 } events_t;
 
+/* A cached block that became unreachable during one prompt. */
+typedef struct {
+    kvc_hash128_t hash;
+    uint32_t block;
+    uint32_t parent;     /* the block it was inserted under (evicted, or stranded itself) */
+    bool parent_evicted; /* its own parent went; else it is below a stranded block */
+    uint32_t top, depth; /* for printing each chain top-down: the block whose parent went
+                            and how far below it this one is */
+} stranded_t;
+
 typedef struct {
     kvc_pool_t *pool;
     kvc_prefix_t *pc; /* the pool's evictor */
     kvc_seqs_t *seqs; /* one request at a time, through the library's path */
     events_t events;
-    uint32_t bs;
+    uint32_t bs, n_blocks;
+    kvc_eviction_t eviction;
+    uint32_t hash_bits; /* 0: the full hash */
+    uint64_t kv_bytes_per_token;
+    bool head_first;
     bool json;
+    /* Stranding, as the user sees it.  The cache counts stranded blocks; which ones they are,
+     * and why, is read from the stored events (each block's parent when it was inserted) and
+     * the cache's parent links (a stranded block has none). */
+    uint32_t *parent;            /* (n_blocks) the parent named by the block's last STORED event */
+    uint8_t *stranded;           /* (n_blocks) unreachable at the last count */
+    uint8_t *memo;               /* (n_blocks) scratch for the count */
+    uint32_t n_stranded_last;    /* unreachable blocks at the last count */
+    uint64_t strandings_counted; /* the cache's n_strandings at the last count */
+    uint64_t strandings_last;    /* ... at the last eviction or count */
+    /* kvc_prefix_match counts the collisions it meets, as the lookup does: explain's own match
+     * calls (the explanation beside the request path) are taken off the totals */
+    uint64_t match_collisions;
 } cache_t;
+
+/* Whether cached block b is unreachable: it or a block above it lost its parent.  A block
+ * the events say was a root is reachable from itself; any other block whose parent link the
+ * cache dropped was stranded.  memo (may be NULL) remembers the answers: 1 no, 2 yes. */
+static bool unreachable(const cache_t *c, uint32_t b, uint8_t *memo)
+{
+    uint32_t x = b;
+    uint8_t answer = 0;
+    for (uint32_t depth = 0; !answer; depth++) {
+        if (memo && memo[x]) {
+            answer = memo[x];
+        } else if (c->parent[x] == KVC_NONE) {
+            answer = 1; /* a root */
+        } else {
+            uint32_t p = kvc_prefix_block_parent(c->pc, x);
+            if (p == KVC_NONE || depth == c->n_blocks) answer = 2; /* (no cycle exists) */
+            x = p;
+        }
+    }
+    if (memo) /* the path again, now that its answer is known */
+        for (x = b; !memo[x]; x = kvc_prefix_block_parent(c->pc, x)) {
+            memo[x] = answer;
+            if (c->parent[x] == KVC_NONE || kvc_prefix_block_parent(c->pc, x) == KVC_NONE) break;
+        }
+    return answer == 2;
+}
 
 static void on_event(void *ctx, const kvc_prefix_event_t *ev)
 {
-    events_t *e = ctx;
-    if (!e->recording || ev->type != KVC_EVENT_REMOVED) return;
-    if (e->n == e->cap) {
-        size_t cap = e->cap ? 2 * e->cap : 16;
-        evicted_t *v = realloc(e->v, cap * sizeof *v);
+    cache_t *c = ctx;
+    if (ev->block >= c->n_blocks) return;
+    if (ev->type == KVC_EVENT_STORED) {
+        c->parent[ev->block] = ev->parent_block;
+        c->stranded[ev->block] = 0;
+        return;
+    }
+    /* removed: the cache has already stranded what its eviction strands (naive-lru), and the
+     * block is still cached while it tells */
+    kvc_prefix_stats_t st;
+    kvc_prefix_stats(c->pc, &st);
+    evicted_t e = {.block = ev->block,
+                   .hash = ev->hash,
+                   .n_stranded = (uint32_t)(st.n_strandings - c->strandings_last),
+                   .was_stranded = st.n_stranded_blocks && unreachable(c, ev->block, NULL)};
+    c->strandings_last = st.n_strandings;
+    c->stranded[ev->block] = 0;
+    events_t *q = &c->events;
+    if (!q->recording) return;
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? 2 * q->cap : 16;
+        evicted_t *v = realloc(q->v, cap * sizeof *v);
         if (!v) {
-            e->lost = true;
+            q->lost = true;
             return;
         }
-        e->v = v;
-        e->cap = cap;
+        q->v = v;
+        q->cap = cap;
     }
-    e->v[e->n++] = (evicted_t){.block = ev->block, .hash = ev->hash};
+    q->v[q->n++] = e;
 }
 
 static void close_cache(cache_t *c)
@@ -511,25 +694,44 @@ static void close_cache(cache_t *c)
     kvc_prefix_destroy(c->pc);
     kvc_pool_destroy(c->pool);
     free(c->events.v);
+    free(c->parent);
+    free(c->stranded);
+    free(c->memo);
 }
 
 /* Build the pool, its prefix cache and the sequence table from the options: every parameter
  * the cache takes is set here.  0, or 1 with the one-line error printed. */
 static int open_cache(const opts_t *o, cache_t *c)
 {
-    *c = (cache_t){.json = o->json};
+    *c = (cache_t){.json = o->json,
+                   .eviction = o->eviction,
+                   .hash_bits = (uint32_t)o->hash_bits,
+                   .kv_bytes_per_token = o->kv_bytes_per_token,
+                   .head_first = o->head_first,
+                   .n_blocks = (uint32_t)o->pool_blocks};
+    /* zeroed pages cost nothing until a block is cached: a huge pool stays cheap */
+    c->parent = calloc(c->n_blocks, sizeof *c->parent);
+    c->stranded = calloc(c->n_blocks, 1);
+    c->memo = calloc(c->n_blocks, 1);
+    if (!c->parent || !c->stranded || !c->memo) {
+        close_cache(c);
+        return kvc_cli_error(CMD, "out of memory");
+    }
     kvc_pool_params_t pp = kvc_pool_params_default();
-    pp.n_blocks = (uint32_t)o->pool_blocks;
+    pp.n_blocks = c->n_blocks;
     pp.block_size = (uint32_t)o->block_size;
     kvc_prefix_params_t cp = kvc_prefix_params_default();
     cp.hash_seed = o->seed;
+    cp.eviction = o->eviction;
     cp.on_event = on_event;
-    cp.event_ctx = &c->events;
+    cp.event_ctx = c;
     kvc_seqs_params_t sp = kvc_seqs_params_default();
     sp.max_seqs = 1;
     const char *what = "the pool";
     int rc = kvc_pool_create(&pp, &c->pool);
     if (!rc) what = "the prefix cache", rc = kvc_prefix_create(c->pool, &cp, &c->pc);
+    if (!rc && o->hash_bits) /* before anything is cached, as the hook requires */
+        what = "the weakened hash", rc = kvc_testing_prefix_set_hash_bits(c->pc, c->hash_bits);
     if (!rc) what = "the sequence table", rc = kvc_seqs_create(c->pool, c->pc, &sp, &c->seqs);
     if (rc) {
         close_cache(c);
@@ -537,6 +739,26 @@ static int open_cache(const opts_t *o, cache_t *c)
     }
     c->bs = pp.block_size;
     return 0;
+}
+
+/* KV bytes of n blocks (exact: blocks < 2^25, tokens a block <= 2^8, bytes a token <= 2^30). */
+static uint64_t kv_bytes(const cache_t *c, uint64_t n_blocks)
+{
+    return n_blocks * c->bs * c->kv_bytes_per_token;
+}
+
+/* "0 bytes", "1048576 bytes = 1.0 MiB". */
+static const char *fmt_bytes(uint64_t n, char out[64])
+{
+    static const char *const unit[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = -1;
+    double v = (double)n;
+    while (v >= 1024 && u < 5) v /= 1024, u++;
+    if (u < 0)
+        snprintf(out, 64, "%" PRIu64 " bytes", n);
+    else
+        snprintf(out, 64, "%" PRIu64 " bytes = %.1f %s", n, v, unit[u]);
+    return out;
 }
 
 /* ---- one prompt --------------------------------------------------------- */
@@ -552,6 +774,10 @@ typedef struct {
     uint32_t *table;       /* (n_all) its block table after completion, when it ran */
     uint32_t *origin;      /* (n_all) the block a duplicate was computed in, else KVC_NONE */
     kvc_pool_stats_t pool; /* after its table went back */
+    uint32_t *copy;        /* (n_all) or NULL: a stranded block that holds block i, or KVC_NONE */
+    stranded_t *stranded;  /* (n_stranded) blocks it left unreachable, chain by chain */
+    size_t n_stranded;
+    uint32_t stranded_before, stranded_after; /* unreachable blocks before it and after it */
 } outcome_t;
 
 static void free_outcome(outcome_t *o)
@@ -560,11 +786,50 @@ static void free_outcome(outcome_t *o)
     free(o->status);
     free(o->table);
     free(o->origin);
+    free(o->copy);
+    free(o->stranded);
 }
 
 static int fail(const prompt_t *p, const char *what, int err)
 {
     return kvc_cli_error(CMD, "line %zu: %s failed: %s", p->line, what, kvc_strerror(err));
+}
+
+typedef struct {
+    kvc_hash128_t hash;
+    uint32_t block;
+} keyed_t;
+
+static int by_hash(const void *a, const void *b)
+{
+    const kvc_hash128_t *x = &((const keyed_t *)a)->hash, *y = &((const keyed_t *)b)->hash;
+    if (x->hi != y->hi) return x->hi < y->hi ? -1 : 1;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Which of the prompt's blocks a stranded block holds: the cache has their KV, but no lookup
+ * reaches it.  Under the full hash, an equal chained hash is the same prefix; under a weakened
+ * one it proves nothing, so nothing is claimed. */
+static int find_copies(const cache_t *c, outcome_t *o)
+{
+    if (c->n_stranded_last == 0 || c->hash_bits || o->n_full == 0) return 0;
+    keyed_t *v = malloc(c->n_stranded_last * sizeof *v);
+    o->copy = malloc(o->n_all * sizeof *o->copy);
+    if (!v || !o->copy) {
+        free(v);
+        return kvc_cli_error(CMD, "out of memory");
+    }
+    size_t k = 0;
+    for (uint32_t b = 0; b < c->n_blocks && k < c->n_stranded_last; b++)
+        if (c->stranded[b] && kvc_prefix_block_hash(c->pc, b, &v[k].hash) == 0) v[k++].block = b;
+    if (k > 1) qsort(v, k, sizeof *v, by_hash);
+    for (size_t i = 0; i < o->n_all; i++) {
+        keyed_t key = {.hash = i < o->n_full ? o->hashes[i] : (kvc_hash128_t){0}};
+        const keyed_t *hit = i < o->n_full && k ? bsearch(&key, v, k, sizeof *v, by_hash) : NULL;
+        o->copy[i] = hit && o->status[i] != KVC_BLOCK_HIT ? hit->block : KVC_NONE;
+    }
+    free(v);
+    return 0;
 }
 
 /* Each block's hash and why it does or does not hit, before anything is pinned. */
@@ -578,14 +843,19 @@ static int classify(cache_t *c, const prompt_t *p, outcome_t *o)
     o->origin = calloc(o->n_all, sizeof *o->origin);
     if (!o->hashes || !o->status || !o->table || !o->origin)
         return kvc_cli_error(CMD, "out of memory");
-    kvc_prefix_query_t q = {.ns = &p->ns, .tokens = p->tokens, .n_tokens = p->n_tokens};
+    kvc_prefix_query_t q = {
+        .ns = &p->ns, .tokens = p->tokens, .n_tokens = p->n_tokens, .priority = p->priority};
     size_t n_hashed;
     int err = kvc_prefix_hash(c->pc, &q, o->hashes, o->n_full, &n_hashed);
     if (err) return fail(p, "hashing", err);
     q.hashes = o->hashes;
+    kvc_prefix_stats_t before, after;
+    kvc_prefix_stats(c->pc, &before);
     if ((err = kvc_prefix_match(c->pc, &q, NULL, 0, o->status, &o->hit)))
         return fail(p, "matching", err);
-    return 0;
+    kvc_prefix_stats(c->pc, &after);
+    c->match_collisions += after.n_collisions - before.n_collisions;
+    return find_copies(c, o);
 }
 
 /* Copy the sequence's block table (which must cover all n_all blocks) into out. */
@@ -602,11 +872,69 @@ static int copy_table(cache_t *c, kvc_seq_t h, const prompt_t *p, size_t n_all, 
     return 0;
 }
 
+/* Every hit holds exactly this prompt's prefix: the block's tokens are the prompt's, and its
+ * parent is the block hit one step before (or it is a root).  The cache promises it whatever
+ * the hash does (--hash-bits weakens it); explain checks it, hit by hit. */
+static int verify_hits(const cache_t *c, const prompt_t *p, const outcome_t *o)
+{
+    for (size_t i = 0; i < o->hit.n_hit_blocks; i++) {
+        const kvc_token_t *t = kvc_prefix_block_tokens(c->pc, o->table[i]);
+        uint32_t parent = i ? o->table[i - 1] : KVC_NONE;
+        if (!t || memcmp(t, p->tokens + i * c->bs, c->bs * sizeof *t) ||
+            kvc_prefix_block_parent(c->pc, o->table[i]) != parent)
+            return kvc_cli_error(CMD,
+                                 "line %zu: internal: block %zu hit #%u, which does not hold "
+                                 "this prompt's prefix (wrong KV)",
+                                 p->line, i, o->table[i]);
+    }
+    return 0;
+}
+
+/* Finish the request: its blocks go back tail-first (the library's order), or head-first
+ * (--release head-first: the blocks are held one reference longer, the sequence is destroyed,
+ * and the references are dropped in table order). */
+static int release(cache_t *c, kvc_seq_t h, const prompt_t *p)
+{
+    uint32_t *held = NULL, n = 0;
+    int err = 0;
+    if (c->head_first) {
+        const uint32_t *t;
+        if ((err = kvc_seq_table(c->seqs, h, 0, &t, &n))) {
+            (void)kvc_seq_destroy(c->seqs, h);
+            return fail(p, "reading the block table", err);
+        }
+        held = malloc((n ? n : 1) * sizeof *held);
+        if (!held) {
+            (void)kvc_seq_destroy(c->seqs, h);
+            return kvc_cli_error(CMD, "out of memory");
+        }
+        for (uint32_t i = 0; i < n && !err; i++) {
+            held[i] = t[i];
+            if (t[i] != KVC_NONE && (err = kvc_pool_ref(c->pool, t[i])))
+                for (uint32_t j = i; j-- > 0;)
+                    if (held[j] != KVC_NONE) (void)kvc_pool_unref(c->pool, held[j]);
+        }
+        if (err) {
+            free(held);
+            (void)kvc_seq_destroy(c->seqs, h);
+            return fail(p, "holding the blocks for a head-first release", err);
+        }
+    }
+    int rc = 0;
+    if ((err = kvc_seq_destroy(c->seqs, h))) rc = fail(p, "release", err);
+    for (uint32_t i = 0; i < n; i++) /* the blocks stay ours even if destroy failed */
+        if (held[i] != KVC_NONE && (err = kvc_pool_unref(c->pool, held[i])) && !rc)
+            rc = fail(p, "the head-first release", err);
+    free(held);
+    return rc;
+}
+
 /* The request's path: look up and pin, reserve the rest (recording what eviction takes),
  * complete it (inserting its full blocks), release it. */
 static int walk_request(cache_t *c, const prompt_t *p, outcome_t *o)
 {
-    kvc_seq_desc_t d = {.prompt = p->tokens, .n_prompt = p->n_tokens, .ns = &p->ns};
+    kvc_seq_desc_t d = {
+        .prompt = p->tokens, .n_prompt = p->n_tokens, .ns = &p->ns, .priority = p->priority};
     kvc_seq_t h;
     int err = kvc_seq_create(c->seqs, &d, &h);
     if (err) return fail(p, "registering the request", err);
@@ -650,13 +978,78 @@ static int walk_request(cache_t *c, const prompt_t *p, outcome_t *o)
         if (copy_table(c, h, p, o->n_all, o->table)) goto out;
         for (size_t i = 0; i < o->n_all; i++)
             if (o->origin[i] == o->table[i]) o->origin[i] = KVC_NONE; /* not swapped */
+        if (verify_hits(c, p, o)) goto out;
     }
     rc = 0;
 out:
-    err = kvc_seq_destroy(c->seqs, h); /* released tail-first */
-    if (err && !rc) rc = fail(p, "release", err);
+    if (release(c, h, p)) rc = 1;
     kvc_pool_stats(c->pool, &o->pool);
     return rc;
+}
+
+static int by_chain(const void *a, const void *b)
+{
+    const stranded_t *x = a, *y = b;
+    if (x->top != y->top) return x->top < y->top ? -1 : 1;
+    return x->depth < y->depth ? -1 : x->depth > y->depth;
+}
+
+/* After the prompt: which cached blocks are unreachable now, and which of them became so
+ * during it.  Counted again only when the cache's own counts moved (only naive-lru moves
+ * them), and checked against them. */
+static int count_stranded(cache_t *c, const prompt_t *p, outcome_t *o)
+{
+    kvc_prefix_stats_t st;
+    kvc_prefix_stats(c->pc, &st);
+    o->stranded_before = c->n_stranded_last;
+    o->stranded_after = st.n_stranded_blocks;
+    c->strandings_last = st.n_strandings;
+    if (st.n_stranded_blocks == c->n_stranded_last && st.n_strandings == c->strandings_counted)
+        return 0; /* no block was stranded, none went: the same blocks as before */
+    c->strandings_counted = st.n_strandings;
+    memset(c->memo, 0, c->n_blocks);
+    uint32_t n = 0;
+    size_t cap = 0;
+    for (uint32_t b = 0; b < c->n_blocks; b++) {
+        kvc_hash128_t hash;
+        bool u = kvc_prefix_block_hash(c->pc, b, &hash) == 0 && unreachable(c, b, c->memo);
+        n += u;
+        if (u && !c->stranded[b]) {
+            if (o->n_stranded == cap) {
+                cap = cap ? 2 * cap : 8;
+                stranded_t *v = realloc(o->stranded, cap * sizeof *v);
+                if (!v) return kvc_cli_error(CMD, "out of memory");
+                o->stranded = v;
+            }
+            o->stranded[o->n_stranded++] =
+                (stranded_t){.block = b,
+                             .hash = hash,
+                             .parent = c->parent[b],
+                             .parent_evicted = kvc_prefix_block_parent(c->pc, b) == KVC_NONE};
+        }
+        c->stranded[b] = u;
+    }
+    c->n_stranded_last = n;
+    /* top-down: each newly stranded chain from the block whose parent went */
+    memset(c->memo, 0, c->n_blocks);
+    for (size_t i = 0; i < o->n_stranded; i++) c->memo[o->stranded[i].block] = 1;
+    for (size_t i = 0; i < o->n_stranded; i++) {
+        stranded_t *s = &o->stranded[i];
+        uint32_t x = s->block, up;
+        s->depth = 0;
+        while ((up = kvc_prefix_block_parent(c->pc, x)) != KVC_NONE && c->memo[up] &&
+               s->depth < o->n_stranded)
+            x = up, s->depth++;
+        s->top = x;
+    }
+    if (o->n_stranded > 1) /* (qsort takes no NULL, even for 0 items) */
+        qsort(o->stranded, o->n_stranded, sizeof *o->stranded, by_chain);
+    if (n != st.n_stranded_blocks)
+        return kvc_cli_error(CMD,
+                             "line %zu: internal: %u cached blocks are unreachable, the cache "
+                             "counts %u",
+                             p->line, n, st.n_stranded_blocks);
+    return 0;
 }
 
 static const char *note_for(kvc_block_status_t s)
@@ -680,6 +1073,33 @@ static const char *note_for(kvc_block_status_t s)
     return "?";
 }
 
+/* Why the policy took this block: what it evicts first. */
+static const char *eviction_why(kvc_eviction_t p)
+{
+    switch (p) {
+    case KVC_EVICT_LRU:
+        return "least recently used cached block with no cached children";
+    case KVC_EVICT_LFU:
+        return "fewest uses among cached blocks with no cached children (least recently used "
+               "first among equals)";
+    case KVC_EVICT_PRIORITY:
+        return "lowest priority among cached blocks with no cached children (least recently "
+               "used first within it)";
+    case KVC_EVICT_NAIVE_LRU:
+        return "least recently used cached block, cached children or not";
+    case KVC_EVICT__COUNT:
+        break;
+    }
+    return kvc_eviction_summary(p); /* a policy added without a line here */
+}
+
+/* The cache's totals so far; collisions as the request path counted them. */
+static void totals(const cache_t *c, kvc_prefix_stats_t *st)
+{
+    kvc_prefix_stats(c->pc, st);
+    st->n_collisions -= c->match_collisions;
+}
+
 static int print_json(const cache_t *c, size_t index, const prompt_t *p, const outcome_t *o)
 {
     const bool ran = o->run_err == 0;
@@ -697,6 +1117,7 @@ static int print_json(const cache_t *c, size_t index, const prompt_t *p, const o
     NUM(obj, "block_size", bs);
     ADD(cJSON_AddStringToObject(obj, "salt", p->salt ? p->salt : ""));
     ADD(cJSON_AddRawToObject(obj, "lora", lora));
+    NUM(obj, "priority", p->priority);
     cJSON *blocks = cJSON_AddArrayToObject(obj, "blocks");
     ADD(blocks);
     for (size_t i = 0; ok && i < o->n_all; i++) {
@@ -718,6 +1139,7 @@ static int print_json(const cache_t *c, size_t index, const prompt_t *p, const o
         ADD(ran ? cJSON_AddNumberToObject(b, "block", o->table[i])
                 : cJSON_AddNullToObject(b, "block"));
         if (ran && o->origin[i] != KVC_NONE) NUM(b, "recomputed_in", o->origin[i]);
+        if (o->copy && o->copy[i] != KVC_NONE) NUM(b, "stranded_copy", o->copy[i]);
     }
     ADD(cJSON_AddBoolToObject(obj, "cut_by_last_token", o->hit.cut_by_last_token));
     NUM(obj, "hit_blocks", o->hit.n_hit_blocks);
@@ -727,21 +1149,60 @@ static int print_json(const cache_t *c, size_t index, const prompt_t *p, const o
     cJSON *ev = cJSON_AddArrayToObject(obj, "evicted");
     ADD(ev);
     for (size_t i = 0; ok && i < c->events.n; i++) {
+        const evicted_t *x = &c->events.v[i];
         char hex[33];
-        kvc_hash128_hex(c->events.v[i].hash, hex);
+        kvc_hash128_hex(x->hash, hex);
         cJSON *e = cJSON_CreateObject();
         if (!e || !cJSON_AddItemToArray(ev, e)) {
             cJSON_Delete(e);
             ok = false;
             break;
         }
-        NUM(e, "block", c->events.v[i].block);
+        NUM(e, "block", x->block);
         ADD(cJSON_AddStringToObject(e, "hash", hex));
+        if (x->n_stranded) NUM(e, "stranded_children", x->n_stranded);
+        if (x->was_stranded) ADD(cJSON_AddBoolToObject(e, "stranded", true));
+    }
+    cJSON *sa = cJSON_AddArrayToObject(obj, "stranded");
+    ADD(sa);
+    for (size_t i = 0; ok && i < o->n_stranded; i++) {
+        const stranded_t *x = &o->stranded[i];
+        char hex[33];
+        kvc_hash128_hex(x->hash, hex);
+        cJSON *e = cJSON_CreateObject();
+        if (!e || !cJSON_AddItemToArray(sa, e)) {
+            cJSON_Delete(e);
+            ok = false;
+            break;
+        }
+        NUM(e, "block", x->block);
+        ADD(cJSON_AddStringToObject(e, "hash", hex));
+        NUM(e, "parent", x->parent);
+        ADD(cJSON_AddBoolToObject(e, "parent_evicted", x->parent_evicted));
     }
     ADD(ran ? cJSON_AddNullToObject(obj, "error")
             : cJSON_AddStringToObject(obj, "error", kvc_strerror(o->run_err)));
     NUM(obj, "pool_free", o->pool.n_free);
     NUM(obj, "pool_free_cached", o->pool.n_free_cached);
+    /* the cache's totals after this prompt: the last line's are the run's */
+    kvc_prefix_stats_t st;
+    totals(c, &st);
+    cJSON *t = cJSON_AddObjectToObject(obj, "totals");
+    ADD(t);
+    if (t) {
+        NUM(t, "lookups", st.n_lookups);
+        NUM(t, "query_tokens", st.n_query_tokens);
+        NUM(t, "hit_tokens", st.n_hit_tokens);
+        NUM(t, "inserted", st.n_inserts);
+        NUM(t, "evicted", st.n_evictions);
+        NUM(t, "cached_blocks", st.n_cached_blocks);
+        NUM(t, "collisions", st.n_collisions);
+        NUM(t, "stranded_blocks", st.n_stranded_blocks);
+        char bytes[24]; /* exact: a double is not, past 2^53 */
+        snprintf(bytes, sizeof bytes, "%" PRIu64, kv_bytes(c, st.n_stranded_blocks));
+        ADD(cJSON_AddRawToObject(t, "stranded_bytes", bytes));
+        NUM(t, "strandings", st.n_strandings);
+    }
 #undef NUM
 #undef ADD
     char *s = ok ? cJSON_PrintUnformatted(obj) : NULL;
@@ -750,6 +1211,41 @@ static int print_json(const cache_t *c, size_t index, const prompt_t *p, const o
     puts(s);
     free(s);
     return 0;
+}
+
+static void print_evictions_text(const cache_t *c)
+{
+    for (size_t i = 0; i < c->events.n; i++) {
+        const evicted_t *e = &c->events.v[i];
+        char hex[33];
+        kvc_hash128_hex(e->hash, hex);
+        printf("  evicted #%u (hash %s): %s", e->block, hex, eviction_why(c->eviction));
+        if (e->was_stranded) printf(" (itself stranded: no lookup could reach it)");
+        if (e->n_stranded)
+            printf("; it had cached children: %u block%s stranded", e->n_stranded,
+                   e->n_stranded == 1 ? "" : "s");
+        putchar('\n');
+    }
+}
+
+static void print_stranded_text(const cache_t *c, const outcome_t *o)
+{
+    for (size_t i = 0; i < o->n_stranded; i++) {
+        const stranded_t *s = &o->stranded[i];
+        char hex[33];
+        kvc_hash128_hex(s->hash, hex);
+        printf("  stranded #%u (hash %s): cached, resident, unreachable: ", s->block, hex);
+        if (s->parent_evicted)
+            printf("its parent #%u was evicted\n", s->parent);
+        else
+            printf("below #%u, which is stranded\n", s->parent);
+    }
+    if (o->stranded_after != o->stranded_before) {
+        char bytes[64];
+        printf("  => stranded now: %u block%s (%s of KV), %u before this prompt\n",
+               o->stranded_after, o->stranded_after == 1 ? "" : "s",
+               fmt_bytes(kv_bytes(c, o->stranded_after), bytes), o->stranded_before);
+    }
 }
 
 static int print_text(const cache_t *c, size_t index, const prompt_t *p, const outcome_t *o)
@@ -767,6 +1263,7 @@ static int print_text(const cache_t *c, size_t index, const prompt_t *p, const o
         free(salt);
     }
     if (p->ns.lora_id) printf(", lora %" PRIu64, p->ns.lora_id);
+    if (p->priority) printf(", priority %u", p->priority);
     printf("\n  %-5s %-11s %-32s  %-10s %-6s %s\n", "block", "tokens", "hash", "status", "slot",
            "why");
     for (size_t i = 0; i < n_all; i++) {
@@ -779,15 +1276,12 @@ static int print_text(const cache_t *c, size_t index, const prompt_t *p, const o
         if (ran && o->origin[i] != KVC_NONE)
             printf("; computed in #%u, which went back: #%u already held it", o->origin[i],
                    o->table[i]);
+        if (o->copy && o->copy[i] != KVC_NONE)
+            printf("; stranded #%u holds it, unreachable", o->copy[i]);
         putchar('\n');
     }
-    for (size_t i = 0; i < c->events.n; i++) {
-        char hex[33];
-        kvc_hash128_hex(c->events.v[i].hash, hex);
-        printf("  evicted #%u (hash %s): least recently used cached block with no cached "
-               "children\n",
-               c->events.v[i].block, hex);
-    }
+    print_evictions_text(c);
+    print_stranded_text(c, o);
     const kvc_prefix_hit_t *hit = &o->hit;
     if (ran)
         printf("  => hit %zu of %zu tokens (%zu block%s)%s; computed %zu; allocated %u block%s, "
@@ -798,8 +1292,8 @@ static int print_text(const cache_t *c, size_t index, const prompt_t *p, const o
     else
         printf("  => cannot run: needs %u more blocks, the pool has %u free (%s)\n", o->need,
                o->free_before, kvc_strerror(o->run_err));
-    printf("  => released tail-first; pool: %u free, %u of them cached\n\n", o->pool.n_free,
-           o->pool.n_free_cached);
+    printf("  => released %s; pool: %u free, %u of them cached\n\n",
+           c->head_first ? "head-first" : "tail-first", o->pool.n_free, o->pool.n_free_cached);
     return 0;
 }
 
@@ -808,6 +1302,7 @@ static int run_prompt(cache_t *c, size_t index, const prompt_t *p)
     outcome_t o = {0};
     int rc = classify(c, p, &o);
     if (!rc) rc = walk_request(c, p, &o);
+    if (!rc) rc = count_stranded(c, p, &o);
     if (!rc) rc = c->json ? print_json(c, index, p, &o) : print_text(c, index, p, &o);
     free_outcome(&o);
     return rc;
@@ -817,7 +1312,7 @@ static int run_prompt(cache_t *c, size_t index, const prompt_t *p)
 static void print_totals(const cache_t *c)
 {
     kvc_prefix_stats_t st;
-    kvc_prefix_stats(c->pc, &st);
+    totals(c, &st);
     printf("totals: %llu lookups, %llu of %llu prompt tokens hit (%.1f%%), %llu blocks "
            "inserted, %llu evicted, %u cached now\n",
            (unsigned long long)st.n_lookups, (unsigned long long)st.n_hit_tokens,
@@ -825,6 +1320,14 @@ static void print_totals(const cache_t *c)
            st.n_query_tokens ? 100.0 * (double)st.n_hit_tokens / (double)st.n_query_tokens : 0.0,
            (unsigned long long)st.n_inserts, (unsigned long long)st.n_evictions,
            st.n_cached_blocks);
+    char bytes[64];
+    printf("stranded: %u block%s now (%s of KV at %llu bytes a token), %llu ever\n",
+           st.n_stranded_blocks, st.n_stranded_blocks == 1 ? "" : "s",
+           fmt_bytes(kv_bytes(c, st.n_stranded_blocks), bytes),
+           (unsigned long long)c->kv_bytes_per_token, (unsigned long long)st.n_strandings);
+    printf("collisions: %llu (a cached block with the hash but another identity: refused, never "
+           "handed out)\n",
+           (unsigned long long)st.n_collisions);
 }
 
 int kvc_cmd_explain(int argc, char **argv)
@@ -843,9 +1346,13 @@ int kvc_cmd_explain(int argc, char **argv)
         free_prompts(&prompts);
         return 1;
     }
-    if (!o.json)
-        printf("pool: %u blocks of %u tokens; hash seed %llu%s\n\n", (uint32_t)o.pool_blocks, c.bs,
-               (unsigned long long)kvc_prefix_seed(c.pc), o.seed ? "" : " (random)");
+    if (!o.json) {
+        printf("pool: %u blocks of %u tokens; eviction %s; hash seed %llu%s", c.n_blocks, c.bs,
+               kvc_eviction_name(c.eviction), (unsigned long long)kvc_prefix_seed(c.pc),
+               o.seed ? "" : " (random)");
+        if (c.hash_bits) printf("; index hash cut to %u bits (--hash-bits)", c.hash_bits);
+        printf("\n\n");
+    }
     int status = 0;
     for (size_t i = 0; i < prompts.n && !status; i++) status = run_prompt(&c, i, &prompts.v[i]);
     if (!status) {

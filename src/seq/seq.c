@@ -36,6 +36,7 @@ typedef struct {
     size_t next_work; /* insert_ready has nothing to do while min(computed, committed) is below */
     size_t next_hash; /* update_hashes has nothing to do while the committed tokens are below */
     kvc_namespace_t ns;
+    uint32_t priority; /* its prefix queries' (the "priority" eviction policy's) */
     kvc_mm_input_t *mm;
     size_t n_mm, mm_cap;
     group_t g[KVC_MAX_GROUPS];
@@ -178,7 +179,8 @@ static kvc_prefix_query_t group_query(const kvc_seqs_t *s, const seq_t *q, uint3
                                 .mm = q->n_mm ? q->mm : NULL,
                                 .n_mm = q->n_mm,
                                 .hashes = q->g[g].hashes,
-                                .fingerprints = sliding(s, g) ? q->g[g].fps : NULL};
+                                .fingerprints = sliding(s, g) ? q->g[g].fps : NULL,
+                                .priority = q->priority};
 }
 
 /* ---- creation ----------------------------------------------------------------- */
@@ -416,7 +418,8 @@ static int check_partial_block(kvc_seqs_t *s, seq_t *q)
 
 int kvc_seq_create(kvc_seqs_t *s, const kvc_seq_desc_t *d, kvc_seq_t *out)
 {
-    if (!s || !d || !out || !d->prompt || d->n_prompt == 0 || (d->n_mm && !d->mm))
+    if (!s || !d || !out || !d->prompt || d->n_prompt == 0 || (d->n_mm && !d->mm) ||
+        d->priority > KVC_PREFIX_MAX_PRIORITY)
         return KVC_EINVAL;
     for (size_t i = 0; i < d->n_mm; i++) /* inputs lie in the prompt */
         if (d->mm[i].start > d->n_prompt || d->mm[i].length > d->n_prompt - d->mm[i].start)
@@ -430,6 +433,7 @@ int kvc_seq_create(kvc_seqs_t *s, const kvc_seq_desc_t *d, kvc_seq_t *out)
     copy_n(q->mm, d->mm, d->n_mm * sizeof(kvc_mm_input_t));
     q->n_mm = d->n_mm;
     q->ns = d->ns ? *d->ns : (kvc_namespace_t){0};
+    q->priority = d->priority;
     q->n_tokens = q->n_prompt = d->n_prompt;
     q->n_draft = q->n_reserved = q->n_computed = q->n_accepted = q->n_emitted = q->n_hit = 0;
     q->n_inflight = 0;
@@ -922,6 +926,7 @@ static void fork_commit(kvc_seqs_t *s, seq_t *p, kvc_seq_t *child)
     copy_n(c->mm, p->mm, p->n_mm * sizeof(kvc_mm_input_t));
     c->n_mm = p->n_mm;
     c->ns = p->ns;
+    c->priority = p->priority;
     c->n_tokens = p->n_tokens;
     c->n_prompt = p->n_prompt;
     c->n_draft = p->n_draft;

@@ -59,7 +59,9 @@ done
 
 # The library's request path (seq) prints exactly what the hand-written driver printed: the
 # whole output, hashes masked (the hash function is the library's business), against the
-# driver's output recorded in tests/cli/explain/ before the change.
+# driver's output recorded in tests/cli/explain/ before the change.  Since then the header names
+# the eviction policy, the totals say what is stranded and how many hashes collided, and each
+# JSON line carries its priority, the blocks it stranded and the cache's totals: additions only.
 mask() { sed -E 's/[0-9a-f]{32}/<hash>/g; s/hash seed [0-9]+/hash seed <seed>/'; }
 golden() { # golden NAME -- ARGS...: the masked stdout equals tests/cli/explain/NAME
   local name=$1; shift 2
@@ -183,6 +185,169 @@ expect_error "unknown option" "unknown option '--frob'" -- explain --frob "$TMP/
 expect_error "missing value" "--pool-blocks needs a value" -- explain "$TMP/big" --pool-blocks
 expect_error "no file" "no input file" -- explain
 expect_error "two files" "one input file expected" -- explain "$TMP/big" "$TMP/big"
+
+# ---- eviction policies, stranded blocks, a weakened hash ----
+POLICIES="lru lfu priority naive-lru" # what kvc_eviction_names lists
+"$KVC" explain --help >"$TMP/help"
+for want in '--eviction POLICY' '--release ORDER' 'tail-first' 'head-first' '--kv-bytes-per-token N' \
+            '1..1073741824' 'default 131072' '--hash-bits N' 'bits, 1..64' '"priority": N' 'priority 0..63'; do
+  grep -qF -- "$want" "$TMP/help" || fail "explain --help lacks '$want'"
+done
+for pol in $POLICIES; do
+  grep -Eq "^ +$pol +[a-z]" "$TMP/help" || fail "explain --help does not list the policy $pol with its summary"
+done
+awk 'length > 80 { exit 1 }' "$TMP/help" || fail "explain --help has lines over 80 columns"
+"$KVC" explain --seed 7 "$TMP/small" | head -1 | grep -q '^pool: 64 blocks of 16 tokens; eviction lru; hash seed 7$' \
+  || fail "the header should name the default policy"
+
+# Which eviction order strands a prefix: released head-first, naive-lru evicts the system
+# prompt's root under its children; every other policy evicts leaves only and strands none.
+STRAND="$SRC/examples/eviction/strand.txt"
+strand() { "$KVC" explain --seed 1 --pool-blocks 8 --block-size 4 "$@" "$STRAND"; }
+strand --release head-first --eviction naive-lru >"$TMP/naive" 2>"$TMP/err" || fail "strand.txt naive-lru: exit $? ($(cat "$TMP/err"))"
+grep -q '^pool: 8 blocks of 4 tokens; eviction naive-lru;' "$TMP/naive" || fail "the header should name naive-lru"
+grep -Eq '^  evicted #0 \(hash [0-9a-f]{32}\): least recently used cached block, cached children or not; it had cached children: 2 blocks stranded$' "$TMP/naive" \
+  || fail "naive-lru should say its eviction of the root stranded 2 blocks"
+grep -Eq '^  stranded #1 \(hash [0-9a-f]{32}\): cached, resident, unreachable: its parent #0 was evicted$' "$TMP/naive" \
+  || fail "naive-lru: no 'stranded #1 ... its parent #0 was evicted' line"
+grep -Eq '^  stranded #2 \(hash [0-9a-f]{32}\): cached, resident, unreachable: below #1, which is stranded$' "$TMP/naive" \
+  || fail "naive-lru: no 'stranded #2 ... below #1' line"
+grep -q '^  => stranded now: 2 blocks (1048576 bytes = 1.0 MiB of KV), 0 before this prompt$' "$TMP/naive" \
+  || fail "naive-lru: the stranded bytes after prompt 2 (2 blocks x 4 tokens x 131072 bytes)"
+[ "$(grep -c '^  => stranded now' "$TMP/naive")" -eq 2 ] || fail "naive-lru: the stranded line should come after the two prompts that changed it"
+grep -q 'after-miss #1 .*; stranded #1 holds it, unreachable$' "$TMP/naive" \
+  || fail "naive-lru: prompt 3 should say the stranded block holds the block it recomputes"
+grep -q '(itself stranded: no lookup could reach it)$' "$TMP/naive" || fail "naive-lru: evicting a stranded block should say so"
+[ "$(grep '=> hit' "$TMP/naive" | sed -n 3p | grep -c 'hit 0 of 14 tokens')" -eq 1 ] || fail "naive-lru: prompt 3 should miss its prefix"
+grep -q '^stranded: 4 blocks now (2097152 bytes = 2.0 MiB of KV at 131072 bytes a token), 6 ever$' "$TMP/naive" \
+  || fail "naive-lru: the totals' stranded line"
+for pol in lru lfu priority; do
+  for rel in head-first tail-first; do
+    strand --release $rel --eviction $pol >"$TMP/o" 2>"$TMP/err" || fail "strand.txt $pol $rel: exit $? ($(cat "$TMP/err"))"
+    grep -q '^stranded: 0 blocks now (0 bytes of KV at 131072 bytes a token), 0 ever$' "$TMP/o" || fail "$pol ($rel) strands blocks"
+    grep -q 'stranded #' "$TMP/o" && fail "$pol ($rel) printed a stranded block"
+    [ "$(grep '=> hit' "$TMP/o" | sed -n 3p | grep -c 'hit 8 of 14 tokens')" -eq 1 ] || fail "$pol ($rel): prompt 3 should hit the 2 blocks left of its prefix"
+    grep -q "released $rel;" "$TMP/o" || fail "$pol: the release line should say $rel"
+  done
+done
+# released tail-first (the library's order), no parent is older than its children: even
+# naive-lru strands nothing
+strand --eviction naive-lru >"$TMP/o" || fail "strand.txt naive-lru tail-first: exit $?"
+grep -q '^stranded: 0 blocks now .*, 0 ever$' "$TMP/o" || fail "naive-lru released tail-first strands blocks"
+# each policy says why it took a block
+strand --release head-first --eviction lfu | grep -q '^  evicted #2 (hash [0-9a-f]*): fewest uses among cached blocks with no cached children' \
+  || fail "lfu's eviction line"
+strand --release head-first --eviction priority | grep -q ': lowest priority among cached blocks with no cached children' \
+  || fail "priority's eviction line"
+strand --release head-first --eviction lru | grep -q '^  evicted #2 (hash [0-9a-f]*): least recently used cached block with no cached children$' \
+  || fail "lru's eviction line"
+# the bytes are KV bytes at --kv-bytes-per-token: 4 blocks x 4 tokens x 1000
+strand --release head-first --eviction naive-lru --kv-bytes-per-token 1000 | grep -q '^stranded: 4 blocks now (16000 bytes = 15.6 KiB of KV at 1000 bytes a token), 6 ever$' \
+  || fail "--kv-bytes-per-token 1000 should weigh 4 stranded blocks at 16000 bytes"
+# --json: the cache's totals after each prompt, the stranded blocks and why
+strand --json --release head-first --eviction naive-lru >"$TMP/j" || fail "strand.txt --json: exit $?"
+[ "$(wc -l <"$TMP/j")" -eq 3 ] || fail "--json should still print one line per prompt"
+for key in '"stranded_blocks":' '"stranded_bytes":' '"strandings":' '"collisions":' '"lookups":' '"priority":0,' '"stranded":\['; do
+  [ "$(grep -c "$key" "$TMP/j")" -eq 3 ] || fail "--json: every line should carry $key"
+done
+sed -n 1p "$TMP/j" | grep -q '"stranded":\[\],' || fail "--json prompt 1 strands nothing"
+sed -n 2p "$TMP/j" | grep -q '"stranded":\[{"block":1,"hash":"[0-9a-f]*","parent":0,"parent_evicted":true},{"block":2,"hash":"[0-9a-f]*","parent":1,"parent_evicted":false}\]' \
+  || fail "--json prompt 2 should list blocks 1 and 2 as stranded, and why"
+sed -n 2p "$TMP/j" | grep -q '"evicted":\[{"block":0,"hash":"[0-9a-f]*","stranded_children":2}\]' || fail "--json: the eviction that stranded"
+sed -n 2p "$TMP/j" | grep -q '"stranded_blocks":2,"stranded_bytes":1048576,"strandings":2}' || fail "--json prompt 2's totals"
+sed -n 3p "$TMP/j" | grep -q '"stranded_blocks":4,"stranded_bytes":2097152,"strandings":6}' || fail "--json prompt 3's totals"
+sed -n 3p "$TMP/j" | grep -q '"stranded_copy":1' || fail "--json: the stranded copy of a recomputed block"
+sed -n 3p "$TMP/j" | grep -q '{"block":1,"hash":"[0-9a-f]*","stranded":true}' || fail "--json: the eviction of a stranded block"
+# every policy over random prompts in a tiny pool, both release orders: explain's own checks
+# (the stranded blocks it finds are the ones the cache counts; every hit holds the prompt's
+# exact prefix; the sequence table checks) pass, and only naive-lru released head-first strands
+for seed in 1 2; do
+  awk -v s=$seed 'BEGIN { srand(s); for (l = 0; l < 60; l++) { n = 1 + int(rand() * 30); p = int(rand() * 3);
+    for (i = 0; i < n; i++) printf "%d%s", (i < 12 ? p * 100 + i : int(rand() * 20)), (i + 1 < n ? " " : "\n") } }' >"$TMP/rand"
+  for pol in $POLICIES; do
+    for rel in tail-first head-first; do
+      "$KVC" explain --seed $seed --pool-blocks 9 --block-size 2 --eviction $pol --release $rel "$TMP/rand" >"$TMP/o" 2>"$TMP/err" \
+        || fail "random prompts ($pol, $rel, seed $seed): exit $? ($(cat "$TMP/err"))"
+      ever=$(sed -n 's/^stranded: .*, \([0-9]*\) ever$/\1/p' "$TMP/o")
+      if [ "$pol-$rel" = naive-lru-head-first ]; then
+        [ "${ever:-0}" -gt 0 ] || fail "random prompts: naive-lru head-first stranded nothing (seed $seed)"
+      else
+        [ "$ever" = 0 ] || fail "random prompts: $pol $rel stranded ${ever:-?} blocks (seed $seed)"
+      fi
+    done
+  done
+done
+
+# The priority policy keeps what a high-priority request used: the JSON "priority" reaches
+# the cache through seq's path (before, every query said 0 and the policy was LRU)
+PRIO="$SRC/examples/eviction/priority.jsonl"
+"$KVC" explain --seed 1 --pool-blocks 8 --block-size 4 --eviction priority "$PRIO" >"$TMP/o" 2>"$TMP/err" || fail "priority.jsonl: exit $? ($(cat "$TMP/err"))"
+grep '=> hit' "$TMP/o" | tail -1 | grep -q 'hit 12 of 14 tokens' || fail "priority: the priority-9 system prompt should survive"
+grep -q '^prompt 1 (line 7): 14 tokens = 3 full blocks + 1 partial (block size 4), priority 9$' "$TMP/o" || fail "the text header should show the priority"
+for pol in lru lfu naive-lru; do
+  "$KVC" explain --seed 1 --pool-blocks 8 --block-size 4 --eviction $pol "$PRIO" | grep '=> hit' | tail -1 | grep -q 'hit 4 of 14 tokens' \
+    || fail "$pol ignores priorities: the last prompt should hit 4 tokens"
+done
+"$KVC" explain --json --seed 1 --pool-blocks 8 --block-size 4 --eviction priority "$PRIO" | head -1 | grep -q '"lora":0,"priority":9,' \
+  || fail "--json should carry the priority"
+printf '{"tokens": [1, 2, 3], "priority": 63}\n{"tokens": [1, 2, 3], "priority": 1e1}\n{"tokens": [1, 2, 3], "priority": 0}\n' >"$TMP/prio"
+"$KVC" explain --json --eviction priority "$TMP/prio" >"$TMP/o" 2>"$TMP/err" || fail "priorities 63, 1e1, 0: exit $? ($(cat "$TMP/err"))"
+[ "$(grep -o '"priority":[0-9]*' "$TMP/o" | tr '\n' ' ')" = '"priority":63 "priority":10 "priority":0 ' ] || fail "priorities read inexactly: $(grep -o '"priority":[0-9]*' "$TMP/o" | tr '\n' ' ')"
+jerr "priority 64" '{"tokens": [1], "priority": 64}' '"priority" 64 is too large \(max 63\)$'
+jerr "priority 1e20" '{"tokens": [1], "priority": 1e20}' '"priority" 1e20 is too large \(max 63\)$'
+jerr "priority negative" '{"tokens": [1], "priority": -1}' '"priority" is not a non-negative integer$'
+jerr "priority fraction" '{"tokens": [1], "priority": 2.5}' '"priority" is not a non-negative integer$'
+jerr "priority string" '{"tokens": [1], "priority": "3"}' '"priority" is not a non-negative integer$'
+jerr "priority twice" '{"tokens": [1], "priority": 1, "priority": 2}' '"priority" is given twice$'
+jerr "key list" '{"tokens": [1], "prio": 1}' 'unknown key "prio" \(the keys are tokens, salt, lora and priority\)$'
+
+# --hash-bits: unrelated blocks collide, and nothing changes but the hashes and the reason a
+# block missed: every hit, every slot, every eviction is the full hash's
+WEAK="$SRC/examples/collisions/weak-hash.txt"
+norm() { # the hit/miss columns and everything else, hashes masked, a collision read as a miss
+  sed -E 's/[0-9a-f]{32}/<hash>/g; s/collision  ((#[0-9]+|-) +)hash found, but its tokens or parent differ \(a collision\)/miss       \1no cached block has this hash/; s/; stranded #[0-9]+ holds it, unreachable//' \
+    | grep -v -e '^pool:' -e '^collisions:'
+}
+"$KVC" explain --seed 1 --block-size 4 --hash-bits 4 "$WEAK" >"$TMP/w" 2>"$TMP/err" || fail "weak-hash.txt --hash-bits 4: exit $? ($(cat "$TMP/err"))"
+grep -q '^pool: 64 blocks of 4 tokens; eviction lru; hash seed 1; index hash cut to 4 bits (--hash-bits)$' "$TMP/w" || fail "the header should say the hash is cut"
+[ "$(grep -Ec '^  [0-9]+ +[0-9]+-[0-9]+ +[0-9a-f]{32}  collision ' "$TMP/w")" -ge 3 ] || fail "--hash-bits 4 should show collisions"
+grep -Eq '^collisions: [1-9][0-9]* \(' "$TMP/w" || fail "--hash-bits 4: the totals should count collisions"
+grep -Eq '^  [0-9]+ +[0-9]+-[0-9]+ +0{28}[0-9a-f]{4}  ' "$TMP/w" || fail "--hash-bits 4: hashes should keep their low bits only"
+"$KVC" explain --seed 1 --block-size 4 "$WEAK" >"$TMP/f" || fail "weak-hash.txt: exit $?"
+grep -q '^collisions: 0 (' "$TMP/f" || fail "the full hash should not collide"
+grep -q ' collision ' "$TMP/f" && fail "the full hash should show no collision status"
+grep -q 'hit 12 of 17 tokens' "$TMP/f" || fail "weak-hash.txt: prompt 9 should hit the first prompt's 3 blocks"
+norm <"$TMP/w" >"$TMP/wn"; norm <"$TMP/f" >"$TMP/fn"
+diff -u "$TMP/fn" "$TMP/wn" >"$TMP/d" || fail "--hash-bits 4 changed a hit, a slot or an eviction: $(head -20 "$TMP/d")"
+"$KVC" explain --json --seed 1 --block-size 4 --hash-bits 4 "$WEAK" | tail -1 | grep -Eq '"collisions":[1-9]' || fail "--json totals should count collisions"
+# ... in a pool small enough to evict, under every policy and both release orders, 1 to 3 bits
+for bits in 1 3; do
+  for pol in $POLICIES; do
+    for rel in tail-first head-first; do
+      "$KVC" explain --seed 2 --pool-blocks 9 --block-size 2 --eviction $pol --release $rel --hash-bits $bits "$TMP/rand" 2>"$TMP/err" | norm >"$TMP/wn" \
+        || fail "random prompts --hash-bits $bits ($pol, $rel): exit ($(cat "$TMP/err"))"
+      "$KVC" explain --seed 2 --pool-blocks 9 --block-size 2 --eviction $pol --release $rel "$TMP/rand" | norm >"$TMP/fn"
+      cmp -s "$TMP/wn" "$TMP/fn" || fail "random prompts --hash-bits $bits ($pol, $rel): not the full hash's hits"
+    done
+  done
+done
+"$KVC" explain --hash-bits 64 "$TMP/small" >/dev/null || fail "--hash-bits 64 should be accepted"
+
+# bad values: one line, exit 1
+expect_error "eviction unknown" "^kvcache explain: --eviction: 'mru' is not a policy \(lru, lfu, priority, naive-lru\)$" -- explain --eviction mru "$TMP/small"
+expect_error "eviction case" "--eviction: 'LRU' is not a policy" -- explain --eviction LRU "$TMP/small"
+expect_error "eviction empty" "--eviction: '' is not a policy" -- explain --eviction '' "$TMP/small"
+expect_error "eviction missing" "--eviction needs a value" -- explain "$TMP/small" --eviction
+expect_error "release unknown" "^kvcache explain: --release: 'sideways' is not an order \(tail-first, head-first\)$" -- explain --release sideways "$TMP/small"
+expect_error "hash bits 0" "^kvcache explain: --hash-bits: '0' is not a number in 1..64$" -- explain --hash-bits 0 "$TMP/small"
+expect_error "hash bits 65" "--hash-bits: '65' is not a number in 1..64" -- explain --hash-bits 65 "$TMP/small"
+expect_error "hash bits 128" "--hash-bits: '128' is not a number in 1..64" -- explain --hash-bits 128 "$TMP/small"
+expect_error "hash bits junk" "--hash-bits: 'four' is not" -- explain --hash-bits four "$TMP/small"
+expect_error "hash bits negative" "--hash-bits: '-4' is not" -- explain --hash-bits -4 "$TMP/small"
+expect_error "kv bytes 0" "^kvcache explain: --kv-bytes-per-token: '0' is not a number in 1..1073741824$" -- explain --kv-bytes-per-token 0 "$TMP/small"
+expect_error "kv bytes big" "--kv-bytes-per-token: '1073741825' is not" -- explain --kv-bytes-per-token 1073741825 "$TMP/small"
+expect_error "kv bytes junk" "--kv-bytes-per-token: '128KiB' is not" -- explain --kv-bytes-per-token 128KiB "$TMP/small"
+"$KVC" explain --kv-bytes-per-token 1073741824 "$TMP/small" >/dev/null || fail "--kv-bytes-per-token 2^30 should be accepted"
 
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "explain CLI: all checks passed"
