@@ -1,4 +1,4 @@
-/* bench_prefix.c - the block manager's hot paths against their physical floor.
+/* bench_prefix.c - the block manager's hot paths against their floors.
  *
  * Setting (issue 2): block size 16, a pool of 10,000 blocks, 2048-token
  * prompts of random token ids (vocabulary 128,000), so 128 full blocks a
@@ -6,17 +6,25 @@
  *
  *   A1  allocate 128 blocks, then free them                      (blocks/s)
  *   A2  the same, one block at a time                            (blocks/s)
- *   B   full prefix hit: hash 128 blocks, look up (127 hit: the last-token
- *       rule), pin, free in reverse                              (us/request)
+ *   B   full prefix hit: hash 128 chained blocks, look up (127 hit: the
+ *       last-token rule), pin, free in reverse                   (us/request)
  *   C   miss under eviction pressure: fresh tokens, hash, look up (miss),
  *       allocate 128 blocks (each evicting a cached block once the pool is
  *       full), insert all, free in reverse                       (us/request)
  *
- * The floor is measured in the same run: hashing 2048 tokens, plus one
- * DRAM miss per block (a dependent-load chase over a buffer much larger
- * than the last-level cache).  Every figure is the median of repeated runs.
+ * Two floors are measured in the same run, and B and C are reported against
+ * both:
+ *   - the hashing floor: the 2048 tokens (8 KiB) hashed as one XXH3-128 call,
+ *     what any cache that hashes a request's tokens at all must spend;
+ *   - the hash + DRAM-miss floor: that plus one DRAM miss per block (a
+ *     dependent-load chase over a buffer much larger than the last-level
+ *     cache), what a lookup whose metadata is not in cache must spend.
+ * The 128 chained block hashes the cache's identity needs are reported on
+ * their own line ("B: hash 128 chained blocks").  Every figure is the median
+ * of repeated runs; the machine is shared, so compare versions by
+ * alternating runs, never by one run each.
  *
- * usage: bench_prefix [--quick]
+ * usage: bench_prefix [--quick] [--reps N]
  */
 #include "bench_util.h"
 #include "kvcache/kvcache.h"
@@ -32,6 +40,8 @@
 #define VOCAB    128000
 #define BANK \
     256 /* fresh prompts for C: 256 * 128 blocks >> the pool, so none is cached when reused */
+
+#define MAX_REPS 64
 
 static int reps = 9;
 
@@ -113,8 +123,22 @@ static void insert_all(cache_t *c, const kvc_prefix_query_t *q, const uint32_t *
 
 int main(int argc, char **argv)
 {
-    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
-    if (quick) reps = 3;
+    bool quick = false;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--quick")) {
+            quick = true;
+            reps = 3;
+        } else if (!strcmp(argv[a], "--reps") && a + 1 < argc) {
+            reps = atoi(argv[++a]);
+        } else {
+            fprintf(stderr, "usage: bench_prefix [--quick] [--reps N]\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > MAX_REPS) {
+        fprintf(stderr, "bench_prefix: --reps takes 1 to %d\n", MAX_REPS);
+        return 2;
+    }
     int iters = quick ? 200 : 2000;
     kvc_rng_t r;
     kvc_rng_seed(&r, 12345);
@@ -123,7 +147,7 @@ int main(int argc, char **argv)
     /* ---- A1 / A2: allocation throughput ---- */
     cache_t c = make_cache();
     uint32_t table[N_FULL + 1];
-    double a1[16], a2[16];
+    double a1[MAX_REPS], a2[MAX_REPS];
     for (int k = 0; k < reps; k++) {
         uint64_t t0 = kvc_now_ns();
         for (int i = 0; i < iters; i++) {
@@ -140,16 +164,21 @@ int main(int argc, char **argv)
         a2[k] = (double)iters * N_FULL / ((double)(kvc_now_ns() - t0) * 1e-9);
     }
 
-    /* ---- floor: hashing 2048 tokens ---- */
+    /* ---- the hashing floor: 2048 tokens as one XXH3-128 call ---- */
     kvc_token_t *prompt = malloc(N_TOKENS * sizeof *prompt);
+    if (!prompt) die("malloc", KVC_ENOMEM);
     kvc_hash128_t hashes[N_FULL];
     size_t n;
     random_prompt(&r, prompt);
     kvc_prefix_query_t q = {.tokens = prompt, .n_tokens = N_TOKENS};
-    double floor_hash[16];
+    double floor_hash[MAX_REPS];
+    const uint64_t seed = kvc_prefix_seed(c.pc);
+    uint64_t sink = 0;
     for (int k = 0; k < reps; k++) {
         uint64_t t0 = kvc_now_ns();
-        for (int i = 0; i < iters; i++) kvc_prefix_hash(c.pc, &q, hashes, N_FULL, &n);
+        /* Each call's input depends on the last result, so calls cannot overlap. */
+        for (int i = 0; i < iters; i++)
+            sink += kvc_hash128(prompt, N_TOKENS * sizeof *prompt, seed + (sink & 1)).lo;
         floor_hash[k] = (double)(kvc_now_ns() - t0) * 1e-3 / iters;
     }
 
@@ -158,12 +187,12 @@ int main(int argc, char **argv)
     q.hashes = NULL;
     insert_all(&c, &q, table, 0);
     kvc_pool_release(c.pool, table, N_FULL);
-    double b_hash[16], b_lookup[16], b_free[16], b_total[16];
+    double b_hash[MAX_REPS], b_lookup[MAX_REPS], b_free[MAX_REPS], b_total[MAX_REPS];
     for (int k = 0; k < reps; k++) {
         uint64_t th = 0, tl = 0, tf = 0;
         for (int i = 0; i < iters; i++) {
             uint64_t t0 = kvc_now_ns();
-            kvc_prefix_hash(c.pc, &q, hashes, N_FULL, &n);
+            if (kvc_prefix_hash(c.pc, &q, hashes, N_FULL, &n)) die("B: hash", KVC_EINVAL);
             uint64_t t1 = kvc_now_ns();
             kvc_prefix_query_t qh = q;
             qh.hashes = hashes;
@@ -188,6 +217,7 @@ int main(int argc, char **argv)
     /* ---- C: miss under eviction pressure ---- */
     c = make_cache();
     kvc_token_t *bank = malloc((size_t)BANK * N_TOKENS * sizeof *bank);
+    if (!bank) die("malloc", KVC_ENOMEM);
     for (int p = 0; p < BANK; p++) random_prompt(&r, bank + (size_t)p * N_TOKENS);
     /* Warm up: fill the pool with cached blocks so every allocation below evicts. */
     int next_prompt = 0;
@@ -198,7 +228,7 @@ int main(int argc, char **argv)
         insert_all(&c, &qc, table, 0);
         kvc_pool_release(c.pool, table, N_FULL);
     }
-    double c_total[16];
+    double c_total[MAX_REPS];
     kvc_pool_stats_t ps0, ps1;
     kvc_pool_stats(c.pool, &ps0);
     int c_iters = iters;
@@ -207,7 +237,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < c_iters; i++, next_prompt++) {
             kvc_prefix_query_t qc = {.tokens = bank + (size_t)(next_prompt % BANK) * N_TOKENS,
                                      .n_tokens = N_TOKENS};
-            kvc_prefix_hash(c.pc, &qc, hashes, N_FULL, &n);
+            if (kvc_prefix_hash(c.pc, &qc, hashes, N_FULL, &n)) die("C: hash", KVC_EINVAL);
             qc.hashes = hashes;
             kvc_prefix_hit_t hit;
             int rc = kvc_prefix_lookup(c.pc, &qc, table, N_FULL, &hit);
@@ -228,29 +258,37 @@ int main(int argc, char **argv)
     }
     free_cache(&c);
 
-    double fh = kvc_bench_median(floor_hash, reps), floor_us = fh + N_FULL * miss_ns * 1e-3;
-    double bt = kvc_bench_median(b_total, reps), ct = kvc_bench_median(c_total, reps);
+    const double fh = kvc_bench_median(floor_hash, reps), floor_us = fh + N_FULL * miss_ns * 1e-3;
+    const double bt = kvc_bench_median(b_total, reps), ct = kvc_bench_median(c_total, reps);
+    const double bh = kvc_bench_median(b_hash, reps);
     printf("kvcache bench_prefix: block size %d, pool %d blocks, %d-token prompts (%d blocks), "
            "medians of %d runs\n\n",
            BS, N_BLOCKS, N_TOKENS, N_FULL, reps);
-    printf("| workload | result | vs floor |\n|---|---|---|\n");
-    printf("| floor: hash 2048 tokens | %.2f us | |\n", fh);
-    printf("| floor: one DRAM miss (dependent load, 512 MiB) | %.0f ns | |\n", miss_ns);
-    printf("| floor: hash + one miss per block (128) | %.2f us | 1.00x |\n", floor_us);
-    printf("| A1: alloc 128 + free 128 | %.1f M blocks/s | |\n", kvc_bench_median(a1, reps) / 1e6);
-    printf("| A2: alloc 1 x 128 + free 1 x 128 | %.1f M blocks/s | |\n",
+    printf("vs hash: against the hashing floor (the %d tokens as one XXH3-128 call); "
+           "vs hash+miss: against that plus one DRAM miss per block\n\n",
+           N_TOKENS);
+    printf("| workload | result | vs hash | vs hash+miss |\n|---|---|---|---|\n");
+    printf("| floor: hash %d tokens, one XXH3-128 call (%d bytes) | %.2f us | 1.00x | |\n",
+           N_TOKENS, N_TOKENS * (int)sizeof(kvc_token_t), fh);
+    printf("| floor: one DRAM miss (dependent load, 512 MiB) | %.0f ns | | |\n", miss_ns);
+    printf("| floor: hash + one miss per block (%d) | %.2f us | | 1.00x |\n", N_FULL, floor_us);
+    printf("| A1: alloc 128 + free 128 | %.1f M blocks/s | | |\n",
+           kvc_bench_median(a1, reps) / 1e6);
+    printf("| A2: alloc 1 x 128 + free 1 x 128 | %.1f M blocks/s | | |\n",
            kvc_bench_median(a2, reps) / 1e6);
-    printf("| B: hash only | %.2f us | |\n", kvc_bench_median(b_hash, reps));
-    printf("| B: lookup + pin (127 hit) | %.2f us | |\n", kvc_bench_median(b_lookup, reps));
-    printf("| B: free in reverse | %.2f us | |\n", kvc_bench_median(b_free, reps));
-    printf("| B: total per request | %.2f us | %.2fx |\n", bt, bt / floor_us);
-    printf("| C: miss + evict + insert, per request (%.0f evictions each) | %.2f us | %.2fx |\n",
-           evicted_per_req, ct, ct / floor_us);
-    printf("\nvs vLLM v1's Python block pool on this kind of machine (B 514 us, C 692 us): "
-           "B %.0fx faster, C %.0fx faster\n",
-           514.0 / bt, 692.0 / ct);
-    printf("targets: B and C within 3x of the floor: %s\n",
-           bt <= 3 * floor_us && ct <= 3 * floor_us ? "met" : "NOT met");
+    printf("| B: hash %d chained blocks | %.2f us | %.2fx | |\n", N_FULL, bh, bh / fh);
+    printf("| B: lookup + pin (%d hit) | %.2f us | | |\n", N_FULL - 1,
+           kvc_bench_median(b_lookup, reps));
+    printf("| B: free in reverse | %.2f us | | |\n", kvc_bench_median(b_free, reps));
+    printf("| B: total per request | %.2f us | %.2fx | %.2fx |\n", bt, bt / fh, bt / floor_us);
+    printf("| C: miss + evict + insert, per request (%.0f evictions each) | %.2f us | %.2fx | "
+           "%.2fx |\n",
+           evicted_per_req, ct, ct / fh, ct / floor_us);
+    printf("\ntarget: B and C within 2x of the hashing floor (%.2f us): B %s (%.2fx), C %s "
+           "(%.2fx)\n",
+           2 * fh, bt <= 2 * fh ? "met" : "NOT met", bt / fh, ct <= 2 * fh ? "met" : "NOT met",
+           ct / fh);
+    if (sink == 1) puts(""); /* keep the floor's hashes alive */
     free(prompt);
     free(bank);
     return 0;

@@ -513,6 +513,121 @@ static void a_huge_pool_costs_memory_only_for_the_blocks_used(void **state)
     assert_true(faults * page < (1l << 20) + shadow * page);
 }
 
+/* Two pools driven by the same calls end alike: every block's refcount, cached mark and level,
+ * and the free queue's order. */
+static void assert_twins(const kvc_pool_t *a, const kvc_pool_t *b)
+{
+    uint32_t qa[64], qb[64];
+    uint32_t na = queue(a, qa, 64), nb = queue(b, qb, 64);
+    assert_int_equal(na, nb);
+    assert_memory_equal(qa, qb, na * sizeof *qa);
+    for (uint32_t i = 0; i < kvc_pool_n_blocks(a); i++) {
+        assert_int_equal(kvc_pool_refcount(a, i), kvc_pool_refcount(b, i));
+        assert_int_equal(kvc_pool_is_cached(a, i), kvc_pool_is_cached(b, i));
+        assert_int_equal(kvc__pool_level(a, i), kvc__pool_level(b, i));
+    }
+    assert_pool_ok(a);
+    assert_pool_ok(b);
+}
+
+/* Twin pools with 24 blocks in use, some cached at various levels, the rest free. */
+static void make_twins(kvc_rng_t *r, kvc_pool_t **a, kvc_pool_t **b, uint32_t *used)
+{
+    kvc_pool_t *p[2] = {make_pool(32, 16), make_pool(32, 16)};
+    uint32_t seed = kvc_rng_below(r, 1u << 30);
+    for (int k = 0; k < 2; k++) {
+        kvc_rng_t rr;
+        kvc_rng_seed(&rr, seed);
+        assert_ok(kvc_pool_alloc(p[k], 24, used));
+        for (uint32_t i = 0; i < 24; i++) {
+            if (kvc_rng_below(&rr, 2)) assert_ok(kvc__pool_set_cached(p[k], used[i], true));
+            assert_ok(kvc__pool_set_level(p[k], used[i], kvc_rng_below(&rr, 3)));
+        }
+        /* a few go back to the queue first, so that the queue has an order to keep */
+        for (uint32_t i = 0; i < 6; i++) assert_ok(kvc_pool_unref(p[k], used[18 + i]));
+    }
+    *a = p[0];
+    *b = p[1];
+}
+
+/* kvc_pool_release is kvc_pool_unref on each entry from the end of the table once the table is
+ * valid, including tables that name a block more than once (it holds as many references) or
+ * hold KVC_NONE: randomized twins end alike. */
+static void release_queues_blocks_as_unrefs_from_the_end_would(void **state)
+{
+    (void)state;
+    kvc_rng_t r;
+    kvc_rng_seed(&r, 77);
+    for (int round = 0; round < 200; round++) {
+        kvc_pool_t *a, *b;
+        uint32_t used[24], table[40];
+        make_twins(&r, &a, &b, used);
+        uint32_t n = 1 + kvc_rng_below(&r, 40);
+        for (uint32_t j = 0; j < n; j++) {
+            uint32_t pick = kvc_rng_below(&r, 19); /* used[0 .. 17] are in use; 18: a hole */
+            table[j] = pick == 18 ? KVC_NONE : used[pick];
+            if (table[j] != KVC_NONE && j > 0 && kvc_rng_below(&r, 3) == 0)
+                table[j] = table[kvc_rng_below(&r, j)]; /* listed again */
+        }
+        /* one reference per listing */
+        for (uint32_t j = 0; j < n; j++) {
+            if (table[j] == KVC_NONE) continue;
+            bool seen = false;
+            for (uint32_t i = 0; i < j; i++) seen |= table[i] == table[j];
+            if (seen) {
+                assert_ok(kvc_pool_ref(a, table[j]));
+                assert_ok(kvc_pool_ref(b, table[j]));
+            }
+        }
+        assert_twins(a, b);
+        assert_ok(kvc_pool_release(a, table, n));
+        for (uint32_t j = n; j-- > 0;)
+            if (table[j] != KVC_NONE) assert_ok(kvc_pool_unref(b, table[j]));
+        assert_twins(a, b);
+        kvc_pool_destroy(a);
+        kvc_pool_destroy(b);
+    }
+}
+
+/* kvc__pool_ref_n is kvc_pool_ref on each block in order (free ones leave the queue), and on a
+ * bad id gives back what it took, as kvc_pool_unref would, and returns the error. */
+static void ref_n_takes_every_reference_or_none(void **state)
+{
+    (void)state;
+    kvc_rng_t r;
+    kvc_rng_seed(&r, 78);
+    for (int round = 0; round < 200; round++) {
+        kvc_pool_t *a, *b;
+        uint32_t used[24], list[16];
+        make_twins(&r, &a, &b, used);
+        uint32_t n = kvc_rng_below(&r, 16), bad = kvc_rng_below(&r, 2) ? kvc_rng_below(&r, 16) : 16;
+        for (uint32_t j = 0; j < n; j++)
+            list[j] = j == bad ? 32 + kvc_rng_below(&r, 3) : kvc_rng_below(&r, 32);
+        uint32_t before[32];
+        for (uint32_t i = 0; i < 32; i++) before[i] = kvc_pool_refcount(a, i);
+        int rc = kvc__pool_ref_n(a, n ? list : NULL, n);
+        uint32_t j = 0;
+        for (; j < n && list[j] < 32; j++) assert_ok(kvc_pool_ref(b, list[j]));
+        if (j < n) { /* the bad id: give back */
+            assert_int_equal(rc, KVC_EINVAL);
+            while (j-- > 0) assert_ok(kvc_pool_unref(b, list[j]));
+            for (uint32_t i = 0; i < 32; i++) assert_int_equal(kvc_pool_refcount(a, i), before[i]);
+        } else {
+            assert_ok(rc);
+        }
+        assert_twins(a, b);
+        kvc_pool_destroy(a);
+        kvc_pool_destroy(b);
+    }
+    kvc_pool_t *pool = make_pool(4, 16);
+    uint32_t one = 0;
+    assert_int_equal(kvc__pool_ref_n(NULL, &one, 1), KVC_EINVAL);
+    assert_int_equal(kvc__pool_ref_n(pool, NULL, 1), KVC_EINVAL);
+    assert_ok(kvc__pool_ref_n(pool, NULL, 0));
+    assert_int_equal(kvc_pool_n_free(pool), 4);
+    kvc_pool_destroy(pool);
+}
+
 static void create_fails_cleanly_under_allocation_faults(void **state)
 {
     (void)state;
@@ -543,6 +658,8 @@ int main(void)
         cmocka_unit_test(alloc_is_all_or_nothing_and_says_why),
         cmocka_unit_test(ref_unref_and_underflow_change_nothing),
         cmocka_unit_test(release_validates_the_whole_table_first),
+        cmocka_unit_test(release_queues_blocks_as_unrefs_from_the_end_would),
+        cmocka_unit_test(ref_n_takes_every_reference_or_none),
         cmocka_unit_test(uncached_blocks_are_reused_before_cached_ones),
         cmocka_unit_test(set_cached_moves_free_blocks_between_runs),
         cmocka_unit_test(evictor_can_hold_blocks_back),

@@ -385,14 +385,41 @@ int kvc_pool_alloc(kvc_pool_t *pool, uint32_t n, uint32_t *out)
     return 0;
 }
 
-int kvc_pool_ref(kvc_pool_t *pool, uint32_t block)
+/* kvc_pool_ref and kvc_pool_unref once the id is known to be valid (< n_blocks; for unref, a
+ * block in use).  Inline: the prefix layer pins and the seq layer frees whole tables. */
+static inline int ref_valid(kvc_pool_t *pool, uint32_t block)
 {
-    if (!pool || block >= pool->params.n_blocks) return KVC_EINVAL;
     if (block >= pool->hw) materialize(pool, block);
     block_t *b = &pool->blocks[block];
     if (b->refcount == UINT32_MAX) return KVC_EOVERFLOW;
     if (b->refcount++ == 0) queue_remove(pool, b);
     return 0;
+}
+
+static inline void unref_valid(kvc_pool_t *pool, block_t *b)
+{
+    if (--b->refcount == 0) queue_push(pool, b);
+}
+
+int kvc_pool_ref(kvc_pool_t *pool, uint32_t block)
+{
+    if (!pool || block >= pool->params.n_blocks) return KVC_EINVAL;
+    return ref_valid(pool, block);
+}
+
+int kvc__pool_ref_n(kvc_pool_t *pool, const uint32_t *blocks, size_t n)
+{
+    if (!pool || (n && !blocks)) return KVC_EINVAL;
+    const uint32_t n_blocks = pool->params.n_blocks;
+    int rc = 0;
+    size_t i = 0;
+    for (; i < n; i++) {
+        rc = blocks[i] < n_blocks ? ref_valid(pool, blocks[i]) : KVC_EINVAL;
+        if (rc) break;
+    }
+    if (rc) /* give back what was taken, as n calls to kvc_pool_unref would */
+        while (i-- > 0) unref_valid(pool, &pool->blocks[blocks[i]]);
+    return rc;
 }
 
 int kvc_pool_unref(kvc_pool_t *pool, uint32_t block)
@@ -401,35 +428,48 @@ int kvc_pool_unref(kvc_pool_t *pool, uint32_t block)
     if (block >= pool->hw) return KVC_EUNDERFLOW; /* never handed out: free */
     block_t *b = &pool->blocks[block];
     if (b->refcount == 0) return KVC_EUNDERFLOW;
-    if (--b->refcount == 0) queue_push(pool, b);
+    unref_valid(pool, b);
     return 0;
 }
 
 int kvc_pool_release(kvc_pool_t *pool, const uint32_t *table, uint32_t n)
 {
     if (!pool || (n && !table)) return KVC_EINVAL;
-    /* Validate before touching anything: a bad id or a double release changes nothing.  The
-     * refcount field is borrowed as a countdown while validating, then restored. */
+    /* Validate before touching the queue: a bad id or a double release changes nothing.  The
+     * refcounts are counted down while validating (so a block listed twice must hold two
+     * references), and restored if anything is wrong. */
+    block_t *const blocks = pool->blocks;
+    const uint32_t n_blocks = pool->params.n_blocks, hw = pool->hw;
     int rc = 0;
     uint32_t i = 0;
     for (; i < n; i++) {
         uint32_t id = table[i];
         if (id == KVC_NONE) continue;
-        if (id >= pool->params.n_blocks) {
+        if (id >= n_blocks) {
             rc = KVC_EINVAL;
             break;
         }
-        if (id >= pool->hw || pool->blocks[id].refcount == 0) {
+        if (id >= hw || blocks[id].refcount == 0) {
             rc = KVC_EUNDERFLOW;
             break;
         }
-        pool->blocks[id].refcount--;
+        blocks[id].refcount--;
     }
-    for (uint32_t j = 0; j < i; j++)
-        if (table[j] != KVC_NONE) pool->blocks[table[j]].refcount++;
-    if (rc) return rc;
-    for (uint32_t j = n; j-- > 0;)
-        if (table[j] != KVC_NONE) (void)kvc_pool_unref(pool, table[j]);
+    if (rc) {
+        for (uint32_t j = 0; j < i; j++)
+            if (table[j] != KVC_NONE) blocks[table[j]].refcount++;
+        return rc;
+    }
+    /* The refcounts are final.  Queue the blocks that reached 0 in reverse table order, as n
+     * kvc_pool_unref calls from the end would: there a block listed twice joins the queue at
+     * its first (lowest-index) place, so here it moves to the tail again at each place. */
+    for (uint32_t j = n; j-- > 0;) {
+        if (table[j] == KVC_NONE) continue;
+        block_t *b = &blocks[table[j]];
+        if (b->refcount != 0) continue;
+        if (KVC_UNLIKELY(kvc_list_linked(&b->link))) queue_remove(pool, b); /* listed twice */
+        queue_push(pool, b);
+    }
     return 0;
 }
 

@@ -21,6 +21,11 @@
  * It must not change the free queue. */
 typedef int (*kvc__evict_fn)(void *ctx, uint32_t block);
 
+/* kvc_pool_ref on blocks[0 .. n) in order, all or nothing: on an error (KVC_EINVAL for a bad
+ * id, pool NULL or blocks NULL with n > 0; KVC_EOVERFLOW for a refcount at its maximum) the
+ * references taken are given back, as kvc_pool_unref would, and the error is returned. */
+int kvc__pool_ref_n(kvc_pool_t *pool, const uint32_t *blocks, size_t n);
+
 /* Set the evictor (NULL: cached blocks are reused without asking). */
 void kvc__pool_set_evictor(kvc_pool_t *pool, kvc__evict_fn fn, void *ctx);
 
