@@ -5,7 +5,6 @@
 #include "pool/pool_int.h"
 
 #include <string.h>
-#include <sys/resource.h>
 
 static kvc_pool_t *make_pool(uint32_t n_blocks, uint32_t block_size)
 {
@@ -464,13 +463,6 @@ static void blocks_never_used_keep_their_place_and_cost_nothing(void **state)
     kvc_pool_destroy(pool);
 }
 
-static long minor_faults(void)
-{
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return u.ru_minflt;
-}
-
 /* Issue 11: `sim --num-blocks 100000000` took 18.6 GB, about 186 bytes of metadata per block
  * no request touches.  A pool's metadata is now written only for blocks handed out: a 2^24-block
  * pool (384 MiB of block metadata) with 2000 blocks ever used faults in well under 1 MiB.  (The
@@ -489,7 +481,7 @@ static void a_huge_pool_costs_memory_only_for_the_blocks_used(void **state)
     assert_int_equal(kvc_pool_metadata_bytes(&p, &reserved, NULL), KVC_EINVAL);
     assert_int_equal(kvc_pool_metadata_bytes(NULL, &reserved, NULL), KVC_EINVAL);
 
-    long before = minor_faults();
+    long before = kvc_test_minor_faults();
     uint64_t t0 = kvc_now_ns();
     kvc_pool_t *pool = make_pool(1u << 24, 16);
     uint32_t *t = test_malloc(1000 * sizeof *t);
@@ -499,7 +491,7 @@ static void a_huge_pool_costs_memory_only_for_the_blocks_used(void **state)
     kvc_pool_stats_t s;
     kvc_pool_stats(pool, &s);
     assert_pool_ok(pool);
-    long faults = minor_faults() - before;
+    long faults = kvc_test_minor_faults() - before;
     double ms = (double)(kvc_now_ns() - t0) / 1e6;
     assert_ok(kvc_pool_release(pool, t, 1000));
     test_free(t);

@@ -8,7 +8,6 @@
 #include "pool/pool_int.h"
 
 #include <string.h>
-#include <sys/resource.h>
 
 #define BS 4
 
@@ -1472,13 +1471,6 @@ static void prefix_caller_errors_are_error_codes(void **state)
     free_cache(&c);
 }
 
-static long minor_faults(void)
-{
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return u.ru_minflt;
-}
-
 /* Issue 11: per-block metadata was about 186 bytes for blocks no request touches (pool and
  * prefix together about 317 here: 3 GB for 10^7 blocks).  Now a 2^24-block cache that caches a
  * hundred blocks touches a few hundred pages: one bucket page per cached block at most.  (The
@@ -1501,7 +1493,7 @@ static void a_huge_cache_costs_memory_only_for_the_blocks_used(void **state)
     pp.n_blocks = 1u << 24;
     assert_ok(kvc_pool_metadata_bytes(&pp, &pool_reserved, NULL));
 
-    long before = minor_faults();
+    long before = kvc_test_minor_faults();
     uint64_t t0 = kvc_now_ns();
     cache_t c = make_cache_with(1u << 24, 16, cp);
     kvc_rng_t r;
@@ -1526,7 +1518,7 @@ static void a_huge_cache_costs_memory_only_for_the_blocks_used(void **state)
     kvc_prefix_stats_t s;
     kvc_prefix_stats(c.pc, &s);
     assert_prefix_ok(c.pc);
-    long faults = minor_faults() - before;
+    long faults = kvc_test_minor_faults() - before;
     double ms = (double)(kvc_now_ns() - t0) / 1e6;
     free_cache(&c);
     print_message("2^24-block pool + cache (%.0f MiB reserved), %u blocks cached: %ld pages "
