@@ -77,7 +77,13 @@ static const kvc_report_totals_t totals = {.preemptions = 3,
                                            .hit_tokens = 100,
                                            .peak_kv_blocks = 35,
                                            .simulated_s = 4.0,
-                                           .steps = 17};
+                                           .steps = 17,
+                                           .peak_stranded_blocks = 6,
+                                           .peak_stranded_bytes = 6 << 20,
+                                           .end_stranded_blocks = 2,
+                                           .end_stranded_bytes = 2 << 20,
+                                           .strandings = 9,
+                                           .errored = 1};
 
 static const kvc_sim_sample_t samples[4] = {
     {.t_s = 0.0,
@@ -351,6 +357,10 @@ static void json_has_the_keys_and_values(void **state)
                               "swapped_bytes",
                               "peak_kv_blocks",
                               "simulated_seconds",
+                              "stranded_blocks",
+                              "stranded_bytes",
+                              "strandings",
+                              "errored_requests",
                               "tenants",
                               "classes",
                               "config",
@@ -374,6 +384,12 @@ static void json_has_the_keys_and_values(void **state)
     assert_near(jnum(o, "peak_kv_blocks"), 35);
     assert_near(jnum(o, "simulated_seconds"), 4);
     assert_near(jnum(o, "steps"), 17);
+    assert_near(jnum(o, "stranded_blocks.peak"), 6);
+    assert_near(jnum(o, "stranded_blocks.end"), 2);
+    assert_near(jnum(o, "stranded_bytes.peak"), 6 << 20);
+    assert_near(jnum(o, "stranded_bytes.end"), 2 << 20);
+    assert_near(jnum(o, "strandings"), 9);
+    assert_near(jnum(o, "errored_requests"), 1);
     assert_near(jnum(o, "slo.ttft_ms"), 100);
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "slo"), "e2e_ms")));
     assert_near(jnum(o, "mean_kv_blocks_used"), 16.25); /* (10*.5 + 30*1 + 20*1.5 + 0*1) / 4 */
@@ -437,6 +453,9 @@ static void text_report_reads_well(void **state)
         "prefix hit rate    25.00% (100 of 400 prompt tokens)",
         "preemptions        3 (80 tokens recomputed, 4096 bytes swapped)",
         "KV blocks          peak 35 of 100 (35.0%), mean 16.2",
+        "stranded KV        peak 6 blocks (6.0 MiB), at the end 2 (2.0 MiB); 9 blocks stranded "
+        "in all",
+        "errored requests   1 (ended by an error; not in the latencies)",
         "latency (ms)       count        mean         p50         p90",
         "  TTFT                 4     117.188      62.500     250.000",
         "alice",

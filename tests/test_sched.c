@@ -27,7 +27,8 @@ typedef struct {
     uint32_t n_added; /* requests added: the next one's tag */
 } world_t;
 
-static void world_init(world_t *w, uint32_t n_blocks, uint32_t bs, kvc_sched_params_t p)
+static void world_init_evicting(world_t *w, uint32_t n_blocks, uint32_t bs, kvc_sched_params_t p,
+                                kvc_eviction_t eviction)
 {
     memset(w, 0, sizeof *w);
     kvc_pool_params_t pp = kvc_pool_params_default();
@@ -36,6 +37,7 @@ static void world_init(world_t *w, uint32_t n_blocks, uint32_t bs, kvc_sched_par
     assert_ok(kvc_pool_create(&pp, &w->pool));
     kvc_prefix_params_t cp = kvc_prefix_params_default();
     cp.hash_seed = 1;
+    cp.eviction = eviction;
     assert_ok(kvc_prefix_create(w->pool, &cp, &w->pc));
     kvc_seqs_params_t sp = kvc_seqs_params_default();
     sp.max_seqs = 1024;
@@ -43,6 +45,11 @@ static void world_init(world_t *w, uint32_t n_blocks, uint32_t bs, kvc_sched_par
     p.trace = true;
     w->p = p;
     assert_ok(kvc_sched_create(w->seqs, &p, &w->s));
+}
+
+static void world_init(world_t *w, uint32_t n_blocks, uint32_t bs, kvc_sched_params_t p)
+{
+    world_init_evicting(w, n_blocks, bs, p, KVC_EVICT_LRU);
 }
 
 static void world_free(world_t *w)
@@ -1097,6 +1104,46 @@ static void a_policy_may_spare_lower_classes_from_an_admission(void **state)
     }
 }
 
+/* The request's class reaches the prefix cache (KVC_CLASS_PREFIX_PRIORITY): under the priority
+ * eviction policy a more urgent class's cached prefix survives a less urgent class's traffic
+ * that evicts it under LRU.  12 blocks of 4 tokens: the urgent request (17 tokens) leaves its
+ * 4 full blocks cached; two less urgent requests (32 tokens, 9 blocks each) then need the
+ * memory; the urgent prompt comes back. */
+static void a_more_urgent_class_keeps_its_prefix_under_the_priority_policy(void **state)
+{
+    (void)state;
+    assert_int_equal(KVC_CLASS_PREFIX_PRIORITY(0), KVC_PREFIX_MAX_PRIORITY);
+    assert_int_equal(KVC_CLASS_PREFIX_PRIORITY(KVC_MAX_CLASSES - 1), 0);
+    for (uint32_t hi = 0; hi + 1 < KVC_MAX_CLASSES; hi++) {
+        uint32_t hits[2];
+        for (int priority = 0; priority < 2; priority++) {
+            world_t w;
+            world_init_evicting(&w, 12, 4, params(64, 8),
+                                priority ? KVC_EVICT_PRIORITY : KVC_EVICT_LRU);
+            add(&w, 17, 1, 1, hi, 0, 1000);
+            drain(&w, 20);
+            for (int i = 0; i < 2; i++) {
+                add(&w, 32, 1, 1, hi + 1, 0, 2000 + 100 * i);
+                drain(&w, 20);
+            }
+            add(&w, 17, 1, 1, hi, 0, 1000);
+            drain(&w, 20);
+            const kvc_sched_done_t *done;
+            uint32_t nd;
+            take(&w, &done, &nd);
+            assert_int_equal(nd, 4);
+            assert_int_equal(done[3].priority, hi);
+            hits[priority] = done[3].n_hit_tokens;
+            world_free(&w);
+        }
+        print_message("class %u after class %u traffic: %u prompt tokens hit under lru, %u under "
+                      "priority\n",
+                      hi, hi + 1, hits[0], hits[1]);
+        assert_int_equal(hits[1], 16); /* all 4 full blocks (the last token is computed) */
+        assert_true(hits[0] < 16);
+    }
+}
+
 static void a_backpressure_deadlock_asks_the_policy_with_no_needy(void **state)
 {
     (void)state;
@@ -1273,6 +1320,7 @@ int main(void)
         cmocka_unit_test(the_victim_policy_is_a_hook),
         cmocka_unit_test(a_policy_may_spare_lower_classes_from_an_admission),
         cmocka_unit_test(a_backpressure_deadlock_asks_the_policy_with_no_needy),
+        cmocka_unit_test(a_more_urgent_class_keeps_its_prefix_under_the_priority_policy),
         cmocka_unit_test(every_policy_has_a_name_that_parses_back),
         cmocka_unit_test(every_policy_keeps_the_books_and_finishes_everything),
     };

@@ -20,6 +20,18 @@ static kvc_sim_config_t config(uint32_t num_blocks)
     return c;
 }
 
+/* Plan c's deployment once for the runs that follow (c->planned): a test that runs one
+ * deployment many times pays for the planner once, not per run. */
+static void plan_once(kvc_sim_config_t *c, kvc_plan_result_t **pr)
+{
+    *pr = malloc(sizeof **pr);
+    assert_non_null(*pr);
+    char msg[256];
+    if (kvc_plan_compute(&c->model, &c->gpu, &c->plan, *pr, msg, sizeof msg))
+        fail_msg("plan: %s", msg);
+    c->planned = *pr;
+}
+
 static kvc_workload_t *load_scaled(const char *spec, size_t max_requests, double time_scale)
 {
     kvc_workload_params_t wp = kvc_workload_params_default();
@@ -46,6 +58,17 @@ static kvc_report_t *new_report(const kvc_workload_t *w)
     kvc_report_t *r;
     assert_ok(kvc_report_create(&rp, &r));
     return r;
+}
+
+static char *report_json(const kvc_report_t *r)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_ok(kvc_report_write_json(r, f));
+    fclose(f);
+    return buf;
 }
 
 /* Run and return the summary of a scope (tenant/class by name, or all). */
@@ -141,25 +164,107 @@ static void the_cost_model_matches_hand_arithmetic(void **state)
 }
 
 /* ---- whole runs ------------------------------------------------------------------------------ */
+/* Every admission, preemption and victim policy, with and without speculation, on a pool
+ * tight enough that greedy admission preempts, swaps and, under backpressure, breaks
+ * deadlocks: kvc_sched_check, the token budget and the running cap after every step.  Short
+ * prompts in a small pool keep each check cheap (the prefix checker walks every cached
+ * block's ancestry); varied outputs make reserve-expected under-reserve and grow. */
 static void every_policy_keeps_the_invariants_at_every_step(void **state)
 {
     (void)state;
-    kvc_workload_t *w = load("poisson:rate=30,n=400,prompt=600,output=80", 0);
-    for (int adm = 0; adm < 3; adm++)
-        for (int pre = 0; pre < 3; pre++)
-            for (int spec = 0; spec < 2; spec++) {
-                kvc_sim_config_t c = config(300); /* tight: preemptions happen */
-                c.sched.admission = (kvc_admission_t)adm;
-                c.sched.preemption = (kvc_preemption_t)pre;
-                c.sched.expected_output = 100;
-                c.sched.spec_tokens = spec ? 3 : 0;
-                c.check_every_step = true; /* kvc_sched_check, the budget, the running cap */
-                kvc_sim_result_t res;
-                kvc_report_summary_t s = run(&c, w, NULL, NULL, &res); /* checks every step */
-                assert_int_equal(s.completed, 400);
-                assert_int_equal(res.completed + res.rejected, 400);
-                if (pre == KVC_PREEMPT_SWAP) assert_int_equal(res.recomputed_tokens, 0);
-            }
+    kvc_workload_t *w =
+        load("poisson:rate=30,n=200,prompt=100..300,output=10..150,max_output=200", 0);
+    kvc_sim_config_t base = config(100);
+    kvc_plan_result_t *pr;
+    plan_once(&base, &pr);
+    for (int adm = 0; adm < KVC_ADMIT__COUNT; adm++)
+        for (int pre = 0; pre < KVC_PREEMPT__COUNT; pre++)
+            for (int vic = 0; vic < KVC_VICTIM__COUNT; vic++)
+                for (int spec = 0; spec < 2; spec++) {
+                    kvc_sim_config_t c = base;
+                    c.sched.admission = (kvc_admission_t)adm;
+                    c.sched.preemption = (kvc_preemption_t)pre;
+                    c.sched.victim = kvc_victim_policy((kvc_victim_t)vic);
+                    c.sched.expected_output = 60;
+                    c.sched.spec_tokens = spec ? 3 : 0;
+                    c.check_every_step = true; /* kvc_sched_check, the budget, the running cap */
+                    kvc_sim_result_t res;
+                    kvc_report_summary_t s = run(&c, w, NULL, NULL, &res); /* checks every step */
+                    assert_int_equal(s.completed, 200);
+                    assert_int_equal(res.completed + res.rejected + res.errored, 200);
+                    if (adm == KVC_ADMIT_RESERVE_MAX) assert_int_equal(res.preemptions, 0);
+                    /* the pool is tight: greedy admission has to take room back */
+                    if (adm == KVC_ADMIT_GREEDY) assert_true(res.preemptions > 0);
+                    if (pre == KVC_PREEMPT_SWAP) assert_int_equal(res.recomputed_tokens, 0);
+                    if (pre == KVC_PREEMPT_SWAP && res.preemptions)
+                        assert_true(res.swapped_out_bytes > 0);
+                    if (pre != KVC_PREEMPT_SWAP) assert_int_equal(res.swapped_out_bytes, 0);
+                }
+    free(pr);
+    kvc_workload_destroy(w);
+}
+
+/* Every eviction policy keeps the invariants at every step (the prefix checker counts what
+ * naive-lru strands and fails any other policy that strands), and the stranding is measured:
+ * the library releases a request's blocks tail first, so a parent always returns to the free
+ * queue after its children and naive-lru never meets a parent with cached children at the
+ * queue's head.  It strands nothing and evicts exactly as lru does: the same report, but for
+ * the policy's name.  Shared prefixes in a small pool, so that cached prefixes are hit and
+ * evicted all the time. */
+static void every_eviction_policy_keeps_the_invariants_and_naive_lru_strands_nothing(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load(
+        "poisson:rate=20,n=150,prompt=80..300,output=5..40,groups=6,prefix=64,fraction=0.7", 0);
+    kvc_sim_config_t c = config(120);
+    kvc_plan_result_t *pr;
+    plan_once(&c, &pr);
+    c.check_every_step = true;
+    char *json[KVC_EVICT__COUNT];
+    for (int ev = 0; ev < KVC_EVICT__COUNT; ev++) {
+        c.eviction = (kvc_eviction_t)ev;
+        kvc_report_t *r = new_report(w);
+        kvc_sim_result_t res;
+        char err[256];
+        if (kvc_sim_run(&c, w, r, &res, err, sizeof err))
+            fail_msg("%s: %s", kvc_eviction_name(c.eviction), err);
+        json[ev] = report_json(r);
+        kvc_report_summary_t sum;
+        assert_ok(kvc_report_summary(r, KVC_REPORT_ALL, 0, &sum));
+        print_message("%-9s prefix hit rate %.3f, %llu strandings, %llu stranded at the peak\n",
+                      kvc_eviction_name(c.eviction), sum.prefix_hit_rate,
+                      (unsigned long long)res.strandings,
+                      (unsigned long long)res.peak_stranded_blocks);
+        assert_true(sum.prefix_hit_rate > 0.05); /* prefixes are hit, and evicted */
+        assert_int_equal(res.strandings, 0);
+        assert_int_equal(res.peak_stranded_blocks, 0);
+        assert_int_equal(res.end_stranded_blocks, 0);
+        assert_int_equal(res.completed, 150);
+        char want[64];
+        snprintf(want, sizeof want, "\"eviction\": \"%s\"", kvc_eviction_name(c.eviction));
+        assert_non_null(strstr(json[ev], want));
+        assert_non_null(strstr(json[ev], "\"strandings\": 0"));
+        kvc_report_destroy(r);
+    }
+    /* naive-lru and lru: the same report up to the policy's name in the config */
+    const char *a = strstr(json[KVC_EVICT_LRU], "\"eviction\""),
+               *b = strstr(json[KVC_EVICT_NAIVE_LRU], "\"eviction\"");
+    assert_int_equal(a - json[KVC_EVICT_LRU], b - json[KVC_EVICT_NAIVE_LRU]);
+    assert_memory_equal(json[KVC_EVICT_LRU], json[KVC_EVICT_NAIVE_LRU],
+                        (size_t)(a - json[KVC_EVICT_LRU]));
+    assert_string_equal(strchr(a, '\n'), strchr(b, '\n'));
+    /* lfu and priority rank blocks otherwise: another report */
+    assert_string_not_equal(json[KVC_EVICT_LRU], json[KVC_EVICT_LFU]);
+    for (int ev = 0; ev < KVC_EVICT__COUNT; ev++) free(json[ev]);
+    /* a policy out of range is refused */
+    c.eviction = KVC_EVICT__COUNT;
+    kvc_report_t *r = new_report(w);
+    kvc_sim_result_t res;
+    char err[256];
+    assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_EINVAL);
+    assert_non_null(strstr(err, "eviction policy"));
+    kvc_report_destroy(r);
+    free(pr);
     kvc_workload_destroy(w);
 }
 
@@ -196,12 +301,37 @@ static void same_seed_same_report_byte_for_byte(void **state)
              "\"completed\"\0\"ttft_ms\"\0\"tpot_ms\"\0\"e2e_ms\"\0\"p50\"\0\"p90\"\0\"p99\"\0"
              "\"throughput_tokens_per_s\"\0\"goodput_requests_per_s\"\0\"prefix_hit_rate\"\0"
              "\"preemptions\"\0\"recomputed_tokens\"\0\"swapped_bytes\"\0\"peak_kv_blocks\"\0"
-             "\"simulated_seconds\"\0";
+             "\"simulated_seconds\"\0\"stranded_blocks\": {\"peak\": 0, \"end\": 0}\0"
+             "\"stranded_bytes\": {\"peak\": 0, \"end\": 0}\0\"strandings\": 0\0"
+             "\"errored_requests\": 0\0\"eviction\": \"lru\"\0\"victim\": \"latest\"\0"
+             "\"kv_bytes_per_block\": 2097152\0";
          *k; k += strlen(k) + 1)
         if (!strstr(a, k)) fail_msg("the JSON report lacks %s", k);
     free(a);
     free(b);
     free(d);
+    kvc_workload_destroy(w);
+}
+
+/* A caller that planned the deployment already hands the plan over and the run uses it: the
+ * same report as planning again, and a plan's pool is the pool simulated. */
+static void a_plan_given_is_used_instead_of_planning_again(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=20,n=40,prompt=300,output=20", 0);
+    kvc_sim_config_t c = config(0);
+    char *planned_here = run_json(&c, w);
+    kvc_plan_result_t *pr;
+    plan_once(&c, &pr);
+    char *given = run_json(&c, w);
+    assert_string_equal(given, planned_here);
+    pr->num_blocks = 777; /* the pool the (caller's) plan derives */
+    kvc_sim_result_t res;
+    run(&c, w, NULL, NULL, &res);
+    assert_int_equal(res.num_blocks, 777);
+    free(planned_here);
+    free(given);
+    free(pr);
     kvc_workload_destroy(w);
 }
 
@@ -270,7 +400,12 @@ static void data_parallel_replicas_split_the_work(void **state)
 }
 
 /* ---- the scenarios' effects, on smaller runs ----------------------------------------------------
- */
+ * Where a scenario's requests are tens of thousands of tokens long, the test runs its pool in
+ * 256-token blocks (as many tokens, a sixteenth of the blocks): every run ends with the
+ * checker, which walks each cached block's ancestry, so a 200K-token prompt in 16-token
+ * blocks (12,500 deep) made that one check most of the test's time (34 of 41 s for the long
+ * request cap).  The effects are the same at either size (the scheduler counts blocks of
+ * whatever size; the shares and caps are fractions of the pool). */
 static void reserve_for_max_output_admits_fewer_than_greedy(void **state)
 {
     (void)state;
@@ -305,7 +440,8 @@ static void a_batch_kv_cap_protects_interactive_tokens(void **state)
 {
     (void)state;
     kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/workloads/interactive_and_batch.json", 1500);
-    kvc_sim_config_t c = config(6000);
+    kvc_sim_config_t c = config(375); /* the scenario's 6,000 blocks of 16 tokens (see below) */
+    c.plan.block_size = 256;
     kvc_sim_result_t a, b;
     kvc_report_summary_t free_ = run(&c, w, NULL, "interactive", &a);
     c.sched.class_kv_cap[1] = 0.3;
@@ -318,7 +454,8 @@ static void kv_quotas_protect_a_tenant_where_count_limits_do_not(void **state)
 {
     (void)state;
     kvc_workload_t *w = load(KVC_SOURCE_DIR "/examples/scenarios/tenant_quota.workload.json", 500);
-    kvc_sim_config_t c = config(16000);
+    kvc_sim_config_t c = config(1000); /* the scenario's 16,000 blocks of 16 tokens (see below) */
+    c.plan.block_size = 256;
     kvc_sim_result_t r;
     c.sched.tenant_max_running = 2;
     kvc_report_summary_t count = run(&c, w, "web", NULL, &r);
@@ -337,6 +474,7 @@ static void a_long_request_cap_protects_regular_traffic(void **state)
     char msg[256];
     assert_ok(kvc_plan_model_load(KVC_SOURCE_DIR "/examples/scenarios/llama-3-8b-262k.config.json",
                                   &c.model, msg, sizeof msg));
+    c.plan.block_size = 256; /* the pool the planner derives, in 256-token blocks (see below) */
     kvc_sim_result_t a, b;
     kvc_report_summary_t free_ = run(&c, w, "regular", NULL, &a);
     c.sched.long_threshold = 32768;
@@ -368,14 +506,19 @@ static void a_bigger_pool_hits_more_of_the_mooncake_trace(void **state)
     (void)state;
     /* arrivals stretched 3x, so that one replica keeps up (as in examples/scenarios/mooncake.json)
      */
-    kvc_workload_t *w = load_scaled(KVC_DATA_DIR "/traces/mooncake_synthetic_trace.jsonl",
-                                    KVC_TEST_SANITIZED ? 400 : 1200, 3.0);
+    kvc_workload_t *w =
+        load_scaled(KVC_DATA_DIR "/traces/mooncake_synthetic_trace.jsonl", 1200, 3.0);
     kvc_sim_config_t c = config(0);
     char msg[256];
     assert_ok(kvc_plan_model_load(KVC_SOURCE_DIR "/examples/scenarios/llama-3-8b-262k.config.json",
                                   &c.model, msg, sizeof msg));
+    /* 13,000 to 104,000 blocks of 16 tokens, in 256-token blocks (the trace's 512-token hash
+     * blocks are whole blocks either way) */
+    c.plan.block_size = 256;
+    kvc_plan_result_t *pr;
+    plan_once(&c, &pr);
     double prev = -1, first = -1;
-    for (uint32_t nb = 13000; nb <= 104000; nb *= 2) {
+    for (uint32_t nb = 13000 / 16; nb <= 104000 / 16; nb *= 2) {
         c.num_blocks = nb;
         kvc_sim_result_t r;
         kvc_report_summary_t s = run(&c, w, NULL, NULL, &r);
@@ -385,6 +528,7 @@ static void a_bigger_pool_hits_more_of_the_mooncake_trace(void **state)
         if (first < 0) first = prev;
     }
     assert_true(prev > 2 * first && prev > 0.02);
+    free(pr);
     kvc_workload_destroy(w);
 }
 
@@ -429,43 +573,43 @@ static kvc_report_t *new_report_with(const kvc_workload_t *w, kvc_allocator_t a)
     return rc ? NULL : r;
 }
 
-static char *report_json(const kvc_report_t *r)
-{
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    assert_non_null(f);
-    assert_ok(kvc_report_write_json(r, f));
-    fclose(f);
-    return buf;
-}
-
 /* Fail allocation 1, 2, 3, ... of a whole run (its report included).  Each run either fails
- * with KVC_ENOMEM and a one-line message, or goes on (the scheduler lets a request whose
- * sequence cannot be made now wait and retry: sched.h) and accounts for every request; either
- * way it frees everything, and the scheduler's state passes its checker where the failure
- * left it (the engine checks it on every failed allocation) and at the end of each replica.
- * The run that fails nothing gives the reference report. */
-static void fault_every_allocation_of_a_run(kvc_sim_config_t c, const kvc_workload_t *w)
+ * with KVC_ENOMEM and a one-line message, or goes on and accounts for every request: the
+ * scheduler lets a request whose sequence cannot be made now wait and retry, and ends one
+ * whose sequence cannot take a step's results with KVC_ENOMEM, which the run counts as an
+ * errored request (sched.h, sim.h).  Either way it frees everything, and the scheduler's
+ * state passes its checker where the failure left it (the engine checks it on every failed
+ * allocation) and at the end of each replica.  The run that fails nothing gives the reference
+ * report.  Returns the number of runs that went on with errored requests. */
+static uint64_t fault_every_allocation_of_a_run(kvc_sim_config_t c, const kvc_workload_t *w)
 {
+    kvc_plan_result_t *pr;
+    plan_once(&c, &pr); /* hundreds of runs of one deployment */
     kvc_report_t *ref = new_report(w);
     kvc_sim_result_t res;
     char err[512];
     if (kvc_sim_run(&c, w, ref, &res, err, sizeof err)) fail_msg("reference run: %s", err);
     char *want = report_json(ref);
     kvc_report_destroy(ref);
-    uint64_t n_failed = 0, n_absorbed = 0;
+    uint64_t n_failed = 0, n_absorbed = 0, n_errored = 0;
     for (uint64_t n = 1;; n++) {
         kvc_failing_alloc_t st = {.fail_at = n};
         c.allocator = kvc_failing_allocator(&st);
         kvc_report_t *r = new_report_with(w, c.allocator);
         int rc = r ? kvc_sim_run(&c, w, r, &res, err, sizeof err) : KVC_ENOMEM;
-        if (st.n_failed && rc == 0) { /* retried: every request still accounted for */
-            if (res.completed + res.rejected != kvc_workload_size(w))
+        if (st.n_failed && rc == 0) { /* retried or errored: every request accounted for */
+            if (res.completed + res.rejected + res.errored != kvc_workload_size(w))
                 fail_msg("allocation %llu failed: %llu of %zu requests accounted for",
-                         (unsigned long long)n, (unsigned long long)(res.completed + res.rejected),
+                         (unsigned long long)n,
+                         (unsigned long long)(res.completed + res.rejected + res.errored),
                          kvc_workload_size(w));
+            char *got = report_json(r), want_err[64];
+            snprintf(want_err, sizeof want_err, "\"errored_requests\": %llu",
+                     (unsigned long long)res.errored);
+            if (!strstr(got, want_err)) fail_msg("the report does not say %s", want_err);
+            free(got);
             n_absorbed++;
+            n_errored += res.errored > 0;
         } else if (st.n_failed) {
             if (rc != KVC_ENOMEM)
                 fail_msg("allocation %llu failed: %s (%s)", (unsigned long long)n, kvc_errname(rc),
@@ -482,10 +626,14 @@ static void fault_every_allocation_of_a_run(kvc_sim_config_t c, const kvc_worklo
         assert_int_equal(st.n_live, 0); /* nothing leaked */
         if (!st.n_failed) break;
     }
-    print_message("%llu allocations failed the run, %llu were retried\n",
-                  (unsigned long long)n_failed, (unsigned long long)n_absorbed);
+    print_message("%llu allocations failed the run, %llu did not (%llu of them left errored "
+                  "requests)\n",
+                  (unsigned long long)n_failed, (unsigned long long)n_absorbed,
+                  (unsigned long long)n_errored);
     assert_true(n_failed > 40); /* the pool, prefix cache, sequences, scheduler, tables */
     free(want);
+    free(pr);
+    return n_errored;
 }
 
 static void runs_fail_cleanly_under_allocation_faults(void **state)
@@ -497,7 +645,7 @@ static void runs_fail_cleanly_under_allocation_faults(void **state)
     c.sched.spec_tokens = 2;
     c.closed_loop = true;
     c.plan.dp = 2;
-    fault_every_allocation_of_a_run(c, w);
+    uint64_t n_errored = fault_every_allocation_of_a_run(c, w);
     kvc_workload_destroy(w);
     /* a Mooncake trace with tokens on demand (the engine assembles its prompts), shared
      * prefixes, and swapping in a tight pool */
@@ -517,8 +665,16 @@ static void runs_fail_cleanly_under_allocation_faults(void **state)
     assert_ok(kvc_workload_load_buffer(trace, strlen(trace), "trace", &wp, &w, msg, sizeof msg));
     c = config(30);
     c.sched.preemption = KVC_PREEMPT_SWAP;
-    fault_every_allocation_of_a_run(c, w);
+    n_errored += fault_every_allocation_of_a_run(c, w);
     kvc_workload_destroy(w);
+    /* outputs that outgrow what a sequence holds for its tokens (20 of a prompt: room for 32),
+     * so that appending a sampled token allocates: when that fails, the scheduler ends the
+     * request with KVC_ENOMEM; the run counts it and goes on */
+    w = load("poisson:rate=50,n=6,prompt=20,output=50", 0);
+    c = config(40);
+    n_errored += fault_every_allocation_of_a_run(c, w);
+    kvc_workload_destroy(w);
+    assert_true(n_errored > 0);
 }
 
 static void the_engine_allocates_through_the_callers_allocator(void **state)
@@ -729,7 +885,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(the_cost_model_matches_hand_arithmetic),
         cmocka_unit_test(every_policy_keeps_the_invariants_at_every_step),
+        cmocka_unit_test(every_eviction_policy_keeps_the_invariants_and_naive_lru_strands_nothing),
         cmocka_unit_test(same_seed_same_report_byte_for_byte),
+        cmocka_unit_test(a_plan_given_is_used_instead_of_planning_again),
         cmocka_unit_test(over_long_requests_are_refused_and_counted),
         cmocka_unit_test(closed_loop_turns_wait_for_the_previous_turn),
         cmocka_unit_test(data_parallel_replicas_split_the_work),

@@ -43,6 +43,13 @@ extern "C" {
 #endif
 
 #define KVC_MAX_CLASSES 4 /* priority classes: 0 is the most urgent */
+
+/* The prefix-cache priority (kvc_seq_desc_t.priority, read by the "priority" eviction
+ * policy) of the sequences the scheduler creates for class c: class 0 gets
+ * KVC_PREFIX_MAX_PRIORITY (63), and each less urgent class 21 less (42, 21, 0), so a more
+ * urgent class's cached prefixes are evicted after a less urgent one's. */
+#define KVC_CLASS_PREFIX_PRIORITY(c) \
+    (KVC_PREFIX_MAX_PRIORITY - (c) * (KVC_PREFIX_MAX_PRIORITY / (KVC_MAX_CLASSES - 1)))
 #define KVC_MAX_TENANTS 16
 
 /* A request's name: (generation << 32) | slot.  0 is never an id. */
@@ -154,7 +161,8 @@ typedef struct {
     const kvc_token_t *prompt; /* (n_prompt), borrowed until admission */
     uint32_t n_prompt;
     uint32_t max_output;       /* the request's declared output cap (>= 1) */
-    uint32_t priority;         /* class, < KVC_MAX_CLASSES */
+    uint32_t priority;         /* class, < KVC_MAX_CLASSES; its prefix-cache priority is
+                                  KVC_CLASS_PREFIX_PRIORITY(class) */
     uint32_t tenant;           /* < KVC_MAX_TENANTS */
     const kvc_namespace_t *ns; /* NULL: default; carries the tenant's cache salt */
     uint64_t tag;              /* the caller's: echoed in entries, accounts and callbacks */

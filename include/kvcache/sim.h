@@ -234,6 +234,13 @@ typedef struct {
     uint32_t peak_kv_blocks;
     double simulated_s; /* 0: the last record's finish_s */
     uint64_t steps;
+    /* stranded KV (cached, resident, unreachable: only the naive-lru eviction policy strands):
+     * the most one replica held at once, what was left at the end, and the blocks ever made
+     * unreachable; bytes are KV bytes */
+    uint64_t peak_stranded_blocks, peak_stranded_bytes;
+    uint64_t end_stranded_blocks, end_stranded_bytes;
+    uint64_t strandings;
+    uint64_t errored; /* requests that ended with an error (not among the records) */
 } kvc_report_totals_t;
 
 typedef struct {
@@ -418,10 +425,12 @@ typedef struct {
     uint32_t num_blocks; /* KV blocks per replica; 0: what the planner derives */
     /* the scheduler (max_num_seqs / max_num_batched_tokens / block size follow plan) */
     kvc_sched_params_t sched;
-    bool prefix_caching; /* default true */
-    bool tenant_salts;   /* each tenant's cache salt is its name: no sharing across
-                            tenants (default: one shared cache) */
-    uint64_t seed;       /* hash seed and draft acceptance draws (default 1) */
+    bool prefix_caching;     /* default true */
+    bool tenant_salts;       /* each tenant's cache salt is its name: no sharing across
+                                tenants (default: one shared cache) */
+    uint64_t seed;           /* hash seed and draft acceptance draws (default 1) */
+    kvc_eviction_t eviction; /* the prefix cache's eviction policy (default KVC_EVICT_LRU);
+                                the preemption victim is sched.victim */
     /* the executor */
     double step_overhead_s;     /* default 0.002 */
     double allreduce_latency_s; /* default 8e-6 */
@@ -431,6 +440,10 @@ typedef struct {
     double sample_interval_s;   /* time series; 0: adaptive */
     /* the report */
     double slo_ttft_ms, slo_tpot_ms, slo_e2e_ms; /* 0: none */
+    /* the planner's result for exactly this model, gpu and plan (kvc_plan_compute's, by a
+     * caller that runs one deployment many times: a sweep over policies, a fault test); the
+     * run uses it instead of planning again.  NULL: the run plans (the default) */
+    const kvc_plan_result_t *planned;
     /* progress: called about every 1% of requests (may be NULL) */
     void (*progress)(void *ctx, uint64_t done, uint64_t total);
     void *progress_ctx;
@@ -460,9 +473,18 @@ typedef struct {
     uint32_t num_blocks, n_replicas, n_groups;
     uint64_t requests, completed, steps;
     uint64_t rejected; /* refused: over max_model_len, or never fitting the pool or a cap */
+    uint64_t errored;  /* ended by the scheduler with an error (kvc_sched_done_t.error: the seq
+                          table's allocation failed), like a server's failed request */
     uint64_t preemptions, recomputed_tokens, swapped_out_bytes, swapped_in_bytes;
     uint64_t prompt_tokens, hit_tokens, resume_hit_tokens;
     uint32_t peak_kv_blocks, peak_running;
+    /* stranded KV (naive-lru only): blocks cached, resident and unreachable.  Peak: the most
+     * one replica's cache held after a step; end: what the replicas' caches held when they
+     * finished, together; strandings: blocks made unreachable, all replicas.  Bytes: blocks x
+     * kv_bytes_per_block (the model's KV bytes per token x block size, a replica's whole KV,
+     * though the simulated pool holds metadata only) */
+    uint64_t peak_stranded_blocks, end_stranded_blocks, strandings;
+    uint64_t kv_bytes_per_block;
     double simulated_s;
     double wall_s;       /* real seconds the run took */
     uint64_t peak_bytes; /* the most the run held at once through its allocator */
@@ -478,7 +500,19 @@ typedef struct {
  * trace time.  A request whose prompt reaches max_model_len, or that could
  * never fit the pool or a cap that applies to it, is refused and counted
  * (out->rejected), as a server would answer it with an error; its output
- * stops at max_model_len.
+ * stops at max_model_len.  A request the scheduler ends with an error that
+ * the environment causes (kvc_sched_done_t.error KVC_ENOMEM: its sequence
+ * could not take a step's results) is counted (out->errored) and left out of
+ * the records, as a server's failed request, and the run goes on (closed
+ * loop, its next turn is released as a finished one's would be); any other
+ * error there only a bug can cause, and fails the run (KVC_ECORRUPT).
+ *
+ * The prefix cache evicts by cfg->eviction.  Under every policy but
+ * naive-lru no cached block is ever stranded; naive-lru strands a block's
+ * cached children when it evicts the block while they are cached, which the
+ * library's tail-first release never lets happen (a parent returns to the
+ * free queue after its children), so a run strands nothing under it either
+ * unless a layer below changes that: out's stranding counters say.
  *
  * Memory: every allocation goes through cfg->allocator.  Before allocating,
  * the run measures what a replica's engine costs: it builds one at 1,024 and
@@ -501,7 +535,7 @@ typedef struct {
  *                 deployment that does not start (and no num_blocks), a model
  *                 whose KV cache takes no bytes or a cost model no step time
  *                 can come from, a simulation that is stuck (requests wait
- *                 and nothing can ever run)
+ *                 and nothing can ever run), an eviction policy out of range
  *   KVC_ENOMEM    an allocation failed, or the run would need more memory
  *                 than max_memory_bytes or the machine has (the message says
  *                 how much)

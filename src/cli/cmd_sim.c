@@ -59,6 +59,8 @@ enum {
     O_QUIET,
     O_SCENARIO,
     O_MAX_MEMORY,
+    O_EVICTION,
+    O_VICTIM,
 };
 
 static const struct option own_options[] = {
@@ -93,6 +95,8 @@ static const struct option own_options[] = {
     {"quiet", no_argument, NULL, O_QUIET},
     {"scenario", required_argument, NULL, O_SCENARIO},
     {"max-memory", required_argument, NULL, O_MAX_MEMORY},
+    {"eviction", required_argument, NULL, O_EVICTION},
+    {"victim", required_argument, NULL, O_VICTIM},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}};
 
@@ -142,6 +146,9 @@ static void help(FILE *f)
            "  --expected-output N       reserve-expected: the output estimate (default 256)\n"
            "  --expected-margin F       reserve-expected: added fraction (default 0.2)\n"
            "  --preemption P            recompute (default), swap, backpressure\n"
+           "  --victim P                the request to preempt: latest (default: the lowest\n"
+           "                            class, then the latest arrival) or largest (the most\n"
+           "                            blocks held)\n"
            "  --swap-space SIZE         host memory for swapped KV (default: unlimited)\n"
            "  --class-kv-cap C=F        class C (name or index) may hold share F of the pool\n"
            "  --tenant-kv-share F       each tenant may hold share F of the pool (a KV quota)\n"
@@ -154,6 +161,10 @@ static void help(FILE *f)
            "  --spec-tokens N           draft tokens per decode step (default 0)\n"
            "  --spec-acceptance F       probability a draft is accepted (default 0.7)\n"
            "  --no-prefix-caching       turn the prefix cache off\n"
+           "  --eviction P              the prefix cache's eviction order: lru (default), lfu,\n"
+           "                            priority (by class), naive-lru (any least recently\n"
+           "                            used block, cached children or not; the report says\n"
+           "                            what that strands)\n"
            "  --step-overhead-ms F      fixed cost per step (default 2)\n"
            "SLOs (for goodput):\n"
            "  --slo-ttft-ms F, --slo-tpot-ms F, --slo-e2e-ms F\n"
@@ -203,6 +214,21 @@ static int sim_error(const char *fmt, ...)
     vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
     return kvc_cli_error(CMD, "%s", esc(raw, line, sizeof line));
+}
+
+/* "a, b or c" from a NULL-terminated list of names. */
+static const char *name_list(const char *const *names, char *out, size_t cap)
+{
+    size_t n = 0, at = 0;
+    while (names[n]) n++;
+    out[0] = '\0';
+    for (size_t i = 0; i < n && at < cap; i++) {
+        const char *sep = i == 0 ? "" : i + 1 == n ? " or " : ", ";
+        int k = snprintf(out + at, cap - at, "%s%s", sep, names[i]);
+        if (k < 0) break;
+        at += (size_t)k;
+    }
+    return out;
 }
 
 static int parse(int argc, char **argv, opts_t *o)
@@ -350,6 +376,27 @@ static int parse(int argc, char **argv, opts_t *o)
                 return sim_error("--max-memory: '%s' is not a size (e.g. 16GiB)", optarg);
             o->cfg.max_memory_bytes = u;
             break;
+        case O_EVICTION:
+            if (kvc_eviction_parse(optarg, &o->cfg.eviction)) {
+                char names[256];
+                return sim_error("--eviction: '%s' is not %s", optarg,
+                                 name_list(kvc_eviction_names(), names, sizeof names));
+            }
+            break;
+        case O_VICTIM: {
+            kvc_victim_t v;
+            if (kvc_victim_parse(optarg, &v)) {
+                const char *vn[KVC_VICTIM__COUNT + 1];
+                for (int i = 0; i < KVC_VICTIM__COUNT; i++)
+                    vn[i] = kvc_victim_name((kvc_victim_t)i);
+                vn[KVC_VICTIM__COUNT] = NULL;
+                char names[256];
+                return sim_error("--victim: '%s' is not %s", optarg,
+                                 name_list(vn, names, sizeof names));
+            }
+            o->cfg.sched.victim = kvc_victim_policy(v);
+            break;
+        }
         case 'h':
             help(stdout);
             return 2;
@@ -602,6 +649,18 @@ static bool metric(const kvc_report_t *r, const kvc_sim_result_t *res, const kvc
         *out = res->peak_running;
     else if (scope == KVC_REPORT_ALL && !strcmp(key, "rejected"))
         *out = (double)res->rejected;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "errored_requests"))
+        *out = (double)res->errored;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "stranded_blocks.peak"))
+        *out = (double)res->peak_stranded_blocks;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "stranded_blocks.end"))
+        *out = (double)res->end_stranded_blocks;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "stranded_bytes.peak"))
+        *out = (double)res->peak_stranded_blocks * (double)res->kv_bytes_per_block;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "stranded_bytes.end"))
+        *out = (double)res->end_stranded_blocks * (double)res->kv_bytes_per_block;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "strandings"))
+        *out = (double)res->strandings;
     else
         return false;
     return true;
@@ -644,15 +703,18 @@ static int scenario(const char *path, bool json)
     free(text);
     int rc = 0;
     const cJSON *question = cJSON_GetObjectItemCaseSensitive(root, "question");
+    const cJSON *note = cJSON_GetObjectItemCaseSensitive(root, "note"); /* optional */
     const cJSON *common = cJSON_GetObjectItemCaseSensitive(root, "args");
     const cJSON *variants = cJSON_GetObjectItemCaseSensitive(root, "variants");
     const cJSON *metrics = cJSON_GetObjectItemCaseSensitive(root, "metrics");
     if (!cJSON_IsObject(root) || !cJSON_IsString(question) || !cJSON_IsArray(common) ||
         !cJSON_IsArray(variants) || !cJSON_IsArray(metrics) || cJSON_GetArraySize(variants) < 1 ||
-        cJSON_GetArraySize(metrics) < 1) {
+        cJSON_GetArraySize(metrics) < 1 || (note && !cJSON_IsString(note))) {
         cJSON_Delete(root);
         return sim_error(
-            "--scenario %s: needs \"question\", \"args\", \"variants\" and \"metrics\"", path);
+            "--scenario %s: needs \"question\", \"args\", \"variants\" and \"metrics\" (and "
+            "a \"note\", if any, is a string)",
+            path);
     }
     /* relative paths in the arguments (workloads, configs) are taken from the scenario's folder */
     char dir[4096];
@@ -753,6 +815,7 @@ static int scenario(const char *path, bool json)
             cJSON *out = cJSON_CreateObject();
             cJSON_AddStringToObject(out, "scenario", path);
             cJSON_AddStringToObject(out, "question", question->valuestring);
+            if (note) cJSON_AddStringToObject(out, "note", note->valuestring);
             cJSON *vs = cJSON_AddArrayToObject(out, "variants");
             for (int v = 0; v < n_var; v++) {
                 cJSON *o = cJSON_CreateObject();
@@ -771,6 +834,7 @@ static int scenario(const char *path, bool json)
             char e1[4096], e2[4096];
             printf("scenario: %s\nquestion: %s\n\n%-22s", esc(path, e1, sizeof e1),
                    esc(question->valuestring, e2, sizeof e2), "variant");
+            /* a column is as wide as its metric's name, 16 at least */
             for (int m = 0; m < n_metrics; m++)
                 printf(" %16s", esc(cJSON_GetArrayItem(metrics, m)->valuestring, e1, sizeof e1));
             putchar('\n');
@@ -778,13 +842,17 @@ static int scenario(const char *path, bool json)
                 printf("%-22s", esc(names[v], e1, sizeof e1));
                 for (int m = 0; m < n_metrics; m++) {
                     double x = values[v * n_metrics + m];
+                    int wd = (int)strlen(
+                        esc(cJSON_GetArrayItem(metrics, m)->valuestring, e1, sizeof e1));
+                    wd = wd > 16 ? wd : 16;
                     if (x == floor(x) && fabs(x) < 1e15)
-                        printf(" %16.0f", x);
+                        printf(" %*.0f", wd, x);
                     else
-                        printf(" %16.3f", x);
+                        printf(" %*.3f", wd, x);
                 }
                 putchar('\n');
             }
+            if (note) printf("\nnote: %s\n", esc(note->valuestring, e2, sizeof e2));
         }
     }
     free(values);

@@ -314,7 +314,12 @@ static uint32_t admit(kvc_sched_t *s, uint32_t slot, uint32_t budget, bool *queu
         return 0;
     }
     if (!r->has_seq) {
-        kvc_seq_desc_t d = {.prompt = r->prompt, .n_prompt = r->n_prompt, .ns = &r->ns};
+        /* the class reaches the prefix cache: under the "priority" eviction policy a more
+         * urgent class's cached prefixes outlive a less urgent one's (sched.h) */
+        kvc_seq_desc_t d = {.prompt = r->prompt,
+                            .n_prompt = r->n_prompt,
+                            .ns = &r->ns,
+                            .priority = KVC_CLASS_PREFIX_PRIORITY(r->priority)};
         int rc = kvc_seq_create(s->seqs, &d, &r->seq);
         if (rc) return UINT32_MAX; /* no sequence slot (or no memory for one): wait */
         r->has_seq = true;

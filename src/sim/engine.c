@@ -125,6 +125,12 @@ static const char *fmt_bytes(double b, char *buf, size_t cap)
     return buf;
 }
 
+/* a x b, or UINT64_MAX where it would wrap (byte counts of absurd deployments) */
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
 /* ---- arrivals: a binary min-heap by (time, workload index), so ties have one order ------ */
 typedef struct {
     double t;
@@ -204,6 +210,7 @@ typedef struct {
     kvc_rng_t rng;
     uint64_t done_total, total;
     /* the replica being simulated */
+    const kvc_prefix_t *pc; /* its prefix cache, or NULL */
     heap_t heap;
     double now;
     kvc_sched_result_t *results;
@@ -309,6 +316,7 @@ static int replica_open(run_t *r, const kvc_allocator_t *a, uint32_t num_blocks,
         kvc_prefix_params_t cp = kvc_prefix_params_default();
         cp.hash_seed = cfg->seed ? cfg->seed : 1;
         cp.max_extra_keys = 0; /* workloads carry no multimodal inputs: save the metadata */
+        cp.eviction = cfg->eviction;
         memcpy(cp.group_window, r->window, sizeof cp.group_window);
         cp.allocator = *a;
         if ((rc = kvc_prefix_create(rep->pool, &cp, &rep->pc))) {
@@ -668,24 +676,29 @@ static int collect_finished(run_t *r, kvc_sched_t *s)
     for (uint32_t i = 0; i < nd; i++) {
         const kvc_sched_done_t *d = &done[i];
         uint32_t wi = (uint32_t)d->tag;
-        if (d->error) /* its sequence could not take a step's results: the run is not faithful */
-            return d->error == KVC_ENOMEM
-                       ? KVC_ENOMEM
-                       : kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap,
-                                   "internal: request %u ended with %s", wi, kvc_errname(d->error));
-        kvc_sim_record_t rec = {.arrival_s = d->arrival_s,
-                                .first_token_s = d->first_token_s,
-                                .finish_s = d->finish_s,
-                                .n_prompt = d->n_prompt,
-                                .n_output = d->n_output,
-                                .n_hit_tokens = d->n_hit_tokens,
-                                .tenant = d->tenant,
-                                .priority = d->priority,
-                                .n_preemptions = d->n_preemptions,
-                                .recomputed_tokens = d->recomputed_tokens};
-        int rc = kvc_report_add(r->report, &rec);
-        if (rc) return internal(r, rc, "kvc_report_add");
-        r->res->completed++;
+        int rc;
+        if (d->error) {
+            /* Its sequence could not take a step's results for lack of memory: a server's
+             * failed request, counted; the run goes on.  Any other error only a bug causes
+             * (the engine never leaves a seq step in flight). */
+            if (d->error != KVC_ENOMEM)
+                return kvc__msgf(KVC_ECORRUPT, r->err, r->err_cap,
+                                 "internal: request %u ended with %s", wi, kvc_errname(d->error));
+            r->res->errored++;
+        } else {
+            kvc_sim_record_t rec = {.arrival_s = d->arrival_s,
+                                    .first_token_s = d->first_token_s,
+                                    .finish_s = d->finish_s,
+                                    .n_prompt = d->n_prompt,
+                                    .n_output = d->n_output,
+                                    .n_hit_tokens = d->n_hit_tokens,
+                                    .tenant = d->tenant,
+                                    .priority = d->priority,
+                                    .n_preemptions = d->n_preemptions,
+                                    .recomputed_tokens = d->recomputed_tokens};
+            if ((rc = kvc_report_add(r->report, &rec))) return internal(r, rc, "kvc_report_add");
+            r->res->completed++;
+        }
         kvc_free(r->a, r->owned[wi]);
         r->owned[wi] = NULL;
         uint32_t nx = r->next_turn[wi];
@@ -707,6 +720,11 @@ static int sample_state(run_t *r, const kvc_sched_t *s, uint32_t batch_tokens)
     kvc_sched_stats(s, &st); /* sched: */
     r->res->peak_kv_blocks = KVC_MAX(r->res->peak_kv_blocks, st.blocks_used);
     r->res->peak_running = KVC_MAX(r->res->peak_running, st.n_running);
+    if (r->pc) { /* after each step: blocks are stranded as they are allocated, in the step */
+        kvc_prefix_stats_t ps;
+        kvc_prefix_stats(r->pc, &ps);
+        r->res->peak_stranded_blocks = KVC_MAX(r->res->peak_stranded_blocks, ps.n_stranded_blocks);
+    }
     if (r->replica == 0) {
         kvc_sim_sample_t smp = {.t_s = r->now,
                                 .kv_blocks_used = st.blocks_used,
@@ -739,6 +757,12 @@ static int replica_totals(run_t *r, const kvc_sched_t *s)
     r->res->hit_tokens += st.hit_tokens;
     r->res->resume_hit_tokens += st.resume_hit_tokens;
     r->res->simulated_s = KVC_MAX(r->res->simulated_s, r->now);
+    if (r->pc) {
+        kvc_prefix_stats_t ps;
+        kvc_prefix_stats(r->pc, &ps);
+        r->res->end_stranded_blocks += ps.n_stranded_blocks;
+        r->res->strandings += ps.n_strandings;
+    }
     return check_sched(r, s, "internal");
 }
 
@@ -749,6 +773,7 @@ static int run_replica(run_t *r)
     int rc = replica_open(r, r->a, r->num_blocks, &rep);
     if (rc) return rc;
     kvc_sched_t *s = rep.s;
+    r->pc = rep.pc;
     r->heap.n = 0;
     r->now = 0;
     r->last_progress = 0;
@@ -783,6 +808,7 @@ out:
         int crc = check_sched(r, s, "after a failed allocation");
         if (crc == KVC_ECORRUPT) rc = crc;
     }
+    r->pc = NULL;
     replica_close(&rep);
     return rc;
 }
@@ -800,9 +826,22 @@ static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_si
         return kvc__msgf(
             KVC_EINVAL, err, cap, "the workload has %u tenants and %u classes; at most %d and %d",
             kvc_workload_n_tenants(w), kvc_workload_n_classes(w), KVC_MAX_TENANTS, KVC_MAX_CLASSES);
-    char msg[256];
-    int rc = kvc_plan_compute(&cfg->model, &cfg->gpu, &cfg->plan, &out->planned, msg, sizeof msg);
-    if (rc) return kvc__msgf(rc, err, cap, "%s", msg);
+    if ((unsigned)cfg->eviction >= KVC_EVICT__COUNT) {
+        char names[128] = "";
+        for (const char *const *n = kvc_eviction_names(); *n; n++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                     n == kvc_eviction_names() ? "" : ", ", *n);
+        return kvc__msgf(KVC_EINVAL, err, cap, "eviction policy %d is not one of %s",
+                         (int)cfg->eviction, names);
+    }
+    int rc = 0;
+    if (cfg->planned) { /* the caller planned this deployment already */
+        out->planned = *cfg->planned;
+    } else {
+        char msg[256];
+        rc = kvc_plan_compute(&cfg->model, &cfg->gpu, &cfg->plan, &out->planned, msg, sizeof msg);
+        if (rc) return kvc__msgf(rc, err, cap, "%s", msg);
+    }
     uint64_t blocks = cfg->num_blocks ? cfg->num_blocks : out->planned.num_blocks;
     if (!cfg->num_blocks && !out->planned.fits)
         return kvc__msgf(
@@ -839,12 +878,22 @@ static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_si
                          "nothing a simulated pool can hold (check the config's layer and head "
                          "counts)",
                          (unsigned long long)pr->kv_bytes_per_token_per_gpu, pr->layers_per_gpu);
+    out->kv_bytes_per_block = sat_mul(pr->kv_bytes_per_token, cfg->plan.block_size);
     if ((rc = kvc_sim_cost_model(m, &cfg->gpu, &cfg->plan, pr, cfg->step_overhead_s,
                                  cfg->allreduce_latency_s, &out->cost)))
         return kvc__msgf(rc, err, cap,
                          "the cost model needs positive, finite FLOP/s, bandwidth and KV bytes "
                          "per token (at most 1e12), and finite sizes");
     return 0;
+}
+
+/* The built-in victim policy's name, "custom" for the caller's own. */
+static const char *victim_name(kvc_victim_fn fn)
+{
+    if (!fn) return kvc_victim_name(KVC_VICTIM_LATEST); /* the scheduler's default */
+    for (int v = 0; v < KVC_VICTIM__COUNT; v++)
+        if (kvc_victim_policy((kvc_victim_t)v) == fn) return kvc_victim_name((kvc_victim_t)v);
+    return "custom";
 }
 
 /* Every constant the numbers rest on goes into the report; then it is finished. */
@@ -883,6 +932,7 @@ static int finish_report(const kvc_sim_config_t *cfg, const kvc_sim_result_t *ou
         {"seed", (double)cfg->seed},
         {"resume_hit_tokens", (double)out->resume_hit_tokens},
         {"rejected_requests", (double)out->rejected},
+        {"kv_bytes_per_block", (double)out->kv_bytes_per_block},
         {"max_model_len", (double)out->planned.max_model_len},
     };
     int rc = 0;
@@ -893,6 +943,8 @@ static int finish_report(const kvc_sim_config_t *cfg, const kvc_sim_result_t *ou
         {"gpu", cfg->gpu.name},
         {"admission", kvc_admission_name(cfg->sched.admission)},
         {"preemption", kvc_preemption_name(cfg->sched.preemption)},
+        {"victim", victim_name(cfg->sched.victim)},
+        {"eviction", kvc_eviction_name(cfg->eviction)},
         {"prefix_caching", cfg->prefix_caching ? "on" : "off"},
         {"arrivals", cfg->closed_loop ? "closed loop" : "open loop (trace times)"},
         {"step_time", "pp x (max(compute, memory) + tp comm) + overhead + swap bytes / host link"},
@@ -900,14 +952,21 @@ static int finish_report(const kvc_sim_config_t *cfg, const kvc_sim_result_t *ou
     for (size_t i = 0; i < KVC_ARRAY_LEN(strs) && !rc; i++)
         rc = kvc_report_add_config(report, strs[i][0], strs[i][1]);
     if (rc) return rc;
-    kvc_report_totals_t t = {.preemptions = out->preemptions,
-                             .recomputed_tokens = out->recomputed_tokens,
-                             .swapped_bytes = out->swapped_out_bytes + out->swapped_in_bytes,
-                             .prompt_tokens = out->prompt_tokens,
-                             .hit_tokens = out->hit_tokens,
-                             .peak_kv_blocks = out->peak_kv_blocks,
-                             .simulated_s = out->simulated_s,
-                             .steps = out->steps};
+    kvc_report_totals_t t = {
+        .preemptions = out->preemptions,
+        .recomputed_tokens = out->recomputed_tokens,
+        .swapped_bytes = out->swapped_out_bytes + out->swapped_in_bytes,
+        .prompt_tokens = out->prompt_tokens,
+        .hit_tokens = out->hit_tokens,
+        .peak_kv_blocks = out->peak_kv_blocks,
+        .simulated_s = out->simulated_s,
+        .steps = out->steps,
+        .peak_stranded_blocks = out->peak_stranded_blocks,
+        .peak_stranded_bytes = sat_mul(out->peak_stranded_blocks, out->kv_bytes_per_block),
+        .end_stranded_blocks = out->end_stranded_blocks,
+        .end_stranded_bytes = sat_mul(out->end_stranded_blocks, out->kv_bytes_per_block),
+        .strandings = out->strandings,
+        .errored = out->errored};
     return kvc_report_finish(report, &t);
 }
 

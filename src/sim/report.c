@@ -588,6 +588,14 @@ int kvc_report_write_json(const kvc_report_t *r, FILE *f)
     fprintf(f, ",\n  \"swapped_bytes\": %llu,\n  \"peak_kv_blocks\": %u",
             (unsigned long long)r->totals.swapped_bytes,
             KVC_MAX(r->totals.peak_kv_blocks, r->peak_used));
+    const kvc_report_totals_t *t = &r->totals;
+    fprintf(f,
+            ",\n  \"stranded_blocks\": {\"peak\": %llu, \"end\": %llu},\n  \"stranded_bytes\": "
+            "{\"peak\": %llu, \"end\": %llu},\n  \"strandings\": %llu,\n  \"errored_requests\": "
+            "%llu",
+            (unsigned long long)t->peak_stranded_blocks, (unsigned long long)t->end_stranded_blocks,
+            (unsigned long long)t->peak_stranded_bytes, (unsigned long long)t->end_stranded_bytes,
+            (unsigned long long)t->strandings, (unsigned long long)t->errored);
     fputs(",\n  \"simulated_seconds\": ", f);
     num(f, secs, 6);
     fprintf(f, ",\n  \"steps\": %llu", (unsigned long long)r->totals.steps);
@@ -685,6 +693,16 @@ static void text_groups(const kvc_report_t *r, FILE *f, const char *title, const
     }
 }
 
+/* "0 bytes", "1.5 MiB" and the like. */
+static const char *text_bytes(double b, char *buf, size_t cap)
+{
+    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (b >= 1024 && u < 6) b /= 1024, u++;
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+    return buf;
+}
+
 /* s with control bytes escaped (a name or setting may come from the input), padded to
  * `width`. */
 static void text_escaped(FILE *f, const char *s, int width)
@@ -743,6 +761,18 @@ int kvc_report_write_text(const kvc_report_t *r, FILE *f)
         fprintf(f, " of %u (%.1f%%), mean %.1f", r->total_blocks, 100.0 * peak / r->total_blocks,
                 r->mean_used);
     fputc('\n', f);
+    const kvc_report_totals_t *t = &r->totals;
+    char pb[32], eb[32];
+    fprintf(f,
+            "  stranded KV        peak %llu blocks (%s), at the end %llu (%s); %llu blocks "
+            "stranded in all\n",
+            (unsigned long long)t->peak_stranded_blocks,
+            text_bytes((double)t->peak_stranded_bytes, pb, sizeof pb),
+            (unsigned long long)t->end_stranded_blocks,
+            text_bytes((double)t->end_stranded_bytes, eb, sizeof eb),
+            (unsigned long long)t->strandings);
+    fprintf(f, "  errored requests   %llu (ended by an error; not in the latencies)\n",
+            (unsigned long long)t->errored);
     fprintf(f, "  running            peak %u, mean %.2f; %.1f tokens per step\n", r->peak_running,
             r->mean_running, r->n_samples ? (double)r->batch_sum / (double)r->n_samples : 0.0);
     fprintf(f, "\n%-14s%10s %11s %11s %11s %11s %11s %11s\n", "latency (ms)", "count", "mean",

@@ -60,6 +60,43 @@ grep -q "^no prefix caching" "$TMP/sc" || fail "scenario output lacks a variant 
 "$KVC" sim --scenario "$SRC/examples/scenarios/multiturn.json" --json >"$TMP/sc.json" 2>/dev/null || fail "scenario json"
 grep -q '"variants"' "$TMP/sc.json" || fail "scenario JSON lacks variants"
 
+# eviction and victim policies by name; stranded KV and errored requests in the report
+"$KVC" "${BASE[@]}" --workload "$W" --eviction naive-lru --victim largest --json >"$TMP/ev.json" || fail "eviction run: exit $?"
+for key in '"eviction": "naive-lru"' '"victim": "largest"' '"stranded_blocks": {"peak": 0, "end": 0}' \
+           '"stranded_bytes": {"peak": 0, "end": 0}' '"strandings": 0' '"errored_requests": 0' '"kv_bytes_per_block": 2097152'; do
+  grep -qF "$key" "$TMP/ev.json" || fail "eviction run: JSON lacks $key"
+done
+grep -qF '"victim": "latest"' "$TMP/a.json" || fail "the default victim policy is not named latest"
+grep -qF '"eviction": "lru"' "$TMP/a.json" || fail "the default eviction policy is not named lru"
+grep -q '^  stranded KV        peak 0 blocks (0 bytes), at the end 0 (0 bytes); 0 blocks stranded in all$' "$TMP/text" \
+  || fail "text report lacks the stranded KV line"
+grep -q '^  errored requests   0 ' "$TMP/text" || fail "text report lacks the errored requests line"
+expect_error "eviction name" "^kvcache sim: --eviction: 'mru' is not lru, lfu, priority or naive-lru$" -- "${BASE[@]}" --workload "$W" --eviction mru
+expect_error "victim name" "^kvcache sim: --victim: 'oldest' is not latest or largest$" -- "${BASE[@]}" --workload "$W" --victim oldest
+# the eviction scenario: lru and naive-lru give the same row (tail-first release: nothing is
+# ever stranded), priority keeps the interactive class's system prompts best, nothing strands
+"$KVC" sim --scenario "$SRC/examples/scenarios/eviction.json" >"$TMP/ev.sc" 2>/dev/null || fail "eviction scenario: exit $?"
+lru_row=$(sed -n 's/^lru  *//p' "$TMP/ev.sc")
+naive_row=$(sed -n 's/^naive-lru  *//p' "$TMP/ev.sc")
+[ -n "$lru_row" ] && [ "$lru_row" = "$naive_row" ] || fail "eviction scenario: lru '$lru_row' and naive-lru '$naive_row' differ"
+grep -q '^note: naive-lru evicts' "$TMP/ev.sc" || fail "eviction scenario: no note"
+"$KVC" sim --scenario "$SRC/examples/scenarios/eviction.json" --json >"$TMP/ev.sc.json" 2>/dev/null || fail "eviction scenario json"
+python3 - "$TMP/ev.sc.json" <<'PY' || fail "eviction scenario JSON: wrong numbers"
+import json, sys
+d = json.load(open(sys.argv[1]))
+m = {v["name"]: v["metrics"] for v in d["variants"]}
+hit = "class:interactive.prefix_hit_rate"
+assert m["priority (by class)"][hit] > m["lfu"][hit] > m["lru"][hit], m
+for v in m.values():
+    for k in ("stranded_blocks.peak", "stranded_bytes.peak", "stranded_blocks.end", "strandings"):
+        assert v[k] == 0, (k, v)
+assert d["note"].startswith("naive-lru")
+PY
+printf '{"question":"q","note":3,"args":[],"variants":[{"name":"a","args":[]}],"metrics":["completed"]}' >"$TMP/sc-note.json"
+expect_error "scenario note" "a \"note\", if any, is a string" -- sim --scenario "$TMP/sc-note.json"
+"$KVC" sim --scenario "$SRC/examples/scenarios/victim.json" >"$TMP/victim.sc" 2>/dev/null || fail "victim scenario: exit $?"
+grep -q '^recompute, largest ' "$TMP/victim.sc" || fail "victim scenario lacks the largest-victim row"
+
 # bad input
 expect_error "no workload" "no --workload" -- "${BASE[@]}"
 expect_error "no model" "no --model" -- sim --workload "$W"
