@@ -453,8 +453,8 @@ static void text_report_reads_well(void **state)
         "prefix hit rate    25.00% (100 of 400 prompt tokens)",
         "preemptions        3 (80 tokens recomputed, 4096 bytes swapped)",
         "KV blocks          peak 35 of 100 (35.0%), mean 16.2",
-        "stranded KV        peak 6 blocks (6.0 MiB), at the end 2 (2.0 MiB); 9 blocks stranded "
-        "in all",
+        ("stranded KV        peak 6 blocks (6.0 MiB), at the end 2 (2.0 MiB); 9 blocks stranded "
+         "in all"),
         "errored requests   1 (ended by an error; not in the latencies)",
         "latency (ms)       count        mean         p50         p90",
         "  TTFT                 4     117.188      62.500     250.000",
