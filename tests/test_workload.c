@@ -198,7 +198,7 @@ static void mooncake_ids_materialise_by_id_alone(void **state)
 }
 
 /* Golden values: the token materialisation is part of what makes a replay
- * reproducible (the README's numbers depend on it), so a change must be
+ * reproducible (the numbers in docs/ depend on it), so a change must be
  * deliberate.  Both paths use integer arithmetic only. */
 static void token_materialisation_is_pinned(void **state)
 {

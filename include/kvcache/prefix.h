@@ -361,7 +361,9 @@ KVC_API kvc_eviction_t kvc_prefix_eviction(const kvc_prefix_t *pc);
 /* Cached blocks that no lookup can reach, counted from the structure alone: a
  * parent that is not cached, or not the parent its hash was chained from, or
  * such a block above.  Zero under every eviction policy but naive-lru, where
- * it equals the stats' n_stranded_blocks.  O(cached blocks * depth). */
+ * it equals the stats' n_stranded_blocks.  O(blocks): each cached block is
+ * hashed once.  Never allocates (it uses scratch the pool reserved), so it
+ * may not run concurrently with the checkers on the same pool. */
 KVC_API uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc);
 
 /* Check invariants 2 to 4 of DESIGN.md and the index's own consistency:

@@ -14,7 +14,7 @@
  * SVG.  Every output is byte-for-byte deterministic: fixed number formats,
  * no timestamps, names in index order.
  *
- * The formats are described in the README (Workloads and reports).
+ * The formats are described in docs/workloads.md (workloads) and docs/sim.md (reports).
  *
  * Thread-safety: a workload is immutable once loaded (the builder calls
  * excepted) and its const functions may run on any number of threads at

@@ -99,7 +99,7 @@ static void help(FILE *f)
         "  --spec-acceptance F        per-token acceptance rate (default 0.7)\n"
         "  --tenant-tokens N          one more request length to price in section 12\n"
         "output:\n"
-        "  --json                     one JSON object (keys in the README)\n"
+        "  --json                     one JSON object (keys in docs/plan.md)\n"
         "  --list                     the model and GPU presets\n"
         "  -h, --help                 this help\n"
         "\n"

@@ -1319,31 +1319,50 @@ static bool link_sound(const kvc_prefix_t *pc, uint32_t b)
     return !p->sliding && kvc_hash128_eq(p->hash, ph);
 }
 
+/* Block b, taken alone, may be on a reachable path: cached, its stored hash chaining from its
+ * identity, and its link to its parent sound. */
+static bool block_sound(const kvc_prefix_t *pc, uint32_t b)
+{
+    return is_cached(pc, b) && link_sound(pc, b) &&
+           kvc_hash128_eq(recompute(pc, b), pc->entries[b].hash);
+}
+
 uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc)
 {
-    /* A cached block is reachable iff its parent link is sound (parent cached, and the stored
-     * hash chains from the parent's) and its parent is reachable.  Walk each block's ancestry;
-     * depth is bounded by the number of cached blocks.  Computed from the structure alone, so
-     * that it can check the counter kept for the stats. */
-    uint32_t stranded = 0;
+    /* A cached block is reachable iff it is sound and its parent is reachable (a sound root
+     * is).  Computed from the structure alone, so that it can check the counter kept for the
+     * stats, and in linear time: each block's verdict is kept in the pool's checker scratch,
+     * so every block is hashed once however deep the prefixes (200K-token prompts make
+     * chains of thousands of blocks).  A parent link that loops is unreachable. */
+    enum { UNKNOWN = 0, REACHABLE, UNREACHABLE, VISITING };
+    if (!pc->hw) return 0;
+    uint32_t *state = kvc__pool_check_scratch(pc->pool); /* never allocates: see pool_int.h */
+    memset(state, 0, pc->hw * sizeof *state);
     for (uint32_t b = 0; b < pc->hw; b++) {
-        if (!pc->entries[b].cached) continue;
-        uint32_t x = b, steps = 0;
-        bool ok = true;
-        if (pc->entries[b].sliding) continue; /* found block by block, never through a parent */
-        while (ok && x != KVC_NONE) {
-            if (!is_cached(pc, x)) {
-                ok = false;
+        if (!pc->entries[b].cached || pc->entries[b].sliding || state[b] != UNKNOWN) continue;
+        /* Up the ancestry until a root, a block already decided, or a broken link. */
+        uint32_t x = b, verdict = REACHABLE;
+        for (;;) {
+            if (!block_sound(pc, x)) {
+                state[x] = verdict = UNREACHABLE; /* x is cached: b, or a sound link's parent */
                 break;
             }
-            const entry_t *e = &pc->entries[x];
-            if (!link_sound(pc, x) || !kvc_hash128_eq(recompute(pc, x), e->hash) ||
-                ++steps > pc->n_cached)
-                ok = false;
-            x = e->parent;
+            state[x] = VISITING;
+            const uint32_t p = pc->entries[x].parent; /* cached: link_sound held */
+            if (p == KVC_NONE) break;
+            if (state[p] != UNKNOWN) {
+                verdict = state[p] == VISITING ? UNREACHABLE : state[p];
+                break;
+            }
+            x = p;
         }
-        stranded += !ok;
+        /* Down again: the path shares the verdict. */
+        for (x = b; x < pc->hw && state[x] == VISITING; x = pc->entries[x].parent)
+            state[x] = verdict;
     }
+    uint32_t stranded = 0;
+    for (uint32_t b = 0; b < pc->hw; b++)
+        stranded += pc->entries[b].cached && !pc->entries[b].sliding && state[b] == UNREACHABLE;
     return stranded;
 }
 
