@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -662,6 +663,268 @@ static void every_allocation_can_fail_cleanly(void **state)
     free(b.p);
 }
 
+/* ---- the writer ---------------------------------------------------------------------- */
+static int fill_pattern(void *ctx, uint64_t i, void *dst, uint64_t bytes)
+{
+    (void)ctx;
+    for (uint64_t k = 0; k < bytes; k++) ((uint8_t *)dst)[k] = (uint8_t)(i * 31 + k);
+    return 0;
+}
+
+static void tmp_path(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/kvc_test_gguf_%d_%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid(), name);
+}
+
+static void the_writer_round_trips_every_record(void **state)
+{
+    (void)state;
+    kvc_gguf_writer_t *w;
+    assert_ok(kvc_gguf_writer_create(NULL, &w));
+    assert_ok(kvc_gguf_writer_set_str(w, "general.architecture", "llama", 5));
+    assert_ok(kvc_gguf_writer_set_u32(w, "general.alignment", 64));
+    assert_ok(kvc_gguf_writer_set_u32(w, "u32", 4000000000u));
+    assert_ok(kvc_gguf_writer_set_i32(w, "i32", -7));
+    assert_ok(kvc_gguf_writer_set_u64(w, "u64", UINT64_MAX));
+    assert_ok(kvc_gguf_writer_set_f32(w, "f32", 0.25f));
+    assert_ok(kvc_gguf_writer_set_bool(w, "no", false));
+    assert_ok(kvc_gguf_writer_set_str(w, "empty", NULL, 0));
+    const float scores[3] = {-1, 0, 2.5f};
+    assert_ok(kvc_gguf_writer_set_arr(w, "scores", KVC_GGUF_FLOAT32, scores, 3));
+    const kvc_gguf_str_t toks[3] = {{"<s>", 3}, {"", 0}, {"a\0b", 3}};
+    assert_ok(kvc_gguf_writer_set_arr(w, "tokens", KVC_GGUF_STRING, toks, 3));
+    assert_ok(kvc_gguf_writer_set_arr(w, "none", KVC_GGUF_INT32, NULL, 0));
+    assert_ok(kvc_gguf_writer_add_tensor(w, "a", KVC_GGML_F32, 2, (uint64_t[]){3, 5}));
+    assert_ok(kvc_gguf_writer_add_tensor(w, "q", KVC_GGML_Q4_K, 1, (uint64_t[]){512}));
+    assert_ok(kvc_gguf_writer_add_tensor(w, "h", KVC_GGML_BF16, 4, (uint64_t[]){2, 1, 3, 1}));
+    char path[512], err[256];
+    tmp_path(path, sizeof path, "rt.gguf");
+    assert_ok(kvc_gguf_writer_write(w, path, fill_pattern, NULL, err, sizeof err));
+    kvc_gguf_writer_destroy(w);
+
+    kvc_gguf_t *g;
+    assert_ok(kvc_gguf_open(path, NULL, &g, err, sizeof err));
+    assert_int_equal(kvc_gguf_n_kv(g), 11);
+    assert_int_equal(kvc_gguf_alignment(g), 64);
+    uint64_t u;
+    int64_t i;
+    double f;
+    bool b;
+    kvc_gguf_str_t str;
+    assert_ok(kvc_gguf_get_u64(g, "u32", &u));
+    assert_int_equal(u, 4000000000u);
+    assert_ok(kvc_gguf_get_i64(g, "i32", &i));
+    assert_int_equal(i, -7);
+    assert_ok(kvc_gguf_get_u64(g, "u64", &u));
+    assert_true(u == UINT64_MAX);
+    assert_ok(kvc_gguf_get_f64(g, "f32", &f));
+    assert_true(f == 0.25);
+    assert_ok(kvc_gguf_get_bool(g, "no", &b));
+    assert_false(b);
+    assert_ok(kvc_gguf_get_str(g, "empty", &str));
+    assert_int_equal(str.len, 0);
+    kvc_gguf_arr_t a;
+    assert_ok(kvc_gguf_get_arr(g, "scores", &a));
+    assert_ok(kvc_gguf_arr_f64(&a, 2, &f));
+    assert_true(f == 2.5);
+    assert_ok(kvc_gguf_get_arr(g, "tokens", &a));
+    assert_ok(kvc_gguf_arr_str(g, &a, 2, &str));
+    assert_int_equal(str.len, 3);
+    assert_memory_equal(str.s, "a\0b", 3); /* binary-safe */
+    assert_ok(kvc_gguf_get_arr(g, "none", &a));
+    assert_int_equal(a.n, 0);
+    assert_int_equal(kvc_gguf_n_tensors(g), 3);
+    const uint64_t want_bytes[3] = {60, 288, 12};
+    for (uint64_t t = 0; t < 3; t++) {
+        const kvc_gguf_tensor_t *x = kvc_gguf_tensor(g, t);
+        assert_int_equal(x->bytes, want_bytes[t]);
+        assert_int_equal(x->offset % 64, 0);
+        for (uint64_t k = 0; k < x->bytes; k++)
+            assert_int_equal(((const uint8_t *)x->data)[k], (uint8_t)(t * 31 + k));
+    }
+    assert_int_equal(kvc_gguf_find_tensor(g, "h")->ne[2], 3);
+    kvc_gguf_close(g);
+    unlink(path);
+}
+
+static const kvc_gguf_t *copy_src;
+static int fill_from_src(void *ctx, uint64_t i, void *dst, uint64_t bytes)
+{
+    (void)ctx;
+    const kvc_gguf_tensor_t *t = kvc_gguf_tensor(copy_src, i);
+    if (t->bytes != bytes) return KVC_ECORRUPT;
+    memcpy(dst, t->data, bytes);
+    return 0;
+}
+
+/* Copying stories260K key by key and tensor by tensor gives the same file, value for value. */
+static void copying_a_real_file_keeps_every_value(void **state)
+{
+    (void)state;
+    char err[256], path[512];
+    kvc_gguf_t *src;
+    assert_ok(kvc_gguf_open(STORIES, NULL, &src, err, sizeof err));
+    kvc_gguf_writer_t *w;
+    assert_ok(kvc_gguf_writer_create(NULL, &w));
+    for (uint64_t i = 0; i < kvc_gguf_n_kv(src); i++) assert_ok(kvc_gguf_writer_copy_kv(w, src, i));
+    for (uint64_t i = 0; i < kvc_gguf_n_tensors(src); i++) {
+        const kvc_gguf_tensor_t *t = kvc_gguf_tensor(src, i);
+        char name[KVC_GGUF_MAX_NAME + 1];
+        memcpy(name, t->name.s, t->name.len);
+        name[t->name.len] = 0;
+        assert_ok(kvc_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne));
+    }
+    tmp_path(path, sizeof path, "copy.gguf");
+    copy_src = src;
+    assert_ok(kvc_gguf_writer_write(w, path, fill_from_src, NULL, err, sizeof err));
+    kvc_gguf_writer_destroy(w);
+    kvc_gguf_t *g;
+    assert_ok(kvc_gguf_open(path, NULL, &g, err, sizeof err));
+    assert_int_equal(kvc_gguf_n_kv(g), kvc_gguf_n_kv(src));
+    for (uint64_t i = 0; i < kvc_gguf_n_kv(src); i++) {
+        kvc_gguf_str_t k = kvc_gguf_key(src, i);
+        assert_true(kvc_gguf_key(g, i).len == k.len);
+        assert_memory_equal(kvc_gguf_key(g, i).s, k.s, k.len);
+        assert_int_equal(kvc_gguf_kv_type(g, i), kvc_gguf_kv_type(src, i));
+    }
+    /* the tokenizer, string for string and score for score */
+    kvc_gguf_arr_t a1, a2, s1, s2;
+    assert_ok(kvc_gguf_get_arr(src, "tokenizer.ggml.tokens", &a1));
+    assert_ok(kvc_gguf_get_arr(g, "tokenizer.ggml.tokens", &a2));
+    assert_ok(kvc_gguf_get_arr(src, "tokenizer.ggml.scores", &s1));
+    assert_ok(kvc_gguf_get_arr(g, "tokenizer.ggml.scores", &s2));
+    assert_int_equal(a1.n, a2.n);
+    for (uint64_t j = 0; j < a1.n; j++) {
+        kvc_gguf_str_t x, y;
+        assert_ok(kvc_gguf_arr_str(src, &a1, j, &x));
+        assert_ok(kvc_gguf_arr_str(g, &a2, j, &y));
+        assert_true(x.len == y.len && !memcmp(x.s, y.s, x.len));
+    }
+    assert_memory_equal(s1.data, s2.data, s1.n * 4);
+    double e1, e2;
+    assert_ok(kvc_gguf_get_f64(src, "llama.attention.layer_norm_rms_epsilon", &e1));
+    assert_ok(kvc_gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &e2));
+    assert_true(e1 == e2);
+    for (uint64_t i = 0; i < kvc_gguf_n_tensors(src); i++) {
+        const kvc_gguf_tensor_t *x = kvc_gguf_tensor(src, i), *y = kvc_gguf_tensor(g, i);
+        assert_int_equal(x->bytes, y->bytes);
+        assert_memory_equal(x->data, y->data, x->bytes);
+    }
+    /* and the same file, byte for byte: llama.cpp's converter lays files out as this
+     * writer does (metadata in order, records, each tensor at the next aligned offset) */
+    assert_int_equal(kvc_gguf_file_bytes(g), kvc_gguf_file_bytes(src));
+    FILE *f1 = fopen(STORIES, "rb"), *f2 = fopen(path, "rb");
+    assert_non_null(f1);
+    assert_non_null(f2);
+    for (int c1 = 0, c2 = 0; c1 != EOF;) {
+        c1 = fgetc(f1);
+        c2 = fgetc(f2);
+        assert_int_equal(c1, c2);
+    }
+    fclose(f1);
+    fclose(f2);
+    kvc_gguf_close(g);
+    kvc_gguf_close(src);
+    unlink(path);
+}
+
+static int fill_fails_on_second(void *ctx, uint64_t i, void *dst, uint64_t bytes)
+{
+    (void)ctx;
+    memset(dst, 0, bytes);
+    return i == 1 ? KVC_EIO : 0;
+}
+
+static void the_writer_refuses_what_the_reader_would(void **state)
+{
+    (void)state;
+    kvc_gguf_writer_t *w;
+    assert_ok(kvc_gguf_writer_create(NULL, &w));
+    assert_ok(kvc_gguf_writer_set_u32(w, "k", 1));
+    assert_int_equal(kvc_gguf_writer_set_u32(w, "k", 2), KVC_EEXIST);
+    assert_int_equal(kvc_gguf_writer_set_str(w, "k", "x", 1), KVC_EEXIST);
+    assert_int_equal(kvc_gguf_writer_set_u32(w, "", 2), KVC_EINVAL);
+    assert_int_equal(kvc_gguf_writer_set_u32(w, NULL, 2), KVC_EINVAL);
+    assert_int_equal(kvc_gguf_writer_set_u32(w, "general.alignment", 48), KVC_EINVAL);
+    assert_int_equal(kvc_gguf_writer_set_arr(w, "a", KVC_GGUF_ARRAY, "", 0), KVC_EINVAL);
+    assert_int_equal(kvc_gguf_writer_set_arr(w, "a", KVC_GGUF_BOOL, "\x02", 1), KVC_EINVAL);
+    assert_int_equal(kvc_gguf_writer_set_arr(w, "a", KVC_GGUF_UINT8, NULL, 1), KVC_EINVAL);
+    assert_int_equal(kvc_gguf_writer_add_tensor(w, "t", 4, 1, (uint64_t[]){32}), KVC_EINVAL);
+    assert_int_equal(kvc_gguf_writer_add_tensor(w, "t", KVC_GGML_Q8_0, 1, (uint64_t[]){33}),
+                     KVC_EINVAL);
+    assert_int_equal(kvc_gguf_writer_add_tensor(w, "t", KVC_GGML_F32, 2, (uint64_t[]){4, 0}),
+                     KVC_EINVAL);
+    assert_int_equal(
+        kvc_gguf_writer_add_tensor(w, "t", KVC_GGML_F32, 5, (uint64_t[]){1, 1, 1, 1, 1}),
+        KVC_EINVAL);
+    assert_ok(kvc_gguf_writer_add_tensor(w, "t", KVC_GGML_F32, 1, (uint64_t[]){8}));
+    assert_int_equal(kvc_gguf_writer_add_tensor(w, "t", KVC_GGML_F32, 1, (uint64_t[]){8}),
+                     KVC_EEXIST);
+    assert_ok(kvc_gguf_writer_add_tensor(w, "u", KVC_GGML_F16, 1, (uint64_t[]){8}));
+    /* after all those refusals, what was kept is a valid file of 1 key and 2 tensors */
+    char path[512], err[256];
+    tmp_path(path, sizeof path, "refuse.gguf");
+    assert_ok(kvc_gguf_writer_write(w, path, NULL, NULL, err, sizeof err));
+    kvc_gguf_t *g;
+    assert_ok(kvc_gguf_open(path, NULL, &g, err, sizeof err));
+    assert_int_equal(kvc_gguf_n_kv(g), 1);
+    assert_int_equal(kvc_gguf_n_tensors(g), 2);
+    kvc_gguf_close(g);
+    /* a failing fill stops the write and leaves no file */
+    assert_int_equal(kvc_gguf_writer_write(w, path, fill_fails_on_second, NULL, err, sizeof err),
+                     KVC_EIO);
+    assert_non_null(strstr(err, "tensor 'u': the fill callback failed"));
+    assert_int_equal(access(path, F_OK), -1);
+    assert_int_equal(
+        kvc_gguf_writer_write(w, "/nonexistent/dir/x.gguf", NULL, NULL, err, sizeof err), KVC_EIO);
+    assert_non_null(strstr(err, "cannot create"));
+    kvc_gguf_writer_destroy(w);
+    kvc_gguf_writer_destroy(NULL);
+}
+
+static int build_and_write(const kvc_allocator_t *a, const char *path)
+{
+    kvc_gguf_writer_t *w;
+    int rc = kvc_gguf_writer_create(a, &w);
+    if (rc) return rc;
+    const kvc_gguf_str_t toks[2] = {{"x", 1}, {"yz", 2}};
+    char err[256];
+    for (int k = 0; k < 40 && !rc; k++) {
+        char key[32];
+        snprintf(key, sizeof key, "key.%d", k);
+        rc = kvc_gguf_writer_set_u32(w, key, (uint32_t)k);
+    }
+    if (!rc) rc = kvc_gguf_writer_set_arr(w, "toks", KVC_GGUF_STRING, toks, 2);
+    for (int t = 0; t < 20 && !rc; t++) {
+        char name[32];
+        snprintf(name, sizeof name, "t.%d", t);
+        rc = kvc_gguf_writer_add_tensor(w, name, KVC_GGML_F32, 1, (uint64_t[]){4});
+    }
+    if (!rc) rc = kvc_gguf_writer_write(w, path, fill_pattern, NULL, err, sizeof err);
+    kvc_gguf_writer_destroy(w);
+    return rc;
+}
+
+static void every_writer_allocation_can_fail_cleanly(void **state)
+{
+    (void)state;
+    char path[512];
+    tmp_path(path, sizeof path, "faults.gguf");
+    kvc_failing_alloc_t st = {0};
+    kvc_allocator_t a = kvc_failing_allocator(&st);
+    assert_ok(build_and_write(&a, path));
+    const uint64_t n = st.n_allocs;
+    assert_int_equal(st.n_live, 0);
+    for (uint64_t k = 1; k <= n; k++) {
+        kvc_failing_alloc_t s2 = {.fail_at = k};
+        kvc_allocator_t a2 = kvc_failing_allocator(&s2);
+        assert_int_equal(build_and_write(&a2, path), KVC_ENOMEM);
+        assert_int_equal(s2.n_live, 0);
+    }
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -676,6 +939,10 @@ int main(void)
         cmocka_unit_test(every_truncation_is_refused),
         cmocka_unit_test(random_corruptions_never_read_out_of_bounds),
         cmocka_unit_test(every_allocation_can_fail_cleanly),
+        cmocka_unit_test(the_writer_round_trips_every_record),
+        cmocka_unit_test(copying_a_real_file_keeps_every_value),
+        cmocka_unit_test(the_writer_refuses_what_the_reader_would),
+        cmocka_unit_test(every_writer_allocation_can_fail_cleanly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

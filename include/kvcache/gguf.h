@@ -25,6 +25,8 @@
  * missing key, KVC_EPARSE for a value of another type, KVC_ERANGE for an
  * integer that does not fit the asked type.
  *
+ * kvc_gguf_writer_t (below) writes files this reader accepts.
+ *
  * Ownership and threads: a kvc_gguf_t owns its mapping (or borrows the
  * caller's buffer, kvc_gguf_open_memory) and a few arrays of its own; every
  * pointer it hands out (strings, arrays, tensor data) stays valid until
@@ -189,6 +191,55 @@ KVC_API uint64_t kvc_gguf_n_tensors(const kvc_gguf_t *g);
 KVC_API const kvc_gguf_tensor_t *kvc_gguf_tensor(const kvc_gguf_t *g, uint64_t i);
 /* The tensor named `name` (NUL-terminated), or NULL. */
 KVC_API const kvc_gguf_tensor_t *kvc_gguf_find_tensor(const kvc_gguf_t *g, const char *name);
+
+/* ---- writing ----
+ * A writer collects metadata and tensor declarations, then writes a GGUF v3
+ * file in one pass: header, metadata in the order set, tensor records, and
+ * each tensor's bytes at the next multiple of the alignment (general.alignment
+ * if set, else 32).  Tensor bytes are not held by the writer: `fill` is called
+ * once per tensor, in declaration order, with a buffer of exactly its bytes,
+ * so a file of any size is written with one tensor in memory at a time.  Keys
+ * and tensor names are copied.  The writer refuses what the reader would
+ * refuse: duplicate keys or names, empty ones, bad shapes, unknown types.
+ *
+ * Errors: KVC_EINVAL (a bad argument: the message says which), KVC_EEXIST (a
+ * duplicate key or tensor name), KVC_ENOMEM, KVC_EIO (the file could not be
+ * written; a partial file is removed), or what `fill` returns (non-zero
+ * stops the write; the partial file is removed).  Not thread-safe. */
+typedef struct kvc_gguf_writer kvc_gguf_writer_t;
+
+KVC_API KVC_NODISCARD int kvc_gguf_writer_create(const kvc_allocator_t *a, kvc_gguf_writer_t **out);
+KVC_API void kvc_gguf_writer_destroy(kvc_gguf_writer_t *w);
+
+KVC_API KVC_NODISCARD int kvc_gguf_writer_set_u32(kvc_gguf_writer_t *w, const char *key,
+                                                  uint32_t v);
+KVC_API KVC_NODISCARD int kvc_gguf_writer_set_i32(kvc_gguf_writer_t *w, const char *key, int32_t v);
+KVC_API KVC_NODISCARD int kvc_gguf_writer_set_u64(kvc_gguf_writer_t *w, const char *key,
+                                                  uint64_t v);
+KVC_API KVC_NODISCARD int kvc_gguf_writer_set_f32(kvc_gguf_writer_t *w, const char *key, float v);
+KVC_API KVC_NODISCARD int kvc_gguf_writer_set_bool(kvc_gguf_writer_t *w, const char *key, bool v);
+KVC_API KVC_NODISCARD int kvc_gguf_writer_set_str(kvc_gguf_writer_t *w, const char *key,
+                                                  const char *s, size_t len);
+/* An array of n fixed-size elements (data: n little-endian values of `type`,
+ * copied) or, for KVC_GGUF_STRING, n strings (data: a const kvc_gguf_str_t[n]). */
+KVC_API KVC_NODISCARD int kvc_gguf_writer_set_arr(kvc_gguf_writer_t *w, const char *key,
+                                                  kvc_gguf_type_t type, const void *data,
+                                                  uint64_t n);
+/* Key i of an open file, value and all (the way to carry a vocabulary over). */
+KVC_API KVC_NODISCARD int kvc_gguf_writer_copy_kv(kvc_gguf_writer_t *w, const kvc_gguf_t *src,
+                                                  uint64_t i);
+/* Declare a tensor: ne[0..n_dims) elements per dimension, ne[0] fastest. */
+KVC_API KVC_NODISCARD int kvc_gguf_writer_add_tensor(kvc_gguf_writer_t *w, const char *name,
+                                                     uint32_t type, uint32_t n_dims,
+                                                     const uint64_t *ne);
+
+/* Fill tensor i's `bytes` bytes at dst; 0, or an error code that stops the write. */
+typedef int (*kvc_gguf_fill_fn)(void *ctx, uint64_t i, void *dst, uint64_t bytes);
+
+/* Write the file at `path` (replaced if it exists); err gets one line. */
+KVC_API KVC_NODISCARD int kvc_gguf_writer_write(kvc_gguf_writer_t *w, const char *path,
+                                                kvc_gguf_fill_fn fill, void *ctx, char *err,
+                                                size_t cap);
 
 #ifdef __cplusplus
 }
