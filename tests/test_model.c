@@ -9,12 +9,15 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "gguf_writer.h"
 #include "kvcache/model.h"
+#include "kvcache/quant.h"
 #include "test_helpers.h"
 
 #define STORIES KVC_DATA_DIR "/models/stories260K.gguf"
@@ -302,6 +305,185 @@ static void an_embedding_of_another_shape_is_refused(void **state)
     free(b.p);
 }
 
+/* ---- tensor encodings ---- */
+static void q8_0_and_q4_0_blocks_are_ggml_s(void **state)
+{
+    (void)state;
+    float x[64], y[64];
+    for (int i = 0; i < 64; i++) x[i] = (float)(i - 16) / 4.0f; /* block 0: -4 .. 3.75 */
+    uint8_t q8[68], q4[36];
+    assert_ok(kvc_ggml_quantize_row(KVC_GGML_Q8_0, x, q8, 64));
+    /* block 0: amax 4, d = 4/127 in f16; q = round(x * 127 / 4): x = -4 -> -127 */
+    uint16_t dh;
+    memcpy(&dh, q8, 2);
+    assert_int_equal(dh, kvc_f16_from_f32(4.0f / 127.0f));
+    assert_int_equal((int8_t)q8[2], -127);
+    assert_int_equal((int8_t)q8[2 + 16], 0);
+    assert_int_equal((int8_t)q8[2 + 20], 32); /* x = 1: 31.75 rounds to 32 */
+    assert_ok(kvc_ggml_dequantize_row(KVC_GGML_Q8_0, q8, y, 64));
+    for (int b = 0; b < 2; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+        for (int i = 0; i < 32; i++) /* half a step, plus the f16 scale's rounding */
+            assert_true(fabsf(y[32 * b + i] - x[32 * b + i]) <=
+                        amax / 127.0f * 0.5f + amax * 1e-3f);
+    }
+    assert_ok(kvc_ggml_quantize_row(KVC_GGML_Q4_0, x, q4, 64));
+    /* block 0: the value of largest magnitude is -4, d = -4 / -8 = 0.5; -4 -> q 0, 0 -> 8 */
+    memcpy(&dh, q4, 2);
+    assert_int_equal(dh, kvc_f16_from_f32(0.5f));
+    assert_int_equal(q4[2] & 0xF, 0);     /* x[0] = -4 */
+    assert_int_equal(q4[2] >> 4, 8);      /* x[16] = 0 */
+    assert_int_equal(q4[2 + 8] >> 4, 12); /* x[24] = 2: (int)(2 / 0.5 + 8.5) = 12 */
+    assert_ok(kvc_ggml_dequantize_row(KVC_GGML_Q4_0, q4, y, 64));
+    for (int i = 0; i < 32; i++) assert_true(fabsf(y[i] - x[i]) <= 0.25f + 1e-6f);
+    /* f16 / bf16 / f32 */
+    uint16_t h[64];
+    assert_ok(kvc_ggml_quantize_row(KVC_GGML_F16, x, h, 64));
+    assert_ok(kvc_ggml_dequantize_row(KVC_GGML_F16, h, y, 64));
+    assert_memory_equal(x, y, sizeof x); /* quarters are exact in f16 */
+    assert_ok(kvc_ggml_quantize_row(KVC_GGML_BF16, x, h, 64));
+    assert_ok(kvc_ggml_dequantize_row(KVC_GGML_BF16, h, y, 64));
+    assert_memory_equal(x, y, sizeof x);
+    assert_int_equal(kvc_ggml_quantize_row(KVC_GGML_Q8_0, x, q8, 33), KVC_EINVAL);
+    assert_int_equal(kvc_ggml_quantize_row(KVC_GGML_Q4_K, x, q8, 256), KVC_ENOTSUP);
+    assert_int_equal(kvc_ggml_dequantize_row(KVC_GGML_Q6_K, q8, y, 256), KVC_ENOTSUP);
+}
+
+/* ---- synth ---- */
+static void synth_path(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/kvc_test_model_%d_%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid(), name);
+}
+
+static void synth_writes_the_model_it_was_asked_for(void **state)
+{
+    (void)state;
+    char msg[256], path[512], path2[512];
+    kvc_gguf_t *vocab;
+    assert_ok(kvc_gguf_open(STORIES, NULL, &vocab, msg, sizeof msg));
+    const uint32_t types[] = {KVC_GGML_F32, KVC_GGML_F16, KVC_GGML_BF16, KVC_GGML_Q8_0,
+                              KVC_GGML_Q4_0};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        kvc_model_synth_t p = kvc_model_synth_default();
+        p.dim = 64;
+        p.n_layers = 2;
+        p.n_heads = 4;
+        p.n_kv_heads = 2;
+        p.ff = 96;
+        p.ctx = 256;
+        p.type = types[ti];
+        synth_path(path, sizeof path, "a.gguf");
+        assert_ok(kvc_model_synth(&p, vocab, path, msg, sizeof msg));
+        kvc_gguf_t *g;
+        assert_ok(kvc_gguf_open(path, NULL, &g, msg, sizeof msg));
+        kvc_model_hparams_t h;
+        assert_ok(kvc_model_hparams_from_gguf(g, &h, msg, sizeof msg));
+        assert_int_equal(h.dim, 64);
+        assert_int_equal(h.n_layers, 2);
+        assert_int_equal(h.n_heads, 4);
+        assert_int_equal(h.n_kv_heads, 2);
+        assert_int_equal(h.head_dim, 16);
+        assert_int_equal(h.ff, 96);
+        assert_int_equal(h.vocab, 512); /* stories260K's tokenizer */
+        assert_int_equal(h.ctx, 256);
+        assert_false(h.tied);
+        assert_int_equal(kvc_gguf_n_tensors(g), 3 + 9 * 2);
+        /* the tokenizer came over whole */
+        kvc_gguf_arr_t a;
+        kvc_gguf_str_t s;
+        assert_ok(kvc_gguf_get_arr(g, "tokenizer.ggml.tokens", &a));
+        assert_ok(kvc_gguf_arr_str(g, &a, 1, &s));
+        assert_true(kvc_gguf_str_eq(s, "<s>"));
+        /* shapes, types, values: norms 1, weights within +-1/sqrt(fan-in) (plus rounding) */
+        const kvc_gguf_tensor_t *t = kvc_gguf_find_tensor(g, "blk.1.ffn_down.weight");
+        assert_non_null(t);
+        assert_int_equal(t->ne[0], 96);
+        assert_int_equal(t->ne[1], 64);
+        assert_int_equal(t->type, types[ti]);
+        float *y = malloc(t->n_elems * sizeof *y);
+        assert_ok(kvc_ggml_dequantize_row(t->type, t->data, y, t->n_elems));
+        const float bound = 1.0f / sqrtf(96.0f) * 1.01f;
+        double sum_abs = 0;
+        for (uint64_t k = 0; k < t->n_elems; k++) {
+            assert_true(fabsf(y[k]) <= bound);
+            sum_abs += fabsf(y[k]);
+        }
+        /* uniform in +-a has mean |x| = a / 2 */
+        assert_true(fabs(sum_abs / (double)t->n_elems - 0.5 / sqrt(96.0)) < 0.01);
+        free(y);
+        t = kvc_gguf_find_tensor(g, "blk.0.attn_norm.weight");
+        assert_int_equal(t->type, KVC_GGML_F32);
+        float one;
+        memcpy(&one, t->data, 4);
+        assert_true(one == 1.0f);
+        assert_int_equal(kvc_gguf_find_tensor(g, "blk.0.attn_k.weight")->ne[1], 32); /* 2 x 16 */
+        /* the same seed writes the same file; another seed another */
+        synth_path(path2, sizeof path2, "b.gguf");
+        assert_ok(kvc_model_synth(&p, vocab, path2, msg, sizeof msg));
+        kvc_gguf_t *g2;
+        assert_ok(kvc_gguf_open(path2, NULL, &g2, msg, sizeof msg));
+        assert_int_equal(kvc_gguf_file_bytes(g2), kvc_gguf_file_bytes(g));
+        for (uint64_t i = 0; i < kvc_gguf_n_tensors(g); i++)
+            assert_memory_equal(kvc_gguf_tensor(g, i)->data, kvc_gguf_tensor(g2, i)->data,
+                                kvc_gguf_tensor(g, i)->bytes);
+        kvc_gguf_close(g2);
+        p.seed = 2;
+        assert_ok(kvc_model_synth(&p, vocab, path2, msg, sizeof msg));
+        assert_ok(kvc_gguf_open(path2, NULL, &g2, msg, sizeof msg));
+        const kvc_gguf_tensor_t *x = kvc_gguf_find_tensor(g, "blk.0.attn_q.weight"),
+                                *z = kvc_gguf_find_tensor(g2, "blk.0.attn_q.weight");
+        assert_true(memcmp(x->data, z->data, x->bytes) != 0);
+        kvc_gguf_close(g2);
+        kvc_gguf_close(g);
+        unlink(path);
+        unlink(path2);
+    }
+    kvc_gguf_close(vocab);
+}
+
+static void synth_refuses_shapes_it_cannot_write(void **state)
+{
+    (void)state;
+    char msg[256], path[512];
+    kvc_gguf_t *vocab;
+    assert_ok(kvc_gguf_open(STORIES, NULL, &vocab, msg, sizeof msg));
+    synth_path(path, sizeof path, "bad.gguf");
+    kvc_model_synth_t p = kvc_model_synth_default();
+    p.type = KVC_GGML_Q4_K;
+    assert_int_equal(kvc_model_synth(&p, vocab, path, msg, sizeof msg), KVC_ENOTSUP);
+    assert_non_null(strstr(msg, "--dtype q4_K"));
+    p = kvc_model_synth_default();
+    p.dim = 80; /* 80 % 32 != 0 for q8_0 */
+    p.n_heads = 4;
+    p.n_kv_heads = 2;
+    assert_int_equal(kvc_model_synth(&p, vocab, path, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "q8_0 needs dim and ff multiples of 32 (80, 1536)"));
+    p = kvc_model_synth_default();
+    p.n_kv_heads = 3;
+    assert_int_equal(kvc_model_synth(&p, vocab, path, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "3 KV heads do not divide 8 heads"));
+    p = kvc_model_synth_default();
+    p.n_layers = 5000;
+    assert_int_equal(kvc_model_synth(&p, vocab, path, msg, sizeof msg), KVC_EINVAL);
+    p = kvc_model_synth_default();
+    p.arch = KVC_ARCH_GEMMA2;
+    assert_int_equal(kvc_model_synth(&p, vocab, path, msg, sizeof msg), KVC_ENOTSUP);
+    assert_int_equal(access(path, F_OK), -1); /* nothing written */
+    /* a vocab file with no tokenizer */
+    buf_t b = {0};
+    header(&b, 3, 0, 1);
+    kv_str(&b, "general.architecture", "llama");
+    kvc_gguf_t *empty;
+    assert_ok(kvc_gguf_open_memory(b.p, b.n, NULL, &empty, msg, sizeof msg));
+    p = kvc_model_synth_default();
+    assert_int_equal(kvc_model_synth(&p, empty, path, msg, sizeof msg), KVC_EPARSE);
+    kvc_gguf_close(empty);
+    free(b.p);
+    kvc_gguf_close(vocab);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -310,6 +492,9 @@ int main(void)
         cmocka_unit_test(each_architecture_reads_its_variant),
         cmocka_unit_test(bad_metadata_is_refused_by_name),
         cmocka_unit_test(an_embedding_of_another_shape_is_refused),
+        cmocka_unit_test(q8_0_and_q4_0_blocks_are_ggml_s),
+        cmocka_unit_test(synth_writes_the_model_it_was_asked_for),
+        cmocka_unit_test(synth_refuses_shapes_it_cannot_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

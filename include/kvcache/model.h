@@ -98,6 +98,39 @@ KVC_API void kvc_model_hparams_to_plan(const kvc_model_hparams_t *h, const char 
 KVC_API KVC_NODISCARD int kvc_model_plan_from_gguf_file(const char *path, kvc_plan_model_t *out,
                                                         char *msg, size_t cap);
 
+/* ---- tensor encodings (reference, scalar) ----
+ * n f32 values to / from a tensor type's encoding in ggml's block layout:
+ * F32, F16, BF16, Q8_0, Q4_0 (see ggml_quant.c for the layouts).  n must be
+ * a multiple of the type's block (KVC_EINVAL otherwise); other types are
+ * KVC_ENOTSUP.  dst holds n / block x block bytes (kvc_ggml_type_size). */
+KVC_API int kvc_ggml_quantize_row(uint32_t type, const float *x, void *dst, uint64_t n);
+KVC_API int kvc_ggml_dequantize_row(uint32_t type, const void *src, float *y, uint64_t n);
+
+/* ---- random-weight models (kvcache model synth) ---- */
+typedef struct {
+    kvc_arch_t arch; /* llama only, for now */
+    uint32_t dim, n_layers, n_heads, n_kv_heads, ff;
+    uint32_t ctx;  /* context_length (default 2048) */
+    uint32_t type; /* the matrices' kvc_ggml_type_t; norms stay F32 */
+    uint64_t seed;
+    const char *name; /* general.name (default "kvcache-synth") */
+} kvc_model_synth_t;
+
+/* Defaults: llama, dim 512, 8 layers, 8 heads, 4 KV heads, FFN 1536, ctx
+ * 2048, Q8_0, seed 1.  Never fails. */
+KVC_API kvc_model_synth_t kvc_model_synth_default(void);
+
+/* Write a random-weight model to `path`: the tokenizer (every tokenizer.* key)
+ * copied from `vocab`, llama.cpp's tensor names and shapes, weights drawn
+ * uniformly in +-1/sqrt(fan-in) from `seed` (the same seed, the same file,
+ * byte for byte), norms 1.  KVC_EINVAL (a width not a multiple of the type's
+ * block, heads that do not divide, a count out of the planner's bounds: the
+ * message says which), KVC_ENOTSUP (a type the reference converters do not
+ * write yet, an architecture other than llama), KVC_EPARSE (vocab has no
+ * tokenizer), KVC_EIO, KVC_ENOMEM. */
+KVC_API KVC_NODISCARD int kvc_model_synth(const kvc_model_synth_t *p, const kvc_gguf_t *vocab,
+                                          const char *path, char *msg, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define CMD "model"
 
@@ -18,7 +19,11 @@ static void usage(FILE *f)
                "the metadata alone), its tokenizer, its tensors by type and size, and the KV\n"
                "bytes per token `kvcache plan` computes for it.  Every count, length, offset\n"
                "and shape in the file is checked against the file before use.\n\n"
-               "  --tensors    also list every tensor: name, type, shape, bytes\n"
+               "  --tensors    also list every tensor: name, type, shape, bytes\n\n"
+               "synth writes a random-weight model (weights uniform in +-1/sqrt(fan-in) from\n"
+               "--seed, norms 1) with llama.cpp's tensor names, its tokenizer copied from\n"
+               "VOCAB.gguf; defaults: llama, dim 512, 8 layers, 8 heads, 4 KV heads, FFN 1536,\n"
+               "context 2048, q8_0, seed 1.  The same options write the same file.\n\n"
                "  -h, --help   this help\n");
 }
 
@@ -176,16 +181,136 @@ static int info(const char *path, bool each)
     return 0;
 }
 
+static bool count_arg(const char *opt, const char *v, uint32_t *out)
+{
+    uint64_t x;
+    if (!kvc_cli_parse_u64(v, 1, UINT32_MAX, &x)) {
+        kvc_cli_error(CMD, "%s: '%s' is not a whole number in 1..4294967295", opt, v);
+        return false;
+    }
+    *out = (uint32_t)x;
+    return true;
+}
+
+static int synth(int argc, char **argv)
+{
+    enum {
+        O_ARCH = 256,
+        O_DIM,
+        O_LAYERS,
+        O_HEADS,
+        O_KV,
+        O_FF,
+        O_CTX,
+        O_VOCAB,
+        O_DTYPE,
+        O_SEED,
+        O_NAME
+    };
+    static const struct option opts[] = {{"arch", required_argument, NULL, O_ARCH},
+                                         {"dim", required_argument, NULL, O_DIM},
+                                         {"layers", required_argument, NULL, O_LAYERS},
+                                         {"heads", required_argument, NULL, O_HEADS},
+                                         {"kv-heads", required_argument, NULL, O_KV},
+                                         {"ff", required_argument, NULL, O_FF},
+                                         {"ctx", required_argument, NULL, O_CTX},
+                                         {"vocab", required_argument, NULL, O_VOCAB},
+                                         {"dtype", required_argument, NULL, O_DTYPE},
+                                         {"seed", required_argument, NULL, O_SEED},
+                                         {"name", required_argument, NULL, O_NAME},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {0}};
+    kvc_model_synth_t p = kvc_model_synth_default();
+    const char *vocab = NULL, *out = NULL;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+        const char *opt = argv[optind - 1];
+        bool ok = true;
+        switch (c) {
+        case O_ARCH:
+            if (strcmp(optarg, "llama"))
+                return kvc_cli_error(CMD, "--arch '%s': synth writes llama models only", optarg);
+            break;
+        case O_DIM:
+            ok = count_arg("--dim", optarg, &p.dim);
+            break;
+        case O_LAYERS:
+            ok = count_arg("--layers", optarg, &p.n_layers);
+            break;
+        case O_HEADS:
+            ok = count_arg("--heads", optarg, &p.n_heads);
+            break;
+        case O_KV:
+            ok = count_arg("--kv-heads", optarg, &p.n_kv_heads);
+            break;
+        case O_FF:
+            ok = count_arg("--ff", optarg, &p.ff);
+            break;
+        case O_CTX:
+            ok = count_arg("--ctx", optarg, &p.ctx);
+            break;
+        case O_VOCAB:
+            vocab = optarg;
+            break;
+        case O_NAME:
+            p.name = optarg;
+            break;
+        case 'o':
+            out = optarg;
+            break;
+        case O_SEED:
+            if (!kvc_cli_parse_u64(optarg, 0, UINT64_MAX, &p.seed))
+                return kvc_cli_error(CMD, "--seed: '%s' is not a whole number", optarg);
+            break;
+        case O_DTYPE: {
+            uint32_t t = KVC_GGML_TYPE__END;
+            for (uint32_t k = 0; k < KVC_GGML_TYPE__END; k++)
+                if (kvc_ggml_type_name(k) && !strcasecmp(kvc_ggml_type_name(k), optarg)) t = k;
+            if (t == KVC_GGML_TYPE__END)
+                return kvc_cli_error(CMD,
+                                     "--dtype '%s': not a tensor type (f32, f16, bf16, "
+                                     "q8_0, q4_0)",
+                                     optarg);
+            p.type = t;
+            break;
+        }
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            return kvc_cli_error(CMD,
+                                 "unknown or incomplete option '%s' (try 'kvcache model "
+                                 "--help')",
+                                 opt);
+        }
+        if (!ok) return 1;
+    }
+    if (optind != argc) return kvc_cli_error(CMD, "synth: unexpected argument '%s'", argv[optind]);
+    if (!vocab) return kvc_cli_error(CMD, "synth: --vocab VOCAB.gguf is required");
+    if (!out) return kvc_cli_error(CMD, "synth: -o OUT.gguf is required");
+    char err[512];
+    kvc_gguf_t *g;
+    int rc = kvc_gguf_open(vocab, NULL, &g, err, sizeof err);
+    if (rc) return kvc_cli_error(CMD, "--vocab %s: %s", vocab, err);
+    rc = kvc_model_synth(&p, g, out, err, sizeof err);
+    kvc_gguf_close(g);
+    if (rc) return kvc_cli_error(CMD, "synth %s: %s", out, err);
+    return 0;
+}
+
 int kvc_cmd_model(int argc, char **argv)
 {
     if (argc < 2) {
-        kvc_cli_error(CMD, "give a subcommand: info (try 'kvcache model --help')");
+        kvc_cli_error(CMD, "give a subcommand: info or synth (try 'kvcache model --help')");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(stdout);
         return 0;
     }
+    if (!strcmp(argv[1], "synth")) return synth(argc - 1, argv + 1);
     if (strcmp(argv[1], "info"))
         return kvc_cli_error(CMD, "unknown subcommand '%s' (try 'kvcache model --help')", argv[1]);
     static const struct option opts[] = {

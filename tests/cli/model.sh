@@ -49,6 +49,25 @@ expect_line "plan gguf kv" '2 x 5 x 4 x 8 x 2 B = 640 B'
 "$KVC" plan --model "$S" --gpu h100-sxm --json >"$TMP/out" 2>/dev/null || fail "plan --model gguf --json: exit $?"
 expect_line "plan gguf json" '"kv_bytes_per_token":[[:space:]]*640,'
 
+# synth: the model asked for, the same file for the same options, and its refusals
+"$KVC" model synth --vocab "$T" --dim 128 --layers 2 --heads 4 --kv-heads 2 --ff 256 --dtype q4_0 --seed 3 -o "$TMP/s1.gguf" 2>"$TMP/err" || fail "synth: exit $? ($(cat "$TMP/err"))"
+"$KVC" model synth --vocab "$T" --dim 128 --layers 2 --heads 4 --kv-heads 2 --ff 256 --dtype q4_0 --seed 3 -o "$TMP/s2.gguf" 2>/dev/null || fail "synth again: exit $?"
+cmp -s "$TMP/s1.gguf" "$TMP/s2.gguf" || fail "synth: the same options wrote different files"
+"$KVC" model info "$TMP/s1.gguf" >"$TMP/out" 2>"$TMP/err" || fail "info on synth: exit $? ($(cat "$TMP/err"))"
+expect_line "synth shape" '^  layers 2, hidden 128, heads 4, KV heads 2, head dim 32, FFN 256, vocab 32000, context 2048$'
+expect_line "synth tensors" '^tensors +21 .*: f32 5 .* q4_0 16 '
+expect_line "synth tokenizer" '^tokenizer +llama \(SentencePiece\), 32000 tokens'
+expect_error "synth no vocab" 1 "--vocab VOCAB\.gguf is required" -- model synth -o "$TMP/x.gguf"
+expect_error "synth no out" 1 "-o OUT\.gguf is required" -- model synth --vocab "$T"
+expect_error "synth bad dtype" 1 "--dtype 'q9': not a tensor type" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dtype q9
+expect_error "synth k-quant" 1 "--dtype q4_K: synth writes f32, f16, bf16, q8_0 and q4_0" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dtype q4_k
+expect_error "synth dim 0" 1 "--dim: '0' is not a whole number" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dim 0
+expect_error "synth dim block" 1 "q8_0 needs dim and ff multiples of 32" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dim 80 --heads 4 --kv-heads 2
+expect_error "synth arch" 1 "--arch 'gemma2': synth writes llama models only" -- model synth --vocab "$T" -o "$TMP/x.gguf" --arch gemma2
+expect_error "synth vocab missing" 1 "--vocab .*absent\.gguf: cannot open" -- model synth --vocab "$DATA/models/absent.gguf" -o "$TMP/x.gguf"
+expect_error "synth unwritable" 1 "cannot create" -- model synth --vocab "$T" -o /nonexistent/dir/x.gguf
+[ ! -e "$TMP/x.gguf" ] || fail "synth: a refused run left a file"
+
 # bad input
 printf 'GGUF\003\000\000\000' >"$TMP/trunc.gguf"
 printf 'not a model' >"$TMP/text.gguf"
@@ -60,7 +79,7 @@ expect_error "no file" 1 "give exactly one FILE\.gguf" -- model info
 expect_error "two files" 1 "give exactly one FILE\.gguf" -- model info "$S" "$T"
 expect_error "bad option" 1 "unknown option '--bogus'" -- model info --bogus "$S"
 expect_error "bad subcommand" 1 "unknown subcommand 'show'" -- model show "$S"
-expect_error "no subcommand" 2 "^kvcache model: give a subcommand: info" -- model
+expect_error "no subcommand" 2 "^kvcache model: give a subcommand: info or synth" -- model
 expect_error "plan truncated gguf" 1 "^kvcache plan: --model: .*trunc\.gguf: truncated at byte 8" -- plan --model "$TMP/trunc.gguf" --gpu h100-sxm
 expect_error "plan absent gguf" 1 "^kvcache plan: --model: .*absent\.gguf: cannot open" -- plan --model "$DATA/models/absent.gguf" --gpu h100-sxm
 "$KVC" model --help >"$TMP/out" 2>&1 || fail "model --help: exit $?"
