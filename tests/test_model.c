@@ -346,8 +346,8 @@ static void q8_0_and_q4_0_blocks_are_ggml_s(void **state)
     assert_ok(kvc_ggml_dequantize_row(KVC_GGML_BF16, h, y, 64));
     assert_memory_equal(x, y, sizeof x);
     assert_int_equal(kvc_ggml_quantize_row(KVC_GGML_Q8_0, x, q8, 33), KVC_EINVAL);
-    assert_int_equal(kvc_ggml_quantize_row(KVC_GGML_Q4_K, x, q8, 256), KVC_ENOTSUP);
-    assert_int_equal(kvc_ggml_dequantize_row(KVC_GGML_Q6_K, q8, y, 256), KVC_ENOTSUP);
+    assert_int_equal(kvc_ggml_quantize_row(KVC_GGML_Q5_K, x, q8, 256), KVC_ENOTSUP);
+    assert_int_equal(kvc_ggml_dequantize_row(KVC_GGML_Q2_K, q8, y, 256), KVC_ENOTSUP);
 }
 
 /* ---- synth ---- */
@@ -451,9 +451,9 @@ static void synth_refuses_shapes_it_cannot_write(void **state)
     assert_ok(kvc_gguf_open(STORIES, NULL, &vocab, msg, sizeof msg));
     synth_path(path, sizeof path, "bad.gguf");
     kvc_model_synth_t p = kvc_model_synth_default();
-    p.type = KVC_GGML_Q4_K;
+    p.type = KVC_GGML_Q5_K;
     assert_int_equal(kvc_model_synth(&p, vocab, path, msg, sizeof msg), KVC_ENOTSUP);
-    assert_non_null(strstr(msg, "--dtype q4_K"));
+    assert_non_null(strstr(msg, "--dtype q5_K"));
     p = kvc_model_synth_default();
     p.dim = 80; /* 80 % 32 != 0 for q8_0 */
     p.n_heads = 4;
@@ -484,6 +484,86 @@ static void synth_refuses_shapes_it_cannot_write(void **state)
     kvc_gguf_close(vocab);
 }
 
+/* Q4_K and Q6_K: every sub-block's scale (and Q4_K's min) survives its 6- or 8-bit packing:
+ * sub-blocks of very different ranges and offsets each come back within their own step. */
+static void k_quant_blocks_keep_every_sub_block_scale(void **state)
+{
+    (void)state;
+    float x[512], y[512];
+    uint8_t q[512 / 256 * 210];
+    kvc_rng_t r;
+    kvc_rng_seed(&r, 3);
+    for (int i = 0; i < 512; i++) {
+        const int sub = (i % 256) / 32; /* Q4_K's sub-blocks of 32: ranges 0.01 .. 1.28 */
+        const float amp = 0.01f * (float)(1 << sub), off = (sub % 3 - 1) * amp * 0.5f;
+        x[i] = off + amp * (float)(2 * kvc_rng_double(&r) - 1);
+    }
+    assert_ok(kvc_ggml_quantize_row(KVC_GGML_Q4_K, x, q, 512));
+    assert_ok(kvc_ggml_dequantize_row(KVC_GGML_Q4_K, q, y, 512));
+    for (int i = 0; i < 512; i++) {
+        const int sub = (i % 256) / 32;
+        const float amp = 0.01f * (float)(1 << sub);
+        /* step = (range) / 15 of a sub-block, its scale within 1/63 of the block's largest:
+         * an error of at most a step plus the scale's and min's rounding */
+        const float step = 3.0f * amp / 15.0f + 2.56f / 63.0f;
+        if (fabsf(y[i] - x[i]) > step) fail_msg("q4_K element %d: %f vs %f", i, y[i], x[i]);
+    }
+    assert_ok(kvc_ggml_quantize_row(KVC_GGML_Q6_K, x, q, 512));
+    assert_ok(kvc_ggml_dequantize_row(KVC_GGML_Q6_K, q, y, 512));
+    for (int i = 0; i < 512; i++) {
+        const int sub = (i % 256) / 32;
+        const float amp = 0.01f * (float)(1 << sub) * 1.5f;
+        const float step = amp / 32.0f + 1.92f / 128.0f; /* q step + the int8 scale's rounding */
+        if (fabsf(y[i] - x[i]) > step) fail_msg("q6_K element %d: %f vs %f", i, y[i], x[i]);
+    }
+    /* a block of zeros stays zeros (no division by a zero scale) */
+    float z[256] = {0};
+    assert_ok(kvc_ggml_quantize_row(KVC_GGML_Q4_K, z, q, 256));
+    assert_ok(kvc_ggml_dequantize_row(KVC_GGML_Q4_K, q, y, 256));
+    for (int i = 0; i < 256; i++) assert_true(y[i] == 0.0f);
+    assert_ok(kvc_ggml_quantize_row(KVC_GGML_Q6_K, z, q, 256));
+    assert_ok(kvc_ggml_dequantize_row(KVC_GGML_Q6_K, q, y, 256));
+    for (int i = 0; i < 256; i++) assert_true(y[i] == 0.0f);
+    assert_int_equal(kvc_ggml_quantize_row(KVC_GGML_Q4_K, x, q, 255), KVC_EINVAL);
+}
+
+static void synth_writes_k_quants(void **state)
+{
+    (void)state;
+    char msg[256], path[512];
+    kvc_gguf_t *vocab;
+    assert_ok(kvc_gguf_open(STORIES, NULL, &vocab, msg, sizeof msg));
+    const uint32_t types[2] = {KVC_GGML_Q4_K, KVC_GGML_Q6_K};
+    for (int ti = 0; ti < 2; ti++) {
+        kvc_model_synth_t p = kvc_model_synth_default();
+        p.dim = 256;
+        p.n_layers = 1;
+        p.n_heads = 4;
+        p.n_kv_heads = 4;
+        p.ff = 512;
+        p.type = types[ti];
+        synth_path(path, sizeof path, "k.gguf");
+        assert_ok(kvc_model_synth(&p, vocab, path, msg, sizeof msg));
+        kvc_gguf_t *g;
+        assert_ok(kvc_gguf_open(path, NULL, &g, msg, sizeof msg));
+        const kvc_gguf_tensor_t *t = kvc_gguf_find_tensor(g, "blk.0.ffn_gate.weight");
+        assert_int_equal(t->type, types[ti]);
+        assert_int_equal(t->bytes, 256 * 512 / 256 * (ti ? 210 : 144));
+        float *y = malloc(t->n_elems * sizeof *y);
+        assert_ok(kvc_ggml_dequantize_row(t->type, t->data, y, t->n_elems));
+        for (uint64_t k = 0; k < t->n_elems; k++) assert_true(fabsf(y[k]) <= 1.05f / 16.0f);
+        free(y);
+        kvc_gguf_close(g);
+        unlink(path);
+    }
+    kvc_model_synth_t p = kvc_model_synth_default(); /* dim 512, ff 1536: both multiples */
+    p.type = KVC_GGML_Q4_K;
+    p.ff = 1000;
+    assert_int_equal(kvc_model_synth(&p, vocab, path, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "q4_K needs dim and ff multiples of 256"));
+    kvc_gguf_close(vocab);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -495,6 +575,8 @@ int main(void)
         cmocka_unit_test(q8_0_and_q4_0_blocks_are_ggml_s),
         cmocka_unit_test(synth_writes_the_model_it_was_asked_for),
         cmocka_unit_test(synth_refuses_shapes_it_cannot_write),
+        cmocka_unit_test(k_quant_blocks_keep_every_sub_block_scale),
+        cmocka_unit_test(synth_writes_k_quants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

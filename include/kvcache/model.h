@@ -100,7 +100,7 @@ KVC_API KVC_NODISCARD int kvc_model_plan_from_gguf_file(const char *path, kvc_pl
 
 /* ---- tensor encodings (reference, scalar) ----
  * n f32 values to / from a tensor type's encoding in ggml's block layout:
- * F32, F16, BF16, Q8_0, Q4_0 (see ggml_quant.c for the layouts).  n must be
+ * F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K (see ggml_quant.c for the layouts).  n must be
  * a multiple of the type's block (KVC_EINVAL otherwise); other types are
  * KVC_ENOTSUP.  dst holds n / block x block bytes (kvc_ggml_type_size). */
 KVC_API int kvc_ggml_quantize_row(uint32_t type, const float *x, void *dst, uint64_t n);

@@ -271,7 +271,7 @@ static int synth(int argc, char **argv)
             if (t == KVC_GGML_TYPE__END)
                 return kvc_cli_error(CMD,
                                      "--dtype '%s': not a tensor type (f32, f16, bf16, "
-                                     "q8_0, q4_0)",
+                                     "q8_0, q4_0, q4_K, q6_K)",
                                      optarg);
             p.type = t;
             break;

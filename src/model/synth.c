@@ -31,6 +31,10 @@ static uint32_t file_type(uint32_t type)
         return 2;
     case KVC_GGML_Q8_0:
         return 7;
+    case KVC_GGML_Q4_K:
+        return 15; /* llama.cpp's MOSTLY_Q4_K_M: the nearest name for all-Q4_K */
+    case KVC_GGML_Q6_K:
+        return 18;
     case KVC_GGML_BF16:
         return 32;
     default:
@@ -87,11 +91,11 @@ static int check(const kvc_model_synth_t *p, char *msg, size_t cap)
         return kvc__msgf(KVC_ENOTSUP, msg, cap, "synth writes llama models only (not %s)",
                          kvc_arch_name(p->arch));
     if (p->type != KVC_GGML_F32 && p->type != KVC_GGML_F16 && p->type != KVC_GGML_BF16 &&
-        p->type != KVC_GGML_Q8_0 && p->type != KVC_GGML_Q4_0)
+        p->type != KVC_GGML_Q8_0 && p->type != KVC_GGML_Q4_0 && p->type != KVC_GGML_Q4_K &&
+        p->type != KVC_GGML_Q6_K)
         return kvc__msgf(KVC_ENOTSUP, msg, cap,
-                         "--dtype %s: synth writes f32, f16, bf16, q8_0 and q4_0 (not yet %s)",
-                         kvc_ggml_type_name(p->type) ? kvc_ggml_type_name(p->type) : "?",
-                         "the k-quants");
+                         "--dtype %s: synth writes f32, f16, bf16, q8_0, q4_0, q4_K and q6_K",
+                         kvc_ggml_type_name(p->type) ? kvc_ggml_type_name(p->type) : "?");
     if (!p->n_heads || !p->n_kv_heads || !p->dim || !p->n_layers || !p->ff || !p->ctx)
         return kvc__msgf(KVC_EINVAL, msg, cap, "every count must be at least 1");
     if (p->n_heads % p->n_kv_heads)

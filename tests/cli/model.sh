@@ -60,7 +60,7 @@ expect_line "synth tokenizer" '^tokenizer +llama \(SentencePiece\), 32000 tokens
 expect_error "synth no vocab" 1 "--vocab VOCAB\.gguf is required" -- model synth -o "$TMP/x.gguf"
 expect_error "synth no out" 1 "-o OUT\.gguf is required" -- model synth --vocab "$T"
 expect_error "synth bad dtype" 1 "--dtype 'q9': not a tensor type" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dtype q9
-expect_error "synth k-quant" 1 "--dtype q4_K: synth writes f32, f16, bf16, q8_0 and q4_0" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dtype q4_k
+expect_error "synth q5_K" 1 "--dtype q5_K: synth writes f32, f16, bf16, q8_0, q4_0, q4_K and q6_K" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dtype q5_k
 expect_error "synth dim 0" 1 "--dim: '0' is not a whole number" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dim 0
 expect_error "synth dim block" 1 "q8_0 needs dim and ff multiples of 32" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dim 80 --heads 4 --kv-heads 2
 expect_error "synth arch" 1 "--arch 'gemma2': synth writes llama models only" -- model synth --vocab "$T" -o "$TMP/x.gguf" --arch gemma2
