@@ -18,6 +18,7 @@
 #include "gguf_writer.h"
 #include "kvcache/model.h"
 #include "kvcache/quant.h"
+#include "ref_llama.h"
 #include "test_helpers.h"
 
 #define STORIES KVC_DATA_DIR "/models/stories260K.gguf"
@@ -564,6 +565,46 @@ static void synth_writes_k_quants(void **state)
     kvc_gguf_close(vocab);
 }
 
+/* The real model, end to end through the reader and the hyperparameters: the tests' own
+ * reference forward pass, greedy from BOS, tells the story llama2.c documents for
+ * stories260K (tests/data/PROVENANCE.md). */
+static void stories260k_tells_its_story_through_the_reference_pass(void **state)
+{
+    (void)state;
+    char msg[256];
+    kvc_gguf_t *g;
+    assert_ok(kvc_gguf_open(STORIES, NULL, &g, msg, sizeof msg));
+    ref_llama_t m;
+    const uint32_t n = 40;
+    assert_int_equal(ref_llama_init(&m, g, n + 1), 0);
+    kvc_gguf_arr_t tok;
+    assert_ok(kvc_gguf_get_arr(g, "tokenizer.ggml.tokens", &tok));
+    char text[1024] = "";
+    size_t len = 0;
+    uint32_t t = 1; /* BOS */
+    for (uint32_t pos = 0; pos < n; pos++) {
+        ref_llama_step(&m, t, pos);
+        t = ref_argmax(m.logits, m.h.vocab);
+        kvc_gguf_str_t piece;
+        assert_ok(kvc_gguf_arr_str(g, &tok, t, &piece));
+        /* SentencePiece pieces: U+2581 is a space; these stories need no byte tokens */
+        for (uint64_t i = 0; i < piece.len && len < sizeof text - 1; i++) {
+            if (i + 2 < piece.len && !memcmp(piece.s + i, "\xe2\x96\x81", 3)) {
+                text[len++] = ' ';
+                i += 2;
+            } else {
+                text[len++] = piece.s[i];
+            }
+        }
+    }
+    text[len] = 0;
+    const char *want = " Once upon a time, there was a little girl named Lily. She loved to play "
+                       "outside in the park.";
+    if (strncmp(text, want, strlen(want))) fail_msg("the story went: '%s'", text);
+    ref_llama_free(&m);
+    kvc_gguf_close(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -577,6 +618,7 @@ int main(void)
         cmocka_unit_test(synth_refuses_shapes_it_cannot_write),
         cmocka_unit_test(k_quant_blocks_keep_every_sub_block_scale),
         cmocka_unit_test(synth_writes_k_quants),
+        cmocka_unit_test(stories260k_tells_its_story_through_the_reference_pass),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
