@@ -18,5 +18,7 @@
 #include "kvcache/plan.h"
 #include "kvcache/sim.h"
 #include "kvcache/attn.h"
+#include "kvcache/gguf.h"
+#include "kvcache/model.h"
 
 #endif /* KVCACHE_KVCACHE_H */

@@ -177,6 +177,12 @@ KVC_API void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_cou
  * parameters past KVC_PLAN_MAX_PARAMS, or m NULL.  Reads only *m. */
 KVC_API int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t msg_len);
 
+/* KV bytes one token takes in the whole model, one copy, with K/V stored as
+ * kv_dtype: 2 x layers x KV heads x head_dim elements, or for MLA the latent
+ * plus the RoPE key per layer.  The formula every plan uses.  The model must
+ * have passed kvc_plan_model_check (the product then fits). */
+KVC_API uint64_t kvc_plan_kv_bytes_per_token(const kvc_plan_model_t *m, kvc_plan_dtype_t kv_dtype);
+
 /* Built-in model presets, their numbers written in the source from the
  * public config.json files named there.  Lookup is case-insensitive.
  * Returns 0, KVC_ENOENT (no such preset, or name NULL) or KVC_EINVAL (out

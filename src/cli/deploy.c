@@ -2,6 +2,7 @@
  * the model, the GPU, parallelism, dtypes, engine limits and measurements.
  * One table, one parser, one resolver, so the two commands cannot drift. */
 #include "cli.h"
+#include "kvcache/model.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -312,17 +313,36 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const ch
     return 1;
 }
 
+/* A GGUF model file rather than a config.json: by its magic, or by its name when it cannot
+ * be read (so that the GGUF reader says why). */
+static bool is_gguf(const char *path)
+{
+    const size_t n = strlen(path);
+    FILE *f = fopen(path, "rb");
+    if (!f) return n > 5 && !strcmp(path + n - 5, ".gguf");
+    char magic[4];
+    const bool yes = fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    fclose(f);
+    return yes || (n > 5 && !strcmp(path + n - 5, ".gguf"));
+}
+
 static int load_model(const char *CMD, const char *arg, kvc_plan_model_t *m)
 {
     if (!kvc_plan_model_preset(arg, m)) return 0;
     const size_t n = strlen(arg);
-    const bool looks_like_path = strchr(arg, '/') || (n > 5 && !strcmp(arg + n - 5, ".json"));
+    const bool looks_like_path = strchr(arg, '/') || (n > 5 && !strcmp(arg + n - 5, ".json")) ||
+                                 (n > 5 && !strcmp(arg + n - 5, ".gguf"));
     if (!looks_like_path && access(arg, F_OK) != 0) {
         char names[512];
         kvc_cli_presets_line(names, sizeof names, true);
         return kvc_cli_error(CMD, "--model '%s': not a preset (%s) and no such file", arg, names);
     }
     char msg[512];
+    if (is_gguf(arg)) {
+        if (kvc_model_plan_from_gguf_file(arg, m, msg, sizeof msg))
+            return kvc_cli_error(CMD, "--model: %s: %s", arg, msg);
+        return 0;
+    }
     if (kvc_plan_model_load(arg, m, msg, sizeof msg)) return kvc_cli_error(CMD, "--model: %s", msg);
     return 0;
 }

@@ -610,6 +610,13 @@ static int compute_inputs(calc_t *c, char *msg, size_t len)
     return 0;
 }
 
+uint64_t kvc_plan_kv_bytes_per_token(const kvc_plan_model_t *m, kvc_plan_dtype_t kv_dtype)
+{
+    const uint64_t kv_bits = kvc_plan_dtype_bits(kv_dtype);
+    return m->mla ? ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) * m->n_layers * kv_bits / 8
+                  : 2 * (uint64_t)m->n_layers * m->n_kv_heads * m->head_dim * kv_bits / 8;
+}
+
 /* 1. KV bytes per token, and what TP does to them. */
 static void compute_kv(calc_t *c)
 {
@@ -617,10 +624,7 @@ static void compute_kv(calc_t *c)
     const kvc_plan_params_t *p = c->p;
     kvc_plan_result_t *r = c->r;
     const uint32_t tp = p->tp;
-    const uint64_t kv_bits = kvc_plan_dtype_bits(p->kv_dtype);
-    r->kv_bytes_per_token =
-        m->mla ? ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) * m->n_layers * kv_bits / 8
-               : 2 * (uint64_t)m->n_layers * m->n_kv_heads * m->head_dim * kv_bits / 8;
+    r->kv_bytes_per_token = kvc_plan_kv_bytes_per_token(m, p->kv_dtype);
     r->kv_heads_per_gpu = kv_heads_per_gpu(m, tp);
     r->kv_head_replication = kv_replication(m, tp);
     r->max_tp_without_replication = m->mla ? 1 : m->n_kv_heads;
