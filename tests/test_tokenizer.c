@@ -1013,6 +1013,9 @@ static void bad_metadata_is_refused_with_a_message(void **state)
     v.model = "gpt2";
     w = tiny_gguf(&v, NULL, 0, 0);
     expect_refused(&w, KVC_ENOTSUP, "'gpt2'");
+    v.model = "bpe\nx"; /* named, but kept on one line */
+    w = tiny_gguf(&v, NULL, 0, 0);
+    expect_refused(&w, KVC_ENOTSUP, "'bpe?x'");
     v.model = "llama";
 
     /* a type out of range, a byte token that is not <0xXX>, bad text */

@@ -89,7 +89,7 @@ KVC_API kvc_tokenizer_params_t kvc_tokenizer_params_default(void);
 
 /* Build a tokenizer from g's tokenizer.ggml.* metadata (g is only borrowed
  * during the call; params may be NULL for the defaults).  Read:
- * tokenizer.ggml.model (required), tokens (required, non-empty, valid UTF-8
+ * tokenizer.ggml.model (required), tokens (required, 1 to 2^24 of them, valid UTF-8
  * without NUL, at most 65535 bytes each; a duplicate text resolves to its
  * last id, as in llama.cpp), scores (float32, default 0) and token_type
  * (integers 0..6, default normal; a byte token's text must be `<0xXX>`),

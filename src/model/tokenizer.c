@@ -19,6 +19,7 @@
 #include "util/msg.h"
 
 #define MAX_TOKEN_BYTES  65535u
+#define MAX_VOCAB        (UINT32_C(1) << 24) /* real vocabularies stop near 2^18 */
 #define MAX_ENCODE_BYTES (UINT32_C(1) << 26) /* keeps every workspace index in int32 */
 
 #define STRIP_LEFT  1u /* whitespace before the token */
@@ -263,11 +264,17 @@ static int load(kvc_tokenizer_t *t, const kvc_gguf_t *g, char *err, size_t cap)
         return kvc__msgf(KVC_ENOENT, err, cap, "no tokenizer: tokenizer.ggml.model is missing");
     if (rc) return kvc__msgf(KVC_EPARSE, err, cap, "tokenizer.ggml.model is not a string");
     if (!kvc_gguf_str_eq(model, "llama")) {
-        int n = model.len > 64 ? 64 : (int)model.len;
+        char name[65]; /* printable, so the message stays one line */
+        size_t n = KVC_MIN(model.len, sizeof name - 1);
+        for (size_t i = 0; i < n; i++) {
+            unsigned char c = (unsigned char)model.s[i];
+            name[i] = c < 0x20 || c == 0x7F ? '?' : (char)c;
+        }
+        name[n] = '\0';
         return kvc__msgf(KVC_ENOTSUP, err, cap,
-                         "tokenizer.ggml.model '%.*s' is not supported (only 'llama', "
+                         "tokenizer.ggml.model '%s' is not supported (only 'llama', "
                          "SentencePiece-style)",
-                         n, model.s);
+                         name);
     }
 
     kvc_gguf_arr_t toks;
@@ -277,9 +284,9 @@ static int load(kvc_tokenizer_t *t, const kvc_gguf_t *g, char *err, size_t cap)
     if (rc || toks.type != KVC_GGUF_STRING)
         return kvc__msgf(KVC_EPARSE, err, cap, "tokenizer.ggml.tokens is not an array of strings");
     if (toks.n == 0) return kvc__msgf(KVC_EPARSE, err, cap, "tokenizer.ggml.tokens is empty");
-    if (toks.n > (uint64_t)INT32_MAX - 1)
-        return kvc__msgf(KVC_EPARSE, err, cap, "tokenizer.ggml.tokens has %llu tokens (at most %d)",
-                         (unsigned long long)toks.n, INT32_MAX - 1);
+    if (toks.n > MAX_VOCAB)
+        return kvc__msgf(KVC_EPARSE, err, cap, "tokenizer.ggml.tokens has %llu tokens (at most %u)",
+                         (unsigned long long)toks.n, MAX_VOCAB);
     uint32_t n = (uint32_t)toks.n;
     t->n_vocab = n;
 
