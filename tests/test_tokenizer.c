@@ -708,6 +708,47 @@ static void random_text_matches_the_reference_and_round_trips(void **state)
                   n_round);
 }
 
+/* The model files' own vocabularies: stories260K's 512 tokens (no add_bos / add_eos keys, so
+ * the defaults) and llama-2-tiny-random's 32000; a story sentence matches the reference and
+ * comes back. */
+static void model_vocabularies_load_and_round_trip(void **state)
+{
+    (void)state;
+    const char *files[] = {"stories260K.gguf", "llama-2-tiny-random.gguf"};
+    const uint32_t n_vocab[] = {512, 32000};
+    const char *text =
+        "Once upon a time, there was a little girl named Lily. She loved to play "
+        "outside in the park.\n\"Wow!\" she said, 3 times: caf\xC3\xA9 \xF0\x9F\x8E\x88";
+    for (size_t i = 0; i < 2; i++) {
+        char path[1024], err[256];
+        snprintf(path, sizeof path, "%s/models/%s", data_dir(), files[i]);
+        kvc_gguf_t *g = NULL;
+        kvc_tokenizer_t *t = NULL;
+        int rc = kvc_gguf_open(path, NULL, &g, err, sizeof err);
+        if (rc) fail_msg("%s: %s", path, err);
+        rc = kvc_tokenizer_create_gguf(g, NULL, &t, err, sizeof err);
+        if (rc) fail_msg("%s: %s", files[i], err);
+        kvc_gguf_close(g); /* the tokenizer keeps its own copy */
+        assert_int_equal(kvc_tokenizer_n_vocab(t), n_vocab[i]);
+        assert_int_equal(kvc_tokenizer_bos(t), 1);
+        assert_int_equal(kvc_tokenizer_eos(t), 2);
+        assert_true(kvc_tokenizer_add_bos(t));
+        kvc_token_t ids[1024], want[1024];
+        size_t n = 0;
+        assert_ok(kvc_tokenizer_encode(t, text, strlen(text), KVC_TOK_ADD_SPECIAL, ids, 1024, &n));
+        assert_int_equal(ids[0], 1);
+        size_t nw = reference_encode(t, text, strlen(text), want);
+        assert_int_equal(n - 1, nw);
+        assert_memory_equal(ids + 1, want, nw * sizeof *ids);
+        char out[1024];
+        size_t nb;
+        assert_ok(kvc_tokenizer_decode(t, ids + 1, n - 1, 0, out, sizeof out, &nb));
+        assert_string_equal(out, text);
+        print_message("%s: %zu tokens for %zu bytes\n", files[i], n, strlen(text));
+        kvc_tokenizer_destroy(t);
+    }
+}
+
 /* ---- a GGUF writer for small vocabularies ------------------------------------------------ */
 
 typedef struct {
@@ -1057,6 +1098,18 @@ static void bad_metadata_is_refused_with_a_message(void **state)
     kv_i32(&w, "tokenizer.ggml.unknown_token_id", -1);
     expect_refused(&w, KVC_EPARSE, "no token for byte 0x00");
 
+    /* -1 stored unsigned is "none" (stories260K's padding id), not out of range */
+    w = tiny_gguf(&v, NULL, 0, 0);
+    kv_u32(&w, "tokenizer.ggml.padding_token_id", UINT32_MAX);
+    kv_i32(&w, "tokenizer.ggml.unknown_token_id", -1);
+    kvc_tokenizer_t *ok = NULL;
+    char err0[256];
+    assert_ok(tiny_create(&w, NULL, &ok, err0, sizeof err0));
+    assert_int_equal(kvc_tokenizer_pad(ok), KVC_TOKEN_NONE);
+    assert_int_equal(kvc_tokenizer_unk(ok), KVC_TOKEN_NONE);
+    kvc_tokenizer_destroy(ok);
+    free(w.p);
+
     /* NULL arguments */
     char err[64];
     kvc_tokenizer_t *t = NULL;
@@ -1121,6 +1174,7 @@ int main(void)
         cmocka_unit_test(stream_repairs_invalid_utf8),
         cmocka_unit_test(lead_bytes_before_spaces_make_more_symbols_than_bytes),
         cmocka_unit_test(random_text_matches_the_reference_and_round_trips),
+        cmocka_unit_test(model_vocabularies_load_and_round_trip),
         cmocka_unit_test(encode_flags_and_buffer_sizes),
         cmocka_unit_test(user_defined_tokens_match_without_parse_special),
         cmocka_unit_test(merges_follow_score_then_leftmost),

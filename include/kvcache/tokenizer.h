@@ -95,7 +95,8 @@ KVC_API kvc_tokenizer_params_t kvc_tokenizer_params_default(void);
  * (integers 0..6, default normal; a byte token's text must be `<0xXX>`),
  * both with exactly one entry per token; bos_token_id, eos_token_id,
  * unknown_token_id, padding_token_id (default 1, 2, 0 and none, a default
- * that is not a valid id meaning none; a negative stored value means none);
+ * that is not a valid id meaning none; a negative stored value, or -1 stored unsigned
+ * as 0xFFFFFFFF or UINT64_MAX, means none);
  * add_bos_token (default true), add_eos_token (false), add_space_prefix
  * (true).  Errors (with a one-line message in err): KVC_ENOENT (no
  * tokenizer.ggml.model), KVC_ENOTSUP (a model other than "llama"; the

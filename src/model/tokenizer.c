@@ -172,7 +172,8 @@ void kvc_tokenizer_destroy(kvc_tokenizer_t *t)
 }
 
 /* A special-token id from the metadata: absent gives the default (none when the default is
- * not a valid id), a negative value none, anything else must be a valid id. */
+ * not a valid id), a negative value or -1 stored unsigned (0xFFFFFFFF, UINT64_MAX) none,
+ * anything else must be a valid id. */
 static int read_special(const kvc_gguf_t *g, const char *key, int64_t def, uint32_t n_vocab,
                         kvc_token_t *out, char *err, size_t cap)
 {
@@ -182,8 +183,16 @@ static int read_special(const kvc_gguf_t *g, const char *key, int64_t def, uint3
         *out = def >= 0 && def < (int64_t)n_vocab ? (kvc_token_t)def : KVC_TOKEN_NONE;
         return 0;
     }
-    if (rc == KVC_ERANGE) return kvc__msgf(KVC_EPARSE, err, cap, "%s is out of range", key);
-    if (rc) return kvc__msgf(KVC_EPARSE, err, cap, "%s is not an integer", key);
+    uint64_t u;
+    if (rc == KVC_ERANGE && kvc_gguf_get_u64(g, key, &u) == 0 && u == UINT64_MAX)
+        v = -1;
+    else if (rc == KVC_ERANGE)
+        return kvc__msgf(KVC_EPARSE, err, cap, "%s is out of range", key);
+    else if (rc)
+        return kvc__msgf(KVC_EPARSE, err, cap, "%s is not an integer", key);
+    /* -1 stored unsigned means none too (llama.cpp's own stories260K has a uint32 0xFFFFFFFF
+     * padding id) */
+    if (v == UINT32_MAX) v = -1;
     if (v < 0) {
         *out = KVC_TOKEN_NONE;
         return 0;
