@@ -20,5 +20,6 @@
 #include "kvcache/attn.h"
 #include "kvcache/gguf.h"
 #include "kvcache/model.h"
+#include "kvcache/tokenizer.h"
 
 #endif /* KVCACHE_KVCACHE_H */
