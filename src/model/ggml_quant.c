@@ -182,98 +182,97 @@ static void q6_k_dequant(const uint8_t *p, float *y)
         }
 }
 
+static void q8_0_dequant(const uint8_t *p, float *y)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    const float d = kvc_f16_to_f32(h);
+    for (int i = 0; i < 32; i++) y[i] = d * (float)(int8_t)p[2 + i];
+}
+
+static void q4_0_dequant(const uint8_t *p, float *y)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    const float d = kvc_f16_to_f32(h);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)((p[2 + j] & 0xF) - 8);
+        y[j + 16] = d * (float)((p[2 + j] >> 4) - 8);
+    }
+}
+
+static void f32_block(const float *x, uint8_t *out)
+{
+    memcpy(out, x, 4);
+}
+static void f32_dequant(const uint8_t *p, float *y)
+{
+    memcpy(y, p, 4);
+}
+static void f16_block(const float *x, uint8_t *out)
+{
+    const uint16_t h = kvc_f16_from_f32(*x);
+    memcpy(out, &h, 2);
+}
+static void f16_dequant(const uint8_t *p, float *y)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    *y = kvc_f16_to_f32(h);
+}
+static void bf16_block(const float *x, uint8_t *out)
+{
+    const uint16_t h = kvc_bf16_from_f32(*x);
+    memcpy(out, &h, 2);
+}
+static void bf16_dequant(const uint8_t *p, float *y)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    *y = kvc_bf16_to_f32(h);
+}
+
+/* One entry per type: its block (elements, bytes, as kvc_ggml_type_size says) and codec. */
+static const struct {
+    uint32_t type, block, bytes;
+    void (*encode)(const float *x, uint8_t *out);
+    void (*decode)(const uint8_t *p, float *y);
+} codecs[] = {
+    {KVC_GGML_F32, 1, 4, f32_block, f32_dequant},
+    {KVC_GGML_F16, 1, 2, f16_block, f16_dequant},
+    {KVC_GGML_BF16, 1, 2, bf16_block, bf16_dequant},
+    {KVC_GGML_Q8_0, 32, 34, q8_0_block, q8_0_dequant},
+    {KVC_GGML_Q4_0, 32, 18, q4_0_block, q4_0_dequant},
+    {KVC_GGML_Q4_K, 256, 144, q4_k_block, q4_k_dequant},
+    {KVC_GGML_Q6_K, 256, 210, q6_k_block, q6_k_dequant},
+};
+
+static int codec_of(uint32_t type, uint64_t n, size_t *out)
+{
+    for (size_t c = 0; c < sizeof codecs / sizeof codecs[0]; c++)
+        if (codecs[c].type == type) {
+            *out = c;
+            return n % codecs[c].block ? KVC_EINVAL : 0;
+        }
+    return KVC_ENOTSUP;
+}
+
 int kvc_ggml_quantize_row(uint32_t type, const float *x, void *dst, uint64_t n)
 {
-    if (!x || !dst) return KVC_EINVAL;
-    uint8_t *o = dst;
-    switch (type) {
-    case KVC_GGML_F32:
-        memcpy(o, x, n * 4);
-        return 0;
-    case KVC_GGML_F16:
-        for (uint64_t i = 0; i < n; i++) {
-            uint16_t h = kvc_f16_from_f32(x[i]);
-            memcpy(o + 2 * i, &h, 2);
-        }
-        return 0;
-    case KVC_GGML_BF16:
-        for (uint64_t i = 0; i < n; i++) {
-            uint16_t h = kvc_bf16_from_f32(x[i]);
-            memcpy(o + 2 * i, &h, 2);
-        }
-        return 0;
-    case KVC_GGML_Q8_0:
-    case KVC_GGML_Q4_0:
-        if (n % 32) return KVC_EINVAL;
-        for (uint64_t b = 0; b < n / 32; b++) {
-            if (type == KVC_GGML_Q8_0)
-                q8_0_block(x + 32 * b, o + 34 * b);
-            else
-                q4_0_block(x + 32 * b, o + 18 * b);
-        }
-        return 0;
-    case KVC_GGML_Q4_K:
-    case KVC_GGML_Q6_K:
-        if (n % 256) return KVC_EINVAL;
-        for (uint64_t b = 0; b < n / 256; b++) {
-            if (type == KVC_GGML_Q4_K)
-                q4_k_block(x + 256 * b, o + 144 * b);
-            else
-                q6_k_block(x + 256 * b, o + 210 * b);
-        }
-        return 0;
-    default:
-        return KVC_ENOTSUP;
-    }
+    size_t c;
+    int rc = x && dst ? codec_of(type, n, &c) : KVC_EINVAL;
+    if (rc) return rc;
+    for (uint64_t b = 0; b < n / codecs[c].block; b++)
+        codecs[c].encode(x + b * codecs[c].block, (uint8_t *)dst + b * codecs[c].bytes);
+    return 0;
 }
 
 int kvc_ggml_dequantize_row(uint32_t type, const void *src, float *y, uint64_t n)
 {
-    if (!src || !y) return KVC_EINVAL;
-    const uint8_t *p = src;
-    uint16_t h;
-    switch (type) {
-    case KVC_GGML_F32:
-        memcpy(y, p, n * 4);
-        return 0;
-    case KVC_GGML_F16:
-    case KVC_GGML_BF16:
-        for (uint64_t i = 0; i < n; i++) {
-            memcpy(&h, p + 2 * i, 2);
-            y[i] = type == KVC_GGML_F16 ? kvc_f16_to_f32(h) : kvc_bf16_to_f32(h);
-        }
-        return 0;
-    case KVC_GGML_Q8_0:
-        if (n % 32) return KVC_EINVAL;
-        for (uint64_t b = 0; b < n / 32; b++) {
-            memcpy(&h, p + 34 * b, 2);
-            const float d = kvc_f16_to_f32(h);
-            for (int i = 0; i < 32; i++) y[32 * b + i] = d * (float)(int8_t)p[34 * b + 2 + i];
-        }
-        return 0;
-    case KVC_GGML_Q4_0:
-        if (n % 32) return KVC_EINVAL;
-        for (uint64_t b = 0; b < n / 32; b++) {
-            memcpy(&h, p + 18 * b, 2);
-            const float d = kvc_f16_to_f32(h);
-            for (int j = 0; j < 16; j++) {
-                const uint8_t q = p[18 * b + 2 + j];
-                y[32 * b + j] = d * (float)((q & 0xF) - 8);
-                y[32 * b + j + 16] = d * (float)((q >> 4) - 8);
-            }
-        }
-        return 0;
-    case KVC_GGML_Q4_K:
-    case KVC_GGML_Q6_K:
-        if (n % 256) return KVC_EINVAL;
-        for (uint64_t b = 0; b < n / 256; b++) {
-            if (type == KVC_GGML_Q4_K)
-                q4_k_dequant(p + 144 * b, y + 256 * b);
-            else
-                q6_k_dequant(p + 210 * b, y + 256 * b);
-        }
-        return 0;
-    default:
-        return KVC_ENOTSUP;
-    }
+    size_t c;
+    int rc = src && y ? codec_of(type, n, &c) : KVC_EINVAL;
+    if (rc) return rc;
+    for (uint64_t b = 0; b < n / codecs[c].block; b++)
+        codecs[c].decode((const uint8_t *)src + b * codecs[c].bytes, y + b * codecs[c].block);
+    return 0;
 }
