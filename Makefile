@@ -39,7 +39,8 @@ test-fast: build
 	@ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
 # A short tour: one request's path through the prefix cache, a deployment that
-# does not start and why, and a scheduling question answered by the simulator.
+# does not start and why, a scheduling question answered by the simulator, and what a
+# real model file holds.
 demo: build
 	@echo "== kvcache explain: prompts through a 12-block prefix cache =="
 	@./$(BUILD)/kvcache explain --seed 7 --pool-blocks 12 --block-size 4 examples/prompts.txt
@@ -47,6 +48,8 @@ demo: build
 	@./$(BUILD)/kvcache plan --model llama-3.1-70b --gpu h100-sxm --tp 2 | sed -n '/^3\. Does it start/,/^4\./p' | head -n -1 || true
 	@echo "== kvcache sim: what does prefix caching save on multi-turn chat? =="
 	@./$(BUILD)/kvcache sim --scenario examples/scenarios/multiturn.json
+	@echo "== kvcache model info: a real model file (stories260K, llama2.c's tiny story model) =="
+	@./$(BUILD)/kvcache model info tests/data/models/stories260K.gguf
 
 bench: build
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b; done
