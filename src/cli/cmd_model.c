@@ -3,6 +3,7 @@
  * tensors by type) and the KV bytes per token the planner computes for it. */
 #include "cli.h"
 #include "kvcache/kvcache.h"
+#include "util/fmt.h"
 
 #include <getopt.h>
 #include <inttypes.h>
@@ -37,15 +38,6 @@ static void put_str(kvc_gguf_str_t s, size_t max)
     fputs(e, stdout);
     if (s.len > max) fputs("...", stdout);
     free(e);
-}
-
-static void human_bytes(uint64_t b, char *buf, size_t cap)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    int u = 0;
-    while (v >= 1024 && u < 4) v /= 1024, u++;
-    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
 }
 
 static void print_tokenizer(const kvc_gguf_t *g)
@@ -101,11 +93,11 @@ static void print_tensors(const kvc_gguf_t *g, bool each)
         total += t->bytes;
     }
     char hb[32];
-    human_bytes(total, hb, sizeof hb);
+    kvc__fmt_iec(hb, sizeof hb, (double)total);
     printf("tensors      %" PRIu64 " (%s):", kvc_gguf_n_tensors(g), hb);
     for (uint32_t ty = 0; ty < KVC_GGML_TYPE__END; ty++) {
         if (!count[ty]) continue;
-        human_bytes(bytes[ty], hb, sizeof hb);
+        kvc__fmt_iec(hb, sizeof hb, (double)bytes[ty]);
         printf(" %s %" PRIu64 " (%s)", kvc_ggml_type_name(ty), count[ty], hb);
     }
     printf("\n");
@@ -150,7 +142,7 @@ static void print_kv(const kvc_model_hparams_t *h)
     const uint64_t bf16 = kvc_plan_kv_bytes_per_token(&pm, KVC_PLAN_BF16);
     const uint64_t fp8 = kvc_plan_kv_bytes_per_token(&pm, KVC_PLAN_FP8);
     char full[32];
-    human_bytes(bf16 * h->ctx, full, sizeof full);
+    kvc__fmt_iec(full, sizeof full, (double)(bf16 * h->ctx));
     printf("KV cache     %" PRIu64 " bytes per token in 16 bits (%" PRIu64
            " in fp8): 2 x %u layers x %u KV heads x %u dims; a full %" PRIu64
            "-token context holds %s\n",
@@ -170,7 +162,7 @@ static int info(const char *path, bool each)
         return kvc_cli_error(CMD, "%s: %s", path, err);
     }
     char hb[32];
-    human_bytes(kvc_gguf_file_bytes(g), hb, sizeof hb);
+    kvc__fmt_iec(hb, sizeof hb, (double)kvc_gguf_file_bytes(g));
     printf("file         GGUF v%u, %s, %" PRIu64 " keys, %" PRIu64 " tensors, alignment %u\n",
            kvc_gguf_version(g), hb, kvc_gguf_n_kv(g), kvc_gguf_n_tensors(g), kvc_gguf_alignment(g));
     print_hparams(&h);

@@ -22,6 +22,7 @@
  * The scheduler's call sites are marked "sched:". */
 #include "kvcache/sim.h"
 
+#include "util/fmt.h"
 #include "util/msg.h"
 #include "workload_int.h" /* the bytes a workload holds, for the memory estimate */
 
@@ -113,16 +114,6 @@ static uint64_t memory_available(void)
         fclose(f);
     }
     return m;
-}
-
-/* "1.5 GiB" and the like. */
-static const char *fmt_bytes(double b, char *buf, size_t cap)
-{
-    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    int u = 0;
-    while (b >= 1024 && u < 5) b /= 1024, u++;
-    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-    return buf;
 }
 
 /* a x b, or UINT64_MAX where it would wrap (byte counts of absurd deployments) */
@@ -516,8 +507,8 @@ static int check_memory(run_t *r, uint64_t limit, bool limit_given, double *allo
         "the simulation would need about %s of memory (%u KV blocks per replica at about "
         "%.0f bytes of metadata each, the workload's %s and the tables of its %zu requests), more "
         "than the limit of %s (%s)",
-        fmt_bytes(need, a, sizeof a), r->num_blocks, resident / blocks,
-        fmt_bytes((double)r->w->bytes, b, sizeof b), n, fmt_bytes((double)limit, c, sizeof c),
+        kvc__fmt_iec(a, sizeof a, need), r->num_blocks, resident / blocks,
+        kvc__fmt_iec(b, sizeof b, (double)r->w->bytes), n, kvc__fmt_iec(c, sizeof c, (double)limit),
         limit_given ? "the limit given" : "the memory this machine has");
 }
 
@@ -1036,17 +1027,17 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
             kvc__msgf(rc, err, cap,
                       "the simulation needs more memory than the limit of %s (%s): it held %s "
                       "when it asked for %llu bytes more",
-                      fmt_bytes((double)limit, x, sizeof x),
+                      kvc__fmt_iec(x, sizeof x, (double)limit),
                       limit_given ? "the limit given" : "the memory this machine has",
-                      fmt_bytes((double)(mem.held + w->bytes), y, sizeof y),
+                      kvc__fmt_iec(y, sizeof y, (double)(mem.held + w->bytes)),
                       (unsigned long long)mem.refused);
         if (rc == KVC_ENOMEM && mem.failed && err && cap && !err[0])
             kvc__msgf(rc, err, cap,
                       "out of memory: an allocation of %s failed (the run would allocate about %s "
                       "in all; this machine has %s)",
-                      fmt_bytes((double)mem.failed, x, sizeof x),
-                      fmt_bytes(alloc_bytes > 0 ? alloc_bytes : (double)mem.peak, y, sizeof y),
-                      fmt_bytes((double)memory_available(), z, sizeof z));
+                      kvc__fmt_iec(x, sizeof x, (double)mem.failed),
+                      kvc__fmt_iec(y, sizeof y, alloc_bytes > 0 ? alloc_bytes : (double)mem.peak),
+                      kvc__fmt_iec(z, sizeof z, (double)memory_available()));
         if (err && cap && !err[0])
             kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
         return rc;

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "util/fmt.h"
 #include "workload_int.h" /* kvc__json_string */
 
 #define MAX_GROUPS       65536u
@@ -693,16 +694,6 @@ static void text_groups(const kvc_report_t *r, FILE *f, const char *title, const
     }
 }
 
-/* "0 bytes", "1.5 MiB" and the like. */
-static const char *text_bytes(double b, char *buf, size_t cap)
-{
-    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    int u = 0;
-    while (b >= 1024 && u < 6) b /= 1024, u++;
-    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-    return buf;
-}
-
 /* s with control bytes escaped (a name or setting may come from the input), padded to
  * `width`. */
 static void text_escaped(FILE *f, const char *s, int width)
@@ -767,9 +758,9 @@ int kvc_report_write_text(const kvc_report_t *r, FILE *f)
             "  stranded KV        peak %llu blocks (%s), at the end %llu (%s); %llu blocks "
             "stranded in all\n",
             (unsigned long long)t->peak_stranded_blocks,
-            text_bytes((double)t->peak_stranded_bytes, pb, sizeof pb),
+            kvc__fmt_iec(pb, sizeof pb, (double)t->peak_stranded_bytes),
             (unsigned long long)t->end_stranded_blocks,
-            text_bytes((double)t->end_stranded_bytes, eb, sizeof eb),
+            kvc__fmt_iec(eb, sizeof eb, (double)t->end_stranded_bytes),
             (unsigned long long)t->strandings);
     fprintf(f, "  errored requests   %llu (ended by an error; not in the latencies)\n",
             (unsigned long long)t->errored);

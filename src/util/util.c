@@ -2,6 +2,7 @@
  * The bottom layer: everything above may use it, it uses nothing above. */
 #include "kvcache/util.h"
 #include "util/msg.h"
+#include "util/fmt.h"
 
 #include <stdarg.h>
 
@@ -214,4 +215,14 @@ uint64_t kvc_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- byte counts for text outputs (util/fmt.h) ---- */
+const char *kvc__fmt_iec(char *buf, size_t cap, double bytes)
+{
+    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 6) bytes /= 1024, u++;
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+    return buf;
 }

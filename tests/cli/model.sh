@@ -39,7 +39,7 @@ expect_line "stories kv" '^KV cache +640 bytes per token in 16 bits \(320 in fp8
 
 T=$DATA/models/llama-2-tiny-random.gguf
 "$KVC" model info "$T" --tensors >"$TMP/out" 2>"$TMP/err" || fail "model info tiny --tensors: exit $?"
-expect_line "tiny tensors" '^tensors +12 .*: f32 3 \(96 B\) f16 9'
+expect_line "tiny tensors" '^tensors +12 .*: f32 3 \(96 bytes\) f16 9'
 expect_line "tiny embedding" '^  token_embd\.weight  f16 \[8, 32000\]  512000 bytes$'
 [ "$(grep -c '^  [a-z_.0-9]*  f' "$TMP/out")" -eq 12 ] || fail "tiny: not 12 tensor lines"
 
