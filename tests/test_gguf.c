@@ -317,6 +317,12 @@ static void type_tables_match_ggml(void **state)
     assert_null(kvc_ggml_type_name(5));
     assert_string_equal(kvc_gguf_type_name(KVC_GGUF_FLOAT64), "float64");
     assert_string_equal(kvc_gguf_type_name(KVC_GGUF_TYPE__COUNT), "?");
+    assert_int_equal(kvc_gguf_type_size(KVC_GGUF_UINT16), 2);
+    assert_int_equal(kvc_gguf_type_size(KVC_GGUF_FLOAT64), 8);
+    assert_int_equal(kvc_gguf_type_size(KVC_GGUF_BOOL), 1);
+    assert_int_equal(kvc_gguf_type_size(KVC_GGUF_STRING), 0);
+    assert_int_equal(kvc_gguf_type_size(KVC_GGUF_ARRAY), 0);
+    assert_int_equal(kvc_gguf_type_size(KVC_GGUF_TYPE__COUNT), 0);
 }
 
 /* A vocab-only file: no tensors, and it may end right after its metadata. */

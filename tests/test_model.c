@@ -348,6 +348,14 @@ static void q8_0_and_q4_0_blocks_are_ggml_s(void **state)
     assert_memory_equal(x, y, sizeof x);
     assert_int_equal(kvc_ggml_quantize_row(KVC_GGML_Q8_0, x, q8, 33), KVC_EINVAL);
     assert_int_equal(kvc_ggml_quantize_row(KVC_GGML_Q5_K, x, q8, 256), KVC_ENOTSUP);
+    /* the codecs there are, and only those */
+    const uint32_t have[] = {KVC_GGML_F32,  KVC_GGML_F16,  KVC_GGML_BF16, KVC_GGML_Q8_0,
+                             KVC_GGML_Q4_0, KVC_GGML_Q4_K, KVC_GGML_Q6_K};
+    uint32_t n_have = 0;
+    for (uint32_t ty = 0; ty < KVC_GGML_TYPE__END + 2; ty++) n_have += kvc_ggml_codec_supported(ty);
+    assert_int_equal(n_have, sizeof have / sizeof have[0]);
+    for (size_t k = 0; k < sizeof have / sizeof have[0]; k++)
+        assert_true(kvc_ggml_codec_supported(have[k]));
     assert_int_equal(kvc_ggml_dequantize_row(KVC_GGML_Q2_K, q8, y, 256), KVC_ENOTSUP);
 }
 

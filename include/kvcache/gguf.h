@@ -74,6 +74,8 @@ typedef enum {
 
 /* "uint32", "string", ...; "?" outside the enum. */
 KVC_API const char *kvc_gguf_type_name(kvc_gguf_type_t t);
+/* Bytes of one value of a fixed-size type; 0 for strings, arrays and outside the enum. */
+KVC_API uint32_t kvc_gguf_type_size(kvc_gguf_type_t t);
 
 /* Tensor types, numbered as ggml numbers them (the ones this reader can size). */
 typedef enum {

@@ -104,6 +104,8 @@ KVC_API KVC_NODISCARD int kvc_model_plan_from_gguf_file(const char *path, kvc_pl
  * a multiple of the type's block (KVC_EINVAL otherwise); other types are
  * KVC_ENOTSUP.  dst holds n / block x block bytes (kvc_ggml_type_size). */
 KVC_API int kvc_ggml_quantize_row(uint32_t type, const float *x, void *dst, uint64_t n);
+/* Whether the two functions here convert `type`. */
+KVC_API bool kvc_ggml_codec_supported(uint32_t type);
 KVC_API int kvc_ggml_dequantize_row(uint32_t type, const void *src, float *y, uint64_t n);
 
 /* ---- random-weight models (kvcache model synth) ---- */

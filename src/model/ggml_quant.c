@@ -257,6 +257,12 @@ static int codec_of(uint32_t type, uint64_t n, size_t *out)
     return KVC_ENOTSUP;
 }
 
+bool kvc_ggml_codec_supported(uint32_t type)
+{
+    size_t c;
+    return codec_of(type, 0, &c) == 0;
+}
+
 int kvc_ggml_quantize_row(uint32_t type, const float *x, void *dst, uint64_t n)
 {
     size_t c;

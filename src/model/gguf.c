@@ -89,8 +89,7 @@ const char *kvc_gguf_type_name(kvc_gguf_type_t t)
     return (unsigned)t < KVC_GGUF_TYPE__COUNT ? value_type_names[t] : "?";
 }
 
-/* Bytes of one fixed-size value; 0 for strings and arrays. */
-static uint32_t fixed_size(kvc_gguf_type_t t)
+uint32_t kvc_gguf_type_size(kvc_gguf_type_t t)
 {
     static const uint8_t sizes[KVC_GGUF_TYPE__COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
     return (unsigned)t < KVC_GGUF_TYPE__COUNT ? sizes[t] : 0;
@@ -186,7 +185,7 @@ static int parse_value(kvc_gguf_t *g, cur_t *c, kv_t *kv, char *kbuf)
         if ((rc = rd_u64(c, &kv->n, "an array's length"))) return rc;
         kv->value = c->base + c->pos;
         if (kv->elem != KVC_GGUF_STRING) {
-            uint64_t es = fixed_size(kv->elem);
+            uint64_t es = kvc_gguf_type_size(kv->elem);
             if (kv->n > (c->size - c->pos) / es)
                 return bad(c, "key '%s': %llu elements of %s cannot fit in the %llu bytes left",
                            kbuf, (unsigned long long)kv->n, kvc_gguf_type_name(kv->elem),
@@ -217,10 +216,10 @@ static int parse_value(kvc_gguf_t *g, cur_t *c, kv_t *kv, char *kbuf)
         kvc_gguf_str_t s;
         return rd_str(c, &s, UINT64_MAX, "a string value");
     }
-    if ((rc = need(c, fixed_size(kv->type), "a value"))) return rc;
+    if ((rc = need(c, kvc_gguf_type_size(kv->type), "a value"))) return rc;
     if (kv->type == KVC_GGUF_BOOL && *kv->value > 1)
         return bad(c, "key '%s': a bool of value %u", kbuf, *kv->value);
-    c->pos += fixed_size(kv->type);
+    c->pos += kvc_gguf_type_size(kv->type);
     return 0;
 }
 
@@ -588,7 +587,7 @@ static bool int_value(kvc_gguf_type_t t, const uint8_t *p, int64_t *sv, uint64_t
         uint64_t u64;
         int64_t i64;
     } v;
-    memcpy(&v, p, fixed_size(t));
+    memcpy(&v, p, kvc_gguf_type_size(t));
     int64_t s = 0;
     switch (t) {
     case KVC_GGUF_UINT8:
@@ -749,7 +748,7 @@ int kvc_gguf_arr_i64(const kvc_gguf_arr_t *a, uint64_t i, int64_t *out)
 {
     if (!a) return KVC_EINVAL;
     if (i >= a->n) return KVC_ERANGE;
-    const uint8_t *p = (const uint8_t *)a->data + i * fixed_size(a->type);
+    const uint8_t *p = (const uint8_t *)a->data + i * kvc_gguf_type_size(a->type);
     if (a->type == KVC_GGUF_BOOL) {
         *out = *p;
         return 0;
@@ -768,7 +767,7 @@ int kvc_gguf_arr_f64(const kvc_gguf_arr_t *a, uint64_t i, double *out)
     if (!a) return KVC_EINVAL;
     if (i >= a->n) return KVC_ERANGE;
     if (a->type != KVC_GGUF_FLOAT32 && a->type != KVC_GGUF_FLOAT64) return KVC_EPARSE;
-    return float_value(a->type, (const uint8_t *)a->data + i * fixed_size(a->type), out)
+    return float_value(a->type, (const uint8_t *)a->data + i * kvc_gguf_type_size(a->type), out)
                ? 0
                : KVC_EPARSE;
 }

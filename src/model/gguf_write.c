@@ -172,12 +172,6 @@ int kvc_gguf_writer_set_str(kvc_gguf_writer_t *w, const char *key, const char *s
     return end(w, key, mark, put_str(w, s, len));
 }
 
-static uint32_t elem_size(kvc_gguf_type_t t)
-{
-    static const uint8_t sizes[KVC_GGUF_TYPE__COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
-    return (unsigned)t < KVC_GGUF_TYPE__COUNT ? sizes[t] : 0;
-}
-
 int kvc_gguf_writer_set_arr(kvc_gguf_writer_t *w, const char *key, kvc_gguf_type_t type,
                             const void *data, uint64_t n)
 {
@@ -194,10 +188,10 @@ int kvc_gguf_writer_set_arr(kvc_gguf_writer_t *w, const char *key, kvc_gguf_type
             const kvc_gguf_str_t *s = data;
             for (uint64_t i = 0; i < n && !rc; i++)
                 rc = (!s[i].s && s[i].len) ? KVC_EINVAL : put_str(w, s[i].s, s[i].len);
-        } else if (n > SIZE_MAX / elem_size(type)) {
+        } else if (n > SIZE_MAX / kvc_gguf_type_size(type)) {
             rc = KVC_EINVAL;
         } else {
-            rc = put(w, data, (size_t)(n * elem_size(type)));
+            rc = put(w, data, (size_t)(n * kvc_gguf_type_size(type)));
         }
     }
     return end(w, key, mark, rc);
@@ -249,11 +243,11 @@ int kvc_gguf_writer_copy_kv(kvc_gguf_writer_t *w, const kvc_gguf_t *src, uint64_
     case KVC_GGUF_UINT32:
     case KVC_GGUF_UINT64: {
         if (kvc_gguf_get_u64(src, key, &u)) return KVC_EPARSE;
-        return set_fixed(w, key, t, &u, elem_size(t)); /* little-endian: the low bytes */
+        return set_fixed(w, key, t, &u, kvc_gguf_type_size(t)); /* little-endian: the low bytes */
     }
     default:
         if (kvc_gguf_get_i64(src, key, &s)) return KVC_EPARSE;
-        return set_fixed(w, key, t, &s, elem_size(t));
+        return set_fixed(w, key, t, &s, kvc_gguf_type_size(t));
     }
 }
 

@@ -90,9 +90,7 @@ static int check(const kvc_model_synth_t *p, char *msg, size_t cap)
     if (p->arch != KVC_ARCH_LLAMA)
         return kvc__msgf(KVC_ENOTSUP, msg, cap, "synth writes llama models only (not %s)",
                          kvc_arch_name(p->arch));
-    if (p->type != KVC_GGML_F32 && p->type != KVC_GGML_F16 && p->type != KVC_GGML_BF16 &&
-        p->type != KVC_GGML_Q8_0 && p->type != KVC_GGML_Q4_0 && p->type != KVC_GGML_Q4_K &&
-        p->type != KVC_GGML_Q6_K)
+    if (!kvc_ggml_codec_supported(p->type))
         return kvc__msgf(KVC_ENOTSUP, msg, cap,
                          "--dtype %s: synth writes f32, f16, bf16, q8_0, q4_0, q4_K and q6_K",
                          kvc_ggml_type_name(p->type) ? kvc_ggml_type_name(p->type) : "?");
