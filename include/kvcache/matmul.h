@@ -1,0 +1,113 @@
+/* kvcache/matmul.h - the engine's matrix kernels and its thread pool.
+ *
+ * A weight matrix is a GGUF tensor used in place: n_out rows of n_in
+ * elements, each row encoded in ggml's block layout for its type (F32, F16,
+ * BF16, Q8_0, Q4_0, Q4_K, Q6_K), rows row_bytes apart.  The kernels compute
+ *
+ *     y[r][o] = sum_i W[o][i] * x[r][i]     for r < n_rows, o < n_out
+ *
+ * with x and y fp32, row-major, x rows n_in apart, y rows n_out apart.
+ *
+ * Batch invariance (DESIGN.md invariant 10).  y[r][o] depends only on x[r],
+ * W[o] and the ISA the call resolves to: never on n_rows, on which other
+ * rows are in the call, on how the work is split across threads, or on how
+ * many threads there are.  Every kernel reduces each output element in one
+ * fixed order (the same for a tile of several rows as for one row), and the
+ * activations a type's fast path quantises (Q8 blocks for the integer dot
+ * products) are quantised per row, the same way whatever else is in the
+ * batch.  Different ISAs may round differently; tests compare them with a
+ * tolerance and each ISA with itself bit for bit.
+ *
+ * Work is split over output rows into tasks (kvc_matmul_n_tasks) that a
+ * thread pool runs; kvc_matmul does it all, kvc_matmul_tasks runs a range so
+ * that a caller can fuse several matrices into one parallel region.
+ *
+ * Errors: 0 or a negative KVC_E* code, each named at the declaration.
+ * Thread-safety: the kernels are reentrant; a pool runs one job at a time
+ * and is driven from one thread.
+ */
+#ifndef KVCACHE_MATMUL_H
+#define KVCACHE_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache/gguf.h"
+#include "kvcache/quant.h"
+#include "kvcache/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the thread pool ------------------------------------------------------ */
+typedef struct kvc_threadpool kvc_threadpool_t;
+
+/* A pool of n_threads workers in all, the calling thread included (1: no
+ * thread is started and jobs run inline).  The workers persist until
+ * kvc_threadpool_destroy and wait without spinning between jobs once a job
+ * has been idle for a short while.  KVC_EINVAL (out NULL, n_threads 0 or over
+ * 1024), KVC_ENOMEM, KVC_EIO (a thread could not be started). */
+KVC_API KVC_NODISCARD int kvc_threadpool_create(uint32_t n_threads, const kvc_allocator_t *a,
+                                                kvc_threadpool_t **out);
+KVC_API void kvc_threadpool_destroy(kvc_threadpool_t *tp); /* NULL is a no-op */
+KVC_API uint32_t kvc_threadpool_size(const kvc_threadpool_t *tp); /* 1 for NULL */
+
+/* Run fn(ctx, task, thread) for every task in [0, n_tasks), spread over the
+ * pool's threads (thread in [0, kvc_threadpool_size)), the caller working
+ * too; returns when all are done.  tp NULL runs them inline on thread 0. */
+typedef void (*kvc_task_fn)(void *ctx, uint32_t task, uint32_t thread);
+KVC_API void kvc_threadpool_run(kvc_threadpool_t *tp, kvc_task_fn fn, void *ctx, uint32_t n_tasks);
+
+/* ---- matrices --------------------------------------------------------------- */
+typedef struct {
+    uint32_t type;    /* kvc_ggml_type_t (gguf.h) */
+    const void *data; /* n_out rows */
+    uint32_t n_in;    /* elements per row: a multiple of the type's block */
+    uint32_t n_out;   /* rows */
+    size_t row_bytes; /* stride between rows (>= the encoded row) */
+} kvc_mat_t;
+
+/* A matrix over a GGUF tensor of 2 dimensions (ne[0] = n_in, ne[1] = n_out).
+ * KVC_EINVAL (NULL arguments, not 2-D), KVC_ENOTSUP (a type the kernels do
+ * not take; the caller names it with kvc_ggml_type_name). */
+KVC_API int kvc_mat_from_tensor(const kvc_gguf_tensor_t *t, kvc_mat_t *out);
+
+/* Whether the kernels take `type`. */
+KVC_API bool kvc_matmul_type_supported(uint32_t type);
+
+/* Scratch a call needs (the activations quantised for the type's fast path),
+ * for n_rows rows of this matrix; 0 when it needs none.  The same scratch may
+ * serve several matrices with the same n_in and type. */
+KVC_API size_t kvc_matmul_workspace_bytes(const kvc_mat_t *w, uint32_t n_rows);
+
+/* y = x W^T for n_rows rows (see the top of the file), on the ISA `isa`
+ * resolves to, spread over tp (NULL: this thread).  ws holds
+ * kvc_matmul_workspace_bytes (64-byte aligned is best).  KVC_EINVAL (NULL
+ * w, x or y; n_rows 0; a bad matrix; ws smaller than needed), KVC_ENOTSUP
+ * (a type the kernels do not take; a forced ISA this CPU lacks). */
+KVC_API int kvc_matmul(const kvc_mat_t *w, const float *x, uint32_t n_rows, float *y, kvc_isa_t isa,
+                       kvc_threadpool_t *tp, void *ws, size_t ws_bytes);
+
+/* The same in pieces, for callers that run several matrices in one parallel
+ * region: kvc_matmul_prepare quantises x into ws (call once, on one thread);
+ * kvc_matmul_n_tasks says how many tasks the output rows split into; and
+ * kvc_matmul_task computes task `task` (independent tasks, any order, any
+ * thread).  Results are bit-identical to kvc_matmul's.  prepare's errors as
+ * kvc_matmul's; n_tasks returns 0 for a bad matrix; task assumes a
+ * successful prepare. */
+KVC_API int kvc_matmul_prepare(const kvc_mat_t *w, const float *x, uint32_t n_rows, kvc_isa_t isa,
+                               void *ws, size_t ws_bytes);
+KVC_API uint32_t kvc_matmul_n_tasks(const kvc_mat_t *w, uint32_t n_rows);
+KVC_API void kvc_matmul_task(const kvc_mat_t *w, const float *x, uint32_t n_rows, float *y,
+                             kvc_isa_t isa, const void *ws, uint32_t task);
+
+/* The kernel variant kvc_matmul runs for this type on the ISA `isa` resolves
+ * to: "scalar", "avx2", "avx512" (for reports). */
+KVC_API const char *kvc_matmul_kernel_name(uint32_t type, kvc_isa_t isa);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVCACHE_MATMUL_H */
