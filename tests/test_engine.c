@@ -99,7 +99,8 @@ static void assert_same(const out_t *a, const out_t *b, const char *what)
 {
     if (a->n != b->n) fail_msg("%s: %u vs %u tokens", what, a->n, b->n);
     for (uint32_t i = 0; i < a->n; i++) {
-        if (a->ids[i] != b->ids[i]) fail_msg("%s: token %u: %d vs %d", what, i, a->ids[i], b->ids[i]);
+        if (a->ids[i] != b->ids[i])
+            fail_msg("%s: token %u: %d vs %d", what, i, a->ids[i], b->ids[i]);
         if (memcmp(&a->lp[i], &b->lp[i], sizeof(float)))
             fail_msg("%s: logprob %u: %.9g vs %.9g", what, i, a->lp[i], b->lp[i]);
     }
@@ -277,8 +278,8 @@ static void batch_invariance_case(bool sampled)
         ep.no_kv_cache = cases[c].no_cache;
         if (cases[c].kv_memory) {
             /* 14 blocks: the requests need 11 + 4 + 8 + 2, so some are preempted */
-            kvc_storage_desc_t sd = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 64,
-                                     .dtype = ep.kv_dtype};
+            kvc_storage_desc_t sd = {
+                .n_layers = 2, .n_kv_heads = 2, .head_dim = 64, .dtype = ep.kv_dtype};
             size_t bb;
             assert_ok(kvc_storage_block_bytes(&sd, ep.block_size, &bb));
             ep.kv_memory = 14 * bb;

@@ -57,8 +57,7 @@ typedef struct kvc_llm kvc_llm_t;
 KVC_API KVC_NODISCARD int kvc_llm_load(const char *path, kvc_llm_t **out, char *msg, size_t cap);
 /* The same over a GGUF the caller opened (ownership passes to the model,
  * also on failure). */
-KVC_API KVC_NODISCARD int kvc_llm_load_gguf(kvc_gguf_t *g, kvc_llm_t **out, char *msg,
-                                            size_t cap);
+KVC_API KVC_NODISCARD int kvc_llm_load_gguf(kvc_gguf_t *g, kvc_llm_t **out, char *msg, size_t cap);
 KVC_API void kvc_llm_free(kvc_llm_t *m); /* NULL is a no-op */
 KVC_API const kvc_model_hparams_t *kvc_llm_hparams(const kvc_llm_t *m);
 KVC_API const kvc_tokenizer_t *kvc_llm_tokenizer(const kvc_llm_t *m);
@@ -69,23 +68,23 @@ KVC_API uint64_t kvc_llm_weight_bytes_per_token(const kvc_llm_t *m);
 
 /* ---- the engine ------------------------------------------------------------ */
 typedef struct {
-    uint32_t n_threads;      /* kernel threads, the step loop's included (0: all cores) */
-    kvc_dtype_t kv_dtype;    /* the pool's K/V storage (default f16) */
-    uint32_t block_size;     /* tokens per block (default 16) */
-    uint64_t kv_memory;      /* bytes of K/V (0: enough for max_num_seqs contexts of
-                                max_ctx, at most 1 GiB, at least one max_ctx context) */
-    uint32_t max_ctx;        /* tokens per request, prompt + output (0: the model's
-                                context length, at most 32768) */
-    uint32_t max_num_seqs;   /* requests running at once (default 64) */
+    uint32_t n_threads;              /* kernel threads, the step loop's included (0: all cores) */
+    kvc_dtype_t kv_dtype;            /* the pool's K/V storage (default f16) */
+    uint32_t block_size;             /* tokens per block (default 16) */
+    uint64_t kv_memory;              /* bytes of K/V (0: enough for max_num_seqs contexts of
+                                        max_ctx, at most 1 GiB, at least one max_ctx context) */
+    uint32_t max_ctx;                /* tokens per request, prompt + output (0: the model's
+                                        context length, at most 32768) */
+    uint32_t max_num_seqs;           /* requests running at once (default 64) */
     uint32_t max_num_batched_tokens; /* tokens per step (default 512) */
     uint32_t max_prefill_chunk;      /* prompt tokens per request per step (0: the budget) */
     kvc_preemption_t preemption;     /* default recompute */
     bool no_prefix_cache;            /* true: no prefix reuse across requests */
-    bool no_kv_cache; /* true: recompute the whole sequence for every token (the
-                         quadratic baseline); same outputs */
-    uint32_t spec_tokens; /* prompt-lookup (n-gram) drafts per decode step (0: none) */
-    uint32_t spec_ngram;  /* the n-gram length the lookup matches (default 3) */
-    kvc_isa_t isa;        /* kernels' ISA (KVC_ISA_AUTO: the best) */
+    bool no_kv_cache;                /* true: recompute the whole sequence for every token (the
+                                        quadratic baseline); same outputs */
+    uint32_t spec_tokens;            /* prompt-lookup (n-gram) drafts per decode step (0: none) */
+    uint32_t spec_ngram;             /* the n-gram length the lookup matches (default 3) */
+    kvc_isa_t isa;                   /* kernels' ISA (KVC_ISA_AUTO: the best) */
 } kvc_engine_params_t;
 
 KVC_API kvc_engine_params_t kvc_engine_params_default(void);
@@ -99,21 +98,21 @@ KVC_API KVC_NODISCARD int kvc_engine_create(const kvc_llm_t *m, const kvc_engine
                                             kvc_engine_t **out, char *msg, size_t cap);
 KVC_API void kvc_engine_destroy(kvc_engine_t *e); /* NULL is a no-op */
 
-#define KVC_MAX_STOP 8     /* stop token ids and stop strings per request, each */
+#define KVC_MAX_STOP     8 /* stop token ids and stop strings per request, each */
 #define KVC_MAX_LOGPROBS 20
 
 typedef struct {
-    float temperature; /* 0: greedy */
-    uint32_t top_k;    /* 0: off */
-    float top_p;       /* 1: off */
-    float min_p;       /* 0: off */
-    float repetition_penalty;             /* 1: off */
+    float temperature;                         /* 0: greedy */
+    uint32_t top_k;                            /* 0: off */
+    float top_p;                               /* 1: off */
+    float min_p;                               /* 0: off */
+    float repetition_penalty;                  /* 1: off */
     float presence_penalty, frequency_penalty; /* 0: off */
     uint64_t seed;
-    uint32_t max_tokens;    /* output tokens at most (>= 1); capped by the context */
-    bool ignore_eos;        /* keep going past the end-of-sequence token */
-    bool logprobs;          /* report each chosen token's logprob */
-    uint32_t n_logprobs;    /* and the top n alternatives at each position (<= KVC_MAX_LOGPROBS) */
+    uint32_t max_tokens; /* output tokens at most (>= 1); capped by the context */
+    bool ignore_eos;     /* keep going past the end-of-sequence token */
+    bool logprobs;       /* report each chosen token's logprob */
+    uint32_t n_logprobs; /* and the top n alternatives at each position (<= KVC_MAX_LOGPROBS) */
     kvc_token_t stop_ids[KVC_MAX_STOP];
     uint32_t n_stop_ids;
     const char *stop[KVC_MAX_STOP]; /* stop strings (copied) */
@@ -153,9 +152,9 @@ typedef struct {
     const kvc_token_t *tokens; /* tokens emitted this step (a speculative step may emit
                                   several); borrowed until the next step */
     uint32_t n_tokens;
-    const float *logprobs;     /* (n_tokens) or NULL */
-    const char *text;          /* the text they complete (valid UTF-8, stop strings held
-                                  back and cut), NUL-terminated */
+    const float *logprobs; /* (n_tokens) or NULL */
+    const char *text;      /* the text they complete (valid UTF-8, stop strings held
+                              back and cut), NUL-terminated */
     size_t text_len;
     kvc_finish_t finish; /* NONE while it runs */
 } kvc_gen_event_t;
@@ -175,8 +174,8 @@ typedef struct {
     kvc_gen_id_t id;
     uint64_t tag;
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
-    const kvc_token_t *output; /* (completion_tokens), borrowed until the next step */
-    const float *logprobs;     /* (completion_tokens) or NULL */
+    const kvc_token_t *output;  /* (completion_tokens), borrowed until the next step */
+    const float *logprobs;      /* (completion_tokens) or NULL */
     const kvc_token_t *top_ids; /* (completion_tokens, n_logprobs) or NULL */
     const float *top_logprobs;
     uint32_t n_logprobs;

@@ -21,5 +21,7 @@
 #include "kvcache/gguf.h"
 #include "kvcache/model.h"
 #include "kvcache/tokenizer.h"
+#include "kvcache/matmul.h"
+#include "kvcache/engine.h"
 
 #endif /* KVCACHE_KVCACHE_H */

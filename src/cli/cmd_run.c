@@ -20,56 +20,88 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvcache run --model FILE (--prompt TEXT | --prompt-ids \"1 2 3\" | --prompts FILE)\n"
-            "                   [options]\n\n"
-            "Generate with the CPU engine: the model's K/V live in kvcache's paged pool, the\n"
-            "scheduler batches every request (prefill chunks and decodes in one step), and\n"
-            "prompts that share a prefix share its blocks (no flag needed).\n\n"
-            "input\n"
-            "  --model FILE          a GGUF model (llama, qwen2, qwen3, gemma2)\n"
-            "  --prompt TEXT         one prompt (tokenized with the model's tokenizer, BOS added\n"
-            "                        as the model asks)\n"
-            "  --prompt-ids \"1 2 3\"  one prompt as token ids\n"
-            "  --prompts FILE        one request per line, run concurrently: text, or a JSON\n"
-            "                        object with \"prompt\" or \"prompt_ids\" and any of \"n\",\n"
-            "                        \"temp\", \"top_k\", \"top_p\", \"min_p\", \"seed\", \"stop\", \"logprobs\"\n"
-            "generation (per request; --prompts lines may override)\n"
-            "  -n N                  tokens to generate at most (default 128)\n"
-            "  --temp T              temperature (default 0: greedy)\n"
-            "  --top-k K, --top-p P, --min-p P    truncation (off by default)\n"
-            "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F\n"
-            "  --seed S              each request's own RNG seed (default 0)\n"
-            "  --stop TEXT           stop string (repeatable, up to 8)\n"
-            "  --ignore-eos          keep generating past the end-of-sequence token\n"
-            "  --logprobs N          report each token's logprob and the top N (0..20)\n"
-            "  --spec ngram          speculative decoding with prompt-lookup drafts\n"
-            "  --spec-tokens K       drafts per step (default 4)\n"
-            "engine\n"
-            "  --threads N           kernel threads (default: all cores)\n"
-            "  --kv-dtype T          K/V storage: f32, f16 (default), bf16, fp8-e4m3, fp8-e5m2\n"
-            "  --kv-memory SIZE      K/V pool size (e.g. 256MiB); default: enough for the requests\n"
-            "  --ctx N               tokens per request, prompt + output (default: the model's,\n"
-            "                        at most 32768)\n"
-            "  --block-size N        tokens per KV block (default 16)\n"
-            "  --max-seqs N          requests running at once (default 64)\n"
-            "  --batch-tokens N      tokens computed per step (default 512)\n"
-            "  --chunk N             prompt tokens per request per step (default: the budget)\n"
-            "  --no-prefix-cache     never reuse a prefix across requests\n"
-            "  --no-kv-cache         recompute the whole sequence for every token (the quadratic\n"
-            "                        baseline); same outputs\n"
-            "output\n"
-            "  --json                one JSON object per request (id, prompt_tokens,\n"
-            "                        cached_tokens, completion_tokens, output_ids, text,\n"
-            "                        finish_reason, ttft_ms, tpot_ms, logprobs), then a summary\n"
-            "  -h, --help            this help\n");
+    fprintf(
+        f, "usage: kvcache run --model FILE (--prompt TEXT | --prompt-ids \"1 2 3\" | --prompts "
+           "FILE)\n"
+           "                   [options]\n\n"
+           "Generate with the CPU engine: the model's K/V live in kvcache's paged pool, the\n"
+           "scheduler batches every request (prefill chunks and decodes in one step), and\n"
+           "prompts that share a prefix share its blocks (no flag needed).\n\n"
+           "input\n"
+           "  --model FILE          a GGUF model (llama, qwen2, qwen3, gemma2)\n"
+           "  --prompt TEXT         one prompt (tokenized with the model's tokenizer, BOS added\n"
+           "                        as the model asks)\n"
+           "  --prompt-ids \"1 2 3\"  one prompt as token ids\n"
+           "  --prompts FILE        one request per line, run concurrently: text, or a JSON\n"
+           "                        object with \"prompt\" or \"prompt_ids\" and any of \"n\",\n"
+           "                        \"temp\", \"top_k\", \"top_p\", \"min_p\", \"seed\", \"stop\", "
+           "\"logprobs\"\n"
+           "generation (per request; --prompts lines may override)\n"
+           "  -n N                  tokens to generate at most (default 128)\n"
+           "  --temp T              temperature (default 0: greedy)\n"
+           "  --top-k K, --top-p P, --min-p P    truncation (off by default)\n"
+           "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F\n"
+           "  --seed S              each request's own RNG seed (default 0)\n"
+           "  --stop TEXT           stop string (repeatable, up to 8)\n"
+           "  --ignore-eos          keep generating past the end-of-sequence token\n"
+           "  --logprobs N          report each token's logprob and the top N (0..20)\n"
+           "  --spec ngram          speculative decoding with prompt-lookup drafts\n"
+           "  --spec-tokens K       drafts per step (default 4)\n"
+           "engine\n"
+           "  --threads N           kernel threads (default: all cores)\n"
+           "  --kv-dtype T          K/V storage: f32, f16 (default), bf16, fp8-e4m3, fp8-e5m2\n"
+           "  --kv-memory SIZE      K/V pool size (e.g. 256MiB); default: enough for the requests\n"
+           "  --ctx N               tokens per request, prompt + output (default: the model's,\n"
+           "                        at most 32768)\n"
+           "  --block-size N        tokens per KV block (default 16)\n"
+           "  --max-seqs N          requests running at once (default 64)\n"
+           "  --batch-tokens N      tokens computed per step (default 512)\n"
+           "  --chunk N             prompt tokens per request per step (default: the budget)\n"
+           "  --no-prefix-cache     never reuse a prefix across requests\n"
+           "  --no-kv-cache         recompute the whole sequence for every token (the quadratic\n"
+           "                        baseline); same outputs\n"
+           "output\n"
+           "  --json                one JSON object per request (id, prompt_tokens,\n"
+           "                        cached_tokens, completion_tokens, output_ids, text,\n"
+           "                        finish_reason, ttft_ms, tpot_ms, logprobs), then a summary\n"
+           "  -h, --help            this help\n");
 }
 
 enum {
-    O_MODEL = 600, O_PROMPT, O_PROMPT_IDS, O_PROMPTS, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED,
-    O_N, O_BEAMS, O_SPEC, O_SPEC_MODEL, O_SPEC_TOKENS, O_THREADS, O_KV_DTYPE, O_KV_MEMORY,
-    O_CTX, O_BLOCK, O_CHAT, O_CHAT_TEMPLATE, O_NO_KV, O_NO_PREFIX, O_LOGPROBS, O_JSON, O_STOP,
-    O_IGNORE_EOS, O_REP, O_PRES, O_FREQ, O_MAX_SEQS, O_BATCH, O_CHUNK, O_ISA
+    O_MODEL = 600,
+    O_PROMPT,
+    O_PROMPT_IDS,
+    O_PROMPTS,
+    O_TEMP,
+    O_TOPK,
+    O_TOPP,
+    O_MINP,
+    O_SEED,
+    O_N,
+    O_BEAMS,
+    O_SPEC,
+    O_SPEC_MODEL,
+    O_SPEC_TOKENS,
+    O_THREADS,
+    O_KV_DTYPE,
+    O_KV_MEMORY,
+    O_CTX,
+    O_BLOCK,
+    O_CHAT,
+    O_CHAT_TEMPLATE,
+    O_NO_KV,
+    O_NO_PREFIX,
+    O_LOGPROBS,
+    O_JSON,
+    O_STOP,
+    O_IGNORE_EOS,
+    O_REP,
+    O_PRES,
+    O_FREQ,
+    O_MAX_SEQS,
+    O_BATCH,
+    O_CHUNK,
+    O_ISA
 };
 
 static const struct option options[] = {
@@ -191,7 +223,8 @@ static int tokenize(const kvc_tokenizer_t *t, const char *text, size_t len, creq
 
 static int add_stop(creq_t *r, const char *s)
 {
-    if (r->gp.n_stop >= KVC_MAX_STOP) return kvc_cli_error(CMD, "at most %d stop strings", KVC_MAX_STOP);
+    if (r->gp.n_stop >= KVC_MAX_STOP)
+        return kvc_cli_error(CMD, "at most %d stop strings", KVC_MAX_STOP);
     char *d = strdup(s);
     if (!d) return kvc_cli_error(CMD, "out of memory");
     r->stop_store[r->gp.n_stop] = d;
@@ -211,7 +244,8 @@ static int parse_json_line(const char *line, size_t lineno, const kvc_tokenizer_
     int rc = 0;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "prompt_ids");
-    if (cJSON_IsString(p)) rc = tokenize(t, p->valuestring, strlen(p->valuestring), r);
+    if (cJSON_IsString(p))
+        rc = tokenize(t, p->valuestring, strlen(p->valuestring), r);
     else if (cJSON_IsArray(ids)) {
         int n = cJSON_GetArraySize(ids);
         r->ids = malloc((n ? n : 1) * sizeof *r->ids);
@@ -220,23 +254,26 @@ static int parse_json_line(const char *line, size_t lineno, const kvc_tokenizer_
             const cJSON *v = cJSON_GetArrayItem(ids, i);
             if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= vocab ||
                 v->valuedouble != floor(v->valuedouble))
-                rc = kvc_cli_error(CMD, "--prompts line %zu: prompt_ids[%d] is not a token id below %u",
+                rc = kvc_cli_error(CMD,
+                                   "--prompts line %zu: prompt_ids[%d] is not a token id below %u",
                                    lineno, i, vocab);
-            else r->ids[r->n_ids++] = (kvc_token_t)v->valuedouble;
+            else
+                r->ids[r->n_ids++] = (kvc_token_t)v->valuedouble;
         }
         if (!rc && !r->n_ids) rc = kvc_cli_error(CMD, "--prompts line %zu: no prompt ids", lineno);
     } else
         rc = kvc_cli_error(CMD, "--prompts line %zu: needs \"prompt\" (a string) or \"prompt_ids\"",
                            lineno);
-#define NUM(key, lo, hi, dst)                                                                  \
-    do {                                                                                       \
-        const cJSON *v_ = cJSON_GetObjectItemCaseSensitive(j, key);                            \
-        if (!rc && v_) {                                                                       \
-            if (!cJSON_IsNumber(v_) || !(v_->valuedouble >= (lo) && v_->valuedouble <= (hi)))  \
+#define NUM(key, lo, hi, dst)                                                                      \
+    do {                                                                                           \
+        const cJSON *v_ = cJSON_GetObjectItemCaseSensitive(j, key);                                \
+        if (!rc && v_) {                                                                           \
+            if (!cJSON_IsNumber(v_) || !(v_->valuedouble >= (lo) && v_->valuedouble <= (hi)))      \
                 rc = kvc_cli_error(CMD, "--prompts line %zu: \"%s\" must be a number in [%g, %g]", \
-                                   lineno, key, (double)(lo), (double)(hi));                   \
-            else dst = v_->valuedouble;                                                        \
-        }                                                                                      \
+                                   lineno, key, (double)(lo), (double)(hi));                       \
+            else                                                                                   \
+                dst = v_->valuedouble;                                                             \
+        }                                                                                          \
     } while (0)
     double d;
     d = r->gp.max_tokens;
@@ -269,14 +306,17 @@ static int parse_json_line(const char *line, size_t lineno, const kvc_tokenizer_
 #undef NUM
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "stop");
     if (!rc && st) {
-        if (cJSON_IsString(st)) rc = add_stop(r, st->valuestring);
+        if (cJSON_IsString(st))
+            rc = add_stop(r, st->valuestring);
         else if (cJSON_IsArray(st)) {
             const cJSON *v;
             cJSON_ArrayForEach(v, st)
             {
                 if (rc) break;
-                if (!cJSON_IsString(v)) rc = kvc_cli_error(CMD, "--prompts line %zu: stop strings", lineno);
-                else rc = add_stop(r, v->valuestring);
+                if (!cJSON_IsString(v))
+                    rc = kvc_cli_error(CMD, "--prompts line %zu: stop strings", lineno);
+                else
+                    rc = add_stop(r, v->valuestring);
             }
         } else
             rc = kvc_cli_error(CMD, "--prompts line %zu: \"stop\" is a string or an array", lineno);
@@ -304,14 +344,17 @@ static int read_prompts(const char *path, const kvc_tokenizer_t *t, uint32_t voc
             break;
         }
         creq_t *r = creqs_add(q, gp);
-        if (!r) rc = kvc_cli_error(CMD, "out of memory");
+        if (!r)
+            rc = kvc_cli_error(CMD, "out of memory");
         else {
             for (uint32_t i = 0; i < gp->n_stop; i++) r->gp.stop[i] = NULL;
             r->gp.n_stop = 0;
             for (uint32_t i = 0; !rc && i < gp->n_stop; i++) rc = add_stop(r, gp->stop[i]);
             if (rc) break;
-            if (line[0] == '{') rc = parse_json_line(line, lineno, t, vocab, r);
-            else rc = tokenize(t, line, (size_t)len, r);
+            if (line[0] == '{')
+                rc = parse_json_line(line, lineno, t, vocab, r);
+            else
+                rc = tokenize(t, line, (size_t)len, r);
         }
     }
     free(line);
@@ -339,27 +382,36 @@ static void json_str(FILE *f, const char *s, size_t n)
     fputc('"', f);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\r') fputs("\\r", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\r')
+            fputs("\\r", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
     }
     fputc('"', f);
 }
 
 static void json_num(FILE *f, double v)
 {
-    if (isfinite(v)) fprintf(f, "%.9g", v);
-    else fputs("null", f);
+    if (isfinite(v))
+        fprintf(f, "%.9g", v);
+    else
+        fputs("null", f);
 }
 
 static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec)
 {
-    printf("{\"id\": %llu, \"prompt_tokens\": %u, \"cached_tokens\": %u, \"completion_tokens\": %u, "
-           "\"output_ids\": [",
-           (unsigned long long)index, d->prompt_tokens, d->cached_tokens, d->completion_tokens);
+    printf(
+        "{\"id\": %llu, \"prompt_tokens\": %u, \"cached_tokens\": %u, \"completion_tokens\": %u, "
+        "\"output_ids\": [",
+        (unsigned long long)index, d->prompt_tokens, d->cached_tokens, d->completion_tokens);
     for (uint32_t i = 0; i < d->completion_tokens; i++) printf(i ? ", %d" : "%d", d->output[i]);
     printf("], \"text\": ");
     json_str(stdout, d->text, strlen(d->text));
@@ -370,7 +422,8 @@ static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec)
                          ? (d->finish_s - d->first_token_s) * 1e3 / (d->completion_tokens - 1)
                          : NAN);
     printf(", \"logprobs\": ");
-    if (!d->logprobs) printf("null");
+    if (!d->logprobs)
+        printf("null");
     else {
         printf("[");
         for (uint32_t i = 0; i < d->completion_tokens; i++) {
@@ -412,36 +465,61 @@ int kvc_cmd_run(int argc, char **argv)
     optind = 1;
     opterr = 0;
     int c;
-#define U64(name, lo, hi, dst)                                                          \
-    do {                                                                                \
-        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                      \
-            return kvc_cli_error(CMD, "--%s: '%s' is not a whole number in [%llu, %llu]", \
-                                 name, optarg, (unsigned long long)(lo),                 \
-                                 (unsigned long long)(hi));                              \
-        dst = u;                                                                        \
+#define U64(name, lo, hi, dst)                                                                  \
+    do {                                                                                        \
+        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                             \
+            return kvc_cli_error(CMD, "--%s: '%s' is not a whole number in [%llu, %llu]", name, \
+                                 optarg, (unsigned long long)(lo), (unsigned long long)(hi));   \
+        dst = u;                                                                                \
     } while (0)
-#define DBL(name, lo, hi, dst)                                                         \
-    do {                                                                               \
-        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                  \
-            return kvc_cli_error(CMD, "--%s: '%s' is not a number in [%g, %g]", name,   \
-                                 optarg, (double)(lo), (double)(hi));                   \
-        dst = (float)d;                                                                \
+#define DBL(name, lo, hi, dst)                                                                \
+    do {                                                                                      \
+        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                        \
+            return kvc_cli_error(CMD, "--%s: '%s' is not a number in [%g, %g]", name, optarg, \
+                                 (double)(lo), (double)(hi));                                 \
+        dst = (float)d;                                                                       \
     } while (0)
     while ((c = getopt_long(argc, argv, "n:h", options, NULL)) != -1) {
         switch (c) {
-        case O_MODEL: model_path = optarg; break;
-        case O_PROMPT: prompt = optarg; break;
-        case O_PROMPT_IDS: prompt_ids = optarg; break;
-        case O_PROMPTS: prompts = optarg; break;
-        case 'n': U64("n", 1, 1 << 24, gp.max_tokens); break;
-        case O_TEMP: DBL("temp", 0, 100, gp.temperature); break;
-        case O_TOPK: U64("top-k", 0, 1 << 24, gp.top_k); break;
-        case O_TOPP: DBL("top-p", 1e-9, 1, gp.top_p); break;
-        case O_MINP: DBL("min-p", 0, 1, gp.min_p); break;
-        case O_REP: DBL("repeat-penalty", 1e-3, 100, gp.repetition_penalty); break;
-        case O_PRES: DBL("presence-penalty", -2, 2, gp.presence_penalty); break;
-        case O_FREQ: DBL("frequency-penalty", -2, 2, gp.frequency_penalty); break;
-        case O_SEED: U64("seed", 0, UINT64_MAX, gp.seed); break;
+        case O_MODEL:
+            model_path = optarg;
+            break;
+        case O_PROMPT:
+            prompt = optarg;
+            break;
+        case O_PROMPT_IDS:
+            prompt_ids = optarg;
+            break;
+        case O_PROMPTS:
+            prompts = optarg;
+            break;
+        case 'n':
+            U64("n", 1, 1 << 24, gp.max_tokens);
+            break;
+        case O_TEMP:
+            DBL("temp", 0, 100, gp.temperature);
+            break;
+        case O_TOPK:
+            U64("top-k", 0, 1 << 24, gp.top_k);
+            break;
+        case O_TOPP:
+            DBL("top-p", 1e-9, 1, gp.top_p);
+            break;
+        case O_MINP:
+            DBL("min-p", 0, 1, gp.min_p);
+            break;
+        case O_REP:
+            DBL("repeat-penalty", 1e-3, 100, gp.repetition_penalty);
+            break;
+        case O_PRES:
+            DBL("presence-penalty", -2, 2, gp.presence_penalty);
+            break;
+        case O_FREQ:
+            DBL("frequency-penalty", -2, 2, gp.frequency_penalty);
+            break;
+        case O_SEED:
+            U64("seed", 0, UINT64_MAX, gp.seed);
+            break;
         case O_STOP:
             if (gp.n_stop >= KVC_MAX_STOP)
                 return kvc_cli_error(CMD, "--stop: at most %d", KVC_MAX_STOP);
@@ -450,7 +528,9 @@ int kvc_cmd_run(int argc, char **argv)
             stops[gp.n_stop] = optarg;
             gp.stop[gp.n_stop++] = optarg;
             break;
-        case O_IGNORE_EOS: gp.ignore_eos = true; break;
+        case O_IGNORE_EOS:
+            gp.ignore_eos = true;
+            break;
         case O_LOGPROBS:
             U64("logprobs", 0, KVC_MAX_LOGPROBS, gp.n_logprobs);
             gp.logprobs = true;
@@ -458,8 +538,7 @@ int kvc_cmd_run(int argc, char **argv)
         case O_N: {
             uint32_t n;
             U64("n", 1, 64, n);
-            if (n > 1)
-                return kvc_cli_error(CMD, "--n: parallel sampling is not supported yet");
+            if (n > 1) return kvc_cli_error(CMD, "--n: parallel sampling is not supported yet");
             break;
         }
         case O_BEAMS: {
@@ -474,38 +553,63 @@ int kvc_cmd_run(int argc, char **argv)
             spec = true;
             if (!ep.spec_tokens) ep.spec_tokens = 4;
             break;
-        case O_SPEC_TOKENS: U64("spec-tokens", 1, 16, ep.spec_tokens); break;
+        case O_SPEC_TOKENS:
+            U64("spec-tokens", 1, 16, ep.spec_tokens);
+            break;
         case O_SPEC_MODEL:
             return kvc_cli_error(CMD, "--spec-model: a draft model is not supported yet");
-        case O_THREADS: U64("threads", 1, 256, ep.n_threads); break;
+        case O_THREADS:
+            U64("threads", 1, 256, ep.n_threads);
+            break;
         case O_KV_DTYPE:
             if (kvc_dtype_parse(optarg, &ep.kv_dtype))
-                return kvc_cli_error(CMD, "--kv-dtype: '%s' is not f32, f16, bf16, fp8-e4m3 or fp8-e5m2",
-                                     optarg);
+                return kvc_cli_error(
+                    CMD, "--kv-dtype: '%s' is not f32, f16, bf16, fp8-e4m3 or fp8-e5m2", optarg);
             break;
         case O_KV_MEMORY:
             if (kvc_plan_parse_bytes(optarg, &u) || !u)
                 return kvc_cli_error(CMD, "--kv-memory: '%s' is not a size (e.g. 512MiB)", optarg);
             ep.kv_memory = u;
             break;
-        case O_CTX: U64("ctx", 2, 1 << 24, ep.max_ctx); break;
-        case O_BLOCK: U64("block-size", 1, 256, ep.block_size); break;
-        case O_MAX_SEQS: U64("max-seqs", 1, 4096, ep.max_num_seqs); break;
-        case O_BATCH: U64("batch-tokens", 1, 65536, ep.max_num_batched_tokens); break;
-        case O_CHUNK: U64("chunk", 1, 65536, ep.max_prefill_chunk); break;
-        case O_NO_KV: ep.no_kv_cache = true; break;
-        case O_NO_PREFIX: ep.no_prefix_cache = true; break;
+        case O_CTX:
+            U64("ctx", 2, 1 << 24, ep.max_ctx);
+            break;
+        case O_BLOCK:
+            U64("block-size", 1, 256, ep.block_size);
+            break;
+        case O_MAX_SEQS:
+            U64("max-seqs", 1, 4096, ep.max_num_seqs);
+            break;
+        case O_BATCH:
+            U64("batch-tokens", 1, 65536, ep.max_num_batched_tokens);
+            break;
+        case O_CHUNK:
+            U64("chunk", 1, 65536, ep.max_prefill_chunk);
+            break;
+        case O_NO_KV:
+            ep.no_kv_cache = true;
+            break;
+        case O_NO_PREFIX:
+            ep.no_prefix_cache = true;
+            break;
         case O_CHAT:
         case O_CHAT_TEMPLATE:
             return kvc_cli_error(CMD, "--chat: chat templates are not supported yet");
-        case O_JSON: json = true; break;
+        case O_JSON:
+            json = true;
+            break;
         case O_ISA:
             if (kvc_isa_parse(optarg, &ep.isa))
-                return kvc_cli_error(CMD, "--isa: '%s' is not auto, scalar, avx2 or avx512", optarg);
+                return kvc_cli_error(CMD, "--isa: '%s' is not auto, scalar, avx2 or avx512",
+                                     optarg);
             break;
-        case 'h': usage(stdout); return 0;
+        case 'h':
+            usage(stdout);
+            return 0;
         default:
-            if (optopt) return kvc_cli_error(CMD, "option -%c needs a value or is unknown (see --help)", optopt);
+            if (optopt)
+                return kvc_cli_error(CMD, "option -%c needs a value or is unknown (see --help)",
+                                     optopt);
             return kvc_cli_error(CMD, "unknown option '%s' (see --help)", argv[optind - 1]);
         }
     }
@@ -530,10 +634,12 @@ int kvc_cmd_run(int argc, char **argv)
 
     creqs_t q = {0};
     kvc_engine_t *e = NULL;
-    if (prompts) rc = read_prompts(prompts, tok, vocab, &gp, &q);
+    if (prompts)
+        rc = read_prompts(prompts, tok, vocab, &gp, &q);
     else {
         creq_t *r = creqs_add(&q, &gp);
-        if (!r) rc = kvc_cli_error(CMD, "out of memory");
+        if (!r)
+            rc = kvc_cli_error(CMD, "out of memory");
         else {
             for (uint32_t i = 0; i < KVC_MAX_STOP; i++) r->gp.stop[i] = NULL;
             r->gp.n_stop = 0;
@@ -546,7 +652,8 @@ int kvc_cmd_run(int argc, char **argv)
     if (!rc && kvc_engine_create(m, &ep, &e, msg, sizeof msg)) rc = kvc_cli_error(CMD, "%s", msg);
     for (uint32_t i = 0; !rc && i < q.n; i++)
         if (kvc_engine_submit(e, q.v[i].ids, q.v[i].n_ids, &q.v[i].gp, &q.v[i].id, msg, sizeof msg))
-            rc = q.n > 1 ? kvc_cli_error(CMD, "request %u: %s", i, msg) : kvc_cli_error(CMD, "%s", msg);
+            rc = q.n > 1 ? kvc_cli_error(CMD, "request %u: %s", i, msg)
+                         : kvc_cli_error(CMD, "%s", msg);
 
     out_ctx_t oc = {.stream = !json && q.n == 1};
     uint32_t n_left = rc ? 0 : q.n;
@@ -565,9 +672,12 @@ int kvc_cmd_run(int argc, char **argv)
         kvc_engine_finished(e, &done, &n_done);
         for (uint32_t i = 0; i < n_done; i++) {
             n_left--;
-            if (json) print_done(&done[i], done[i].tag, spec);
-            else if (oc.stream) printf("\n");
-            else printf("[%llu] %s\n", (unsigned long long)done[i].tag, done[i].text);
+            if (json)
+                print_done(&done[i], done[i].tag, spec);
+            else if (oc.stream)
+                printf("\n");
+            else
+                printf("[%llu] %s\n", (unsigned long long)done[i].tag, done[i].text);
             if (done[i].finish == KVC_FINISH_ERROR)
                 rc = kvc_cli_error(CMD, "request %llu failed", (unsigned long long)done[i].tag);
         }
@@ -583,7 +693,8 @@ int kvc_cmd_run(int argc, char **argv)
         if (json) {
             printf("{\"summary\": true, \"requests\": %u, \"prefill_tokens\": %llu, "
                    "\"decode_tokens\": %llu, \"prefill_tokens_per_s\": ",
-                   q.n, (unsigned long long)st.prefill_tokens, (unsigned long long)st.decode_tokens);
+                   q.n, (unsigned long long)st.prefill_tokens,
+                   (unsigned long long)st.decode_tokens);
             json_num(stdout, st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : NAN);
             printf(", \"decode_tokens_per_s\": ");
             json_num(stdout, st.decode_s > 0 ? st.decode_tokens / st.decode_s : NAN);

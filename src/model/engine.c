@@ -69,7 +69,10 @@ struct kvc_engine {
     kvc__fwd_t nfwd;
 };
 
-static double wall_s(void) { return (double)kvc_now_ns() * 1e-9; }
+static double wall_s(void)
+{
+    return (double)kvc_now_ns() * 1e-9;
+}
 
 kvc_engine_params_t kvc_engine_params_default(void)
 {
@@ -89,16 +92,27 @@ kvc_gen_params_t kvc_gen_params_default(void)
 const char *kvc_finish_name(kvc_finish_t f)
 {
     switch (f) {
-    case KVC_FINISH_STOP: return "stop";
-    case KVC_FINISH_LENGTH: return "length";
-    case KVC_FINISH_ABORT: return "abort";
-    case KVC_FINISH_ERROR: return "error";
-    default: return "";
+    case KVC_FINISH_STOP:
+        return "stop";
+    case KVC_FINISH_LENGTH:
+        return "length";
+    case KVC_FINISH_ABORT:
+        return "abort";
+    case KVC_FINISH_ERROR:
+        return "error";
+    default:
+        return "";
     }
 }
 
-kvc_seqs_t *kvc_engine_seqs(const kvc_engine_t *e) { return e->seqs; }
-kvc_sched_t *kvc_engine_sched(const kvc_engine_t *e) { return e->sched; }
+kvc_seqs_t *kvc_engine_seqs(const kvc_engine_t *e)
+{
+    return e->seqs;
+}
+kvc_sched_t *kvc_engine_sched(const kvc_engine_t *e)
+{
+    return e->sched;
+}
 
 static void req_clear(req_t *r)
 {
@@ -197,16 +211,17 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
     if ((rc = kvc_storage_block_bytes(&sd, p.block_size, &block_bytes))) goto fail;
     const uint32_t ctx_blocks = (p.max_ctx + p.block_size - 1) / p.block_size + 1;
     uint64_t n_blocks;
-    if (p.kv_memory) n_blocks = p.kv_memory / block_bytes;
+    if (p.kv_memory)
+        n_blocks = p.kv_memory / block_bytes;
     else {
         n_blocks = (uint64_t)ctx_blocks * m->n_groups * p.max_num_seqs;
         n_blocks = KVC_MIN(n_blocks, ((uint64_t)1 << 30) / block_bytes);
         n_blocks = KVC_MAX(n_blocks, (uint64_t)ctx_blocks * m->n_groups);
     }
     if (n_blocks < 2 || n_blocks > (1u << 30)) {
-        rc = kvc__msgf(KVC_EINVAL, msg, cap,
-                       "--kv-memory: %llu blocks of %zu bytes; need 2 to 2^30",
-                       (unsigned long long)n_blocks, block_bytes);
+        rc =
+            kvc__msgf(KVC_EINVAL, msg, cap, "--kv-memory: %llu blocks of %zu bytes; need 2 to 2^30",
+                      (unsigned long long)n_blocks, block_bytes);
         goto fail_quiet;
     }
     e->st.kv_bytes_per_token = (uint64_t)block_bytes * m->n_groups / p.block_size;
@@ -440,7 +455,8 @@ static kvc_finish_t emit_token(kvc_engine_t *e, req_t *r, kvc_token_t t, float l
     r->lp[r->n_out] = lp;
     if (r->gp.n_logprobs && sr)
         for (uint32_t i = 0; i < r->gp.n_logprobs; i++) {
-            r->top_ids[(size_t)r->n_out * r->gp.n_logprobs + i] = i < sr->n_top ? sr->top_ids[i] : -1;
+            r->top_ids[(size_t)r->n_out * r->gp.n_logprobs + i] =
+                i < sr->n_top ? sr->top_ids[i] : -1;
             r->top_lp[(size_t)r->n_out * r->gp.n_logprobs + i] =
                 i < sr->n_top ? sr->top_logprobs[i] : -INFINITY;
         }
@@ -530,24 +546,25 @@ static int done_push(kvc_engine_t *e, uint32_t slot, uint32_t cached, uint32_t p
     if (!ds) return KVC_ENOMEM;
     e->done_slot = ds;
     e->done_slot[e->n_done] = slot;
-    e->done[e->n_done++] = (kvc_gen_done_t){.id = r->id,
-                                            .tag = r->gp.tag,
-                                            .prompt_tokens = r->n_prompt,
-                                            .cached_tokens = cached,
-                                            .completion_tokens = r->n_out,
-                                            .output = r->out,
-                                            .logprobs = r->gp.logprobs || r->gp.n_logprobs ? r->lp : NULL,
-                                            .top_ids = r->top_ids,
-                                            .top_logprobs = r->top_lp,
-                                            .n_logprobs = r->gp.n_logprobs,
-                                            .text = r->text ? r->text : "",
-                                            .finish = r->finish,
-                                            .submit_s = r->submit_s,
-                                            .first_token_s = r->first_s,
-                                            .finish_s = finish,
-                                            .preemptions = preempt,
-                                            .draft_tokens = r->drafts,
-                                            .accepted_tokens = r->accepted};
+    e->done[e->n_done++] =
+        (kvc_gen_done_t){.id = r->id,
+                         .tag = r->gp.tag,
+                         .prompt_tokens = r->n_prompt,
+                         .cached_tokens = cached,
+                         .completion_tokens = r->n_out,
+                         .output = r->out,
+                         .logprobs = r->gp.logprobs || r->gp.n_logprobs ? r->lp : NULL,
+                         .top_ids = r->top_ids,
+                         .top_logprobs = r->top_lp,
+                         .n_logprobs = r->gp.n_logprobs,
+                         .text = r->text ? r->text : "",
+                         .finish = r->finish,
+                         .submit_s = r->submit_s,
+                         .first_token_s = r->first_s,
+                         .finish_s = finish,
+                         .preemptions = preempt,
+                         .draft_tokens = r->drafts,
+                         .accepted_tokens = r->accepted};
     return 0;
 }
 
@@ -598,7 +615,8 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
     uint32_t n_sel = 0;
     for (uint32_t i = 0; i < n; i++) {
         const kvc_sched_entry_t *en = &plan->entries[i];
-        e->segs[i] = (kvc__seg_t){.seq = en->seq, .first_pos = en->first_pos, .n_tokens = en->n_tokens};
+        e->segs[i] =
+            (kvc__seg_t){.seq = en->seq, .first_pos = en->first_pos, .n_tokens = en->n_tokens};
         e->fwd.rows[i] = en->seq;
         e->results[i] = (kvc_sched_result_t){.id = en->id};
     }
@@ -654,8 +672,10 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
             eml[n_emit[i]++] = sr.logprob;
             r->finish = emit_token(e, r, tok, sr.logprob, &sr);
             if (r->finish) break;
-            if (j < en->n_drafts && tok == drafts[j]) accepted++;
-            else break;
+            if (j < en->n_drafts && tok == drafts[j])
+                accepted++;
+            else
+                break;
         }
         if (rc) break;
         sel_i += en->n_drafts + 1;
@@ -677,7 +697,8 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
     if (n) {
         e->st.steps++;
         e->st.prefill_tokens += plan->n_prefill_tokens;
-        if (plan->n_prefill_tokens) e->st.prefill_s += t1 - t0;
+        if (plan->n_prefill_tokens)
+            e->st.prefill_s += t1 - t0;
         else {
             e->st.decode_s += t1 - t0;
             for (uint32_t i = 0; i < n; i++) e->st.decode_tokens += n_emit[i];
@@ -748,12 +769,16 @@ static int step_nocache(kvc_engine_t *e, kvc_gen_event_fn fn, void *ctx, bool *i
         if (rc) return rc;
         kvc_sample_result_t sr;
         if ((rc = sample_row(e, r, e->logits, &sr))) return rc;
-        if (r->n_out == 0) e->st.prefill_tokens += r->n_prompt;
-        else e->st.decode_tokens++;
+        if (r->n_out == 0)
+            e->st.prefill_tokens += r->n_prompt;
+        else
+            e->st.decode_tokens++;
         r->finish = emit_token(e, r, sr.token, sr.logprob, &sr);
         const double t1 = wall_s();
-        if (r->n_out == 1) e->st.prefill_s += t1 - t0;
-        else e->st.decode_s += t1 - t0;
+        if (r->n_out == 1)
+            e->st.prefill_s += t1 - t0;
+        else
+            e->st.decode_s += t1 - t0;
         e->st.steps++;
         send_event(r, &r->out[r->n_out - 1], &r->lp[r->n_out - 1], 1, slot, fn, ctx);
     } else
@@ -774,4 +799,3 @@ int kvc_engine_step(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *ctx,
     done_clear(e);
     return e->p.no_kv_cache ? step_nocache(e, fn, ctx, idle) : step_cached(e, now, fn, ctx, idle);
 }
-

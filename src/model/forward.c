@@ -14,7 +14,10 @@
 
 #define ALIGN64(n) (((n) + 63) & ~(size_t)63)
 
-static void *amalloc(size_t bytes) { return aligned_alloc(64, ALIGN64(bytes ? bytes : 64)); }
+static void *amalloc(size_t bytes)
+{
+    return aligned_alloc(64, ALIGN64(bytes ? bytes : 64));
+}
 
 void kvc__fwd_free(kvc__fwd_t *f)
 {
@@ -73,9 +76,9 @@ int kvc__fwd_init(kvc__fwd_t *f, const kvc_llm_t *m, kvc_pool_t *pool, uint32_t 
     }
     f->views = calloc(h->n_layers, sizeof *f->views);
     f->attn_ws = calloc(f->n_threads, sizeof *f->attn_ws);
-    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->ao || !f->o || !f->g || !f->u ||
-        !f->rc || !f->rs || !f->pos || !f->tok || !f->slots || !f->rows || !f->qo_indptr ||
-        !f->sel_x || !f->views || !f->attn_ws)
+    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->ao || !f->o || !f->g || !f->u || !f->rc ||
+        !f->rs || !f->pos || !f->tok || !f->slots || !f->rows || !f->qo_indptr || !f->sel_x ||
+        !f->views || !f->attn_ws)
         return KVC_ENOMEM;
     for (uint32_t gr = 0; gr < m->n_groups; gr++)
         if (!f->kv_indptr[gr] || !f->kv_last[gr] || !f->kv_indices[gr]) return KVC_ENOMEM;
@@ -132,15 +135,20 @@ static void rope_table(const kvc_llm_t *m, uint32_t pos, float *c, float *s)
         const double freq = pow(h->rope_theta, -2.0 * i / h->rope_dim);
         double theta = pos * freq;
         switch (h->rope_scaling) {
-        case KVC_ROPE_SCALING_LINEAR: theta /= factor; break;
-        case KVC_ROPE_SCALING_LLAMA3: theta /= m->rope_freqs[i]; break;
+        case KVC_ROPE_SCALING_LINEAR:
+            theta /= factor;
+            break;
+        case KVC_ROPE_SCALING_LLAMA3:
+            theta /= m->rope_freqs[i];
+            break;
         case KVC_ROPE_SCALING_YARN: {
             double y = (i - low) / fmax(0.001, high - low);
             double ramp = 1 - fmin(1, fmax(0, y));
             theta = (theta / factor) * (1 - ramp) + theta * ramp;
             break;
         }
-        default: break;
+        default:
+            break;
         }
         c[i] = (float)(cos(theta) * mscale);
         s[i] = (float)(sin(theta) * mscale);
@@ -241,9 +249,8 @@ int kvc__fwd_run(kvc__fwd_t *f, kvc_seqs_t *seqs, const kvc__seg_t *segs, uint32
         float *x = f->x + (size_t)r * dim;
         const kvc_token_t t = f->tok[r];
         if (t < 0 || (uint32_t)t >= h->vocab) return KVC_EINVAL;
-        int rc = kvc_ggml_dequantize_row(emb_type,
-                                         (const uint8_t *)m->embd->data + (size_t)t * m->embd_row_bytes,
-                                         x, dim);
+        int rc = kvc_ggml_dequantize_row(
+            emb_type, (const uint8_t *)m->embd->data + (size_t)t * m->embd_row_bytes, x, dim);
         if (rc) return rc;
         if (h->embed_scale != 1) {
             const float sc = (float)h->embed_scale;
@@ -304,7 +311,8 @@ int kvc__fwd_run(kvc__fwd_t *f, kvc_seqs_t *seqs, const kvc__seg_t *segs, uint32
             for (uint32_t i = 0; i < dim; i++) x[i] += o[i];
             rmsnorm(f->xn + (size_t)r * dim, x, L->ffn_norm, dim, h->rms_eps);
         }
-        if ((rc = matmul(f, &L->w_gate, f->xn, R, f->g)) || (rc = matmul(f, &L->w_up, f->xn, R, f->u)))
+        if ((rc = matmul(f, &L->w_gate, f->xn, R, f->g)) ||
+            (rc = matmul(f, &L->w_up, f->xn, R, f->u)))
             return rc;
         const bool gelu = h->arch == KVC_ARCH_GEMMA2;
         for (size_t i = 0, n = (size_t)R * ff; i < n; i++) {

@@ -20,7 +20,7 @@ typedef struct {
     kvc_isa_t isa;
     uint32_t n_threads, max_rows, max_seqs, max_sel;
     float *x, *xn, *q, *k, *v, *ao, *o, *g, *u; /* (rows, width) activations */
-    float *rc, *rs;                              /* (rows, rope_dim / 2) rotations */
+    float *rc, *rs;                             /* (rows, rope_dim / 2) rotations */
     uint32_t *pos;
     kvc_token_t *tok;
     int64_t *slots; /* (groups, max_rows) */

@@ -12,10 +12,22 @@
 #include "llm_int.h"
 #include "util/msg.h"
 
-const kvc_model_hparams_t *kvc_llm_hparams(const kvc_llm_t *m) { return &m->h; }
-const kvc_tokenizer_t *kvc_llm_tokenizer(const kvc_llm_t *m) { return m->tok; }
-const kvc_gguf_t *kvc_llm_gguf(const kvc_llm_t *m) { return m->g; }
-uint64_t kvc_llm_weight_bytes_per_token(const kvc_llm_t *m) { return m->weight_bytes_per_token; }
+const kvc_model_hparams_t *kvc_llm_hparams(const kvc_llm_t *m)
+{
+    return &m->h;
+}
+const kvc_tokenizer_t *kvc_llm_tokenizer(const kvc_llm_t *m)
+{
+    return m->tok;
+}
+const kvc_gguf_t *kvc_llm_gguf(const kvc_llm_t *m)
+{
+    return m->g;
+}
+uint64_t kvc_llm_weight_bytes_per_token(const kvc_llm_t *m)
+{
+    return m->weight_bytes_per_token;
+}
 
 void kvc_llm_free(kvc_llm_t *m)
 {
@@ -54,8 +66,7 @@ static const kvc_gguf_tensor_t *need(const kvc_gguf_t *g, const char *name, uint
 }
 
 /* A 1-D tensor of n values converted to f32 (malloc'd), or NULL with *rc set. */
-static float *vec(const kvc_gguf_t *g, const char *name, uint64_t n, int *rc, char *msg,
-                  size_t cap)
+static float *vec(const kvc_gguf_t *g, const char *name, uint64_t n, int *rc, char *msg, size_t cap)
 {
     const kvc_gguf_tensor_t *t = need(g, name, 1, n, 1, rc, msg, cap);
     if (!t) return NULL;
@@ -79,8 +90,8 @@ static float *vec(const kvc_gguf_t *g, const char *name, uint64_t n, int *rc, ch
     return v;
 }
 
-static int mat(const kvc_gguf_t *g, const char *name, uint64_t n_in, uint64_t n_out,
-               kvc_mat_t *out, uint64_t *bytes, char *msg, size_t cap)
+static int mat(const kvc_gguf_t *g, const char *name, uint64_t n_in, uint64_t n_out, kvc_mat_t *out,
+               uint64_t *bytes, char *msg, size_t cap)
 {
     int rc = 0;
     const kvc_gguf_tensor_t *t = need(g, name, 2, n_in, n_out, &rc, msg, cap);
@@ -123,8 +134,7 @@ static int bind(kvc_llm_t *m, char *msg, size_t cap)
     uint64_t bytes = m->embd_row_bytes; /* one row per token */
 
     if (h->tied) {
-        if ((rc = mat(g, "token_embd.weight", dim, h->vocab, &m->out, &bytes, msg, cap)))
-            return rc;
+        if ((rc = mat(g, "token_embd.weight", dim, h->vocab, &m->out, &bytes, msg, cap))) return rc;
     } else if ((rc = mat(g, "output.weight", dim, h->vocab, &m->out, &bytes, msg, cap)))
         return rc;
     if (!(m->out_norm = vec(g, "output_norm.weight", dim, &rc, msg, cap))) return rc;
@@ -139,12 +149,11 @@ static int bind(kvc_llm_t *m, char *msg, size_t cap)
         kvc__llm_layer_t *L = &m->layer[l];
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%u." s, l), n)
-#define MAT(field, s, in, out_)                                                     \
-    if ((rc = mat(g, NAME(s ".weight"), (in), (out_), &L->field, &bytes, msg, cap))) \
-        return rc
-#define VEC(field, s, len)                                          \
+#define MAT(field, s, in, out_) \
+    if ((rc = mat(g, NAME(s ".weight"), (in), (out_), &L->field, &bytes, msg, cap))) return rc
+#define VEC(field, s, len)                                              \
     if (!(L->field = vec(g, NAME(s), (len), &rc, msg, cap))) return rc; \
-    bytes += (len) * 4
+    bytes += (len)*4
         VEC(attn_norm, "attn_norm.weight", dim);
         MAT(wq, "attn_q", dim, q_dim);
         MAT(wk, "attn_k", dim, kv_dim);
@@ -182,8 +191,10 @@ static int bind(kvc_llm_t *m, char *msg, size_t cap)
     uint32_t n_slide = 0, n_full = 0;
     for (uint32_t l = 0; l < h->n_layers; l++) {
         kvc__llm_layer_t *L = &m->layer[l];
-        if (L->window) n_slide++;
-        else n_full++;
+        if (L->window)
+            n_slide++;
+        else
+            n_full++;
     }
     if (n_slide && n_full) {
         m->n_groups = 2;

@@ -7,7 +7,7 @@
 
 typedef struct {
     kvc_mat_t wq, wk, wv, wo, w_gate, w_up, w_down;
-    float *attn_norm, *ffn_norm;          /* (dim) */
+    float *attn_norm, *ffn_norm;           /* (dim) */
     float *post_attn_norm, *post_ffn_norm; /* gemma2 */
     float *bq, *bk, *bv;                   /* qwen2 */
     float *q_norm, *k_norm;                /* qwen3: (head_dim) */
@@ -22,8 +22,8 @@ struct kvc_llm {
     kvc_tokenizer_t *tok;
     const kvc_gguf_tensor_t *embd;
     size_t embd_row_bytes;
-    kvc_mat_t out;   /* LM head (the embedding when tied) */
-    float *out_norm; /* (dim) */
+    kvc_mat_t out;     /* LM head (the embedding when tied) */
+    float *out_norm;   /* (dim) */
     float *rope_freqs; /* llama3: (rope_dim / 2) frequency divisors, else NULL */
     kvc__llm_layer_t *layer;
     uint32_t n_groups, group_window[KVC_MAX_GROUPS];
