@@ -72,7 +72,7 @@ typedef struct {
     kvc_dtype_t kv_dtype;            /* the pool's K/V storage (default f16) */
     uint32_t block_size;             /* tokens per block (default 16) */
     uint64_t kv_memory;              /* bytes of K/V (0: enough for max_num_seqs contexts of
-                                        max_ctx, at most 1 GiB, at least one max_ctx context) */
+                                        max_ctx, at most 256 MiB, at least one max_ctx context) */
     uint32_t max_ctx;                /* tokens per request, prompt + output (0: the model's
                                         context length, at most 32768) */
     uint32_t max_num_seqs;           /* requests running at once (default 64) */

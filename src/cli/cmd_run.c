@@ -649,6 +649,21 @@ int kvc_cmd_run(int argc, char **argv)
                             : parse_ids(prompt_ids, vocab, r);
         }
     }
+    if (!rc && !ep.kv_memory) {
+        /* no size given: room for every request at once (prompt + output, in blocks), so
+         * nothing is preempted, and no more (the pool is allocated and zeroed up front) */
+        const kvc_model_hparams_t *h = kvc_llm_hparams(m);
+        const uint32_t bs = ep.block_size ? ep.block_size : 16;
+        const uint32_t ctx = ep.max_ctx ? ep.max_ctx : (uint32_t)KVC_MIN(h->ctx ? h->ctx : 2048, 32768);
+        uint64_t blocks = 0;
+        for (uint32_t i = 0; i < q.n; i++) {
+            uint64_t t = KVC_MIN((uint64_t)q.v[i].n_ids + q.v[i].gp.max_tokens + ep.spec_tokens, ctx);
+            blocks += (t + bs - 1) / bs + 1;
+        }
+        const uint64_t per_block = (uint64_t)kvc_dtype_bytes(ep.kv_dtype) * 2 * h->n_layers *
+                                   h->n_kv_heads * h->head_dim * bs;
+        ep.kv_memory = KVC_MAX(blocks + 8, (uint64_t)ctx / bs + 2) * (per_block + 64);
+    }
     if (!rc && kvc_engine_create(m, &ep, &e, msg, sizeof msg)) rc = kvc_cli_error(CMD, "%s", msg);
     for (uint32_t i = 0; !rc && i < q.n; i++)
         if (kvc_engine_submit(e, q.v[i].ids, q.v[i].n_ids, &q.v[i].gp, &q.v[i].id, msg, sizeof msg))

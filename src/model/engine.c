@@ -215,7 +215,7 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
         n_blocks = p.kv_memory / block_bytes;
     else {
         n_blocks = (uint64_t)ctx_blocks * m->n_groups * p.max_num_seqs;
-        n_blocks = KVC_MIN(n_blocks, ((uint64_t)1 << 30) / block_bytes);
+        n_blocks = KVC_MIN(n_blocks, ((uint64_t)256 << 20) / block_bytes);
         n_blocks = KVC_MAX(n_blocks, (uint64_t)ctx_blocks * m->n_groups);
     }
     if (n_blocks < 2 || n_blocks > (1u << 30)) {
