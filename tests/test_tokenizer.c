@@ -206,6 +206,17 @@ static void phi3_vectors_tokenize_and_round_trip(void **state)
     check_vectors("phi-3");
 }
 
+/* The byte-level BPE vocabularies, one per pre-tokenizer family that has vectors here. */
+static const char *const BPE_VOCABS[] = {"gpt-2", "deepseek-coder", "deepseek-llm", "falcon",
+                                         "mpt",   "refact",         "starcoder"};
+#define N_BPE_VOCABS (sizeof BPE_VOCABS / sizeof BPE_VOCABS[0])
+
+static void bpe_vectors_tokenize_and_round_trip(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < N_BPE_VOCABS; i++) check_vectors(BPE_VOCABS[i]);
+}
+
 /* Stream ids[0..n) through s pushing one id at a time; returns the bytes written to out.
  * Every chunk must be valid UTF-8. */
 static size_t stream_all(kvc_tokenizer_stream_t *s, const kvc_tokenizer_t *t,
@@ -1050,10 +1061,10 @@ static void bad_metadata_is_refused_with_a_message(void **state)
     kv_u32(&w, "tokenizer.ggml.add_bos_token", 1);
     expect_refused(&w, KVC_EPARSE, "tokenizer.ggml.add_bos_token is not a bool");
 
-    /* a BPE vocabulary: not supported yet, named */
-    v.model = "gpt2";
+    /* another tokenizer model (WordPiece): not supported, named */
+    v.model = "bert";
     w = tiny_gguf(&v, NULL, 0, 0);
-    expect_refused(&w, KVC_ENOTSUP, "'gpt2'");
+    expect_refused(&w, KVC_ENOTSUP, "'bert'");
     v.model = "bpe\nx"; /* named, but kept on one line */
     w = tiny_gguf(&v, NULL, 0, 0);
     expect_refused(&w, KVC_ENOTSUP, "'bpe?x'");
@@ -1170,6 +1181,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(llama_spm_vectors_tokenize_and_round_trip),
         cmocka_unit_test(phi3_vectors_tokenize_and_round_trip),
+        cmocka_unit_test(bpe_vectors_tokenize_and_round_trip),
         cmocka_unit_test(stream_matches_decode_at_every_split),
         cmocka_unit_test(stream_repairs_invalid_utf8),
         cmocka_unit_test(lead_bytes_before_spaces_make_more_symbols_than_bytes),

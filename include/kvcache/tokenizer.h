@@ -118,8 +118,11 @@ KVC_API kvc_token_t kvc_tokenizer_pad(const kvc_tokenizer_t *t);
 KVC_API bool kvc_tokenizer_add_bos(const kvc_tokenizer_t *t);
 KVC_API bool kvc_tokenizer_add_eos(const kvc_tokenizer_t *t);
 KVC_API bool kvc_tokenizer_add_space_prefix(const kvc_tokenizer_t *t);
-/* "llama" (the tokenizer model). */
+/* The tokenizer model: "llama" (SentencePiece-style) or "gpt2" (byte-level BPE). */
 KVC_API const char *kvc_tokenizer_model(const kvc_tokenizer_t *t);
+/* The BPE pre-tokenizer's name as tokenizer.ggml.pre spells it ("default" where the GGUF has
+ * none), or NULL for a SentencePiece tokenizer. */
+KVC_API const char *kvc_tokenizer_pre(const kvc_tokenizer_t *t);
 /* Token id's text as stored in the vocabulary (NUL-terminated, "▁" not
  * replaced), or NULL for an id out of range. */
 KVC_API const char *kvc_tokenizer_token_text(const kvc_tokenizer_t *t, kvc_token_t id);
