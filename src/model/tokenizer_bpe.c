@@ -241,7 +241,11 @@ static int compile_regexes(const kvc_tokenizer_t *t, kvc__bpe_t *b, char *err, s
             break;
         }
         b->re[b->n_re++] = re;
-        (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* no JIT: the interpreter */
+        /* where the platform has no JIT the interpreter runs it; out of memory is an error */
+        if (pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == PCRE2_ERROR_NOMEMORY) {
+            rc = kvc__msgf(KVC_ENOMEM, err, cap, "out of memory compiling a regex");
+            break;
+        }
     }
     pcre2_compile_context_free(cc);
     return rc;
@@ -625,4 +629,26 @@ int kvc__bpe_encode(const kvc_tokenizer_t *t, kvc__bpe_ws_t *ws, const char *s, 
         start = end;
     }
     return 0;
+}
+
+int kvc__bpe_pieces(const kvc_tokenizer_t *t, const char *s, size_t n,
+                    void (*fn)(const char *piece, size_t len, void *ctx), void *ctx)
+{
+    if (!t->bpe) return KVC_EINVAL;
+    kvc__bpe_ws_t *ws;
+    int rc = kvc__bpe_ws_create(t, s, n, 0, &ws);
+    if (rc) return rc;
+    const kvc__bpe_t *b = t->bpe;
+    size_t m = norm_len((const unsigned char *)s, n, ws->norm), n_pieces = m ? 1 : 0;
+    int cur = 0;
+    ws->ends[0][0] = (uint32_t)m;
+    for (uint32_t i = 0; i < b->n_re && n_pieces && !rc; i++, cur = !cur)
+        rc = split(ws, b->re[i], ws->norm, cur, &n_pieces);
+    uint32_t start = 0;
+    for (size_t i = 0; i < n_pieces && !rc; i++) {
+        fn(ws->norm + start, ws->ends[cur][i] - start, ctx);
+        start = ws->ends[cur][i];
+    }
+    kvc__bpe_ws_destroy(t, ws);
+    return rc;
 }

@@ -54,6 +54,11 @@ void kvc__bpe_ws_destroy(const kvc_tokenizer_t *t, kvc__bpe_ws_t *ws);
 int kvc__bpe_encode(const kvc_tokenizer_t *t, kvc__bpe_ws_t *ws, const char *s, size_t n,
                     kvc_token_t *out, size_t cap, size_t *n_out);
 
+/* The pre-tokenizer alone (for tests): fn gets each piece of s[0..n) in order, as valid
+ * UTF-8 (see kvc__bpe_encode).  KVC_EINVAL for a SentencePiece tokenizer, KVC_ENOMEM. */
+int kvc__bpe_pieces(const kvc_tokenizer_t *t, const char *s, size_t n,
+                    void (*fn)(const char *piece, size_t len, void *ctx), void *ctx);
+
 /* A normal token's text decoded through the byte map into dst (NULL: measure only); returns
  * the bytes.  Characters outside the map are copied as they are.  Never longer than the text. */
 size_t kvc__bpe_decode_text(const kvc__bpe_t *b, const char *s, size_t n, char *dst);
