@@ -1,8 +1,8 @@
 /* bench_tokenizer.c - encode speed of the tokenizers on long English text.
  *
- * The text is the repository's own English (README.md and the docs/ folder's .md files, about 190 KB), cut into
- * prompts of 64 KiB (about 16K tokens for an English BPE vocabulary, the prompt size the
- * engine must tokenize without noticing) on line boundaries.  Each vocabulary encodes every
+ * The text is the repository's own English (README.md and the docs/ folder's .md files, about 190
+ * KB), cut into prompts of 64 KiB (about 16K tokens for an English BPE vocabulary, the prompt size
+ * the engine must tokenize without noticing) on line boundaries.  Each vocabulary encodes every
  * prompt; a run's rate is the total bytes over the total time, and the figure is the median
  * of the runs (MB/s, 10^6 bytes a second), with the tokens per prompt and the milliseconds per
  * 16K tokens.  Vocabularies: GPT-2 (byte-level BPE, GPT-2's regex), DeepSeek LLM (BPE, six
@@ -112,8 +112,8 @@ int main(int argc, char **argv)
             n_tokens = 0;
             for (size_t p = 0; p < n_prompts; p++) {
                 size_t n = 0;
-                int rc = kvc_tokenizer_encode(t, text + cuts[p], cuts[p + 1] - cuts[p], 0, ids,
-                                              cap, &n);
+                int rc =
+                    kvc_tokenizer_encode(t, text + cuts[p], cuts[p + 1] - cuts[p], 0, ids, cap, &n);
                 if (rc) {
                     fprintf(stderr, "bench_tokenizer: encode: %s\n", kvc_strerror(rc));
                     return 1;
@@ -124,8 +124,8 @@ int main(int argc, char **argv)
         }
         double mbs = kvc_bench_median(rate, reps);
         double tok_per_prompt = (double)n_tokens / (double)n_prompts;
-        printf("%-13s %-6s %7.2f MB/s  %6.0f tokens/prompt  %6.1f ms per 16K tokens\n",
-               vocabs[v], kvc_tokenizer_model(t), mbs, tok_per_prompt,
+        printf("%-13s %-6s %7.2f MB/s  %6.0f tokens/prompt  %6.1f ms per 16K tokens\n", vocabs[v],
+               kvc_tokenizer_model(t), mbs, tok_per_prompt,
                16384.0 * ((double)at / (double)n_tokens) / (mbs * 1e6) * 1e3);
         free(ids);
         free(rate);

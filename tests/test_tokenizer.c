@@ -1177,7 +1177,8 @@ static void allocation_failures_are_clean(void **state)
     vocab_free(v);
 }
 
-/* ---- byte-level BPE: tiny vocabularies, the pre-tokenizers, bad metadata ---------------------- */
+/* ---- byte-level BPE: tiny vocabularies, the pre-tokenizers, bad metadata ----------------------
+ */
 
 static bool gpt2_self(unsigned c)
 {
@@ -1287,8 +1288,11 @@ static void bpe_merges_follow_rank_then_leftmost(void **state)
     bpe_tiny_init(&v, "gpt-2");
     kvc_token_t ab = bpe_add(&v, "ab", 1), bc = bpe_add(&v, "bc", 1);
     kvc_token_t aa = bpe_add(&v, "aa", 1), aaaa = bpe_add(&v, "aaaa", 1);
-    kvc_token_t sp_a = bpe_add(&v, "\xC4\xA0" "a", 1); /* "Ġa": the space is U+0120 */
-    bpe_merge(&v, "b c"); /* rank 0 */
+    kvc_token_t sp_a = bpe_add(&v,
+                               "\xC4\xA0"
+                               "a",
+                               1); /* "Ġa": the space is U+0120 */
+    bpe_merge(&v, "b c");          /* rank 0 */
     bpe_merge(&v, "a b");
     bpe_merge(&v, "a a");
     bpe_merge(&v, "aa aa");
@@ -1300,7 +1304,7 @@ static void bpe_merges_follow_rank_then_leftmost(void **state)
     expect_bpe(t, "ab", (kvc_token_t[]){ab}, 1);
     expect_bpe(t, "aaa", (kvc_token_t[]){aa, a}, 2); /* equal ranks: leftmost first */
     expect_bpe(t, "aaaaa", (kvc_token_t[]){aaaa, a}, 2);
-    expect_bpe(t, "a a", (kvc_token_t[]){a, sp_a}, 2); /* the byte map: ' ' is "Ġ" */
+    expect_bpe(t, "a a", (kvc_token_t[]){a, sp_a}, 2);     /* the byte map: ' ' is "Ġ" */
     expect_bpe(t, "\n\t", (kvc_token_t[]){'\n', '\t'}, 2); /* controls are their own ids */
     kvc_tokenizer_destroy(t);
 
@@ -1316,7 +1320,10 @@ static void bpe_merges_follow_rank_then_leftmost(void **state)
     v.tokens[1] = "<unused1>";
     v.types[1] = KVC_TOKTYPE_UNUSED;
     t = bpe_ok(&v);
-    expect_ids(t, "a\x01" "b", (kvc_token_t[]){a, b}, 2);
+    expect_ids(t,
+               "a\x01"
+               "b",
+               (kvc_token_t[]){a, b}, 2);
     kvc_tokenizer_destroy(t);
     (void)b;
 }
@@ -1434,7 +1441,9 @@ static void bpe_pre_tokenizers_split_as_their_regexes_say(void **state)
      * becomes Ü|n|ï|code; then CJK runs */
     v.pre = "deepseek-llm";
     t = bpe_ok(&v);
-    expect_pieces(t, "\xC3\x9Cn\xC3\xAF" "code \xE4\xBD\xA0\xE5\xA5\xBD",
+    expect_pieces(t,
+                  "\xC3\x9Cn\xC3\xAF"
+                  "code \xE4\xBD\xA0\xE5\xA5\xBD",
                   PIECES("\xC3\x9C", "n", "\xC3\xAF", "code", " ", "\xE4\xBD\xA0\xE5\xA5\xBD"));
     expect_pieces(t, "x = 12345", PIECES("x", " =", " ", "12345"));
     kvc_tokenizer_destroy(t);
@@ -1495,9 +1504,13 @@ static void bpe_special_tokens_and_flags(void **state)
     assert_int_equal(ids[0], 50256);
     assert_int_equal(ids[2], 50256);
     /* invalid UTF-8 is read as llama.cpp reads it: each bad byte a U+FFFD */
-    assert_ok(kvc_tokenizer_encode(t, "a\xFF" "b\xC3", 4, 0, ids, 64, &n));
+    assert_ok(kvc_tokenizer_encode(t,
+                                   "a\xFF"
+                                   "b\xC3",
+                                   4, 0, ids, 64, &n));
     assert_ok(kvc_tokenizer_decode(t, ids, n, 0, out, sizeof out, &nb));
-    assert_string_equal(out, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+    assert_string_equal(out, "a\xEF\xBF\xBD"
+                             "b\xEF\xBF\xBD");
     /* the documented bound: 3 ids per byte at most (every byte a U+FFFD of 3 byte tokens) */
     char bad[64];
     memset(bad, 0xFF, sizeof bad);
@@ -1571,10 +1584,28 @@ static void bpe_stream_holds_characters_split_across_tokens(void **state)
 static void bpe_random_text_round_trips(void **state)
 {
     (void)state;
-    static const char *const alphabet[] = {"a", "Z", "7", " ", "  ", "\n", "\t", "'", "'s", "!",
-                                           ".", "\xC3\xA9", "\xC5\xB8", "\xE4\xBD\xA0",
-                                           "\xEC\x95\x88", "\xF0\x9F\x99\x82", "\xE2\x80\x99",
-                                           "\xE3\x80\x80", "\xC2\xA0", "1234", "_", "\r\n"};
+    static const char *const alphabet[] = {"a",
+                                           "Z",
+                                           "7",
+                                           " ",
+                                           "  ",
+                                           "\n",
+                                           "\t",
+                                           "'",
+                                           "'s",
+                                           "!",
+                                           ".",
+                                           "\xC3\xA9",
+                                           "\xC5\xB8",
+                                           "\xE4\xBD\xA0",
+                                           "\xEC\x95\x88",
+                                           "\xF0\x9F\x99\x82",
+                                           "\xE2\x80\x99",
+                                           "\xE3\x80\x80",
+                                           "\xC2\xA0",
+                                           "1234",
+                                           "_",
+                                           "\r\n"};
     const char *names[] = {"gpt-2", "deepseek-coder", "deepseek-llm", "starcoder"};
     kvc_rng_t rng;
     kvc_rng_seed(&rng, 12);
