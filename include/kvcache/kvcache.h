@@ -21,5 +21,6 @@
 #include "kvcache/gguf.h"
 #include "kvcache/model.h"
 #include "kvcache/tokenizer.h"
+#include "kvcache/chat.h"
 
 #endif /* KVCACHE_KVCACHE_H */
