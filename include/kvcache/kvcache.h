@@ -22,5 +22,6 @@
 #include "kvcache/model.h"
 #include "kvcache/tokenizer.h"
 #include "kvcache/chat.h"
+#include "kvcache/llama2c.h"
 
 #endif /* KVCACHE_KVCACHE_H */
