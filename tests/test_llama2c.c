@@ -189,15 +189,15 @@ static void stories260k_round_trips_bit_for_bit(void **state)
     tmp_path(bin, sizeof bin, "stories.bin");
     tmp_path(tok, sizeof tok, "tokenizer.bin");
     if (kvc_llama2c_write(g, bin, tok, err, sizeof err)) fail_msg("write: %s", err);
-    /* the legacy header: dim 64, hidden 172, 5 layers, 8 heads, 4 KV heads, an unshared
-     * classifier (stories260K.gguf has output.weight), seq_len 2048 */
+    /* the legacy header: dim 64, hidden 172, 5 layers, 8 heads, 4 KV heads, a shared
+     * classifier (stories260K.gguf's output.weight is its embedding, copied there by
+     * llama.cpp's converter), seq_len 2048 */
     size_t n;
     uint8_t *b = read_all(bin, &n);
-    const int32_t want[7] = {64, 172, 5, 8, 4, -512, 2048};
+    const int32_t want[7] = {64, 172, 5, 8, 4, 512, 2048};
     assert_memory_equal(b, want, sizeof want);
-    const size_t floats = 512 * 64 +
-                          5 * (64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 64 + 3 * 172 * 64) + 64 +
-                          2048 * 8 + 512 * 64;
+    const size_t floats =
+        512 * 64 + 5 * (64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 64 + 3 * 172 * 64) + 64 + 2048 * 8;
     assert_int_equal(n, 28 + 4 * floats);
     free(b);
     /* tokenizer.bin as llama2.c's exporter writes it: BOS "\n<s>\n", spaces for U+2581 */
@@ -252,12 +252,16 @@ static void stories260k_round_trips_bit_for_bit(void **state)
 typedef struct {
     const kvc_gguf_t *g;
     uint64_t *map;
+    bool negate_output; /* output.weight (f32) written negated: a classifier of its own */
 } copy_t;
 
 static int copy_fill(void *ctx, uint64_t i, void *dst, uint64_t bytes)
 {
     const copy_t *c = ctx;
-    memcpy(dst, kvc_gguf_tensor(c->g, c->map[i])->data, (size_t)bytes);
+    const kvc_gguf_tensor_t *t = kvc_gguf_tensor(c->g, c->map[i]);
+    memcpy(dst, t->data, (size_t)bytes);
+    if (c->negate_output && kvc_gguf_str_eq(t->name, "output.weight"))
+        for (uint64_t k = 0; k < bytes / 4; k++) ((float *)dst)[k] = -((float *)dst)[k];
     return 0;
 }
 
@@ -272,7 +276,8 @@ static void copy_gguf(const kvc_gguf_t *g, const char *drop, const char *drop_ke
         assert_int_equal(kvc_gguf_writer_copy_kv(w, g, i), 0);
     }
     if (f32_key) assert_int_equal(kvc_gguf_writer_set_f32(w, f32_key, f32_val), 0);
-    copy_t c = {g, calloc(kvc_gguf_n_tensors(g), sizeof(uint64_t))};
+    copy_t c = {g, calloc(kvc_gguf_n_tensors(g), sizeof(uint64_t)),
+                drop && !strcmp(drop, "-output")}; /* "-output": negate it, drop nothing */
     uint64_t n = 0;
     for (uint64_t i = 0; i < kvc_gguf_n_tensors(g); i++) {
         const kvc_gguf_tensor_t *t = kvc_gguf_tensor(g, i);
@@ -289,37 +294,53 @@ static void copy_gguf(const kvc_gguf_t *g, const char *drop, const char *drop_ke
     free(c.map);
 }
 
-static void a_shared_classifier_is_a_positive_vocab_and_no_output_tensor(void **state)
+static void shared_and_unshared_classifiers_round_trip(void **state)
 {
     (void)state;
     kvc_gguf_t *g = open_gguf("models/stories260K.gguf");
-    char tied[512], bin[512], err[256];
-    tmp_path(tied, sizeof tied, "tied.gguf");
-    tmp_path(bin, sizeof bin, "tied.bin");
-    copy_gguf(g, "output.weight", NULL, NULL, 0, tied);
-    kvc_gguf_t *t;
-    assert_int_equal(kvc_gguf_open(tied, NULL, &t, err, sizeof err), 0);
-    assert_int_equal(kvc_llama2c_write(t, bin, NULL, err, sizeof err), 0);
+    char path[512], bin[512], err[256];
+    tmp_path(path, sizeof path, "cls.gguf");
+    tmp_path(bin, sizeof bin, "cls.bin");
+    const size_t body =
+        512 * 64 + 5 * (64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 64 + 3 * 172 * 64) + 64 + 2048 * 8;
+    /* an unshared classifier (the embedding negated): a negative vocab and wcls at the end */
+    copy_gguf(g, "-output", NULL, NULL, 0, path);
+    kvc_gguf_t *u;
+    assert_int_equal(kvc_gguf_open(path, NULL, &u, err, sizeof err), 0);
+    assert_int_equal(kvc_llama2c_write(u, bin, NULL, err, sizeof err), 0);
     size_t n;
     uint8_t *b = read_all(bin, &n);
     int32_t vocab;
     memcpy(&vocab, b + 20, 4);
-    assert_int_equal(vocab, 512);
-    assert_int_equal(n, 28 + 4 * (512 * 64 +
-                                  5 * (64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 64 + 3 * 172 * 64) +
-                                  64 + 2048 * 8));
+    assert_int_equal(vocab, -512);
+    assert_int_equal(n, 28 + 4 * (body + 512 * 64));
     free(b);
     kvc_gguf_t *r;
     assert_int_equal(kvc_llama2c_open(bin, NULL, NULL, &r, err, sizeof err), 0);
-    assert_null(kvc_gguf_find_tensor(r, "output.weight"));
-    assert_same_tensors(t, r);
-    kvc_model_hparams_t h;
-    assert_int_equal(kvc_model_hparams_from_gguf(r, &h, err, sizeof err), 0);
-    assert_true(h.tied);
+    assert_same_tensors(u, r);
+    kvc_gguf_close(r);
+    kvc_gguf_close(u);
+    /* tied embeddings (no output.weight): shared, read back with the embedding copied to
+     * output.weight as llama.cpp's converter does */
+    copy_gguf(g, "output.weight", NULL, NULL, 0, path);
+    kvc_gguf_t *t;
+    assert_int_equal(kvc_gguf_open(path, NULL, &t, err, sizeof err), 0);
+    assert_int_equal(kvc_llama2c_write(t, bin, NULL, err, sizeof err), 0);
+    b = read_all(bin, &n);
+    memcpy(&vocab, b + 20, 4);
+    assert_int_equal(vocab, 512);
+    assert_int_equal(n, 28 + 4 * body);
+    free(b);
+    assert_int_equal(kvc_llama2c_open(bin, NULL, NULL, &r, err, sizeof err), 0);
+    const kvc_gguf_tensor_t *e = kvc_gguf_find_tensor(r, "token_embd.weight");
+    const kvc_gguf_tensor_t *o = kvc_gguf_find_tensor(r, "output.weight");
+    assert_non_null(o);
+    assert_memory_equal(e->data, o->data, e->bytes);
+    assert_memory_equal(e->data, kvc_gguf_find_tensor(g, "token_embd.weight")->data, e->bytes);
     kvc_gguf_close(r);
     kvc_gguf_close(t);
     kvc_gguf_close(g);
-    unlink(tied);
+    unlink(path);
     unlink(bin);
 }
 
@@ -344,6 +365,12 @@ static void a_quantized_model_is_written_dequantized(void **state)
     kvc_gguf_t *g;
     assert_int_equal(kvc_gguf_open(path, NULL, &g, err, sizeof err), 0);
     if (kvc_llama2c_write(g, bin, tok, err, sizeof err)) fail_msg("%s", err);
+    size_t n;
+    uint8_t *b = read_all(bin, &n);
+    int32_t vocab_field;
+    memcpy(&vocab_field, b + 20, 4);
+    assert_int_equal(vocab_field, -32000); /* synth draws an output.weight of its own */
+    free(b);
     kvc_gguf_t *r;
     if (kvc_llama2c_open(bin, tok, NULL, &r, err, sizeof err)) fail_msg("%s", err);
     /* synth writes tensors in its own order: compare by name */
@@ -409,19 +436,21 @@ static void truncated_oversized_and_lying_checkpoints_are_refused(void **state)
     (void)state;
     size_t n, nt;
     uint8_t *tok, *good = stories_bin(&n, &tok, &nt);
-    uint8_t *b = malloc(n + 8);
+    uint8_t *b = calloc(1, n + 4 * 512 * 64 + 8);
     /* truncated anywhere: the header, then the sizes */
     expect_refused(good, 0, NULL, 0, KVC_EPARSE, "the header needs 28 bytes, 0 remain");
     expect_refused(good, 27, NULL, 0, KVC_EPARSE, "the header needs 28 bytes, 27 remain");
-    expect_refused(good, 28, NULL, 0, KVC_EPARSE, "needs 1236764 bytes, the file has 28");
-    expect_refused(good, n - 1, NULL, 0, KVC_EPARSE, "the file has 1236763");
-    expect_refused(good, n - 4 * 512 * 64, NULL, 0, KVC_EPARSE, "needs 1236764 bytes");
+    expect_refused(good, 28, NULL, 0, KVC_EPARSE, "needs 1105692 bytes, the file has 28");
+    expect_refused(good, n - 1, NULL, 0, KVC_EPARSE, "the file has 1105691");
+    expect_refused(good, n - 4 * 512 * 64, NULL, 0, KVC_EPARSE, "needs 1105692 bytes");
     /* oversized: a trailing classifier is allowed only with a negative vocab */
     memcpy(b, good, n);
-    memset(b + n, 0, 8);
-    expect_refused(b, n + 4, NULL, 0, KVC_EPARSE, "the file has 1236768");
-    set_i32(b, 20, 512); /* a shared classifier: the trailing one is then too much */
-    expect_refused(b, n, NULL, 0, KVC_EPARSE, "needs 1105692 bytes, the file has 1236764");
+    expect_refused(b, n + 4, NULL, 0, KVC_EPARSE, "the file has 1105696");
+    /* a whole classifier's worth of trailing bytes, with a positive vocab */
+    expect_refused(b, n + 4 * 512 * 64, NULL, 0, KVC_EPARSE,
+                   "vocab 512, seq_len 2048) needs 1105692 bytes, the file has 1236764");
+    set_i32(b, 20, -512); /* an unshared classifier: the file lacks it */
+    expect_refused(b, n, NULL, 0, KVC_EPARSE, "needs 1236764 bytes, the file has 1105692");
     /* each field zero or negative (vocab: zero or INT32_MIN) */
     static const char *const field[7] = {"dim",        "hidden_dim", "n_layers", "n_heads",
                                          "n_kv_heads", "vocab_size", "seq_len"};
@@ -451,7 +480,7 @@ static void truncated_oversized_and_lying_checkpoints_are_refused(void **state)
     expect_refused(b, n, NULL, 0, KVC_EPARSE, "hidden 173");
     memcpy(b, good, n);
     set_i32(b, 24, 2049);
-    expect_refused(b, n, NULL, 0, KVC_EPARSE, "seq_len 2049) needs 1236796 bytes");
+    expect_refused(b, n, NULL, 0, KVC_EPARSE, "seq_len 2049) needs 1105724 bytes");
     /* sizes that overflow 64 bits are still compared, not wrapped */
     memcpy(b, good, n);
     for (int f = 0; f < 7; f++) set_i32(b, (size_t)4 * f, f == 3 || f == 4 ? 1 : INT32_MAX - 1);
@@ -652,7 +681,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stories260k_round_trips_bit_for_bit),
-        cmocka_unit_test(a_shared_classifier_is_a_positive_vocab_and_no_output_tensor),
+        cmocka_unit_test(shared_and_unshared_classifiers_round_trip),
         cmocka_unit_test(a_quantized_model_is_written_dequantized),
         cmocka_unit_test(truncated_oversized_and_lying_checkpoints_are_refused),
         cmocka_unit_test(lying_tokenizers_are_refused),

@@ -22,8 +22,11 @@
  * llama, llama.cpp's tensor names (token_embd, blk.N.attn_norm / attn_q / attn_k / attn_v /
  * attn_output / ffn_norm / ffn_gate (w1) / ffn_down (w2) / ffn_up (w3), output_norm,
  * output), F32, RMSNorm eps 1e-5, RoPE theta 10000 on the whole head.  No Q/K permutation:
- * llama2.c and ggml's llama RoPE both rotate adjacent pairs.  A shared classifier is a GGUF
- * without output.weight (tied embeddings), an unshared one a GGUF with it.
+ * llama2.c and ggml's llama RoPE both rotate adjacent pairs.  output.weight is always
+ * there: wcls, or for a shared classifier a copy of the embedding, as llama.cpp's
+ * converter writes it (so stories260K.gguf, whose output.weight is its embedding, is a
+ * shared checkpoint).  Writing, the classifier is shared (vocab_size > 0) when the GGUF
+ * has no output.weight or one whose floats equal the embedding's bit for bit.
  *
  * Errors: 0 or a negative KVC_E* code with one line in msg (may be NULL).
  * Thread-safety: reentrant; the functions only read their inputs.

@@ -299,7 +299,7 @@ static uint64_t describe(const header_t *h, bool shared, tdesc_t *t)
      snprintf(t[n].name, sizeof t[n].name, "%s", (nm)), n++)
     T("token_embd.weight", 2, D, V, emb);
     T("output_norm.weight", 1, D, 1, rms_final);
-    if (!shared) T("output.weight", 2, D, V, wcls);
+    T("output.weight", 2, D, V, shared ? emb : wcls); /* a shared one copied, as llama.cpp does */
     for (uint64_t l = 0; l < L; l++) {
         char b[48];
 #define TL(suffix, nd, a0, a1, off)                                                   \
@@ -515,10 +515,33 @@ static int check_writable(const kvc_model_hparams_t *h, char *msg, size_t cap)
     return 0;
 }
 
+/* Whether the classifier is the embedding: no output.weight, or one whose floats are the
+ * embedding's bit for bit (llama.cpp's converter copies a shared one there). */
+static int is_shared(const kvc_gguf_t *g, bool *shared, char *msg, size_t cap)
+{
+    const kvc_gguf_tensor_t *e = kvc_gguf_find_tensor(g, "token_embd.weight");
+    const kvc_gguf_tensor_t *o = kvc_gguf_find_tensor(g, "output.weight");
+    *shared = o == NULL;
+    if (!o || !e || e->n_elems != o->n_elems || !kvc_ggml_codec_supported(e->type) ||
+        !kvc_ggml_codec_supported(o->type))
+        return 0; /* the shapes and types are checked, with a message, as they are written */
+    float *x = e->n_elems <= SIZE_MAX / 8 ? kvc_alloc(NULL, (size_t)e->n_elems * 4, 64) : NULL;
+    float *y = x ? kvc_alloc(NULL, (size_t)e->n_elems * 4, 64) : NULL;
+    int rc = y ? 0 : kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
+    if (!rc && !kvc_ggml_dequantize_row(e->type, e->data, x, e->n_elems) &&
+        !kvc_ggml_dequantize_row(o->type, o->data, y, o->n_elems))
+        *shared = !memcmp(x, y, (size_t)e->n_elems * 4);
+    kvc_free(NULL, x);
+    kvc_free(NULL, y);
+    return rc;
+}
+
 static int write_bin(const kvc_gguf_t *g, const kvc_model_hparams_t *h, const char *path, char *msg,
                      size_t cap)
 {
-    const bool shared = kvc_gguf_find_tensor(g, "output.weight") == NULL;
+    bool shared;
+    int rc = is_shared(g, &shared, msg, cap);
+    if (rc) return rc;
     const uint64_t D = h->dim, H = h->ff, V = h->vocab, KV = (uint64_t)h->head_dim * h->n_kv_heads;
     uint64_t biggest =
         KVC_MAX(V * D, KVC_MAX(D * D, KVC_MAX(H * D, (uint64_t)h->ctx * h->head_dim / 2)));
@@ -526,7 +549,7 @@ static int write_bin(const kvc_gguf_t *g, const kvc_model_hparams_t *h, const ch
     if (!f) return kvc__msgf(KVC_EIO, msg, cap, "%s: cannot create: %s", path, strerror(errno));
     wr_t w = {f, biggest <= SIZE_MAX / 4 ? kvc_alloc(NULL, (size_t)biggest * 4, 64) : NULL, g, msg,
               cap};
-    int rc = w.buf ? 0 : kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
+    rc = w.buf ? 0 : kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
     const int32_t head[7] = {(int32_t)h->dim,        (int32_t)h->ff,
                              (int32_t)h->n_layers,   (int32_t)h->n_heads,
                              (int32_t)h->n_kv_heads, shared ? (int32_t)V : -(int32_t)V,
