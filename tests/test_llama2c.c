@@ -398,6 +398,68 @@ static void a_quantized_model_is_written_dequantized(void **state)
     unlink(tok);
 }
 
+/* The GGUF writer's memory sink writes the bytes its file sink writes, and the reader
+ * takes the buffer over (freed at close: the ASan build checks). */
+static void the_memory_sink_writes_the_file_sinks_bytes(void **state)
+{
+    (void)state;
+    kvc_gguf_t *g = open_gguf("models/stories260K.gguf");
+    char path[512], err[256];
+    tmp_path(path, sizeof path, "sink.gguf");
+    copy_gguf(g, NULL, NULL, NULL, 0, path);
+    size_t n;
+    uint8_t *file = read_all(path, &n);
+    kvc_gguf_writer_t *w;
+    assert_int_equal(kvc_gguf_writer_create(NULL, &w), 0);
+    for (uint64_t i = 0; i < kvc_gguf_n_kv(g); i++)
+        assert_int_equal(kvc_gguf_writer_copy_kv(w, g, i), 0);
+    copy_t c = {g, calloc(kvc_gguf_n_tensors(g), sizeof(uint64_t)), false};
+    for (uint64_t i = 0; i < kvc_gguf_n_tensors(g); i++) {
+        const kvc_gguf_tensor_t *t = kvc_gguf_tensor(g, i);
+        char name[256];
+        memcpy(name, t->name.s, t->name.len);
+        name[t->name.len] = 0;
+        assert_int_equal(kvc_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne), 0);
+        c.map[i] = i;
+    }
+    void *mem = NULL;
+    size_t bytes = 0;
+    assert_int_equal(kvc_gguf_writer_write_memory(w, copy_fill, &c, &mem, &bytes, err, sizeof err),
+                     0);
+    assert_int_equal(bytes, n);
+    assert_memory_equal(mem, file, n);
+    /* and again: the writer can write twice */
+    void *mem2 = NULL;
+    size_t bytes2 = 0;
+    assert_int_equal(
+        kvc_gguf_writer_write_memory(w, copy_fill, &c, &mem2, &bytes2, err, sizeof err), 0);
+    assert_int_equal(bytes2, n);
+    assert_memory_equal(mem2, file, n);
+    kvc_free(NULL, mem2);
+    assert_int_equal(kvc_gguf_writer_write_memory(w, copy_fill, &c, NULL, &bytes2, err, sizeof err),
+                     KVC_EINVAL);
+    assert_int_equal(kvc_gguf_writer_write_memory(w, copy_fill, &c, &mem2, NULL, err, sizeof err),
+                     KVC_EINVAL);
+    assert_int_equal(
+        kvc_gguf_writer_write_memory(NULL, copy_fill, &c, &mem2, &bytes2, err, sizeof err),
+        KVC_EINVAL);
+    kvc_gguf_writer_destroy(w);
+    free(c.map);
+    kvc_gguf_t *r;
+    assert_int_equal(kvc_gguf_open_memory_owned(mem, bytes, NULL, &r, err, sizeof err), 0);
+    assert_same_metadata(g, r);
+    assert_same_tensors(g, r);
+    kvc_gguf_close(r); /* frees mem */
+    /* refused bytes stay the caller's */
+    uint8_t *junk = kvc_alloc(NULL, 8, 8);
+    memcpy(junk, "NOTGGUF!", 8);
+    assert_int_equal(kvc_gguf_open_memory_owned(junk, 8, NULL, &r, err, sizeof err), KVC_EPARSE);
+    kvc_free(NULL, junk);
+    free(file);
+    kvc_gguf_close(g);
+    unlink(path);
+}
+
 /* ---- refusals ---------------------------------------------------------------------------- */
 
 static uint8_t *stories_bin(size_t *n, uint8_t **tok, size_t *nt)
@@ -681,6 +743,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stories260k_round_trips_bit_for_bit),
+        cmocka_unit_test(the_memory_sink_writes_the_file_sinks_bytes),
         cmocka_unit_test(shared_and_unshared_classifiers_round_trip),
         cmocka_unit_test(a_quantized_model_is_written_dequantized),
         cmocka_unit_test(truncated_oversized_and_lying_checkpoints_are_refused),
