@@ -23,5 +23,7 @@
 #include "kvcache/tokenizer.h"
 #include "kvcache/matmul.h"
 #include "kvcache/engine.h"
+#include "kvcache/chat.h"
+#include "kvcache/llama2c.h"
 
 #endif /* KVCACHE_KVCACHE_H */
