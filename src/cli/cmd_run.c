@@ -8,6 +8,8 @@
 #include "kvcache/kvcache.h"
 #include "kvcache/engine.h"
 #include "kvcache/sample.h"
+#include "kvcache/chat.h"
+#include "kvcache/llama2c.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -28,7 +30,10 @@ static void usage(FILE *f)
            "scheduler batches every request (prefill chunks and decodes in one step), and\n"
            "prompts that share a prefix share its blocks (no flag needed).\n\n"
            "input\n"
-           "  --model FILE          a GGUF model (llama, qwen2, qwen3, gemma2)\n"
+           "  --model FILE          a GGUF model (llama, qwen2, qwen3, gemma2), or a llama2.c\n"
+           "                        checkpoint (.bin) with its tokenizer.bin\n"
+           "  --tokenizer FILE      a llama2.c checkpoint's tokenizer (default: tokenizer.bin\n"
+           "                        beside the checkpoint)\n"
            "  --prompt TEXT         one prompt (tokenized with the model's tokenizer, BOS added\n"
            "                        as the model asks)\n"
            "  --prompt-ids \"1 2 3\"  one prompt as token ids\n"
@@ -36,6 +41,10 @@ static void usage(FILE *f)
            "                        object with \"prompt\" or \"prompt_ids\" and any of \"n\",\n"
            "                        \"temp\", \"top_k\", \"top_p\", \"min_p\", \"seed\", \"stop\", "
            "\"logprobs\"\n"
+           "  --chat                render each prompt as a user turn with the model's chat\n"
+           "                        template (tokenizer.chat_template, recognised by name)\n"
+           "  --chat-template NAME  llama2, llama3, chatml, mistral, gemma, phi3 or zephyr\n"
+           "  --system TEXT         a system message before each prompt (with --chat)\n"
            "generation (per request; --prompts lines may override)\n"
            "  -n N                  tokens to generate at most (default 128)\n"
            "  --temp T              temperature (default 0: greedy)\n"
@@ -101,7 +110,9 @@ enum {
     O_MAX_SEQS,
     O_BATCH,
     O_CHUNK,
-    O_ISA
+    O_ISA,
+    O_TOKENIZER,
+    O_SYSTEM
 };
 
 static const struct option options[] = {
@@ -139,6 +150,8 @@ static const struct option options[] = {
     {"batch-tokens", required_argument, 0, O_BATCH},
     {"chunk", required_argument, 0, O_CHUNK},
     {"isa", required_argument, 0, O_ISA},
+    {"tokenizer", required_argument, 0, O_TOKENIZER},
+    {"system", required_argument, 0, O_SYSTEM},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -207,14 +220,40 @@ static int parse_ids(const char *s, uint32_t vocab, creq_t *r)
     return 0;
 }
 
+/* --chat: each prompt becomes a user turn (after --system's message) in this template. */
+static struct {
+    bool on;
+    kvc_chat_template_t t;
+    const char *system;
+} chat;
+
 static int tokenize(const kvc_tokenizer_t *t, const char *text, size_t len, creq_t *r)
 {
+    char *rendered = NULL;
+    if (chat.on) {
+        char *user = strndup(text, len);
+        if (!user) return kvc_cli_error(CMD, "out of memory");
+        kvc_chat_msg_t msgs[2] = {{"system", chat.system}, {"user", user}};
+        const kvc_chat_msg_t *mp = chat.system ? msgs : msgs + 1;
+        const size_t nm = chat.system ? 2 : 1;
+        size_t need = 0;
+        int rc = kvc_chat_render(chat.t, mp, nm, true, NULL, 0, &need);
+        if (rc == KVC_ERANGE && (rendered = malloc(need + 1)))
+            rc = kvc_chat_render(chat.t, mp, nm, true, rendered, need + 1, &need);
+        free(user);
+        if (rc) {
+            free(rendered);
+            return kvc_cli_error(CMD, "cannot render the chat template: %s", kvc_strerror(rc));
+        }
+        text = rendered, len = need;
+    }
     size_t cap = 3 * len + 8, n = 0;
     r->ids = malloc(cap * sizeof *r->ids);
     if (!r->ids) return kvc_cli_error(CMD, "out of memory");
     unsigned flags = KVC_TOK_PARSE_SPECIAL;
     if (kvc_tokenizer_add_bos(t)) flags |= KVC_TOK_ADD_BOS;
     int rc = kvc_tokenizer_encode(t, text, len, flags, r->ids, cap, &n);
+    free(rendered);
     if (rc) return kvc_cli_error(CMD, "cannot tokenize the prompt: %s", kvc_strerror(rc));
     if (!n) return kvc_cli_error(CMD, "the prompt is empty");
     r->n_ids = (uint32_t)n;
@@ -454,6 +493,8 @@ static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec)
 int kvc_cmd_run(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL, *prompt_ids = NULL, *prompts = NULL;
+    const char *tokenizer_path = NULL, *template_name = NULL;
+    memset(&chat, 0, sizeof chat);
     kvc_engine_params_t ep = kvc_engine_params_default();
     kvc_gen_params_t gp = kvc_gen_params_default();
     gp.max_tokens = 128;
@@ -593,8 +634,24 @@ int kvc_cmd_run(int argc, char **argv)
             ep.no_prefix_cache = true;
             break;
         case O_CHAT:
+            chat.on = true;
+            break;
         case O_CHAT_TEMPLATE:
-            return kvc_cli_error(CMD, "--chat: chat templates are not supported yet");
+            chat.on = true;
+            template_name = optarg;
+            if (kvc_chat_template_parse(optarg, &chat.t))
+                return kvc_cli_error(
+                    CMD,
+                    "--chat-template: '%s' is not llama2, llama3, chatml, mistral, "
+                    "gemma, phi3 or zephyr",
+                    optarg);
+            break;
+        case O_SYSTEM:
+            chat.system = optarg;
+            break;
+        case O_TOKENIZER:
+            tokenizer_path = optarg;
+            break;
         case O_JSON:
             json = true;
             break;
@@ -625,10 +682,46 @@ int kvc_cmd_run(int argc, char **argv)
         return kvc_cli_error(CMD, "--spec and --no-kv-cache do not go together");
     if (!spec) ep.spec_tokens = 0;
 
+    if (chat.system && !chat.on) return kvc_cli_error(CMD, "--system needs --chat");
+    if (chat.on && prompt_ids) return kvc_cli_error(CMD, "--chat takes text, not --prompt-ids");
+
     char msg[512];
     kvc_llm_t *m = NULL;
-    if ((rc = kvc_llm_load(model_path, &m, msg, sizeof msg)))
-        return kvc_cli_error(CMD, "%s: %s", model_path, msg);
+    /* A GGUF by its magic; anything else is read as a llama2.c checkpoint. */
+    char magic[4] = {0};
+    FILE *mf = fopen(model_path, "rb");
+    if (!mf) return kvc_cli_error(CMD, "%s: %s", model_path, strerror(errno));
+    size_t got = fread(magic, 1, 4, mf);
+    fclose(mf);
+    if (got == 4 && !memcmp(magic, "GGUF", 4)) {
+        if (tokenizer_path)
+            return kvc_cli_error(CMD, "--tokenizer is for llama2.c checkpoints; %s is a GGUF",
+                                 model_path);
+        rc = kvc_llm_load(model_path, &m, msg, sizeof msg);
+    } else {
+        char def[4096];
+        if (!tokenizer_path) {
+            const char *slash = strrchr(model_path, '/');
+            int dl = slash ? (int)(slash - model_path + 1) : 0;
+            snprintf(def, sizeof def, "%.*stokenizer.bin", dl, model_path);
+            tokenizer_path = def;
+        }
+        kvc_gguf_t *g = NULL;
+        rc = kvc_llama2c_open(model_path, tokenizer_path, NULL, &g, msg, sizeof msg);
+        if (!rc) rc = kvc_llm_load_gguf(g, &m, msg, sizeof msg);
+    }
+    if (rc) return kvc_cli_error(CMD, "%s: %s", model_path, msg);
+    if (chat.on && !template_name) {
+        int crc = kvc_chat_template_from_gguf(kvc_llm_gguf(m), &chat.t);
+        if (crc) {
+            kvc_llm_free(m);
+            return kvc_cli_error(CMD, crc == KVC_ENOENT
+                                          ? "--chat: the model has no chat template; pass "
+                                            "--chat-template NAME"
+                                          : "--chat: the model's chat template is not one kvcache "
+                                            "knows; pass --chat-template NAME");
+        }
+    }
     const kvc_tokenizer_t *tok = kvc_llm_tokenizer(m);
     const uint32_t vocab = kvc_llm_hparams(m)->vocab;
 
@@ -654,10 +747,12 @@ int kvc_cmd_run(int argc, char **argv)
          * nothing is preempted, and no more (the pool is allocated and zeroed up front) */
         const kvc_model_hparams_t *h = kvc_llm_hparams(m);
         const uint32_t bs = ep.block_size ? ep.block_size : 16;
-        const uint32_t ctx = ep.max_ctx ? ep.max_ctx : (uint32_t)KVC_MIN(h->ctx ? h->ctx : 2048, 32768);
+        const uint32_t ctx =
+            ep.max_ctx ? ep.max_ctx : (uint32_t)KVC_MIN(h->ctx ? h->ctx : 2048, 32768);
         uint64_t blocks = 0;
         for (uint32_t i = 0; i < q.n; i++) {
-            uint64_t t = KVC_MIN((uint64_t)q.v[i].n_ids + q.v[i].gp.max_tokens + ep.spec_tokens, ctx);
+            uint64_t t =
+                KVC_MIN((uint64_t)q.v[i].n_ids + q.v[i].gp.max_tokens + ep.spec_tokens, ctx);
             blocks += (t + bs - 1) / bs + 1;
         }
         const uint64_t per_block = (uint64_t)kvc_dtype_bytes(ep.kv_dtype) * 2 * h->n_layers *
