@@ -295,6 +295,23 @@ static void batch_invariance_case(bool sampled)
         if (cases[c].kv_memory) assert_true(st.preemptions > 0);
     }
 
+    /* four requests with one prompt, all submitted at once: the first computes it, the others
+     * wait for its blocks and hit them (every block but the last partial one), same outputs */
+    {
+        kvc_engine_params_t ep = base;
+        ep.max_num_seqs = 8;
+        prompt_t four[4] = {inv_pr[0], inv_pr[0], inv_pr[0], inv_pr[0]};
+        kvc_engine_stats_t st;
+        run_all(m, &ep, four, 4, &gp, got, &st);
+        uint32_t hits = 0;
+        for (int i = 0; i < 4; i++) {
+            assert_same(&alone[0], &got[i], "one prompt, four requests at once");
+            hits += got[i].cached;
+        }
+        assert_int_equal(hits, 3 * 144); /* 150 tokens: 9 full blocks of 16 each, 3 times */
+        assert_int_equal(st.prefill_tokens, 150 + 3 * 6);
+    }
+
     /* the same prompt again in one engine: its prefix comes from the cache */
     {
         kvc_engine_params_t ep = base;

@@ -16,7 +16,11 @@
 
 typedef struct {
     bool used;
-    kvc_req_id_t id;
+    kvc_gen_id_t id;   /* the caller's: (gen << 32) | slot */
+    uint32_t gen;      /* the slot's generation, kept across reuse */
+    kvc_req_id_t sid;  /* the scheduler's, once added */
+    bool in_sched;     /* added to the scheduler (else pending here) */
+    uint32_t computed; /* prompt positions computed (from the plans: a hint, not a count) */
     kvc_gen_params_t gp;
     char *stop[KVC_MAX_STOP];
     size_t stop_len[KVC_MAX_STOP];
@@ -62,6 +66,9 @@ struct kvc_engine {
     uint32_t *done_slot;
     uint32_t n_done;
     kvc_engine_stats_t st;
+    /* requests not yet given to the scheduler, in arrival order: held back while another
+     * request is computing a prefix they share, so that they hit it instead */
+    uint32_t *pend, n_pend, pend_cap;
     /* no-kv-cache mode: a queue of request indices, a scratch pool of one context */
     uint32_t *queue, q_head, q_len;
     kvc_pool_t *npool;
@@ -119,7 +126,9 @@ static void req_clear(req_t *r)
     for (uint32_t i = 0; i < KVC_MAX_STOP; i++) free(r->stop[i]);
     free(r->out), free(r->lp), free(r->top_lp), free(r->top_ids), free(r->text), free(r->all);
     kvc_tokenizer_stream_destroy(r->ts);
+    const uint32_t gen = r->gen;
     memset(r, 0, sizeof *r);
+    r->gen = gen + 1 ? gen + 1 : 1;
 }
 
 void kvc_engine_destroy(kvc_engine_t *e)
@@ -137,7 +146,8 @@ void kvc_engine_destroy(kvc_engine_t *e)
     kvc_sampler_destroy(e->sampler);
     if (e->reqs)
         for (uint32_t i = 0; i < e->n_reqs; i++) req_clear(&e->reqs[i]);
-    free(e->reqs), free(e->free_reqs), free(e->done), free(e->done_slot), free(e->queue);
+    free(e->reqs), free(e->free_reqs), free(e->done), free(e->done_slot), free(e->queue),
+        free(e->pend);
     free(e->logits), free(e->sel), free(e->segs), free(e->results), free(e->live);
     free(e->emit), free(e->emit_lp);
     free(e);
@@ -388,28 +398,34 @@ int kvc_engine_submit(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_pro
     r->n_all = n_prompt;
     r->submit_s = wall_s();
     r->first_s = -1;
+    if (!r->gen) r->gen = 1;
+    r->id = ((uint64_t)r->gen << 32) | slot;
     if (e->p.no_kv_cache) {
         if (e->q_len >= 4096) {
             req_release(e, slot);
             return kvc__msgf(KVC_ENOSPC, msg, cap, "too many requests queued");
         }
-        static uint64_t serial;
-        r->id = ++serial;
         e->queue[(e->q_head + e->q_len++) % 4096] = slot;
     } else {
-        kvc_sched_req_t q = {.prompt = prompt,
-                             .n_prompt = n_prompt,
-                             .max_output = r->max_out,
-                             .priority = gp->priority,
-                             .tag = slot};
-        rc = kvc_sched_add(e->sched, &q, 0, &r->id);
-        if (rc) {
+        /* it must fit the pool (its prompt and a first token), whenever it is admitted */
+        const uint64_t need =
+            ((uint64_t)n_prompt + 1 + e->p.block_size - 1) / e->p.block_size * e->m->n_groups;
+        if (need > e->st.n_blocks) {
             req_release(e, slot);
-            return kvc__msgf(rc, msg, cap,
-                             rc == KVC_ERANGE ? "the request cannot fit in the KV memory (%s)"
-                                              : "cannot queue the request: %s",
-                             kvc_strerror(rc));
+            return kvc__msgf(KVC_ERANGE, msg, cap,
+                             "the prompt needs %llu KV blocks; the pool has %u (--kv-memory)",
+                             (unsigned long long)need, e->st.n_blocks);
         }
+        if (e->n_pend == e->pend_cap) {
+            uint32_t c = e->pend_cap ? 2 * e->pend_cap : 16;
+            uint32_t *v = realloc(e->pend, c * sizeof *v);
+            if (!v) {
+                req_release(e, slot);
+                return kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
+            }
+            e->pend = v, e->pend_cap = c;
+        }
+        e->pend[e->n_pend++] = slot;
     }
     r->used = true;
     *id = r->id;
@@ -419,15 +435,13 @@ int kvc_engine_submit(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_pro
 int kvc_engine_abort(kvc_engine_t *e, kvc_gen_id_t id)
 {
     if (!e) return KVC_EINVAL;
-    if (e->p.no_kv_cache) {
-        for (uint32_t i = 0; i < e->n_reqs; i++)
-            if (e->reqs[i].used && e->reqs[i].id == id && !e->reqs[i].finish) {
-                e->reqs[i].finish = KVC_FINISH_ABORT;
-                return 0;
-            }
-        return KVC_ESTALE;
-    }
-    return kvc_sched_abort(e->sched, id);
+    const uint32_t slot = (uint32_t)id;
+    if (slot >= e->n_reqs) return KVC_ESTALE;
+    req_t *r = &e->reqs[slot];
+    if (!r->used || r->id != id || r->finish) return KVC_ESTALE;
+    if (r->in_sched) return kvc_sched_abort(e->sched, r->sid);
+    r->finish = KVC_FINISH_ABORT; /* pending or no-kv-cache: finished at the next step */
+    return 0;
 }
 
 /* ---- outputs --------------------------------------------------------------------------- */
@@ -604,13 +618,76 @@ static int sample_row(kvc_engine_t *e, req_t *r, const float *logits, kvc_sample
 }
 
 /* ---- the step with a cache ------------------------------------------------------------ */
+/* Whether pending request p should wait: another request is computing a prompt prefix of at
+ * least one block that p shares, and has not computed it yet.  Once it has, p's lookup hits
+ * those blocks instead of computing them again (8 requests with one 1024-token prompt compute
+ * it once, not 8 times, with no flag). */
+static bool hold_back(const kvc_engine_t *e, const req_t *p)
+{
+    if (!e->pc) return false;
+    const uint32_t bs = e->p.block_size;
+    for (uint32_t i = 0; i < e->n_reqs; i++) {
+        const req_t *a = &e->reqs[i];
+        if (!a->used || !a->in_sched || a->finish || a->computed >= a->n_prompt) continue;
+        const uint32_t n = KVC_MIN(p->n_prompt, a->n_prompt) - 1;
+        uint32_t l = 0;
+        while (l < n && p->all[l] == a->all[l]) l++;
+        const uint32_t full = l / bs * bs;
+        if (full >= bs && a->computed < full) return true;
+    }
+    return false;
+}
+
+/* Give the scheduler the pending requests that need not wait; finish the aborted ones. */
+static int admit_pending(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *ctx)
+{
+    uint32_t kept = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < e->n_pend; i++) {
+        const uint32_t slot = e->pend[i];
+        req_t *r = &e->reqs[slot];
+        if (!rc && !r->finish && hold_back(e, r)) {
+            e->pend[kept++] = slot;
+            continue;
+        }
+        if (!rc && !r->finish) {
+            kvc_sched_req_t q = {.prompt = r->all,
+                                 .n_prompt = r->n_prompt,
+                                 .max_output = r->max_out,
+                                 .priority = r->gp.priority,
+                                 .tag = slot};
+            int arc = kvc_sched_add(e->sched, &q, now, &r->sid);
+            if (!arc) {
+                r->in_sched = true;
+                continue;
+            }
+            if (arc == KVC_ENOMEM) {
+                rc = arc;
+                e->pend[kept++] = slot;
+                continue;
+            }
+            r->finish = KVC_FINISH_ERROR;
+        }
+        if (rc) {
+            e->pend[kept++] = slot;
+            continue;
+        }
+        send_event(r, NULL, NULL, 0, slot, fn, ctx);
+        if ((rc = done_push(e, slot, 0, 0, wall_s()))) e->pend[kept++] = slot;
+    }
+    e->n_pend = kept;
+    return rc;
+}
+
 static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *ctx, bool *idle)
 {
+    int rc = admit_pending(e, now, fn, ctx);
+    if (rc) return rc;
     const kvc_sched_plan_t *plan;
-    int rc = kvc_sched_step(e->sched, now, &plan);
+    rc = kvc_sched_step(e->sched, now, &plan);
     if (rc) return rc;
     const uint32_t n = plan->n_entries;
-    *idle = n == 0;
+    *idle = n == 0 && e->n_pend == 0;
     const double t0 = wall_s();
     uint32_t n_sel = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -618,6 +695,7 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
         e->segs[i] =
             (kvc__seg_t){.seq = en->seq, .first_pos = en->first_pos, .n_tokens = en->n_tokens};
         e->fwd.rows[i] = en->seq;
+        e->reqs[en->tag].computed = en->first_pos + en->n_tokens;
         e->results[i] = (kvc_sched_result_t){.id = en->id};
     }
     kvc_step_id_t step = 0;
