@@ -360,6 +360,64 @@ static void batch_invariance_sampled(void **state)
     batch_invariance_case(true);
 }
 
+/* --n 4: the prompt is computed once, each sample forks its blocks copy-on-write (the prompt's
+ * blocks stored once, one copied block per child at most), and sample k equals the same
+ * request run alone with seed + k, bit for bit. */
+static void parallel_samples_fork(void **state)
+{
+    (void)state;
+    kvc_llm_t *m = load(synth_path);
+    invariance_prompts();
+    kvc_gen_params_t gp = inv_gen(true);
+    kvc_engine_params_t ep = kvc_engine_params_default();
+    ep.n_threads = 2;
+    static out_t alone[4], got[4];
+    for (int k = 0; k < 4; k++) {
+        kvc_gen_params_t g = gp;
+        g.seed = gp.seed + (uint64_t)k;
+        run_all(m, &ep, &inv_pr[0], 1, &g, &alone[k], NULL);
+    }
+    char msg[256];
+    kvc_engine_t *e;
+    assert_ok(kvc_engine_create(m, &ep, &e, msg, sizeof msg));
+    kvc_gen_params_t g = gp;
+    g.n = 4;
+    kvc_gen_id_t id;
+    assert_ok(kvc_engine_submit(e, inv_pr[0].ids, inv_pr[0].n, &g, &id, msg, sizeof msg));
+    uint32_t left = 4;
+    for (int step = 0; left; step++) {
+        assert_true(step < 10000);
+        assert_ok(kvc_engine_step(e, step * 1e-3, NULL, NULL, NULL));
+        if (kvc_sched_check(kvc_engine_sched(e), msg, sizeof msg)) fail_msg("%s", msg);
+        const kvc_gen_done_t *d;
+        uint32_t nd;
+        kvc_engine_finished(e, &d, &nd);
+        for (uint32_t i = 0; i < nd; i++) {
+            out_t *o = &got[d[i].sample_index];
+            memset(o, 0, sizeof *o);
+            o->n = d[i].completion_tokens;
+            memcpy(o->ids, d[i].output, o->n * sizeof *o->ids);
+            memcpy(o->lp, d[i].logprobs, o->n * sizeof *o->lp);
+            memcpy(o->top, d[i].top_ids, (size_t)o->n * TOP * sizeof *o->top);
+            memcpy(o->top_lp, d[i].top_logprobs, (size_t)o->n * TOP * sizeof *o->top_lp);
+            snprintf(o->text, sizeof o->text, "%s", d[i].text);
+            left--;
+        }
+    }
+    for (int k = 0; k < 4; k++) assert_same(&alone[k], &got[k], "forked sample");
+    kvc_engine_stats_t st;
+    kvc_engine_stats(e, &st);
+    kvc_seqs_stats_t ss;
+    kvc_seqs_stats(kvc_engine_seqs(e), &ss);
+    assert_int_equal(ss.n_forks, 3);
+    assert_true(ss.n_cow_copies <= 3); /* the partial last prompt block, once per child */
+    /* 150 + 24 tokens: 11 blocks alone, of which 9 are the prompt's full blocks: shared */
+    assert_true(st.peak_blocks <= 9 + 4 * 2);
+    assert_int_equal(st.prefill_tokens, 150);
+    kvc_engine_destroy(e);
+    kvc_llm_free(m);
+}
+
 /* ---- bad requests ----------------------------------------------------------------------- */
 static void bad_requests_are_refused(void **state)
 {
@@ -421,6 +479,7 @@ int main(void)
         cmocka_unit_test(bad_requests_are_refused),
         cmocka_unit_test_setup_teardown(batch_invariance_greedy, synth_setup, synth_teardown),
         cmocka_unit_test_setup_teardown(batch_invariance_sampled, synth_setup, synth_teardown),
+        cmocka_unit_test_setup_teardown(parallel_samples_fork, synth_setup, synth_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

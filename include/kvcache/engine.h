@@ -100,6 +100,7 @@ KVC_API void kvc_engine_destroy(kvc_engine_t *e); /* NULL is a no-op */
 
 #define KVC_MAX_STOP     8 /* stop token ids and stop strings per request, each */
 #define KVC_MAX_LOGPROBS 20
+#define KVC_MAX_SAMPLES  64 /* parallel samples per request */
 
 typedef struct {
     float temperature;                         /* 0: greedy */
@@ -117,6 +118,9 @@ typedef struct {
     uint32_t n_stop_ids;
     const char *stop[KVC_MAX_STOP]; /* stop strings (copied) */
     uint32_t n_stop;
+    uint32_t n;        /* parallel samples (1..KVC_MAX_SAMPLES; 0: 1): the prompt is computed
+                          once and each sample forks its blocks copy-on-write; sample k uses
+                          seed + k and finishes with its own account (sample_index k) */
     uint32_t priority; /* scheduler class */
     uint64_t tag;      /* the caller's, echoed in events */
 } kvc_gen_params_t;
@@ -184,6 +188,7 @@ typedef struct {
     double submit_s, first_token_s, finish_s;
     uint32_t preemptions;
     uint32_t draft_tokens, accepted_tokens;
+    uint32_t sample_index; /* which of the request's n parallel samples */
 } kvc_gen_done_t;
 
 /* The request ids finished in the last step and their accounts (borrowed

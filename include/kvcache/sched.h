@@ -235,6 +235,18 @@ typedef struct {
     kvc_token_t token;   /* the sampled token (entries with samples), else ignored */
     uint32_t n_accepted; /* drafts accepted (speculative entries), <= the entry's n_drafts */
     bool finished;       /* EOS or the output cap: the request is done */
+    /* Parallel sampling: fork n_forks children from this request as this step completes
+     * (an entry that samples, without drafts).  Child k shares every block of the request
+     * (kvc_seq_fork: copy-on-write, the prompt stored once), continues with fork_tokens[k]
+     * instead of `token` (its own sample of the same position), carries fork_tags[k], and is
+     * a running request from then on with the parent's prompt, output count and cap.  Its id
+     * goes to fork_ids[k], or 0 where it could not be made (max_num_seqs running already, the
+     * seq table full or its allocator failed): the caller then finishes it itself.  A child
+     * whose output reaches the cap at once is finished at once (its account follows). */
+    uint32_t n_forks;
+    const kvc_token_t *fork_tokens;
+    const uint64_t *fork_tags;
+    kvc_req_id_t *fork_ids;
 } kvc_sched_result_t;
 
 /* The executor ran the last plan; results[i] belongs to plan->entries[i]
@@ -244,7 +256,8 @@ typedef struct {
  * failed) is finished with error KVC_ENOMEM in its account, and the others
  * proceed.  KVC_EINVAL (NULL arguments, `now` not finite, no open plan but
  * n > 0, n that differs from the plan, a result whose id belongs to another
- * entry, too many accepted drafts), KVC_ESTALE (a result's id names no live
+ * entry, too many accepted drafts, forks on an entry that does not sample or has drafts,
+ * or fork arrays missing), KVC_ESTALE (a result's id names no live
  * request), and then nothing is applied.  With no open plan, n == 0 is a
  * no-op. */
 KVC_API KVC_NODISCARD int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *results,

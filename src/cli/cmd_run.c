@@ -445,7 +445,7 @@ static void json_num(FILE *f, double v)
         fputs("null", f);
 }
 
-static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec)
+static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec, bool samples)
 {
     printf(
         "{\"id\": %llu, \"prompt_tokens\": %u, \"cached_tokens\": %u, \"completion_tokens\": %u, "
@@ -487,6 +487,7 @@ static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec)
     if (spec)
         printf(", \"draft_tokens\": %u, \"accepted_tokens\": %u", d->draft_tokens,
                d->accepted_tokens);
+    if (samples) printf(", \"index\": %u", d->sample_index);
     printf("}\n");
 }
 
@@ -576,12 +577,9 @@ int kvc_cmd_run(int argc, char **argv)
             U64("logprobs", 0, KVC_MAX_LOGPROBS, gp.n_logprobs);
             gp.logprobs = true;
             break;
-        case O_N: {
-            uint32_t n;
-            U64("n", 1, 64, n);
-            if (n > 1) return kvc_cli_error(CMD, "--n: parallel sampling is not supported yet");
+        case O_N:
+            U64("n", 1, KVC_MAX_SAMPLES, gp.n);
             break;
-        }
         case O_BEAMS: {
             uint32_t n;
             U64("beams", 1, 64, n);
@@ -766,7 +764,8 @@ int kvc_cmd_run(int argc, char **argv)
                          : kvc_cli_error(CMD, "%s", msg);
 
     out_ctx_t oc = {.stream = !json && q.n == 1};
-    uint32_t n_left = rc ? 0 : q.n;
+    uint32_t n_left = 0;
+    for (uint32_t i = 0; !rc && i < q.n; i++) n_left += q.v[i].gp.n ? q.v[i].gp.n : 1;
     double now = 0;
     const double t_start = (double)kvc_now_ns() * 1e-9;
     while (!rc && n_left) {
@@ -783,7 +782,7 @@ int kvc_cmd_run(int argc, char **argv)
         for (uint32_t i = 0; i < n_done; i++) {
             n_left--;
             if (json)
-                print_done(&done[i], done[i].tag, spec);
+                print_done(&done[i], done[i].tag, spec, gp.n > 1);
             else if (oc.stream)
                 printf("\n");
             else

@@ -21,6 +21,10 @@ typedef struct {
     kvc_req_id_t sid;  /* the scheduler's, once added */
     bool in_sched;     /* added to the scheduler (else pending here) */
     uint32_t computed; /* prompt positions computed (from the plans: a hint, not a count) */
+    /* parallel sampling: the parent lists its children; each child waits (fork_wait) until
+     * the parent's prompt is done, then samples its own first token and is forked */
+    uint32_t *children, n_children, sample_index;
+    bool fork_wait;
     kvc_gen_params_t gp;
     char *stop[KVC_MAX_STOP];
     size_t stop_len[KVC_MAX_STOP];
@@ -69,6 +73,11 @@ struct kvc_engine {
     /* requests not yet given to the scheduler, in arrival order: held back while another
      * request is computing a prefix they share, so that they hit it instead */
     uint32_t *pend, n_pend, pend_cap;
+    /* the children forked in this step (one parent's at a time: its prompt finishes once) */
+    kvc_token_t fork_tok[KVC_MAX_SAMPLES];
+    uint64_t fork_tag[KVC_MAX_SAMPLES];
+    kvc_req_id_t fork_id[KVC_MAX_SAMPLES];
+    uint32_t fork_n;
     /* no-kv-cache mode: a queue of request indices, a scratch pool of one context */
     uint32_t *queue, q_head, q_len;
     kvc_pool_t *npool;
@@ -125,6 +134,7 @@ static void req_clear(req_t *r)
 {
     for (uint32_t i = 0; i < KVC_MAX_STOP; i++) free(r->stop[i]);
     free(r->out), free(r->lp), free(r->top_lp), free(r->top_ids), free(r->text), free(r->all);
+    free(r->children);
     kvc_tokenizer_stream_destroy(r->ts);
     const uint32_t gen = r->gen;
     memset(r, 0, sizeof *r);
@@ -338,10 +348,55 @@ static void req_release(kvc_engine_t *e, uint32_t i)
     e->free_reqs[e->n_free++] = i;
 }
 
+static int submit_one(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_prompt,
+                      const kvc_gen_params_t *gp, bool child, uint32_t *out_slot, char *msg,
+                      size_t cap);
+
 int kvc_engine_submit(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_prompt,
                       const kvc_gen_params_t *gp, kvc_gen_id_t *id, char *msg, size_t cap)
 {
     if (!e || !prompt || !gp || !id) return kvc__msgf(KVC_EINVAL, msg, cap, "no request");
+    const uint32_t n = gp->n ? gp->n : 1;
+    if (n > KVC_MAX_SAMPLES)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "n: 1 to %d parallel samples", KVC_MAX_SAMPLES);
+    if (n > 1 && e->p.no_kv_cache)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "parallel samples need the KV cache");
+    if (n > e->p.max_num_seqs)
+        return kvc__msgf(KVC_EINVAL, msg, cap,
+                         "n: %u parallel samples, but at most %u requests run at once", n,
+                         e->p.max_num_seqs);
+    uint32_t parent;
+    int rc = submit_one(e, prompt, n_prompt, gp, false, &parent, msg, cap);
+    if (rc) return rc;
+    uint32_t *kids = n > 1 ? calloc(n - 1, sizeof *kids) : NULL;
+    if (n > 1 && !kids) rc = KVC_ENOMEM;
+    uint32_t made = 0;
+    for (uint32_t k = 1; !rc && k < n; k++) {
+        kvc_gen_params_t g = *gp;
+        g.seed = gp->seed + k; /* sample k's own stream */
+        uint32_t c;
+        if ((rc = submit_one(e, prompt, n_prompt, &g, true, &c, msg, cap))) break;
+        e->reqs[c].sample_index = k;
+        e->reqs[c].fork_wait = true;
+        kids[made++] = c;
+    }
+    if (rc) { /* all or nothing: the parent is still pending, nothing ran */
+        for (uint32_t k = 0; k < made; k++) req_release(e, kids[k]);
+        free(kids);
+        e->n_pend--; /* the parent was the last one queued */
+        req_release(e, parent);
+        return rc == KVC_ENOMEM ? kvc__msgf(rc, msg, cap, "out of memory") : rc;
+    }
+    e->reqs[parent].children = kids;
+    e->reqs[parent].n_children = made;
+    *id = e->reqs[parent].id;
+    return 0;
+}
+
+static int submit_one(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_prompt,
+                      const kvc_gen_params_t *gp, bool child, uint32_t *out_slot, char *msg,
+                      size_t cap)
+{
     const kvc_model_hparams_t *h = &e->m->h;
     if (!n_prompt) return kvc__msgf(KVC_EINVAL, msg, cap, "empty prompt");
     for (uint32_t i = 0; i < n_prompt; i++)
@@ -425,10 +480,10 @@ int kvc_engine_submit(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_pro
             }
             e->pend = v, e->pend_cap = c;
         }
-        e->pend[e->n_pend++] = slot;
+        if (!child) e->pend[e->n_pend++] = slot;
     }
     r->used = true;
-    *id = r->id;
+    *out_slot = slot;
     return 0;
 }
 
@@ -578,7 +633,8 @@ static int done_push(kvc_engine_t *e, uint32_t slot, uint32_t cached, uint32_t p
                          .finish_s = finish,
                          .preemptions = preempt,
                          .draft_tokens = r->drafts,
-                         .accepted_tokens = r->accepted};
+                         .accepted_tokens = r->accepted,
+                         .sample_index = r->sample_index};
     return 0;
 }
 
@@ -615,6 +671,63 @@ static int sample_row(kvc_engine_t *e, req_t *r, const float *logits, kvc_sample
     kvc__sampling_from_gen(&r->gp, &sp);
     /* the penalties look at the output so far */
     return kvc_sample(e->sampler, &sp, &r->rng, logits, r->out, r->n_out, res);
+}
+
+/* ---- parallel sampling ------------------------------------------------------------------ */
+/* The children of parent r sample their first token from the parent's last prompt row; the
+ * ones that go on are listed in the parent's result for kvc_sched_complete to fork. */
+static int fork_samples(kvc_engine_t *e, req_t *r, const float *row, kvc_sched_result_t *res,
+                        kvc_gen_event_fn fn, void *ctx)
+{
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < r->n_children; k++) {
+        const uint32_t cs = r->children[k];
+        req_t *c = &e->reqs[cs];
+        if (!c->fork_wait) continue;
+        c->fork_wait = false;
+        kvc_sample_result_t sr;
+        int rc = sample_row(e, c, row, &sr);
+        if (rc) return rc;
+        c->finish = emit_token(e, c, sr.token, sr.logprob, &sr);
+        c->computed = r->computed;
+        if (c->finish) { /* done at its first token: no fork needed */
+            send_event(c, &c->out[0], &c->lp[0], 1, cs, fn, ctx);
+            if ((rc = done_push(e, cs, 0, 0, wall_s()))) return rc;
+            continue;
+        }
+        e->fork_tok[n] = sr.token;
+        e->fork_tag[n] = cs;
+        n++;
+    }
+    res->n_forks = n;
+    res->fork_tokens = e->fork_tok;
+    res->fork_tags = e->fork_tag;
+    res->fork_ids = e->fork_id;
+    e->fork_n = n;
+    return 0;
+}
+
+/* After kvc_sched_complete: the forked children run on their own from here. */
+static int forks_done(kvc_engine_t *e, const kvc_sched_plan_t *plan, kvc_gen_event_fn fn, void *ctx)
+{
+    (void)plan;
+    for (uint32_t k = 0; k < e->fork_n; k++) {
+        const uint32_t cs = (uint32_t)e->fork_tag[k];
+        req_t *c = &e->reqs[cs];
+        if (e->fork_id[k]) {
+            c->sid = e->fork_id[k];
+            c->in_sched = true;
+        } else {
+            c->finish = KVC_FINISH_ERROR; /* could not fork: no room to run it */
+        }
+        send_event(c, &c->out[0], &c->lp[0], 1, cs, fn, ctx);
+        if (!e->fork_id[k]) {
+            int rc = done_push(e, cs, 0, 0, wall_s());
+            if (rc) return rc;
+        }
+    }
+    e->fork_n = 0;
+    return 0;
 }
 
 /* ---- the step with a cache ------------------------------------------------------------ */
@@ -756,6 +869,13 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
                 break;
         }
         if (rc) break;
+        /* the parent's prompt is done: each waiting child samples the same position with its
+         * own stream and, unless that first token ends it, is forked from the parent */
+        if (r->n_children && !en->n_drafts) {
+            if ((rc = fork_samples(e, r, e->logits + (size_t)sel_i * vocab, &e->results[i], fn,
+                                   ctx)))
+                break;
+        }
         sel_i += en->n_drafts + 1;
         /* the tokens emitted are the accepted drafts and then `tok` (the bonus or the
          * correction), unless a finish came first: then the last emitted is `tok` too */
@@ -789,6 +909,10 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
     kvc_pool_stats_t ps;
     kvc_pool_stats(e->pool, &ps);
     e->st.peak_blocks = KVC_MAX(e->st.peak_blocks, ps.n_used);
+    if ((rc = forks_done(e, plan, fn, ctx))) {
+        free(n_emit);
+        return rc;
+    }
 
     for (uint32_t i = 0; i < n; i++) {
         const kvc_sched_entry_t *en = &plan->entries[i];
@@ -814,6 +938,15 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
         }
         if ((rc = done_push(e, slot, done[i].n_hit_tokens, done[i].n_preemptions, wall_s())))
             return rc;
+        /* children never forked (the parent ended before its prompt did) end with it */
+        for (uint32_t k = 0; k < r->n_children; k++) {
+            req_t *c = &e->reqs[r->children[k]];
+            if (!c->used || !c->fork_wait) continue;
+            c->fork_wait = false;
+            c->finish = r->finish == KVC_FINISH_ABORT ? KVC_FINISH_ABORT : KVC_FINISH_ERROR;
+            send_event(c, NULL, NULL, 0, r->children[k], fn, ctx);
+            if ((rc = done_push(e, r->children[k], 0, 0, wall_s()))) return rc;
+        }
     }
     return 0;
 }
