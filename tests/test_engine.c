@@ -267,6 +267,7 @@ static void batch_invariance_case(bool sampled)
         {"batched, chunk 64", 1, 64, 8, 0, 0, false},
         {"speculative (n-gram, 4 drafts)", 2, 0, 8, 4, 0, false},
         {"a pool too small: preemption and recompute", 1, 0, 8, 0, 1, false},
+        {"a pool too small: preemption and swap", 2, 0, 8, 0, 2, false},
         {"no KV cache", 2, 0, 8, 0, 0, true},
     };
     for (size_t c = 0; c < KVC_ARRAY_LEN(cases); c++) {
@@ -276,13 +277,20 @@ static void batch_invariance_case(bool sampled)
         ep.max_num_seqs = cases[c].max_seqs;
         ep.spec_tokens = cases[c].spec;
         ep.no_kv_cache = cases[c].no_cache;
+        if (cases[c].kv_memory == 2) {
+            /* blocks of 32: the swapped requests' last blocks are partial, so their bytes
+             * must come back from host memory (a full block could come back from the cache) */
+            ep.preemption = KVC_PREEMPT_SWAP;
+            ep.block_size = 32;
+        }
         if (cases[c].kv_memory) {
-            /* 14 blocks: the requests need 11 + 4 + 8 + 2, so some are preempted */
+            /* 14 blocks of 16 (9 of 32): the requests need 11 + 4 + 8 + 2 (6 + 2 + 4 + 1), so
+             * some are preempted */
             kvc_storage_desc_t sd = {
                 .n_layers = 2, .n_kv_heads = 2, .head_dim = 64, .dtype = ep.kv_dtype};
             size_t bb;
             assert_ok(kvc_storage_block_bytes(&sd, ep.block_size, &bb));
-            ep.kv_memory = 14 * bb;
+            ep.kv_memory = (ep.block_size == 32 ? 12 : 14) * bb;
         }
         kvc_engine_stats_t st;
         run_all(m, &ep, inv_pr, N_REQ, &gp, got, &st);
@@ -293,6 +301,7 @@ static void batch_invariance_case(bool sampled)
         }
         if (cases[c].spec && !sampled) assert_true(st.accepted_tokens > 0);
         if (cases[c].kv_memory) assert_true(st.preemptions > 0);
+        if (cases[c].kv_memory == 2) assert_true(st.swapped_in_bytes > 0);
     }
 
     /* four requests with one prompt, all submitted at once: the first computes it, the others

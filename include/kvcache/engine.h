@@ -201,6 +201,8 @@ typedef struct {
     uint64_t kv_bytes_per_token;
     uint32_t n_blocks, peak_blocks, block_size;
     uint64_t preemptions;
+    uint64_t swapped_out_bytes, swapped_in_bytes; /* swap preemption's copies (as sched counts
+                                                     them: whole blocks) */
     uint64_t hit_tokens;
     uint64_t draft_tokens, accepted_tokens;
     uint32_t n_running, n_waiting;

@@ -148,8 +148,18 @@ typedef struct {
                                              the step's prompt budget fairly among tenants */
     uint32_t long_threshold; /* prompt + max output >= this is a long request (0: off) */
     double long_kv_cap;      /* share of the pool long requests may hold together (0: no cap) */
-    uint32_t spec_tokens;    /* drafts per decode step, at most 64 (0: no speculation) */
-    kvc_draft_fn draft;      /* NULL: drafts are token 0 (the simulator's choice) */
+    /* Swap preemption with real K/V (an engine's copies over the host link; NULL: nothing is
+     * copied, as in the simulator).  swap_out is called for a victim before its blocks are
+     * released, to copy the K/V of positions [0, n) out; false makes this preemption a
+     * recompute instead.  swap_in is called when a swapped request comes back, after
+     * positions [first, first + n) have slots again and before they count as computed (so
+     * no block becomes hittable before its bytes are back), to copy them in. */
+    bool (*swap_out)(void *ctx, kvc_req_id_t id, uint64_t tag, kvc_seq_t seq, uint32_t n);
+    void (*swap_in)(void *ctx, kvc_req_id_t id, uint64_t tag, kvc_seq_t seq, uint32_t first,
+                    uint32_t n);
+    void *swap_ctx;
+    uint32_t spec_tokens; /* drafts per decode step, at most 64 (0: no speculation) */
+    kvc_draft_fn draft;   /* NULL: drafts are token 0 (the simulator's choice) */
     void *draft_ctx;
     bool trace; /* keep a readable account of each step's decisions */
     kvc_allocator_t allocator;

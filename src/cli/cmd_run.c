@@ -67,6 +67,8 @@ static void usage(FILE *f)
            "  --batch-tokens N      tokens computed per step (default 512)\n"
            "  --chunk N             prompt tokens per request per step (default: the budget)\n"
            "  --no-prefix-cache     never reuse a prefix across requests\n"
+           "  --preemption P        when the pool is full: recompute (default), swap (the\n"
+           "                        victim's K/V to host memory and back) or backpressure\n"
            "  --no-kv-cache         recompute the whole sequence for every token (the quadratic\n"
            "                        baseline); same outputs\n"
            "output\n"
@@ -112,7 +114,8 @@ enum {
     O_CHUNK,
     O_ISA,
     O_TOKENIZER,
-    O_SYSTEM
+    O_SYSTEM,
+    O_PREEMPT
 };
 
 static const struct option options[] = {
@@ -152,6 +155,7 @@ static const struct option options[] = {
     {"isa", required_argument, 0, O_ISA},
     {"tokenizer", required_argument, 0, O_TOKENIZER},
     {"system", required_argument, 0, O_SYSTEM},
+    {"preemption", required_argument, 0, O_PREEMPT},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -643,6 +647,11 @@ int kvc_cmd_run(int argc, char **argv)
                     "--chat-template: '%s' is not llama2, llama3, chatml, mistral, "
                     "gemma, phi3 or zephyr",
                     optarg);
+            break;
+        case O_PREEMPT:
+            if (kvc_preemption_parse(optarg, &ep.preemption))
+                return kvc_cli_error(
+                    CMD, "--preemption: '%s' is not recompute, swap or backpressure", optarg);
             break;
         case O_SYSTEM:
             chat.system = optarg;

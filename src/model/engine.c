@@ -24,6 +24,8 @@ typedef struct {
     /* parallel sampling: the parent lists its children; each child waits (fork_wait) until
      * the parent's prompt is done, then samples its own first token and is forked */
     uint32_t *children, n_children, sample_index;
+    uint8_t *swap; /* swap preemption: the K/V of its computed positions, in host memory */
+    size_t swap_cap;
     bool fork_wait;
     kvc_gen_params_t gp;
     char *stop[KVC_MAX_STOP];
@@ -135,6 +137,7 @@ static void req_clear(req_t *r)
     for (uint32_t i = 0; i < KVC_MAX_STOP; i++) free(r->stop[i]);
     free(r->out), free(r->lp), free(r->top_lp), free(r->top_ids), free(r->text), free(r->all);
     free(r->children);
+    free(r->swap);
     kvc_tokenizer_stream_destroy(r->ts);
     const uint32_t gen = r->gen;
     memset(r, 0, sizeof *r);
@@ -189,6 +192,84 @@ static void ngram_draft(void *ctx, kvc_req_id_t id, uint64_t tag, uint32_t n, kv
     }
 }
 
+/* ---- swap preemption: a victim's K/V to host memory and back ---------------------------- */
+/* Bytes of one token's K/V in all layers. */
+static size_t token_kv_bytes(const kvc_engine_t *e)
+{
+    const kvc_model_hparams_t *h = &e->m->h;
+    return (size_t)h->n_layers * 2 * h->n_kv_heads * h->head_dim * kvc_dtype_bytes(e->p.kv_dtype);
+}
+
+/* Copy position p's K/V of every layer between the pool and buf (to_pool: into the pool).  A
+ * position a sliding layer no longer holds (out of its window) reads as zeros: no query will
+ * look at it again. */
+static void copy_token(kvc_engine_t *e, kvc_seq_t seq, uint32_t p, uint8_t *buf, bool to_pool)
+{
+    const kvc_llm_t *m = e->m;
+    const kvc_model_hparams_t *h = &m->h;
+    const size_t row = (size_t)h->head_dim * kvc_dtype_bytes(e->p.kv_dtype);
+    const uint32_t bs = e->p.block_size;
+    int64_t slot[KVC_MAX_GROUPS];
+    bool have[KVC_MAX_GROUPS];
+    for (uint32_t g = 0; g < m->n_groups; g++)
+        have[g] = kvc_seq_slots(e->seqs, seq, g, p, 1, &slot[g]) == 0;
+    for (uint32_t l = 0; l < h->n_layers; l++) {
+        const kvc__llm_layer_t *L = &m->layer[l];
+        for (uint32_t kv = 0; kv < 2; kv++)
+            for (uint32_t hh = 0; hh < h->n_kv_heads; hh++, buf += row) {
+                if (!have[L->group]) {
+                    if (!to_pool) memset(buf, 0, row);
+                    continue;
+                }
+                uint8_t *base =
+                    kvc_pool_kv_data(e->pool, (uint32_t)(slot[L->group] / bs), L->slab, kv);
+                uint8_t *at = base + ((size_t)hh * bs + (size_t)(slot[L->group] % bs)) * row;
+                if (to_pool)
+                    memcpy(at, buf, row);
+                else
+                    memcpy(buf, at, row);
+            }
+    }
+}
+
+static bool swap_out(void *ctx, kvc_req_id_t id, uint64_t tag, kvc_seq_t seq, uint32_t n)
+{
+    kvc_engine_t *e = ctx;
+    (void)id;
+    req_t *r = &e->reqs[tag];
+    const size_t tb = token_kv_bytes(e), need = (size_t)n * tb;
+    if (need > r->swap_cap) {
+        uint8_t *b = realloc(r->swap, need);
+        if (!b) return false; /* the scheduler recomputes it instead */
+        r->swap = b, r->swap_cap = need;
+    }
+    for (uint32_t p = 0; p < n; p++) copy_token(e, seq, p, r->swap + (size_t)p * tb, false);
+    /* The K/V moved: the blocks only this request held, and that no lookup can hit, are
+     * scrubbed before they go back to the pool, so a swap-in that failed to copy them back
+     * shows up as wrong output instead of hiding behind a block that happened to survive. */
+    for (uint32_t g = 0; g < e->m->n_groups; g++) {
+        const uint32_t *table;
+        uint32_t nb;
+        if (kvc_seq_table(e->seqs, seq, g, &table, &nb)) continue;
+        for (uint32_t i = 0; i < nb; i++)
+            if (table[i] != KVC_NONE && kvc_pool_refcount(e->pool, table[i]) == 1 &&
+                !kvc_pool_is_cached(e->pool, table[i]))
+                memset(kvc_pool_block_data(e->pool, table[i]), 0, kvc_pool_block_bytes(e->pool));
+    }
+    return true;
+}
+
+static void swap_in(void *ctx, kvc_req_id_t id, uint64_t tag, kvc_seq_t seq, uint32_t first,
+                    uint32_t n)
+{
+    kvc_engine_t *e = ctx;
+    (void)id;
+    req_t *r = &e->reqs[tag];
+    const size_t tb = token_kv_bytes(e);
+    for (uint32_t p = first; p < first + n; p++)
+        copy_token(e, seq, p, r->swap + (size_t)p * tb, true);
+}
+
 int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_engine_t **out,
                       char *msg, size_t cap)
 {
@@ -212,8 +293,6 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
         return kvc__msgf(KVC_EINVAL, msg, cap, "tokens per step: 1 to 65536");
     if (p.spec_tokens > 16) return kvc__msgf(KVC_EINVAL, msg, cap, "--spec: at most 16 drafts");
     if (!p.spec_ngram) p.spec_ngram = 3;
-    if (p.preemption == KVC_PREEMPT_SWAP)
-        return kvc__msgf(KVC_ENOTSUP, msg, cap, "swap preemption is not supported yet");
 
     kvc_engine_t *e = calloc(1, sizeof *e);
     if (!e) return kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
@@ -306,6 +385,9 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
     sc.preemption = p.preemption;
     sc.block_bytes = block_bytes;
     sc.spec_tokens = p.spec_tokens;
+    sc.swap_out = swap_out;
+    sc.swap_in = swap_in;
+    sc.swap_ctx = e;
     sc.draft = ngram_draft;
     sc.draft_ctx = e;
     if ((rc = kvc_sched_create(e->seqs, &sc, &e->sched))) goto fail;
@@ -661,6 +743,8 @@ void kvc_engine_stats(const kvc_engine_t *e, kvc_engine_stats_t *out)
         out->n_waiting = s.n_waiting + s.n_swapped;
         out->preemptions = s.preemptions;
         out->hit_tokens = s.hit_tokens;
+        out->swapped_out_bytes = s.swapped_out_bytes;
+        out->swapped_in_bytes = s.swapped_in_bytes;
     }
 }
 
@@ -800,7 +884,9 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
     rc = kvc_sched_step(e->sched, now, &plan);
     if (rc) return rc;
     const uint32_t n = plan->n_entries;
-    *idle = n == 0 && e->n_pend == 0;
+    /* a step that only swapped a request back in (it runs from the next step) is progress */
+    *idle =
+        n == 0 && e->n_pend == 0 && !plan->n_swapped_in && !plan->n_admitted && !plan->n_preempted;
     const double t0 = wall_s();
     uint32_t n_sel = 0;
     for (uint32_t i = 0; i < n; i++) {
