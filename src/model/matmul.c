@@ -184,8 +184,10 @@ int kvc_matmul_prepare(const kvc_mat_t *w, const float *x, uint32_t n_rows, kvc_
 
 static void run_job(kvc_isa_t use, const kvc__mm_job_t *j)
 {
-    if (use == KVC_ISA_AVX512 || use == KVC_ISA_AVX2)
-        kvc__mm_avx2(j); /* no AVX-512 kernel yet */
+    if (use == KVC_ISA_AVX512)
+        kvc__mm_avx512(j);
+    else if (use == KVC_ISA_AVX2)
+        kvc__mm_avx2(j);
     else
         kvc__mm_scalar(j);
 }
@@ -243,7 +245,7 @@ const char *kvc_matmul_kernel_name(uint32_t type, kvc_isa_t isa)
     (void)type; /* every type has a kernel on every ISA */
     kvc_isa_t use;
     if (kvc__isa_resolve(isa, &use)) return "?";
-    return use == KVC_ISA_AVX512 || use == KVC_ISA_AVX2 ? "avx2" : "scalar";
+    return use == KVC_ISA_AVX512 ? "avx512" : use == KVC_ISA_AVX2 ? "avx2" : "scalar";
 }
 
 /* ---- the thread pool -------------------------------------------------------------
