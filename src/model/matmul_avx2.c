@@ -198,23 +198,30 @@ INL void q4_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, int NR, int
     }
     for (uint32_t b = 0; b < nb; b++) {
         uint8_t sm[4][16];
-        __m256i isum[4][4];
+        __m256i isum[4][4], sc[4];
 #pragma GCC unroll 4
-        for (int o = 0; o < NO; o++) q4_k_scales(wp[o] + (size_t)b * KVC__Q4_K_B + 4, sm[o]);
+        for (int o = 0; o < NO; o++) {
+            q4_k_scales(wp[o] + (size_t)b * KVC__Q4_K_B + 4, sm[o]);
+            /* the 8 scales as int16, in both halves, for the byte shuffles below */
+            sc[o] = _mm256_broadcastsi128_si256(
+                _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)sm[o])));
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
             for (int o = 0; o < NO; o++) isum[r][o] = _mm256_setzero_si256();
         for (int k = 0; k < 4; k++) {
             __m256i lo[4], hi[4], s0[4], s1[4];
+            const __m256i i0 = _mm256_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k));
+            const __m256i i1 = _mm256_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2));
 #pragma GCC unroll 4
             for (int o = 0; o < NO; o++) {
                 const __m256i q = _mm256_loadu_si256(
                     (const __m256i *)(const void *)(wp[o] + (size_t)b * KVC__Q4_K_B + 16 + 32 * k));
                 lo[o] = _mm256_and_si256(q, lo4);
                 hi[o] = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
-                s0[o] = _mm256_set1_epi16(sm[o][2 * k]);
-                s1[o] = _mm256_set1_epi16(sm[o][2 * k + 1]);
+                s0[o] = _mm256_shuffle_epi8(sc[o], i0);
+                s1[o] = _mm256_shuffle_epi8(sc[o], i1);
             }
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
