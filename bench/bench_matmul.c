@@ -6,7 +6,10 @@
  * runs (the machine is shared and noisy).  The GEMV walks over enough copies of the matrix
  * that each call reads its weights from memory, as a model's decode step does.
  *
- *   bench_matmul [--isa NAME] [--threads N] [--type NAME] [--quick]
+ * --hot runs the GEMV on one copy, from the caches: the kernels' compute ceiling, which must be
+ * well above the memory's for decode to be memory bound.
+ *
+ *   bench_matmul [--isa NAME] [--threads N] [--type NAME] [--quick] [--hot]
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -22,6 +25,7 @@
 #define GEMV_SPAN ((size_t)384 << 20) /* bytes of weight copies a GEMV run walks through */
 
 static uint64_t *bw_buf;
+static bool hot;
 
 typedef struct {
     const uint64_t *p;
@@ -77,6 +81,7 @@ static int bench_type(uint32_t type, uint32_t n_out, uint32_t n_in, kvc_isa_t is
     const size_t row = (size_t)n_in / be * bb, bytes = row * n_out;
     size_t copies = GEMV_SPAN / bytes + 1;
     if (copies > 256) copies = 256;
+    if (hot) copies = 1;
     uint8_t *w = aligned_alloc(64, ((bytes * copies) + 63) & ~(size_t)63);
     float *src = malloc(sizeof(float) * n_in);
     const uint32_t n_rows = 512;
@@ -100,15 +105,15 @@ static int bench_type(uint32_t type, uint32_t n_out, uint32_t n_in, kvc_isa_t is
     const int gemv_runs = quick ? 3 : 7;
     for (int run = 0; run < gemv_runs; run++) {
         const uint64_t t0 = kvc_now_ns();
-        for (size_t c = 0; c < copies; c++) {
+        for (size_t c = 0; c < (hot ? 64 : copies); c++) {
             const kvc_mat_t m = {.type = type,
-                                 .data = w + c * bytes,
+                                 .data = w + c % copies * bytes,
                                  .n_in = n_in,
                                  .n_out = n_out,
                                  .row_bytes = row};
             if (kvc_matmul(&m, x, 1, y, isa, tp, ws, wsb)) return 1;
         }
-        v[run] = (double)(bytes * copies) / (double)(kvc_now_ns() - t0);
+        v[run] = (double)(bytes * (hot ? 64 : copies)) / (double)(kvc_now_ns() - t0);
     }
     const double gbs = kvc_bench_median(v, gemv_runs);
     /* GEMM: 512 rows */
@@ -146,10 +151,13 @@ int main(int argc, char **argv)
             threads_only = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--type") && i + 1 < argc) {
             type_only = argv[++i];
+        } else if (!strcmp(argv[i], "--hot")) {
+            hot = true;
         } else if (!strcmp(argv[i], "--quick")) {
             quick = true;
         } else {
-            fprintf(stderr, "usage: %s [--isa NAME] [--threads N] [--type NAME] [--quick]\n",
+            fprintf(stderr,
+                    "usage: %s [--isa NAME] [--threads N] [--type NAME] [--quick] [--hot]\n",
                     argv[0]);
             return 2;
         }

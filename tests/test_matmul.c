@@ -637,7 +637,10 @@ static void pool_arguments_and_allocation_failures(void **state)
     kvc_threadpool_t *tp = (kvc_threadpool_t *)1;
     assert_int_equal(kvc_threadpool_create(2, NULL, NULL), KVC_EINVAL);
     assert_int_equal(kvc_threadpool_create(0, NULL, &tp), KVC_EINVAL);
+    assert_null(tp);
+    tp = (kvc_threadpool_t *)1;
     assert_int_equal(kvc_threadpool_create(1025, NULL, &tp), KVC_EINVAL);
+    assert_null(tp);
     for (uint64_t k = 1; k <= 3; k++) {
         kvc_failing_alloc_t st = {.fail_at = k};
         kvc_allocator_t a = kvc_failing_allocator(&st);

@@ -355,8 +355,9 @@ static void stop_workers(kvc_threadpool_t *tp, uint32_t n_started)
 
 int kvc_threadpool_create(uint32_t n_threads, const kvc_allocator_t *a, kvc_threadpool_t **out)
 {
-    if (!out || n_threads == 0 || n_threads > 1024) return KVC_EINVAL;
+    if (!out) return KVC_EINVAL;
     *out = NULL;
+    if (n_threads == 0 || n_threads > 1024) return KVC_EINVAL;
     kvc_threadpool_t *tp = kvc_calloc(a, 1, sizeof *tp, 64);
     if (!tp) return KVC_ENOMEM;
     if (a) tp->alloc = *a;
