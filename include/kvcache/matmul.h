@@ -103,10 +103,11 @@ KVC_API size_t kvc_matmul_workspace_bytes(const kvc_mat_t *w, uint32_t n_rows);
 
 /* y = x W^T for n_rows rows (see the top of the file), on the ISA `isa`
  * resolves to, spread over tp (NULL: this thread).  ws holds
- * kvc_matmul_workspace_bytes (64-byte aligned is best; NULL when that is 0).
- * KVC_EINVAL (NULL w, x or y; n_rows 0; a bad matrix: data NULL, n_in or
- * n_out 0, n_in not a multiple of the type's block, row_bytes short of a
- * row; ws NULL or smaller than needed; an invalid isa value), KVC_ENOTSUP (a
+ * kvc_matmul_workspace_bytes, aligned to 4 bytes at least (64 is best; NULL
+ * when that is 0).  KVC_EINVAL (NULL w, x or y; n_rows 0; a bad matrix: data
+ * NULL, n_in or n_out 0, n_in not a multiple of the type's block, row_bytes
+ * short of a row; ws NULL, smaller than needed or misaligned; an invalid isa
+ * value), KVC_ENOTSUP (a
  * type the kernels do not take; a forced ISA this CPU lacks).  On an error
  * nothing is written. */
 KVC_API int kvc_matmul(const kvc_mat_t *w, const float *x, uint32_t n_rows, float *y, kvc_isa_t isa,

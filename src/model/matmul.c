@@ -176,7 +176,8 @@ static int check_call(const kvc_mat_t *w, const float *x, uint32_t n_rows, kvc_i
     if (!x || n_rows == 0) return KVC_EINVAL;
     if ((rc = kvc__isa_resolve(isa, use))) return rc;
     const size_t need = kvc_matmul_workspace_bytes(w, n_rows);
-    if (need && (!ws || ws_bytes < need)) return KVC_EINVAL;
+    /* the scales and sums in it are read as float, int16 and int32 */
+    if (need && (!ws || ws_bytes < need || (uintptr_t)ws % 4)) return KVC_EINVAL;
     return 0;
 }
 
