@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "forward_int.h"
-#include "sample_int.h"
+#include "engine_int.h"
 #include "util/msg.h"
 
 typedef struct {

@@ -1,6 +1,6 @@
-/* sample_int.h - internal: a request's generation parameters as the sampler takes them. */
-#ifndef KVC_MODEL_SAMPLE_INT_H
-#define KVC_MODEL_SAMPLE_INT_H
+/* engine_int.h - internal: a request's generation parameters as the sampler takes them. */
+#ifndef KVC_MODEL_ENGINE_INT_H
+#define KVC_MODEL_ENGINE_INT_H
 
 #include "kvcache/engine.h"
 #include "kvcache/sample.h"
