@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kvcache/sample.h"
+#include "model/sample_int.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -1102,6 +1103,106 @@ static void test_stop_strings_random_chunking(void **state)
     }
 }
 
+/* ---- the row kernels: AVX2 against scalar, bit for bit; exp against libm ---------------- */
+
+static void test_kernels_avx2_match_scalar_bits(void **state)
+{
+    (void)state;
+    /* the polynomial exps against libm */
+    for (double x = -708.0; x <= 709.0; x += 0.0137) {
+        double want = exp(x), got = kvc__sample_exp(x);
+        if (fabs(got - want) > 1e-13 * want)
+            fail_msg("exp(%.17g): %.17g, libm %.17g", x, got, want);
+    }
+    assert_true(kvc__sample_exp(-INFINITY) == 0.0 && kvc__sample_exp(-709.0) == 0.0);
+    assert_true(kvc__sample_exp(0.0) == 1.0);
+    for (float x = -87.0f; x <= 88.0f; x += 0.0071f) {
+        double want = exp((double)x), got = kvc__sample_expf(x);
+        if (fabs(got - want) > 3e-7 * want)
+            fail_msg("expf(%.9g): %.9g, libm %.9g", (double)x, got, want);
+    }
+    assert_true(kvc__sample_expf(-INFINITY) == 0.0f && kvc__sample_expf(0.0f) == 1.0f);
+
+    if (!kvc_isa_supported(KVC_ISA_AVX2)) {
+        printf("NOTE: this CPU lacks AVX2: the AVX2 kernels were not compared\n");
+        return;
+    }
+    const uint32_t max_n = 1003;
+    float *in = malloc(max_n * sizeof *in), *w1 = malloc(max_n * sizeof *w1);
+    float *w2 = malloc(max_n * sizeof *w2);
+    double *e1 = malloc(max_n * sizeof *e1), *e2 = malloc(max_n * sizeof *e2);
+    kvc_rng_t g;
+    kvc_rng_seed(&g, 31);
+    for (int round = 0; round < 400; round++) {
+        uint32_t n = round < 40 ? (uint32_t)round : 1 + (uint32_t)kvc_rng_below(&g, max_n);
+        double spread = round % 7 == 0 ? 2000.0 : 1.0 + 30.0 * kvc_rng_double(&g);
+        for (uint32_t i = 0; i < n; i++) {
+            in[i] = (float)((kvc_rng_double(&g) - 0.5) * spread);
+            uint64_t c = kvc_rng_below(&g, 50);
+            if (c == 0) in[i] = NAN;
+            if (c == 1) in[i] = INFINITY;
+            if (c == 2) in[i] = -INFINITY;
+            if (c == 3) in[i] = FLT_MAX;
+        }
+        float m1 = kvc__sample_sanitize_max_scalar(in, w1, n);
+        float m2 = kvc__sample_sanitize_max_avx2(in, w2, n);
+        assert_memory_equal(&m1, &m2, sizeof m1);
+        if (n) assert_memory_equal(w1, w2, n * sizeof *w1);
+        double ref = n && m1 != -INFINITY ? m1 : 0.0;
+        double scale = round % 3 == 0 ? 1.0 : 1.0 / (0.1 + 2.0 * kvc_rng_double(&g));
+        double s1 = kvc__sample_exp_sum_scalar(w1, n, ref, scale, e1);
+        double s2 = kvc__sample_exp_sum_avx2(w1, n, ref, scale, e2);
+        assert_memory_equal(&s1, &s2, sizeof s1);
+        if (n) assert_memory_equal(e1, e2, n * sizeof *e1);
+        float fm = (float)ref, fs = (float)scale;
+        s1 = kvc__sample_expf_sum_scalar(w1, n, fm, fs, e1);
+        s2 = kvc__sample_expf_sum_avx2(w1, n, fm, fs, e2);
+        assert_memory_equal(&s1, &s2, sizeof s1);
+        if (n) assert_memory_equal(e1, e2, n * sizeof *e1);
+    }
+
+    /* end to end: a scalar sampler and an AVX2 one give the same tokens and logprobs */
+    const uint32_t nv = 7001;
+    kvc_sampler_t *a = new_sampler(nv), *b = new_sampler(nv);
+    assert_ok(kvc_sampler_set_isa(a, KVC_ISA_SCALAR));
+    assert_ok(kvc_sampler_set_isa(b, KVC_ISA_AVX2));
+    float *l = malloc(nv * sizeof *l);
+    kvc_token_t h[32];
+    for (int round = 0; round < 60; round++) {
+        double spread = 0.5 + 8.0 * kvc_rng_double(&g);
+        for (uint32_t i = 0; i < nv; i++) l[i] = (float)((kvc_rng_double(&g) - 0.5) * spread);
+        for (int j = 0; j < 32; j++) h[j] = (kvc_token_t)kvc_rng_below(&g, nv);
+        kvc_sampling_params_t p = kvc_sampling_params_default();
+        p.temperature = (float)(0.1 + 1.5 * kvc_rng_double(&g));
+        p.top_p = round % 2 ? 0.9f : 1.0f;
+        p.top_k = round % 3 == 0 ? 50 : 0;
+        p.min_p = round % 5 == 0 ? 0.05f : 0.0f;
+        p.repetition_penalty = round % 4 == 0 ? 1.2f : 1.0f;
+        p.n_logprobs = 5;
+        kvc_rng_t ra, rb;
+        kvc_rng_seed(&ra, (uint64_t)round);
+        rb = ra;
+        for (int k = 0; k < 20; k++) {
+            kvc_sample_result_t x, y;
+            assert_ok(kvc_sample(a, &p, &ra, l, h, 32, &x));
+            assert_ok(kvc_sample(b, &p, &rb, l, h, 32, &y));
+            assert_memory_equal(&x, &y, sizeof x);
+        }
+    }
+    assert_int_equal(kvc_sampler_set_isa(a, (kvc_isa_t)99), KVC_EINVAL);
+    assert_int_equal(kvc_sampler_set_isa(NULL, KVC_ISA_AUTO), KVC_EINVAL);
+    if (!kvc_isa_supported(KVC_ISA_AVX512))
+        assert_int_equal(kvc_sampler_set_isa(a, KVC_ISA_AVX512), KVC_ENOTSUP);
+    free(l);
+    kvc_sampler_destroy(a);
+    kvc_sampler_destroy(b);
+    free(in);
+    free(w1);
+    free(w2);
+    free(e1);
+    free(e2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1120,6 +1221,7 @@ int main(void)
         cmocka_unit_test(test_nan_and_inf_logits),
         cmocka_unit_test(test_stop_strings_match_and_hold),
         cmocka_unit_test(test_stop_strings_random_chunking),
+        cmocka_unit_test(test_kernels_avx2_match_scalar_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -53,6 +53,7 @@
 
 #include "kvcache/util.h"
 #include "kvcache/prefix.h" /* kvc_token_t */
+#include "kvcache/quant.h"  /* kvc_isa_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -102,6 +103,11 @@ KVC_API KVC_NODISCARD int kvc_sampler_create(uint32_t n_vocab, const kvc_allocat
                                              kvc_sampler_t **out);
 KVC_API void kvc_sampler_destroy(kvc_sampler_t *s);
 KVC_API uint32_t kvc_sampler_n_vocab(const kvc_sampler_t *s);
+/* The row kernels to use: KVC_ISA_SCALAR, or any SIMD one (AVX2 kernels), or KVC_ISA_AUTO
+ * (the default: the best this CPU has).  Every version computes the same bits, so this never
+ * changes a sample or a logprob; it is for tests and measurements.
+ * Errors: KVC_EINVAL (s NULL, an unknown isa), KVC_ENOTSUP (the CPU lacks it). */
+KVC_API KVC_NODISCARD int kvc_sampler_set_isa(kvc_sampler_t *s, kvc_isa_t isa);
 
 /* Sample one token from logits (n_vocab floats, borrowed) with params p, the request's rng
  * and its token history (the prompt and the output so far, oldest first; only the last

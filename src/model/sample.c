@@ -14,16 +14,20 @@
 #include <math.h>
 #include <string.h>
 
+#include "model/sample_int.h"
 #include "util/msg.h"
 
 #define N_BINS       4096
 #define BINS_PER_NAT 64.0
 #define REBASE_NATS  600.0 /* exp(-708) is the last normal double: rebase well before */
 #define MAX_N_VOCAB  ((uint32_t)INT32_MAX)
+#define WALK_BLOCK   256 /* the draw walks past whole blocks by their sums */
+#define GATHER_MAX   16  /* fewer than n / 16 candidates: their weights one by one */
 
 struct kvc_sampler {
     kvc_allocator_t alloc;
     uint32_t n;
+    bool avx2;        /* the AVX2 row kernels (the same bits as the scalar ones) */
     float *w;         /* (n) sanitized, then penalized logits */
     double *e;        /* (n) exp(w - ref), then the draw's weights */
     uint32_t *cand;   /* (n) the candidates truncation keeps */
@@ -86,6 +90,7 @@ int kvc_sampler_create(uint32_t n_vocab, const kvc_allocator_t *a, kvc_sampler_t
     if (!s) return KVC_ENOMEM;
     if (a) s->alloc = *a;
     s->n = n_vocab;
+    s->avx2 = kvc_isa_best() != KVC_ISA_SCALAR;
     s->w = kvc_alloc(a, (size_t)n_vocab * sizeof *s->w, 64);
     s->e = kvc_alloc(a, (size_t)n_vocab * sizeof *s->e, 64);
     s->cand = kvc_alloc(a, (size_t)n_vocab * sizeof *s->cand, 64);
@@ -114,6 +119,115 @@ void kvc_sampler_destroy(kvc_sampler_t *s)
 uint32_t kvc_sampler_n_vocab(const kvc_sampler_t *s)
 {
     return s ? s->n : 0;
+}
+
+int kvc_sampler_set_isa(kvc_sampler_t *s, kvc_isa_t isa)
+{
+    if (!s || (unsigned)isa >= KVC_ISA__COUNT) return KVC_EINVAL;
+    if (!kvc_isa_supported(isa)) return KVC_ENOTSUP;
+    if (isa == KVC_ISA_AUTO) isa = kvc_isa_best();
+    s->avx2 = isa != KVC_ISA_SCALAR;
+    return 0;
+}
+
+/* ---- the row kernels' scalar versions (sample_int.h) ---------------------------------- */
+
+float kvc__sample_sanitize_max_scalar(const float *in, float *w, uint32_t n)
+{
+    float best = -INFINITY;
+    for (uint32_t i = 0; i < n; i++) {
+        float x = in[i];
+        x = x != x ? -INFINITY : (x > FLT_MAX ? FLT_MAX : x);
+        w[i] = x;
+        best = x > best ? x : best;
+    }
+    return best;
+}
+
+double kvc__sample_exp_sum_scalar(const float *w, uint32_t n, double ref, double scale, double *e)
+{
+    double l[4] = {0, 0, 0, 0};
+    for (uint32_t i = 0; i < n; i++) {
+        double d = (double)w[i] - ref;
+        double y = kvc__sample_exp(d * scale);
+        e[i] = y;
+        l[i & 3] = l[i & 3] + y;
+    }
+    return (l[0] + l[1]) + (l[2] + l[3]);
+}
+
+double kvc__sample_expf_sum_scalar(const float *w, uint32_t n, float m, float scale, double *e)
+{
+    double l[4] = {0, 0, 0, 0};
+    for (uint32_t i = 0; i < n; i++) {
+        float d = w[i] - m;
+        double y = (double)kvc__sample_expf(d * scale);
+        e[i] = y;
+        l[i & 3] = l[i & 3] + y;
+    }
+    return (l[0] + l[1]) + (l[2] + l[3]);
+}
+
+static double expf_sum(const kvc_sampler_t *s, const float *w, uint32_t n, float m, float scale,
+                       double *e)
+{
+    return s->avx2 ? kvc__sample_expf_sum_avx2(w, n, m, scale, e)
+                   : kvc__sample_expf_sum_scalar(w, n, m, scale, e);
+}
+
+static float sanitize_max(const kvc_sampler_t *s, const float *in, float *w, uint32_t n)
+{
+    return s->avx2 ? kvc__sample_sanitize_max_avx2(in, w, n)
+                   : kvc__sample_sanitize_max_scalar(in, w, n);
+}
+
+static double exp_sum(const kvc_sampler_t *s, const float *w, uint32_t n, double ref, double scale,
+                      double *e)
+{
+    return s->avx2 ? kvc__sample_exp_sum_avx2(w, n, ref, scale, e)
+                   : kvc__sample_exp_sum_scalar(w, n, ref, scale, e);
+}
+
+/* The sum of e over ids[0..n) (ids NULL: 0..n), in 4 lanes for speed. */
+static double sum_over(const double *e, const uint32_t *ids, uint32_t n)
+{
+    double l[4] = {0, 0, 0, 0};
+    if (ids)
+        for (uint32_t j = 0; j < n; j++) l[j & 3] += e[ids[j]];
+    else
+        for (uint32_t j = 0; j < n; j++) l[j & 3] += e[j];
+    return (l[0] + l[1]) + (l[2] + l[3]);
+}
+
+/* The draw: the first token (in the order of ids, or of ids 0..n when ids is NULL) whose
+ * running sum of weights passes target, skipping whole blocks of WALK_BLOCK by their sums;
+ * a token of weight 0 is never chosen; if rounding leaves target at or past the end, the last
+ * token with weight. */
+static uint32_t walk(const double *e, const uint32_t *ids, uint32_t n, double target)
+{
+    double cum = 0;
+    uint32_t j = 0;
+    while (j + WALK_BLOCK <= n) {
+        double b = ids ? sum_over(e, ids + j, WALK_BLOCK) : sum_over(e + j, NULL, WALK_BLOCK);
+        if (cum + b > target) break;
+        cum += b;
+        j += WALK_BLOCK;
+    }
+    uint32_t last = UINT32_MAX;
+    for (; j < n; j++) {
+        uint32_t i = ids ? ids[j] : j;
+        if (e[i] == 0) continue;
+        last = i;
+        cum += e[i];
+        if (cum > target) return i;
+    }
+    if (last != UINT32_MAX) return last;
+    /* every weight from here on is 0: the last token with weight before */
+    for (uint32_t k = n; k-- > 0;) {
+        uint32_t i = ids ? ids[k] : k;
+        if (e[i] != 0) return i;
+    }
+    return ids ? ids[0] : 0;
 }
 
 /* ---- ordering: higher logit first, ties by lower id ------------------------------------ */
@@ -255,16 +369,9 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
     double *e = s->e;
 
     /* 1. the raw row: sanitized copy, maximum (first one: the lowest id) */
-    float mraw = -INFINITY;
+    float mraw = sanitize_max(s, logits, w, n);
     uint32_t argmax = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        float x = sanitize(logits[i]);
-        w[i] = x;
-        if (x > mraw) {
-            mraw = x;
-            argmax = i;
-        }
-    }
+    while (argmax + 1 < n && w[argmax] != mraw) argmax++;
     if (mraw == -INFINITY) return KVC_EINVAL;
 
     bool pen = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
@@ -278,12 +385,8 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
     }
 
     /* 2. the raw log-softmax's normalizer, and e = exp(w - ref) for the truncations */
-    double ref = mraw, z = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        double x = exp((double)w[i] - ref);
-        e[i] = x;
-        z += x;
-    }
+    double ref = mraw;
+    double z = exp_sum(s, w, n, ref, 1.0, e);
     o->mraw = mraw;
     o->log_z = log(z);
     if (n_top) select_top(w, n, n_top, top);
@@ -297,7 +400,7 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
             if (!c) continue;
             s->counts[t] = 0;
             w[t] = penalize(w[t], c, p);
-            e[t] = exp((double)w[t] - ref);
+            e[t] = kvc__sample_exp((double)w[t] - ref);
         }
         m = -INFINITY;
         for (uint32_t i = 0; i < n; i++) {
@@ -309,7 +412,7 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
         if (m == -INFINITY) return KVC_EINVAL;
         if (fabs((double)m - ref) > REBASE_NATS) {
             ref = m;
-            for (uint32_t i = 0; i < n; i++) e[i] = exp((double)w[i] - ref);
+            (void)exp_sum(s, w, n, ref, 1.0, e); /* only e is wanted here */
         }
     }
     o->m = m;
@@ -350,7 +453,7 @@ static uint32_t truncate_candidates(kvc_sampler_t *s, const kvc_sampling_params_
         all = false;
     }
     if (p->min_p > 0.0f) {
-        double thr = (double)p->min_p * exp((double)o->m - o->ref);
+        double thr = (double)p->min_p * kvc__sample_exp((double)o->m - o->ref);
         uint32_t k = 0;
         if (all) {
             for (uint32_t i = 0; i < n; i++)
@@ -403,45 +506,24 @@ int kvc_sample(kvc_sampler_t *s, const kvc_sampling_params_t *p, kvc_rng_t *rng,
         uint32_t nc = truncate_candidates(s, p, &o, &all);
         const uint32_t *cand = s->cand;
 
-        /* 5. temperature and the one draw (weights overwrite e) */
-        double inv_t = 1.0 / (double)p->temperature, sum = 0;
-        bool unit = p->temperature == 1.0f;
-        if (all) {
-            if (unit) {
-                for (uint32_t i = 0; i < n; i++) sum += e[i];
-            } else {
-                for (uint32_t i = 0; i < n; i++) {
-                    double x = exp(((double)w[i] - o.m) * inv_t);
-                    e[i] = x;
-                    sum += x;
-                }
-            }
+        /* 5. temperature and the one draw: weights expf((l - max) / T) in float (the
+         * kept set is already decided in double), summed in double; they overwrite e */
+        float inv_t = 1.0f / p->temperature;
+        double sum;
+        if (all || nc >= n / GATHER_MAX) {
+            /* the whole row through the vector kernel beats a gather of many candidates */
+            sum = expf_sum(s, w, n, o.m, inv_t, e);
+            if (!all) sum = sum_over(e, cand, nc);
         } else {
             for (uint32_t j = 0; j < nc; j++) {
                 uint32_t i = cand[j];
-                if (!unit) e[i] = exp(((double)w[i] - o.m) * inv_t);
-                sum += e[i];
+                float d = w[i] - o.m;
+                e[i] = (double)kvc__sample_expf(d * inv_t);
             }
+            sum = sum_over(e, cand, nc);
         }
         double u = kvc_rng_double(rng);
-        double target = u * sum, cum = 0;
-        /* the fallback (target rounded up to the sum) is the last token with weight */
-        if (all) {
-            for (uint32_t i = 0; i < n; i++) {
-                if (e[i] == 0) continue;
-                token = i;
-                cum += e[i];
-                if (cum > target) break;
-            }
-        } else {
-            for (uint32_t j = 0; j < nc; j++) {
-                uint32_t i = cand[j];
-                if (e[i] == 0) continue;
-                token = i;
-                cum += e[i];
-                if (cum > target) break;
-            }
-        }
+        token = walk(e, all ? NULL : cand, nc, u * sum);
     }
 
     r.token = (kvc_token_t)token;

@@ -1,0 +1,146 @@
+/* model/sample_int.h - internal to the sampler: its two row kernels (sample.c has the scalar
+ * versions, sample_avx2.c the AVX2 ones) and the exp they share.
+ *
+ * Every version computes the same bits: the same operations in the same order, no fused
+ * multiply-add (sample_avx2.c turns contraction off), sums over 4 interleaved lanes
+ * combined as (l0 + l1) + (l2 + l3).  So which version runs never changes a sample. */
+#ifndef KVC_MODEL_SAMPLE_INT_H
+#define KVC_MODEL_SAMPLE_INT_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* exp(x) for the softmax: 0 below -708 (and for -inf), x clamped to 709 above; a degree-11
+ * Taylor polynomial on r = x - k ln 2, |r| <= ln(2)/2 (truncation error 6e-15 relative),
+ * times 2^k.  Within about 30 ulp of libm's exp: far below what a float logit carries. */
+#define KVC__EXP_LOG2E 0x1.71547652b82fep0
+#define KVC__EXP_SHIFT 0x1.8p52
+#define KVC__EXP_LN2HI 6.93147180369123816490e-01
+#define KVC__EXP_LN2LO 1.90821492927058770002e-10
+#define KVC__EXP_LO    -708.0
+#define KVC__EXP_HI    709.0
+#define KVC__EXP_C11   (1.0 / 39916800.0)
+#define KVC__EXP_C10   (1.0 / 3628800.0)
+#define KVC__EXP_C9    (1.0 / 362880.0)
+#define KVC__EXP_C8    (1.0 / 40320.0)
+#define KVC__EXP_C7    (1.0 / 5040.0)
+#define KVC__EXP_C6    (1.0 / 720.0)
+#define KVC__EXP_C5    (1.0 / 120.0)
+#define KVC__EXP_C4    (1.0 / 24.0)
+#define KVC__EXP_C3    (1.0 / 6.0)
+#define KVC__EXP_C2    0.5
+#define KVC__EXP_C1    1.0
+#define KVC__EXP_C0    1.0
+
+/* Horner's steps, written out so that the vector version can interleave iterations: MUL and
+ * ADD are the two operations (scalar or vector), C makes a constant. */
+#define KVC__EXP_POLY(p, r, MUL, ADD, C)                   \
+    do {                                                   \
+        p = ADD(MUL(C(KVC__EXP_C11), r), C(KVC__EXP_C10)); \
+        p = ADD(MUL(p, r), C(KVC__EXP_C9));                \
+        p = ADD(MUL(p, r), C(KVC__EXP_C8));                \
+        p = ADD(MUL(p, r), C(KVC__EXP_C7));                \
+        p = ADD(MUL(p, r), C(KVC__EXP_C6));                \
+        p = ADD(MUL(p, r), C(KVC__EXP_C5));                \
+        p = ADD(MUL(p, r), C(KVC__EXP_C4));                \
+        p = ADD(MUL(p, r), C(KVC__EXP_C3));                \
+        p = ADD(MUL(p, r), C(KVC__EXP_C2));                \
+        p = ADD(MUL(p, r), C(KVC__EXP_C1));                \
+        p = ADD(MUL(p, r), C(KVC__EXP_C0));                \
+    } while (0)
+
+static inline double kvc__smul(double a, double b)
+{
+    return a * b;
+}
+static inline double kvc__sadd(double a, double b)
+{
+    return a + b;
+}
+#define KVC__SCONST(c) (c)
+
+static inline double kvc__sample_exp(double x)
+{
+    if (!(x >= KVC__EXP_LO)) return 0.0;
+    if (x > KVC__EXP_HI) x = KVC__EXP_HI;
+    double t = x * KVC__EXP_LOG2E;
+    t = t + KVC__EXP_SHIFT;
+    double kd = t - KVC__EXP_SHIFT;
+    double hi = kd * KVC__EXP_LN2HI, lo = kd * KVC__EXP_LN2LO;
+    double r = x - hi;
+    r = r - lo;
+    double p;
+    KVC__EXP_POLY(p, r, kvc__smul, kvc__sadd, KVC__SCONST);
+    uint64_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits + 1023) << 52;
+    double scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* expf for the draw's weights, in float: 0 below -87 (and for -inf), x clamped to 88 above;
+ * a degree-7 Taylor polynomial on |r| <= ln(2)/2 (truncation error 5e-9 relative, under a
+ * float ulp), times 2^k.  Only the weights the draw walks use it: the logprobs and the
+ * truncations' masses stay in double. */
+#define KVC__EXPF_LOG2E 0x1.715476p0f
+#define KVC__EXPF_SHIFT 0x1.8p23f
+#define KVC__EXPF_LN2HI 0x1.62e400p-1f /* ln 2 with its low 12 bits cleared: k * HI is exact */
+#define KVC__EXPF_LN2LO 0x1.7f7d1cp-20f
+#define KVC__EXPF_LO    -87.0f
+#define KVC__EXPF_HI    88.0f
+
+#define KVC__EXPF_POLY(p, r, MUL, ADD, C)                     \
+    do {                                                      \
+        p = ADD(MUL(C(1.0f / 5040.0f), r), C(1.0f / 720.0f)); \
+        p = ADD(MUL(p, r), C(1.0f / 120.0f));                 \
+        p = ADD(MUL(p, r), C(1.0f / 24.0f));                  \
+        p = ADD(MUL(p, r), C(1.0f / 6.0f));                   \
+        p = ADD(MUL(p, r), C(0.5f));                          \
+        p = ADD(MUL(p, r), C(1.0f));                          \
+        p = ADD(MUL(p, r), C(1.0f));                          \
+    } while (0)
+
+static inline float kvc__smulf(float a, float b)
+{
+    return a * b;
+}
+static inline float kvc__saddf(float a, float b)
+{
+    return a + b;
+}
+
+static inline float kvc__sample_expf(float x)
+{
+    if (!(x >= KVC__EXPF_LO)) return 0.0f;
+    if (x > KVC__EXPF_HI) x = KVC__EXPF_HI;
+    float t = x * KVC__EXPF_LOG2E;
+    t = t + KVC__EXPF_SHIFT;
+    float kd = t - KVC__EXPF_SHIFT;
+    float hi = kd * KVC__EXPF_LN2HI, lo = kd * KVC__EXPF_LN2LO;
+    float r = x - hi;
+    r = r - lo;
+    float p;
+    KVC__EXPF_POLY(p, r, kvc__smulf, kvc__saddf, KVC__SCONST);
+    uint32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* w[i] = the sanitized in[i] (NaN -> -inf, +inf -> FLT_MAX); returns the largest. */
+float kvc__sample_sanitize_max_scalar(const float *in, float *w, uint32_t n);
+float kvc__sample_sanitize_max_avx2(const float *in, float *w, uint32_t n);
+
+/* e[i] = exp(((double)w[i] - ref) * scale); returns the sum (4 lanes, see above). */
+double kvc__sample_exp_sum_scalar(const float *w, uint32_t n, double ref, double scale, double *e);
+double kvc__sample_exp_sum_avx2(const float *w, uint32_t n, double ref, double scale, double *e);
+
+/* e[i] = expf((w[i] - m) * scale) computed in float as kvc__sample_expf, stored as double;
+ * returns their sum in double (4 lanes, element i in lane i % 4, in order). */
+double kvc__sample_expf_sum_scalar(const float *w, uint32_t n, float m, float scale, double *e);
+double kvc__sample_expf_sum_avx2(const float *w, uint32_t n, float m, float scale, double *e);
+
+#endif
