@@ -20,6 +20,10 @@
  *      whose softmax mass (over what is left, at temperature 1) reaches top_p.
  *   5. min_p: what is left with probability >= min_p * the highest probability.
  *   6. temperature: the survivors' logits divided by it, then a draw from their softmax.
+ * Precision: the kept sets (top_p's masses, min_p's ratios) are decided in double; the
+ * draw's weights exp((l - max) / T) are computed in float (about 1e-7 relative) and summed
+ * in double; ties are broken by token id everywhere, so a kept set is a function of the
+ * logits alone.  The SIMD and scalar kernels compute the same bits (kvc_sampler_set_isa).
  * As in llama.cpp, temperature comes last, so top_p and min_p see the penalized logits at
  * temperature 1.  (vLLM divides by the temperature first; the kept sets then differ.)
  *

@@ -303,6 +303,15 @@ static float penalize(float l, uint32_t count, const kvc_sampling_params_t *p)
     return f > FLT_MAX ? FLT_MAX : f;
 }
 
+/* The histogram bin of a token: its distance below the maximum in 1/BINS_PER_NAT nat,
+ * the last bin for anything farther (or without mass). */
+static inline uint32_t bin_of(float m, float w, double e)
+{
+    float d = (m - w) * (float)BINS_PER_NAT;
+    uint32_t b = d < (float)(N_BINS - 1) ? (uint32_t)d : N_BINS - 1;
+    return e == 0 ? N_BINS - 1 : b;
+}
+
 /* top_p over all n tokens without a sort: the histogram of m - w[i] finds the bin the
  * boundary falls in; bins above it are kept whole, that bin is sorted.  Writes the kept
  * ids to cand and returns how many. */
@@ -313,11 +322,11 @@ static uint32_t top_p_all(kvc_sampler_t *s, float m, double top_p)
     uint32_t n = s->n;
     memset(s->bin_mass, 0, sizeof s->bin_mass);
     memset(s->bin_count, 0, sizeof s->bin_count);
+    /* a token with no mass (e == 0) is ranked below every token with some and is never
+     * needed: it goes to the last bin, whose mass it does not change */
     double z = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (e[i] == 0) continue; /* no mass: ranked below every token with some */
-        double d = ((double)m - w[i]) * BINS_PER_NAT;
-        uint32_t b = d < N_BINS - 1 ? (uint32_t)d : N_BINS - 1;
+        uint32_t b = bin_of(m, w[i], e[i]);
         s->bin_mass[b] += e[i];
         s->bin_count[b]++;
         z += e[i];
@@ -330,22 +339,23 @@ static uint32_t top_p_all(kvc_sampler_t *s, float m, double top_p)
         if (cum + s->bin_mass[b] >= target) break;
         cum += s->bin_mass[b];
     }
+    /* branch-free: bins above the boundary's are kept whole, the boundary's is sorted */
     uint32_t nc = 0, nt = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (e[i] == 0) continue;
-        double d = ((double)m - w[i]) * BINS_PER_NAT;
-        uint32_t b = d < N_BINS - 1 ? (uint32_t)d : N_BINS - 1;
-        if (b < bstar)
-            s->cand[nc++] = i;
-        else if (b == bstar)
-            s->tmp[nt++] = i;
+        uint32_t b = bin_of(m, w[i], e[i]);
+        s->cand[nc] = i;
+        nc += b < bstar;
+        s->tmp[nt] = i;
+        nt += b == bstar;
     }
     sort_best_first(w, s->tmp, nt);
     for (uint32_t j = 0; j < nt; j++) {
+        if (e[s->tmp[j]] == 0) break; /* the rest have no mass either */
         s->cand[nc++] = s->tmp[j];
         cum += e[s->tmp[j]];
         if (cum >= target) break;
     }
+    if (nc == 0) s->cand[nc++] = s->tmp[0]; /* cannot happen: the top token has mass */
     return nc;
 }
 
