@@ -587,7 +587,7 @@ static void test_truncation_matches_full_sort(void **state)
 static void check_distribution(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float *l,
                                uint32_t n, const double *want, int draws, uint64_t seed)
 {
-    long cnt[16] = {0};
+    long cnt[64] = {0};
     kvc_rng_t rng;
     kvc_rng_seed(&rng, seed);
     for (int i = 0; i < draws; i++) cnt[sample_one(s, p, &rng, l, NULL, 0)]++;
@@ -596,6 +596,7 @@ static void check_distribution(kvc_sampler_t *s, const kvc_sampling_params_t *p,
         if (fabs((double)cnt[i] - mu) > 5 * sd + 1)
             fail_msg("token %u: %ld draws, expected %.1f +- %.1f", i, cnt[i], mu, sd);
     }
+    for (uint32_t i = n; i < 64; i++) assert_int_equal(cnt[i], 0);
 }
 
 static void test_temperature_distribution(void **state)
@@ -603,6 +604,7 @@ static void test_temperature_distribution(void **state)
     (void)state;
     const uint32_t n = 7;
     kvc_sampler_t *s = new_sampler(n);
+    kvc_sampler_t *s64 = new_sampler(64);
     float l[7] = {1.0f, -0.5f, 2.0f, 0.3f, 2.0f, -3.0f, 1.5f};
     const int draws = 200000 / KVC_TEST_SANITIZER_DIVISOR;
     const float temps[] = {0.7f, 1.0f, 1.8f};
@@ -622,7 +624,12 @@ static void test_temperature_distribution(void **state)
         }
         for (uint32_t i = 0; i < n; i++) want[i] /= z;
         check_distribution(s, &p, l, n, want, draws, 200 + (uint64_t)t);
+        /* the same three among 64 tokens: few candidates take the one-by-one path */
+        float l64[64];
+        for (uint32_t i = 0; i < 64; i++) l64[i] = i < n ? l[i] : -10.0f - (float)i;
+        check_distribution(s64, &p, l64, n, want, draws, 300 + (uint64_t)t);
     }
+    kvc_sampler_destroy(s64);
     kvc_sampler_destroy(s);
 }
 
