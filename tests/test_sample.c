@@ -1154,6 +1154,12 @@ static void test_kernels_avx2_match_scalar_bits(void **state)
         float m1 = kvc__sample_sanitize_max_scalar(in, w1, n);
         float m2 = kvc__sample_sanitize_max_avx2(in, w2, n);
         assert_memory_equal(&m1, &m2, sizeof m1);
+        assert_int_equal(kvc__sample_find_scalar(w1, n, m1), kvc__sample_find_avx2(w1, n, m1));
+        if (n) {
+            float v = w1[kvc_rng_below(&g, n)];
+            assert_int_equal(kvc__sample_find_scalar(w1, n, v), kvc__sample_find_avx2(w1, n, v));
+        }
+        assert_int_equal(kvc__sample_find_avx2(w1, n, 12345.5f), n); /* absent (|in| < 1001) */
         if (n) assert_memory_equal(w1, w2, n * sizeof *w1);
         double ref = n && m1 != -INFINITY ? m1 : 0.0;
         double scale = round % 3 == 0 ? 1.0 : 1.0 / (0.1 + 2.0 * kvc_rng_double(&g));

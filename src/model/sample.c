@@ -34,7 +34,6 @@ struct kvc_sampler {
     uint32_t *tmp;    /* (n) the boundary bin of top_p */
     uint32_t *counts; /* (n) occurrences in the penalty window; all zero between calls */
     double bin_mass[N_BINS];
-    uint32_t bin_count[N_BINS];
 };
 
 /* ---- parameters ------------------------------------------------------------------------ */
@@ -150,7 +149,7 @@ double kvc__sample_exp_sum_scalar(const float *w, uint32_t n, double ref, double
     for (uint32_t i = 0; i < n; i++) {
         double d = (double)w[i] - ref;
         double y = kvc__sample_exp(d * scale);
-        e[i] = y;
+        if (e) e[i] = y;
         l[i & 3] = l[i & 3] + y;
     }
     return (l[0] + l[1]) + (l[2] + l[3]);
@@ -179,6 +178,21 @@ static float sanitize_max(const kvc_sampler_t *s, const float *in, float *w, uin
 {
     return s->avx2 ? kvc__sample_sanitize_max_avx2(in, w, n)
                    : kvc__sample_sanitize_max_scalar(in, w, n);
+}
+
+uint32_t kvc__sample_find_scalar(const float *w, uint32_t n, float v)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (w[i] == v) return i;
+    return n;
+}
+
+/* The first i with w[i] == v (v is w's maximum, so there is one). */
+static uint32_t find_first(const kvc_sampler_t *s, const float *w, uint32_t n, float v)
+{
+    uint32_t i = s->avx2 ? kvc__sample_find_avx2(w, n, v) : kvc__sample_find_scalar(w, n, v);
+    KVC_ASSERT(i < n);
+    return i;
 }
 
 static double exp_sum(const kvc_sampler_t *s, const float *w, uint32_t n, double ref, double scale,
@@ -303,50 +317,43 @@ static float penalize(float l, uint32_t count, const kvc_sampling_params_t *p)
     return f > FLT_MAX ? FLT_MAX : f;
 }
 
-/* The histogram bin of a token: its distance below the maximum in 1/BINS_PER_NAT nat,
- * the last bin for anything farther (or without mass). */
-static inline uint32_t bin_of(float m, float w, double e)
-{
-    float d = (m - w) * (float)BINS_PER_NAT;
-    uint32_t b = d < (float)(N_BINS - 1) ? (uint32_t)d : N_BINS - 1;
-    return e == 0 ? N_BINS - 1 : b;
-}
-
-/* top_p over all n tokens without a sort: the histogram of m - w[i] finds the bin the
- * boundary falls in; bins above it are kept whole, that bin is sorted.  Writes the kept
- * ids to cand and returns how many. */
+/* top_p over all n tokens without a sort: a histogram of d = (m - w) * BINS_PER_NAT (float;
+ * bin floor(d), the last bin for anything farther or without mass) finds the bin the
+ * boundary falls in; bins before it are kept whole, that bin alone is sorted.  Writes the
+ * kept ids to cand and returns how many. */
 static uint32_t top_p_all(kvc_sampler_t *s, float m, double top_p)
 {
     const float *w = s->w;
     const double *e = s->e;
     uint32_t n = s->n;
+    const float scale = (float)BINS_PER_NAT, last = (float)(N_BINS - 1);
     memset(s->bin_mass, 0, sizeof s->bin_mass);
-    memset(s->bin_count, 0, sizeof s->bin_count);
-    /* a token with no mass (e == 0) is ranked below every token with some and is never
-     * needed: it goes to the last bin, whose mass it does not change */
     double z = 0;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t b = bin_of(m, w[i], e[i]);
+        float d = (m - w[i]) * scale; /* >= 0; +inf for -inf logits (e = 0) */
+        uint32_t b = d < last ? (uint32_t)d : N_BINS - 1;
         s->bin_mass[b] += e[i];
-        s->bin_count[b]++;
         z += e[i];
     }
     double target = top_p * z, cum = 0;
     uint32_t bstar = N_BINS - 1;
     for (uint32_t b = 0; b < N_BINS; b++) {
-        if (s->bin_count[b] == 0) continue;
+        if (s->bin_mass[b] == 0) continue;
         bstar = b;
         if (cum + s->bin_mass[b] >= target) break;
         cum += s->bin_mass[b];
     }
-    /* branch-free: bins above the boundary's are kept whole, the boundary's is sorted */
+    /* bin < bstar  <=>  d < bstar, and bin == bstar  <=>  bstar <= d < bstar + 1 (or any
+     * d beyond for the last bin), since bin = floor(d) for d >= 0 */
+    const float lo = (float)bstar, hi = bstar == N_BINS - 1 ? INFINITY : (float)(bstar + 1);
     uint32_t nc = 0, nt = 0;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t b = bin_of(m, w[i], e[i]);
+        /* branch-free: which side of the boundary is as unpredictable as the logits */
+        float d = (m - w[i]) * scale;
         s->cand[nc] = i;
-        nc += b < bstar;
+        nc += d < lo;
         s->tmp[nt] = i;
-        nt += b == bstar;
+        nt += (d >= lo) & (d < hi); /* d = +inf (no mass) is left out, and never needed */
     }
     sort_best_first(w, s->tmp, nt);
     for (uint32_t j = 0; j < nt; j++) {
@@ -374,14 +381,17 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
                    const kvc_token_t *history, size_t n_history, uint32_t n_top, uint32_t *top,
                    prep_t *o)
 {
+    /* e (exp at temperature 1, in double) is read only by top_p, min_p and the draw at
+     * temperature 1; otherwise the pass only sums */
+    bool need_e =
+        p->temperature != 0.0f && (p->top_p < 1.0f || p->min_p > 0.0f || p->temperature == 1.0f);
     const uint32_t n = s->n;
     float *w = s->w;
     double *e = s->e;
 
     /* 1. the raw row: sanitized copy, maximum (first one: the lowest id) */
     float mraw = sanitize_max(s, logits, w, n);
-    uint32_t argmax = 0;
-    while (argmax + 1 < n && w[argmax] != mraw) argmax++;
+    uint32_t argmax = find_first(s, w, n, mraw);
     if (mraw == -INFINITY) return KVC_EINVAL;
 
     bool pen = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
@@ -396,7 +406,7 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
 
     /* 2. the raw log-softmax's normalizer, and e = exp(w - ref) for the truncations */
     double ref = mraw;
-    double z = exp_sum(s, w, n, ref, 1.0, e);
+    double z = exp_sum(s, w, n, ref, 1.0, need_e ? e : NULL);
     o->mraw = mraw;
     o->log_z = log(z);
     if (n_top) select_top(w, n, n_top, top);
@@ -412,15 +422,10 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
             w[t] = penalize(w[t], c, p);
             e[t] = kvc__sample_exp((double)w[t] - ref);
         }
-        m = -INFINITY;
-        for (uint32_t i = 0; i < n; i++) {
-            if (w[i] > m) {
-                m = w[i];
-                argmax = i;
-            }
-        }
+        m = sanitize_max(s, w, w, n); /* in place: w is already sanitized */
+        argmax = find_first(s, w, n, m);
         if (m == -INFINITY) return KVC_EINVAL;
-        if (fabs((double)m - ref) > REBASE_NATS) {
+        if (need_e && fabs((double)m - ref) > REBASE_NATS) {
             ref = m;
             (void)exp_sum(s, w, n, ref, 1.0, e); /* only e is wanted here */
         }
@@ -520,7 +525,9 @@ int kvc_sample(kvc_sampler_t *s, const kvc_sampling_params_t *p, kvc_rng_t *rng,
          * kept set is already decided in double), summed in double; they overwrite e */
         float inv_t = 1.0f / p->temperature;
         double sum;
-        if (all || nc >= n / GATHER_MAX) {
+        if (all && p->temperature == 1.0f) {
+            sum = sum_over(e, NULL, n); /* e (double) is already exp(l - ref) */
+        } else if (all || nc >= n / GATHER_MAX) {
             /* the whole row through the vector kernel beats a gather of many candidates */
             sum = expf_sum(s, w, n, o.m, inv_t, e);
             if (!all) sum = sum_over(e, cand, nc);

@@ -37,6 +37,19 @@ float kvc__sample_sanitize_max_avx2(const float *in, float *w, uint32_t n)
     return best;
 }
 
+uint32_t kvc__sample_find_avx2(const float *w, uint32_t n, float v)
+{
+    const __m256 vv = _mm256_set1_ps(v);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(w + i), vv, _CMP_EQ_OQ));
+        if (mask) return i + (uint32_t)__builtin_ctz((unsigned)mask);
+    }
+    for (; i < n; i++)
+        if (w[i] == v) return i;
+    return n;
+}
+
 static inline __m256d exp4(__m256d x)
 {
     const __m256d lo = _mm256_set1_pd(KVC__EXP_LO);
@@ -64,11 +77,18 @@ double kvc__sample_exp_sum_avx2(const float *w, uint32_t n, double ref, double s
     const __m256d vref = _mm256_set1_pd(ref), vscale = _mm256_set1_pd(scale);
     __m256d acc = _mm256_setzero_pd();
     uint32_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        __m256d d = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + i)), vref);
-        __m256d y = exp4(_mm256_mul_pd(d, vscale));
-        _mm256_storeu_pd(e + i, y);
-        acc = _mm256_add_pd(acc, y);
+    if (e) {
+        for (; i + 4 <= n; i += 4) {
+            __m256d d = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + i)), vref);
+            __m256d y = exp4(_mm256_mul_pd(d, vscale));
+            _mm256_storeu_pd(e + i, y);
+            acc = _mm256_add_pd(acc, y);
+        }
+    } else {
+        for (; i + 4 <= n; i += 4) {
+            __m256d d = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + i)), vref);
+            acc = _mm256_add_pd(acc, exp4(_mm256_mul_pd(d, vscale)));
+        }
     }
     double l[4];
     _mm256_storeu_pd(l, acc);
@@ -80,7 +100,7 @@ double kvc__sample_exp_sum_avx2(const float *w, uint32_t n, double ref, double s
         double y[4];
         _mm256_storeu_pd(y, exp4(_mm256_mul_pd(d, vscale)));
         for (uint32_t j = 0; i + j < n; j++) {
-            e[i + j] = y[j];
+            if (e) e[i + j] = y[j];
             l[j] = l[j] + y[j];
         }
     }

@@ -134,7 +134,12 @@ static inline float kvc__sample_expf(float x)
 float kvc__sample_sanitize_max_scalar(const float *in, float *w, uint32_t n);
 float kvc__sample_sanitize_max_avx2(const float *in, float *w, uint32_t n);
 
-/* e[i] = exp(((double)w[i] - ref) * scale); returns the sum (4 lanes, see above). */
+/* The first i with w[i] == v, or n. */
+uint32_t kvc__sample_find_scalar(const float *w, uint32_t n, float v);
+uint32_t kvc__sample_find_avx2(const float *w, uint32_t n, float v);
+
+/* e[i] = exp(((double)w[i] - ref) * scale) (e may be NULL: the sum alone); returns the
+ * sum (4 lanes, see above). */
 double kvc__sample_exp_sum_scalar(const float *w, uint32_t n, double ref, double scale, double *e);
 double kvc__sample_exp_sum_avx2(const float *w, uint32_t n, double ref, double scale, double *e);
 
