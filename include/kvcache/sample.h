@@ -21,11 +21,12 @@
  *   5. min_p: what is left with probability >= min_p * the highest probability.
  *   6. temperature: the survivors' logits divided by it, then a draw from their softmax.
  * Precision: the kept sets (top_p's masses, min_p's ratios) are decided in double; the
- * draw's weights exp((l - max) / T) are computed in float (about 1e-7 relative) and summed
- * in double; ties are broken by token id everywhere, so a kept set is a function of the
- * logits alone.  The SIMD and scalar kernels compute the same bits (kvc_sampler_set_isa).
- * As in llama.cpp, temperature comes last, so top_p and min_p see the penalized logits at
- * temperature 1.  (vLLM divides by the temperature first; the kept sets then differ.)
+ * draw's weights exp((l - max) / T) are computed in float (about 1e-7 relative; at
+ * temperature 1 with nothing truncated, the double ones are reused) and summed in double; ties are
+ * broken by token id everywhere, so a kept set is a function of the logits alone.  The SIMD and
+ * scalar kernels compute the same bits (kvc_sampler_set_isa). As in llama.cpp, temperature comes
+ * last, so top_p and min_p see the penalized logits at temperature 1.  (vLLM divides by the
+ * temperature first; the kept sets then differ.)
  *
  * Randomness: a request owns one kvc_rng_t (util.h: xoshiro256**, seeded by splitmix64)
  * seeded with kvc_rng_seed(&rng, params.seed).  A sample with temperature > 0 consumes
