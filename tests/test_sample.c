@@ -1160,6 +1160,12 @@ static void test_kernels_avx2_match_scalar_bits(void **state)
             assert_int_equal(kvc__sample_find_scalar(w1, n, v), kvc__sample_find_avx2(w1, n, v));
         }
         assert_int_equal(kvc__sample_find_avx2(w1, n, 12345.5f), n); /* absent (|in| < 1001) */
+        for (int k = 0; k < 4 && n; k++) {
+            uint32_t from = (uint32_t)kvc_rng_below(&g, n + 1);
+            float v = k == 0 ? m1 : in[kvc_rng_below(&g, n)]; /* raw: NaN, +inf too */
+            assert_int_equal(kvc__sample_above_scalar(in, from, n, v),
+                             kvc__sample_above_avx2(in, from, n, v));
+        }
         if (n) assert_memory_equal(w1, w2, n * sizeof *w1);
         double ref = n && m1 != -INFINITY ? m1 : 0.0;
         double scale = round % 3 == 0 ? 1.0 : 1.0 / (0.1 + 2.0 * kvc_rng_double(&g));
@@ -1167,6 +1173,32 @@ static void test_kernels_avx2_match_scalar_bits(void **state)
         double s2 = kvc__sample_exp_sum_avx2(w1, n, ref, scale, e2);
         assert_memory_equal(&s1, &s2, sizeof s1);
         if (n) assert_memory_equal(e1, e2, n * sizeof *e1);
+        /* top_p's histogram and split, on the sanitized row below its maximum */
+        if (n && m1 != -INFINITY) {
+            static double h1[64], h2[64];
+            uint32_t *c1 = malloc(n * sizeof *c1), *c2 = malloc(n * sizeof *c2);
+            uint32_t *t1 = malloc(n * sizeof *t1), *t2 = malloc(n * sizeof *t2);
+            (void)kvc__sample_exp_sum_scalar(w1, n, m1, 1.0, e1);
+            float bscale = (float)(0.05 + 2.0 * kvc_rng_double(&g));
+            memset(h1, 0, sizeof h1);
+            memset(h2, 0, sizeof h2);
+            kvc__sample_hist_scalar(w1, e1, n, m1, bscale, h1, 64);
+            kvc__sample_hist_avx2(w1, e1, n, m1, bscale, h2, 64);
+            assert_memory_equal(h1, h2, sizeof h1);
+            float blo = (float)kvc_rng_below(&g, 64);
+            float bhi = round % 2 ? blo + 1 : INFINITY;
+            uint32_t nc1, nc2, nt1, nt2;
+            kvc__sample_split_scalar(w1, n, m1, bscale, blo, bhi, c1, &nc1, t1, &nt1);
+            kvc__sample_split_avx2(w1, n, m1, bscale, blo, bhi, c2, &nc2, t2, &nt2);
+            assert_int_equal(nc1, nc2);
+            assert_int_equal(nt1, nt2);
+            if (nc1) assert_memory_equal(c1, c2, nc1 * sizeof *c1);
+            if (nt1) assert_memory_equal(t1, t2, nt1 * sizeof *t1);
+            free(c1);
+            free(c2);
+            free(t1);
+            free(t2);
+        }
         float fm = (float)ref, fs = (float)scale;
         s1 = kvc__sample_expf_sum_scalar(w1, n, fm, fs, e1);
         s2 = kvc__sample_expf_sum_avx2(w1, n, fm, fs, e2);

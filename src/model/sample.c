@@ -180,6 +180,32 @@ static float sanitize_max(const kvc_sampler_t *s, const float *in, float *w, uin
                    : kvc__sample_sanitize_max_scalar(in, w, n);
 }
 
+void kvc__sample_hist_scalar(const float *w, const double *e, uint32_t n, float m, float scale,
+                             double *mass, uint32_t n_bins)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        float d = (m - w[i]) * scale; /* >= 0; +inf for -inf logits (e = 0) */
+        uint32_t b = d < (float)(n_bins - 1) ? (uint32_t)d : n_bins - 1;
+        mass[b] += e[i];
+    }
+}
+
+void kvc__sample_split_scalar(const float *w, uint32_t n, float m, float scale, float lo, float hi,
+                              uint32_t *cand, uint32_t *nc, uint32_t *tmp, uint32_t *nt)
+{
+    uint32_t c = 0, t = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        /* branch-free: which side of the boundary is as unpredictable as the logits */
+        float d = (m - w[i]) * scale;
+        cand[c] = i;
+        c += d < lo;
+        tmp[t] = i;
+        t += (d >= lo) & (d < hi); /* d = +inf (no mass) is left out, and never needed */
+    }
+    *nc = c;
+    *nt = t;
+}
+
 uint32_t kvc__sample_find_scalar(const float *w, uint32_t n, float v)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -287,14 +313,25 @@ static void sort_best_first(const float *v, uint32_t *ids, uint32_t m)
     }
 }
 
-/* The k best of v[0..n) into h[0..k), best first.  1 <= k <= n. */
-static void select_top(const float *v, uint32_t n, uint32_t k, uint32_t *h)
+uint32_t kvc__sample_above_scalar(const float *w, uint32_t from, uint32_t n, float v)
+{
+    for (uint32_t i = from; i < n; i++)
+        if (w[i] > v) return i;
+    return n;
+}
+
+/* The k best of v[0..n) into h[0..k), best first.  1 <= k <= n.  The scan for a token that
+ * beats the heap's root runs on the vector kernel when avx2 (the result is the same). */
+static void select_top(const float *v, uint32_t n, uint32_t k, uint32_t *h, bool avx2)
 {
     for (uint32_t i = 0; i < k; i++) h[i] = i;
     for (uint32_t i = k / 2; i-- > 0;) sift_down(v, h, k, i);
     float root = sanitize(v[h[0]]);
     for (uint32_t i = k; i < n; i++) {
-        /* ids only grow, so a tie with the root never beats it: one comparison per token */
+        i = avx2 ? kvc__sample_above_avx2(v, i, n, root) : kvc__sample_above_scalar(v, i, n, root);
+        if (i >= n) break;
+        /* ids only grow, so a tie with the root never beats it: one comparison per token
+         * (a raw +inf is above a root of FLT_MAX, but sanitized it ties: check again) */
         if (sanitize(v[i]) > root) {
             h[0] = i;
             sift_down(v, h, k, 0);
@@ -326,15 +363,15 @@ static uint32_t top_p_all(kvc_sampler_t *s, float m, double top_p)
     const float *w = s->w;
     const double *e = s->e;
     uint32_t n = s->n;
-    const float scale = (float)BINS_PER_NAT, last = (float)(N_BINS - 1);
+    const float scale = (float)BINS_PER_NAT;
     memset(s->bin_mass, 0, sizeof s->bin_mass);
+    if (s->avx2)
+        kvc__sample_hist_avx2(w, e, n, m, scale, s->bin_mass, N_BINS);
+    else
+        kvc__sample_hist_scalar(w, e, n, m, scale, s->bin_mass, N_BINS);
+    /* the total by bins: no chain of n dependent additions */
     double z = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        float d = (m - w[i]) * scale; /* >= 0; +inf for -inf logits (e = 0) */
-        uint32_t b = d < last ? (uint32_t)d : N_BINS - 1;
-        s->bin_mass[b] += e[i];
-        z += e[i];
-    }
+    for (uint32_t b = 0; b < N_BINS; b++) z += s->bin_mass[b];
     double target = top_p * z, cum = 0;
     uint32_t bstar = N_BINS - 1;
     for (uint32_t b = 0; b < N_BINS; b++) {
@@ -346,15 +383,11 @@ static uint32_t top_p_all(kvc_sampler_t *s, float m, double top_p)
     /* bin < bstar  <=>  d < bstar, and bin == bstar  <=>  bstar <= d < bstar + 1 (or any
      * d beyond for the last bin), since bin = floor(d) for d >= 0 */
     const float lo = (float)bstar, hi = bstar == N_BINS - 1 ? INFINITY : (float)(bstar + 1);
-    uint32_t nc = 0, nt = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        /* branch-free: which side of the boundary is as unpredictable as the logits */
-        float d = (m - w[i]) * scale;
-        s->cand[nc] = i;
-        nc += d < lo;
-        s->tmp[nt] = i;
-        nt += (d >= lo) & (d < hi); /* d = +inf (no mass) is left out, and never needed */
-    }
+    uint32_t nc, nt;
+    if (s->avx2)
+        kvc__sample_split_avx2(w, n, m, scale, lo, hi, s->cand, &nc, s->tmp, &nt);
+    else
+        kvc__sample_split_scalar(w, n, m, scale, lo, hi, s->cand, &nc, s->tmp, &nt);
     sort_best_first(w, s->tmp, nt);
     for (uint32_t j = 0; j < nt; j++) {
         if (e[s->tmp[j]] == 0) break; /* the rest have no mass either */
@@ -409,7 +442,7 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
     double z = exp_sum(s, w, n, ref, 1.0, need_e ? e : NULL);
     o->mraw = mraw;
     o->log_z = log(z);
-    if (n_top) select_top(w, n, n_top, top);
+    if (n_top) select_top(w, n, n_top, top, s->avx2);
 
     /* 3. penalties: count the window, then penalize each distinct token once */
     float m = mraw;
@@ -448,7 +481,7 @@ static uint32_t truncate_candidates(kvc_sampler_t *s, const kvc_sampling_params_
     uint32_t nc = n;
     uint32_t *cand = s->cand;
     if (p->top_k && p->top_k < n) {
-        select_top(w, n, p->top_k, cand);
+        select_top(w, n, p->top_k, cand, s->avx2);
         nc = p->top_k;
         all = false;
         if (p->top_p < 1.0f) {
@@ -589,7 +622,7 @@ int kvc_log_softmax_topk(const float *logits, uint32_t n, uint32_t k, kvc_token_
     double log_z = log(z);
     /* kvc_token_t is int32_t and every id < 2^31: the heap runs on the caller's array */
     uint32_t *h = (uint32_t *)ids;
-    select_top(logits, n, k, h);
+    select_top(logits, n, k, h, kvc_isa_best() != KVC_ISA_SCALAR);
     for (uint32_t j = 0; j < k; j++)
         logprobs[j] = ((double)sanitize(logits[h[j]]) - m) - log_z; /* no m + log_z: it can lose
                                                                       log_z next to FLT_MAX */

@@ -158,3 +158,58 @@ double kvc__sample_expf_sum_avx2(const float *w, uint32_t n, float m, float scal
     }
     return (l[0] + l[1]) + (l[2] + l[3]);
 }
+
+void kvc__sample_hist_avx2(const float *w, const double *e, uint32_t n, float m, float scale,
+                           double *mass, uint32_t n_bins)
+{
+    const __m256 vm = _mm256_set1_ps(m), vs = _mm256_set1_ps(scale);
+    const __m256 vlast = _mm256_set1_ps((float)(n_bins - 1));
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 d = _mm256_mul_ps(_mm256_sub_ps(vm, _mm256_loadu_ps(w + i)), vs);
+        uint32_t b[8];
+        _mm256_storeu_si256((__m256i *)b, _mm256_cvttps_epi32(_mm256_min_ps(d, vlast)));
+        for (int j = 0; j < 8; j++) mass[b[j]] += e[i + j];
+    }
+    for (; i < n; i++) {
+        float d = (m - w[i]) * scale;
+        uint32_t b = d < (float)(n_bins - 1) ? (uint32_t)d : n_bins - 1;
+        mass[b] += e[i];
+    }
+}
+
+void kvc__sample_split_avx2(const float *w, uint32_t n, float m, float scale, float lo, float hi,
+                            uint32_t *cand, uint32_t *nc, uint32_t *tmp, uint32_t *nt)
+{
+    const __m256 vm = _mm256_set1_ps(m), vs = _mm256_set1_ps(scale);
+    const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    uint32_t c = 0, t = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 d = _mm256_mul_ps(_mm256_sub_ps(vm, _mm256_loadu_ps(w + i)), vs);
+        unsigned below = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(d, vlo, _CMP_LT_OQ));
+        unsigned mid = (unsigned)_mm256_movemask_ps(
+            _mm256_and_ps(_mm256_cmp_ps(d, vlo, _CMP_GE_OQ), _mm256_cmp_ps(d, vhi, _CMP_LT_OQ)));
+        for (; below; below &= below - 1) cand[c++] = i + (uint32_t)__builtin_ctz(below);
+        for (; mid; mid &= mid - 1) tmp[t++] = i + (uint32_t)__builtin_ctz(mid);
+    }
+    for (; i < n; i++) {
+        float d = (m - w[i]) * scale;
+        if (d < lo) cand[c++] = i;
+        if (d >= lo && d < hi) tmp[t++] = i;
+    }
+    *nc = c;
+    *nt = t;
+}
+
+uint32_t kvc__sample_above_avx2(const float *w, uint32_t from, uint32_t n, float v)
+{
+    const __m256 vv = _mm256_set1_ps(v);
+    uint32_t i = from;
+    for (; i + 8 <= n; i += 8) {
+        int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(w + i), vv, _CMP_GT_OQ));
+        if (mask) return i + (uint32_t)__builtin_ctz((unsigned)mask);
+    }
+    for (; i < n; i++)
+        if (w[i] > v) return i;
+    return n;
+}

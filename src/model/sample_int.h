@@ -137,6 +137,10 @@ static inline float kvc__sample_expf(float x)
 float kvc__sample_sanitize_max_scalar(const float *in, float *w, uint32_t n);
 float kvc__sample_sanitize_max_avx2(const float *in, float *w, uint32_t n);
 
+/* The first i >= from with w[i] > v, or n (NaN is never above). */
+uint32_t kvc__sample_above_scalar(const float *w, uint32_t from, uint32_t n, float v);
+uint32_t kvc__sample_above_avx2(const float *w, uint32_t from, uint32_t n, float v);
+
 /* The first i with w[i] == v, or n. */
 uint32_t kvc__sample_find_scalar(const float *w, uint32_t n, float v);
 uint32_t kvc__sample_find_avx2(const float *w, uint32_t n, float v);
@@ -145,6 +149,20 @@ uint32_t kvc__sample_find_avx2(const float *w, uint32_t n, float v);
  * sum (4 lanes, see above). */
 double kvc__sample_exp_sum_scalar(const float *w, uint32_t n, double ref, double scale, double *e);
 double kvc__sample_exp_sum_avx2(const float *w, uint32_t n, double ref, double scale, double *e);
+
+/* top_p's histogram: with d = (m - w[i]) * scale in float, mass[min(floor(d), n_bins - 1)]
+ * += e[i], in the order of i. */
+void kvc__sample_hist_scalar(const float *w, const double *e, uint32_t n, float m, float scale,
+                             double *mass, uint32_t n_bins);
+void kvc__sample_hist_avx2(const float *w, const double *e, uint32_t n, float m, float scale,
+                           double *mass, uint32_t n_bins);
+
+/* top_p's split: with d as above, the i with d < lo to cand, those with lo <= d < hi to tmp,
+ * in the order of i; returns the counts in *nc and *nt. */
+void kvc__sample_split_scalar(const float *w, uint32_t n, float m, float scale, float lo, float hi,
+                              uint32_t *cand, uint32_t *nc, uint32_t *tmp, uint32_t *nt);
+void kvc__sample_split_avx2(const float *w, uint32_t n, float m, float scale, float lo, float hi,
+                            uint32_t *cand, uint32_t *nc, uint32_t *tmp, uint32_t *nt);
 
 /* e[i] = expf((w[i] - m) * scale) computed in float as kvc__sample_expf, stored as double;
  * returns their sum in double (4 lanes, element i in lane i % 4, in order). */
