@@ -732,6 +732,14 @@ static void test_logprobs_raw_log_softmax(void **state)
     p.n_logprobs = 0;
     assert_ok(kvc_sample(s3, &p, &rng, l3, NULL, 0, &r));
     assert_int_equal(r.n_top, 0);
+    /* the entries past n_top are defined (zero), not left over: results compare by bytes */
+    memset(&r, 0x5a, sizeof r);
+    p.n_logprobs = 1;
+    assert_ok(kvc_sample(s3, &p, &rng, l3, NULL, 0, &r));
+    for (int j = 1; j < KVC_SAMPLE_MAX_LOGPROBS; j++) {
+        assert_int_equal(r.top_ids[j], 0);
+        assert_true(r.top_logprobs[j] == 0.0f);
+    }
     kvc_sampler_destroy(s3);
     free(l);
     kvc_sampler_destroy(s);

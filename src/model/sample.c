@@ -537,7 +537,7 @@ int kvc_sample(kvc_sampler_t *s, const kvc_sampling_params_t *p, kvc_rng_t *rng,
     const float *w = s->w;
     double *e = s->e;
 
-    kvc_sample_result_t r;
+    kvc_sample_result_t r = {0}; /* the unused top entries too: the result is all defined */
     uint32_t top[KVC_SAMPLE_MAX_LOGPROBS];
     r.n_top = KVC_MIN(p->n_logprobs, n);
     prep_t o;
