@@ -415,7 +415,7 @@ for ov in "n 0" "n 16777217" "n x" "temp -1" "temp 101" "temp nan" "top-k -1" "t
   "logprobs 21" "logprobs -1" "spec-tokens 0" "spec-tokens 17" "threads 0" "threads 257" \
   "ctx 1" "ctx 16777217" "block-size 0" "block-size 512" "block-size 3" "max-seqs 0" \
   "max-seqs 4097" "batch-tokens 0" "batch-tokens 65537" "chunk 0" "chunk 65537" "beams 0" \
-  "beams 65" "kv-memory 0" "kv-memory abc" "kv-memory 1" "kv-memory 1TiB" "kv-dtype f8" \
+  "beams 65" "kv-memory 0" "kv-memory abc" "kv-memory 1" "kv-memory 100TiB" "kv-dtype f8" \
   "kv-dtype q4_0" "spec foo" "isa sse"; do
   set -- $ov
   if [ "$1" = n ]; then opt=-n; else opt=--$1; fi
