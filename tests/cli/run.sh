@@ -308,6 +308,12 @@ if json_ok serial plain --model "$S" --prompts "$TMP/shared.txt" -n 8 --threads 
   done
   [ "$(sed 's/^[0-9]*: //' "$TMP/serial.ids" | sort -u | wc -l)" -eq 1 ] || fail "shared, serial: the same prompt gave different ids"
 fi
+# two at a time: the first two compute the prompt, the two admitted after them find it cached
+if json_ok pairs plain --model "$S" --prompts "$TMP/shared.txt" -n 8 --threads 1 --max-seqs 2; then
+  same_ids pairs serial "shared, two at a time"
+  for i in 0 1; do req pairs $i | grep -q ' cached=0 ' || fail "shared, two at a time: request $i: $(req pairs $i)"; done
+  for i in 2 3; do req pairs $i | grep -q " cached=$full " || fail "shared, two at a time: request $i, want cached=$full: $(req pairs $i)"; done
+fi
 # all four at once: what the engine does is recorded in the report of this test's author (each
 # computes its own prompt, cached_tokens 0, and the pool holds the shared full blocks once);
 # checked here: the same ids as one at a time, and the prompt's blocks held once
