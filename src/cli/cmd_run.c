@@ -671,6 +671,8 @@ int kvc_cmd_run(int argc, char **argv)
             usage(stdout);
             return 0;
         default:
+            if (optopt >= O_MODEL) /* a long option without its value */
+                return kvc_cli_error(CMD, "%s needs a value (see --help)", argv[optind - 1]);
             if (optopt)
                 return kvc_cli_error(CMD, "option -%c needs a value or is unknown (see --help)",
                                      optopt);
@@ -764,7 +766,7 @@ int kvc_cmd_run(int argc, char **argv)
         }
         const uint64_t per_block = (uint64_t)kvc_dtype_bytes(ep.kv_dtype) * 2 * h->n_layers *
                                    h->n_kv_heads * h->head_dim * bs;
-        ep.kv_memory = KVC_MAX(blocks + 8, (uint64_t)ctx / bs + 2) * (per_block + 64);
+        ep.kv_memory = (blocks + 8) * (per_block + 64);
     }
     if (!rc && kvc_engine_create(m, &ep, &e, msg, sizeof msg)) rc = kvc_cli_error(CMD, "%s", msg);
     for (uint32_t i = 0; !rc && i < q.n; i++)

@@ -122,7 +122,7 @@ static float quant_block(const float *x, int8_t *q, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         float v = nearbyintf(x[i] * id);
         v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-        q[i] = (int8_t)v;
+        q[i] = isnan(v) ? 0 : (int8_t)v; /* NaN: 0 * id where 1 / d overflowed (amax subnormal) */
     }
     return d;
 }
