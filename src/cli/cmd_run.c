@@ -797,7 +797,9 @@ int kvc_cmd_run(int argc, char **argv)
             else if (oc.stream)
                 printf("\n");
             else
-                printf("[%llu] %s\n", (unsigned long long)done[i].tag, done[i].text);
+                printf("[%llu] (%u prompt tokens, %u from the prefix cache) %s\n",
+                       (unsigned long long)done[i].tag, done[i].prompt_tokens,
+                       done[i].cached_tokens, done[i].text);
             if (done[i].finish == KVC_FINISH_ERROR)
                 rc = kvc_cli_error(CMD, "request %llu failed", (unsigned long long)done[i].tag);
         }
