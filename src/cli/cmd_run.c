@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define CMD "run"
 
@@ -697,12 +698,14 @@ int kvc_cmd_run(int argc, char **argv)
     char msg[512];
     kvc_llm_t *m = NULL;
     /* A GGUF by its magic; anything else is read as a llama2.c checkpoint. */
+    /* (a file named .gguf, or one that cannot be read, goes to the GGUF reader, whose
+     * message says what is wrong with it) */
     char magic[4] = {0};
+    size_t got = 0, pl = strlen(model_path);
     FILE *mf = fopen(model_path, "rb");
-    if (!mf) return kvc_cli_error(CMD, "%s: %s", model_path, strerror(errno));
-    size_t got = fread(magic, 1, 4, mf);
-    fclose(mf);
-    if (got == 4 && !memcmp(magic, "GGUF", 4)) {
+    if (mf) got = fread(magic, 1, 4, mf), fclose(mf);
+    if (!mf || (got == 4 && !memcmp(magic, "GGUF", 4)) ||
+        (pl >= 5 && !strcasecmp(model_path + pl - 5, ".gguf"))) {
         if (tokenizer_path)
             return kvc_cli_error(CMD, "--tokenizer is for llama2.c checkpoints; %s is a GGUF",
                                  model_path);
@@ -774,7 +777,7 @@ int kvc_cmd_run(int argc, char **argv)
             rc = q.n > 1 ? kvc_cli_error(CMD, "request %u: %s", i, msg)
                          : kvc_cli_error(CMD, "%s", msg);
 
-    out_ctx_t oc = {.stream = !json && q.n == 1};
+    out_ctx_t oc = {.stream = !json && q.n == 1 && q.v[0].gp.n <= 1};
     uint32_t n_left = 0;
     for (uint32_t i = 0; !rc && i < q.n; i++) n_left += q.v[i].gp.n ? q.v[i].gp.n : 1;
     double now = 0;

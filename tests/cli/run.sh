@@ -308,22 +308,30 @@ if json_ok serial plain --model "$S" --prompts "$TMP/shared.txt" -n 8 --threads 
   done
   [ "$(sed 's/^[0-9]*: //' "$TMP/serial.ids" | sort -u | wc -l)" -eq 1 ] || fail "shared, serial: the same prompt gave different ids"
 fi
-# two at a time: the first two compute the prompt, the two admitted after them find it cached
+# two at a time, and all four at once: the engine holds back a request whose prompt prefix
+# another one is still computing, so only the first computes it and the others hit its blocks
 if json_ok pairs plain --model "$S" --prompts "$TMP/shared.txt" -n 8 --threads 1 --max-seqs 2; then
   same_ids pairs serial "shared, two at a time"
-  for i in 0 1; do req pairs $i | grep -q ' cached=0 ' || fail "shared, two at a time: request $i: $(req pairs $i)"; done
-  for i in 2 3; do req pairs $i | grep -q " cached=$full " || fail "shared, two at a time: request $i, want cached=$full: $(req pairs $i)"; done
+  req pairs 0 | grep -q ' cached=0 ' || fail "shared, two at a time: request 0: $(req pairs 0)"
+  for i in 1 2 3; do req pairs $i | grep -q " cached=$full " || fail "shared, two at a time: request $i, want cached=$full: $(req pairs $i)"; done
 fi
-# all four at once: what the engine does is recorded in the report of this test's author (each
-# computes its own prompt, cached_tokens 0, and the pool holds the shared full blocks once);
-# checked here: the same ids as one at a time, and the prompt's blocks held once
 if json_ok together plain --model "$S" --prompts "$TMP/shared.txt" -n 8 --threads 1; then
   same_ids together serial "shared, all at once"
+  req together 0 | grep -q ' cached=0 ' || fail "shared, all at once: request 0: $(req together 0)"
+  for i in 1 2 3; do req together $i | grep -q " cached=$full " || fail "shared, all at once: request $i, want cached=$full: $(req together $i)"; done
   p=$(req together 0 | sed 's/.*prompt=\([0-9]*\).*/\1/')
   # the prompt's full blocks once, plus each request's blocks past them
   want=$((p / 16 + 4 * ((p + 8 + 15) / 16 - p / 16)))
   [ "$(field together peak_kv_blocks)" -le "$want" ] ||
     fail "shared, all at once: peak_kv_blocks $(field together peak_kv_blocks), want at most $want (the prompt's blocks once)"
+fi
+# --n 2: two samples of one request, each on its own line (no interleaved stream)
+if run_ok "n2" --model "$S" --prompt "Once upon a time" --n 2 --temp 0.8 -n 12 --threads 1; then
+  [ "$(grep -c '^\[0\] (5 prompt tokens, ' "$TMP/out")" -eq 2 ] || fail "--n 2: want two lines for request 0: $(head -c 300 "$TMP/out")"
+fi
+# --chat-template: the prompt becomes a user turn (more prompt tokens than the text alone)
+if run_ok "chatml" --model "$S" --prompts <(printf "Once upon a time\nLily\n") --chat-template chatml -n 4 --threads 1; then
+  grep -Eq '^\[0\] \(([6-9]|[1-9][0-9]+) prompt tokens' "$TMP/out" || fail "--chat-template chatml: $(head -c 300 "$TMP/out")"
 fi
 # --no-prefix-cache: nothing found, the same ids
 if json_ok noprefix plain --model "$S" --prompts "$TMP/shared.txt" -n 8 --threads 1 --max-seqs 1 --no-prefix-cache; then
@@ -428,10 +436,13 @@ for ov in "n 0" "n 16777217" "n x" "temp -1" "temp 101" "temp nan" "top-k -1" "t
   expect_error "$opt $2" "kvcache run: --?$1|out of memory" -- "${P[@]}" "$opt" "$2"
 done
 expect_error "--n 0" "--n: '0'" -- "${P[@]}" --n 0
-expect_error "--n 2" "--n: parallel sampling is not supported" -- "${P[@]}" --n 2
+expect_error "--n 65" "--n: '65'" -- "${P[@]}" --n 65
 expect_error "--beams 2" "--beams: beam search is not supported" -- "${P[@]}" --beams 2
 expect_error "--spec-model" "--spec-model: a draft model is not supported" -- "${P[@]}" --spec-model "$S"
-expect_error "--chat" "--chat: chat templates are not supported" -- "${P[@]}" --chat
+expect_error "--chat without a template" "--chat: the model has no chat template" -- --model "$S" --prompt Once --chat
+expect_error "--chat-template unknown" "--chat-template: 'nope'" -- "${P[@]}" --chat-template nope
+expect_error "--chat with ids" "--chat takes text" -- --model "$S" --prompt-ids 1 --chat-template chatml
+expect_error "--system without --chat" "--system needs --chat" -- "${P[@]}" --system hi
 expect_error "spec without a cache" "--spec and --no-kv-cache" -- "${P[@]}" --spec ngram --no-kv-cache
 expect_error "empty stop" "--stop: 1 to 256 bytes" -- "${P[@]}" --stop ""
 expect_error "9 stops" "--stop: at most 8" -- "${P[@]}" --stop a --stop b --stop c --stop d --stop e --stop f --stop g --stop h --stop i
