@@ -242,21 +242,21 @@ typedef struct {
 KVC_API kvc_beam_params_t kvc_beam_params_default(void);
 
 typedef struct {
-    kvc_token_t *ids;   /* (n_ids) generated tokens, a final EOS not included */
+    kvc_token_t *ids; /* (n_ids) generated tokens, a final EOS not included */
     uint32_t n_ids;
-    uint32_t len;       /* tokens generated, EOS included: the score's len */
-    double sum_logprob; /* of those len tokens */
-    double score;       /* sum_logprob / len^length_penalty */
+    uint32_t len;        /* tokens generated, EOS included: the score's len */
+    double sum_logprob;  /* of those len tokens */
+    double score;        /* sum_logprob / len^length_penalty */
     kvc_finish_t finish; /* KVC_FINISH_STOP (EOS) or KVC_FINISH_LENGTH */
 } kvc_beam_hyp_t;
 
 typedef struct {
-    kvc_beam_hyp_t *hyps; /* (n_hyps) best score first, ties in the order they finished */
-    uint32_t n_hyps;      /* n_beams */
-    uint32_t steps;       /* decode passes run (the prompt's pass not counted) */
-    uint32_t n_blocks;    /* the pool's blocks */
-    uint32_t prompt_blocks; /* blocks the prompt fills, partly filled last one included */
-    uint32_t peak_blocks; /* blocks in use at most, all beams together */
+    kvc_beam_hyp_t *hyps;       /* (n_hyps) best score first, ties in the order they finished */
+    uint32_t n_hyps;            /* n_beams */
+    uint32_t steps;             /* decode passes run (the prompt's pass not counted) */
+    uint32_t n_blocks;          /* the pool's blocks */
+    uint32_t prompt_blocks;     /* blocks the prompt fills, partly filled last one included */
+    uint32_t peak_blocks;       /* blocks in use at most, all beams together */
     uint64_t forks, cow_copies; /* from kvc_seqs_stats */
 } kvc_beam_result_t;
 

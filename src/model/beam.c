@@ -150,7 +150,7 @@ static int search_setup(search_t *s, uint32_t n_prompt, kvc_beam_result_t *out, 
         n_blocks = (uint64_t)m->n_groups * (n_prompt / bs + (uint64_t)N * (tail + 1));
     if (n_blocks < 1 || n_blocks > (1u << 30))
         return kvc__msgf(KVC_EINVAL, msg, cap,
-                         "beam search: kv_memory: %llu blocks of %zu bytes; need 1 to 2^30",
+                         "beam search: --kv-memory: %llu blocks of %zu bytes; need 1 to 2^30",
                          (unsigned long long)n_blocks, block_bytes);
     kvc_pool_params_t pp = kvc_pool_params_default();
     pp.n_blocks = (uint32_t)n_blocks;
