@@ -72,7 +72,7 @@ typedef struct {
 
 typedef struct {
     kvc_token_t ids[MAX_T];
-    uint32_t n_ids, len;
+    uint32_t n_ids;
     double sum, score;
     kvc_finish_t finish;
 } rhyp_t;
@@ -132,10 +132,12 @@ static void margin(double *mn, double a, double b)
     *mn = fmin(*mn, fabs(a - b));
 }
 
-static void roffer(rhyp_t *fin, uint32_t *n_fin, uint32_t N, const kvc_token_t *ids, uint32_t n_ids,
-                   uint32_t len, double sum, kvc_finish_t f, float alpha, double *mn)
+/* ids[0..n) then last (if >= 0) finished with sum. */
+static void roffer(rhyp_t *fin, uint32_t *n_fin, uint32_t N, const kvc_token_t *ids, uint32_t n,
+                   kvc_token_t last, double sum, kvc_finish_t f, float alpha, double *mn)
 {
-    const double sc = rscore(sum, len, alpha);
+    const uint32_t n_ids = n + (last >= 0);
+    const double sc = rscore(sum, n_ids, alpha);
     if (*n_fin == N) {
         margin(mn, sc, fin[N - 1].score);
         if (!(sc > fin[N - 1].score)) return;
@@ -144,9 +146,18 @@ static void roffer(rhyp_t *fin, uint32_t *n_fin, uint32_t N, const kvc_token_t *
     while (at > 0 && fin[at - 1].score < sc) at--;
     memmove(&fin[at + 1], &fin[at], (*n_fin - at) * sizeof *fin);
     rhyp_t *h = &fin[at];
-    memcpy(h->ids, ids, n_ids * sizeof *ids);
-    h->n_ids = n_ids, h->len = len, h->sum = sum, h->score = sc, h->finish = f;
+    memcpy(h->ids, ids, n * sizeof *ids);
+    if (last >= 0) h->ids[n] = last;
+    h->n_ids = n_ids, h->sum = sum, h->score = sc, h->finish = f;
     if (++*n_fin > N) --*n_fin;
+}
+
+static bool rends(const kvc_beam_params_t *p, kvc_token_t eos, kvc_token_t t)
+{
+    if (!p->ignore_eos && t == eos) return true;
+    for (uint32_t i = 0; i < p->n_stop_ids; i++)
+        if (t == p->stop_ids[i]) return true;
+    return false;
 }
 
 /* The reference search; returns the smallest margin of its decisions. */
@@ -174,10 +185,10 @@ static double ref_beam_search(ref_llama_t *r, const kvc_beam_params_t *p, const 
         uint32_t parent[MAX_B];
         for (uint32_t k = 0; k < 2 * N && n_next < N; k++) {
             r_last = k;
-            if (!p->ignore_eos && c[k].tok == eos) {
+            if (rends(p, eos, c[k].tok)) {
                 if (k < N)
-                    roffer(fin, n_fin, N, cur[c[k].beam].ids, t, t + 1, c[k].score, KVC_FINISH_STOP,
-                           p->length_penalty, &mn);
+                    roffer(fin, n_fin, N, cur[c[k].beam].ids, t, c[k].tok, c[k].score,
+                           KVC_FINISH_STOP, p->length_penalty, &mn);
                 continue;
             }
             parent[n_next] = c[k].beam;
@@ -189,9 +200,10 @@ static double ref_beam_search(ref_llama_t *r, const kvc_beam_params_t *p, const 
         /* what decided the step: the chosen set against the first candidate left out, and
          * an EOS's side of rank N (the order within the set changes no hypothesis) */
         margin(&mn, c[r_last].score, c[r_last + 1].score);
-        if (!p->ignore_eos)
+        if (!p->ignore_eos || p->n_stop_ids)
             for (uint32_t k = N - 1; k <= N && k < r_last + 1; k++)
-                if (c[k].tok == eos || c[k + 1].tok == eos) margin(&mn, c[k].score, c[k + 1].score);
+                if (rends(p, eos, c[k].tok) || rends(p, eos, c[k + 1].tok))
+                    margin(&mn, c[k].score, c[k + 1].score);
         assert_int_equal(n_next, N);
         if (*n_fin == N) {
             const double best = rscore(nxt[0].cum, t + 1, p->length_penalty);
@@ -200,7 +212,7 @@ static double ref_beam_search(ref_llama_t *r, const kvc_beam_params_t *p, const 
         }
         if (t + 1 == T) {
             for (uint32_t j = 0; j < N; j++)
-                roffer(fin, n_fin, N, nxt[j].ids, T, T, nxt[j].cum, KVC_FINISH_LENGTH,
+                roffer(fin, n_fin, N, nxt[j].ids, T, -1, nxt[j].cum, KVC_FINISH_LENGTH,
                        p->length_penalty, &mn);
             break;
         }
@@ -223,25 +235,24 @@ static double ref_beam_search(ref_llama_t *r, const kvc_beam_params_t *p, const 
     return mn;
 }
 
-/* The reference's sum of logprobs of prompt -> ids (teacher-forced), len tokens counted:
- * the ids, plus EOS when the hypothesis stopped on it. */
+/* The reference's sum of logprobs of prompt -> ids (teacher-forced). */
 static double ref_rescore(ref_llama_t *r, const kvc_token_t *prompt, uint32_t n_prompt,
-                          const kvc_beam_hyp_t *h, kvc_token_t eos)
+                          const kvc_beam_hyp_t *h)
 {
     rbeam_t b;
     rbeam_alloc(r, &b);
     for (uint32_t i = 0; i < n_prompt; i++) rstep(r, &b, prompt[i], i);
     double sum = 0;
-    for (uint32_t i = 0; i < h->len; i++) {
-        const kvc_token_t t = i < h->n_ids ? h->ids[i] : eos;
-        sum += b.lp[t];
-        if (i + 1 < h->len) rstep(r, &b, t, n_prompt + i);
+    for (uint32_t i = 0; i < h->n_ids; i++) {
+        sum += b.lp[h->ids[i]];
+        if (i + 1 < h->n_ids) rstep(r, &b, h->ids[i], n_prompt + i);
     }
     rbeam_free(&b);
     return sum;
 }
 
 static double max_err;
+static uint32_t n_stopped; /* hypotheses ended by EOS or a stop id */
 
 /* One case: engine vs reference.  Returns whether the margin allowed the exact check. */
 static bool check_case(const kvc_llm_t *m, ref_llama_t *r, const kvc_beam_params_t *p,
@@ -259,15 +270,17 @@ static bool check_case(const kvc_llm_t *m, ref_llama_t *r, const kvc_beam_params
     assert_int_equal(n_fin, p->n_beams);
     for (uint32_t i = 0; i < res.n_hyps; i++) {
         const kvc_beam_hyp_t *h = &res.hyps[i];
-        assert_true(h->len >= 1 && h->len <= p->max_tokens);
-        assert_int_equal(h->n_ids, h->finish == KVC_FINISH_STOP ? h->len - 1 : h->len);
+        assert_true(h->n_ids >= 1 && h->n_ids <= p->max_tokens);
+        if (h->finish == KVC_FINISH_STOP) assert_true(rends(p, eos, h->ids[h->n_ids - 1]));
+        for (uint32_t k = 0; k + 1 < h->n_ids; k++) assert_false(rends(p, eos, h->ids[k]));
+        n_stopped += h->finish == KVC_FINISH_STOP;
         if (i) assert_true(h->score <= res.hyps[i - 1].score);
-        const double want = ref_rescore(r, prompt, n_prompt, h, eos);
+        const double want = ref_rescore(r, prompt, n_prompt, h);
         max_err = fmax(max_err, fabs(h->sum_logprob - want));
         if (fabs(h->sum_logprob - want) > TOL)
             fail_msg("%s: hypothesis %u: sum logprob %.6f, the reference gives its ids %.6f", what,
                      i, h->sum_logprob, want);
-        assert_true(fabs(h->score - rscore(h->sum_logprob, h->len, p->length_penalty)) < 1e-9);
+        assert_true(fabs(h->score - rscore(h->sum_logprob, h->n_ids, p->length_penalty)) < 1e-9);
     }
     const bool exact = mn > 2 * TOL;
     if (exact) {
@@ -299,6 +312,22 @@ static kvc_beam_params_t base_params(void)
     return p;
 }
 
+/* The token whose text is exactly `text`: the highest such id, a piece rather than a byte
+ * fallback token. */
+static kvc_token_t token_of(const kvc_llm_t *m, const char *text)
+{
+    const kvc_tokenizer_t *t = kvc_llm_tokenizer(m);
+    for (uint32_t id = kvc_llm_hparams(m)->vocab; id-- > 0;) {
+        char buf[64];
+        size_t nb;
+        const kvc_token_t tok = (kvc_token_t)id;
+        if (!kvc_tokenizer_decode(t, &tok, 1, 0, buf, sizeof buf, &nb) && !strcmp(buf, text))
+            return tok;
+    }
+    fail_msg("no token \"%s\"", text);
+    return -1;
+}
+
 /* ---- stories260K ----------------------------------------------------------------------- */
 static void stories_equals_the_reference(void **state)
 {
@@ -327,8 +356,32 @@ static void stories_equals_the_reference(void **state)
             n++;
         }
     }
-    print_message("stories: %u of %u cases checked exactly\n", exact, n);
-    assert_true(exact >= 3);
+    /* Hypotheses that end: stories260K never says EOS within a few dozen tokens, so the end
+     * of a sentence ("." as a stop id) ends them, which takes the finishing, keeping and
+     * stopping rules through every branch. */
+    const kvc_token_t dot = token_of(m, ".");
+    n_stopped = 0;
+    for (int i = 0; i < 3; i++) {
+        kvc_token_t ids[64];
+        const uint32_t np = encode(m, texts[i], ids, 64);
+        for (int j = 0; j < 4; j++) {
+            kvc_beam_params_t p = base_params();
+            p.n_beams = 3 + (uint32_t)j;
+            p.max_tokens = 40;
+            p.stop_ids[0] = dot;
+            p.n_stop_ids = 1;
+            p.length_penalty = j == 1 ? 0.0f : j == 3 ? 2.0f : 1.0f;
+            p.early_stopping = j == 2;
+            char what[96];
+            snprintf(what, sizeof what, "stories \"%s\" stop \".\"", texts[i]);
+            exact += check_case(m, &r, &p, ids, np, what);
+            n++;
+        }
+    }
+    print_message("stories: %u of %u cases checked exactly, %u hypotheses stopped\n", exact, n,
+                  n_stopped);
+    assert_true(exact >= 10);
+    assert_true(n_stopped >= 10);
     r.k_cache = r.v_cache = NULL;
     ref_llama_free(&r);
     kvc_llm_free(m);
@@ -401,8 +454,9 @@ static void one_beam_is_greedy(void **state)
     kvc_llm_t *m = load(STORIES);
     char msg[256];
     const char *texts[] = {"Once upon a time", "The big dog"};
+    const kvc_token_t dot = token_of(m, ".");
     for (int i = 0; i < 2; i++)
-        for (int stop = 0; stop < 2; stop++) {
+        for (int stop = 0; stop < 3; stop++) {
             kvc_token_t ids[64];
             const uint32_t np = encode(m, texts[i], ids, 64);
             kvc_engine_params_t ep = kvc_engine_params_default();
@@ -413,6 +467,7 @@ static void one_beam_is_greedy(void **state)
             kvc_gen_params_t gp = kvc_gen_params_default();
             gp.max_tokens = 40;
             gp.ignore_eos = !stop;
+            if (stop == 2) gp.stop_ids[0] = dot, gp.n_stop_ids = 1;
             kvc_gen_id_t id;
             if (kvc_engine_submit(e, ids, np, &gp, &id, msg, sizeof msg)) fail_msg("%s", msg);
             kvc_token_t want[64];
@@ -435,16 +490,19 @@ static void one_beam_is_greedy(void **state)
             p.n_beams = 1;
             p.max_tokens = 40;
             p.ignore_eos = !stop;
+            if (stop == 2) p.stop_ids[0] = dot, p.n_stop_ids = 1;
             p.early_stopping = true; /* with EOS, one beam stops where greedy does */
             kvc_beam_result_t res;
             if (kvc_llm_beam_search(m, &p, ids, np, &res, msg, sizeof msg)) fail_msg("%s", msg);
             assert_int_equal(res.n_hyps, 1);
             const kvc_beam_hyp_t *h = &res.hyps[0];
             assert_int_equal(h->finish, fw);
-            assert_int_equal(h->len, n_want);
-            assert_true(h->n_ids <= n_want);
-            assert_memory_equal(h->ids, want, h->n_ids * sizeof *want);
-            print_message("greedy \"%s\"%s: %u tokens, %s\n", texts[i], stop ? "" : " ignore_eos",
+            assert_int_equal(h->n_ids, n_want);
+            assert_memory_equal(h->ids, want, n_want * sizeof *want);
+            print_message("greedy \"%s\"%s: %u tokens, %s\n", texts[i],
+                          stop == 2 ? " stop \".\""
+                          : stop    ? ""
+                                    : " ignore_eos",
                           n_want, kvc_finish_name(fw));
             kvc_beam_result_free(&res);
         }

@@ -218,8 +218,9 @@ KVC_API kvc_sched_t *kvc_engine_sched(const kvc_engine_t *e);
  * Hugging Face's BeamSearchScorer's (see docs/model.md):
  *   - per step the 2 * n_beams best (beam, token) candidates by cumulative log-probability,
  *     ties to the lower beam index, then the lower token id; walked in that order, an EOS
- *     candidate (unless ignore_eos) among the first n_beams ends a hypothesis, any other
- *     candidate becomes a beam of the next step until n_beams are chosen;
+ *     (unless ignore_eos) or stop id candidate among the first n_beams ends a hypothesis,
+ *     one beyond them is skipped, any other candidate becomes a beam of the next step
+ *     until n_beams are chosen;
  *   - a finished hypothesis scores sum logprob / len^length_penalty, len the tokens it
  *     generated, EOS included; the best n_beams are kept (a tie keeps the earlier one);
  *   - the search ends when n_beams hypotheses are finished and either early_stopping, or
@@ -231,6 +232,9 @@ typedef struct {
     float length_penalty; /* alpha in sum logprob / len^alpha; finite (default 1) */
     bool early_stopping;  /* stop as soon as n_beams hypotheses are finished */
     bool ignore_eos;      /* EOS is a token like any other */
+    kvc_token_t stop_ids[KVC_MAX_STOP]; /* more ids that end a hypothesis as EOS does
+                                           (ignore_eos or not) */
+    uint32_t n_stop_ids;
     uint32_t n_threads;   /* kernel threads (0: all cores) */
     kvc_dtype_t kv_dtype; /* default f16 */
     uint32_t block_size;  /* tokens per block (default 16) */
@@ -242,12 +246,12 @@ typedef struct {
 KVC_API kvc_beam_params_t kvc_beam_params_default(void);
 
 typedef struct {
-    kvc_token_t *ids; /* (n_ids) generated tokens, a final EOS not included */
+    kvc_token_t *ids; /* (n_ids) generated tokens, the final EOS or stop id included (as
+                         the engine's output ids); the score's len is n_ids */
     uint32_t n_ids;
-    uint32_t len;        /* tokens generated, EOS included: the score's len */
-    double sum_logprob;  /* of those len tokens */
-    double score;        /* sum_logprob / len^length_penalty */
-    kvc_finish_t finish; /* KVC_FINISH_STOP (EOS) or KVC_FINISH_LENGTH */
+    double sum_logprob;  /* of those n_ids tokens */
+    double score;        /* sum_logprob / n_ids^length_penalty */
+    kvc_finish_t finish; /* KVC_FINISH_STOP (EOS or a stop id) or KVC_FINISH_LENGTH */
 } kvc_beam_hyp_t;
 
 typedef struct {
@@ -263,7 +267,8 @@ typedef struct {
 /* Beam search from prompt[0..n_prompt) (token ids, borrowed) on model m (borrowed) with
  * parameters p; *out is filled (the caller frees it with kvc_beam_result_free; on an error
  * it is zeroed and holds nothing).  Errors, with one line in msg: KVC_EINVAL (NULL
- * arguments, an empty prompt, a token outside the vocabulary, a parameter out of range:
+ * arguments, an empty prompt, a prompt or stop id outside the vocabulary, more than
+ * KVC_MAX_STOP stop ids, a parameter out of range:
  * named), KVC_ERANGE (prompt + max_tokens beyond the model's context), KVC_ENOSPC /
  * KVC_EBUSY (the pool is too small for the prompt or for n_beams beams: the step is
  * named), KVC_ENOMEM, KVC_EIO (threads), and those of the layers below.  Nothing is left

@@ -461,8 +461,8 @@ static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec)
 
 /* --beams N: each request's beam search (kvc_llm_beam_search), one after another; the best
  * hypothesis's text, or with --json one object per request with every hypothesis under
- * "beams", then a summary.  Sampling options do not apply; stop strings and ids, --spec and
- * --no-kv-cache are refused. */
+ * "beams", then a summary.  Sampling options do not apply; stop ids end hypotheses as EOS
+ * does; stop strings, --spec and --no-kv-cache are refused. */
 static int run_beams(const kvc_llm_t *m, const creqs_t *q, kvc_beam_params_t *bp,
                      const kvc_engine_params_t *ep, bool json, bool spec)
 {
@@ -483,12 +483,14 @@ static int run_beams(const kvc_llm_t *m, const creqs_t *q, kvc_beam_params_t *bp
     const double t0 = (double)kvc_now_ns() * 1e-9;
     for (uint32_t i = 0; !rc && i < q->n; i++) {
         const creq_t *r = &q->v[i];
-        if (r->gp.n_stop || r->gp.n_stop_ids) {
-            rc = kvc_cli_error(CMD, "--beams: stop strings and ids are not supported");
+        if (r->gp.n_stop) {
+            rc = kvc_cli_error(CMD, "--beams: stop strings are not supported");
             break;
         }
         bp->max_tokens = r->gp.max_tokens;
         bp->ignore_eos = r->gp.ignore_eos;
+        bp->n_stop_ids = r->gp.n_stop_ids;
+        memcpy(bp->stop_ids, r->gp.stop_ids, sizeof bp->stop_ids);
         kvc_beam_result_t res;
         const double ts = (double)kvc_now_ns() * 1e-9;
         if (kvc_llm_beam_search(m, bp, r->ids, r->n_ids, &res, msg, sizeof msg)) {
@@ -506,9 +508,11 @@ static int run_beams(const kvc_llm_t *m, const creqs_t *q, kvc_beam_params_t *bp
                    i, r->n_ids, res.hyps[0].n_ids);
         for (uint32_t h = 0; !rc && h < res.n_hyps; h++) {
             const kvc_beam_hyp_t *hy = &res.hyps[h];
-            gen_tokens += hy->len;
+            gen_tokens += hy->n_ids;
+            /* the text stops before the EOS or stop id, as the engine's does */
+            const uint32_t n_text = hy->n_ids - (hy->finish == KVC_FINISH_STOP);
             size_t nb = 0;
-            int drc = kvc_tokenizer_decode(tok, hy->ids, hy->n_ids, KVC_TOK_REMOVE_SPECIAL, text,
+            int drc = kvc_tokenizer_decode(tok, hy->ids, n_text, KVC_TOK_REMOVE_SPECIAL, text,
                                            text_cap, &nb);
             if (drc == KVC_ERANGE || !text) {
                 free(text);
@@ -517,7 +521,7 @@ static int run_beams(const kvc_llm_t *m, const creqs_t *q, kvc_beam_params_t *bp
                     rc = kvc_cli_error(CMD, "out of memory");
                     break;
                 }
-                drc = kvc_tokenizer_decode(tok, hy->ids, hy->n_ids, KVC_TOK_REMOVE_SPECIAL, text,
+                drc = kvc_tokenizer_decode(tok, hy->ids, n_text, KVC_TOK_REMOVE_SPECIAL, text,
                                            text_cap, &nb);
             }
             if (drc) {

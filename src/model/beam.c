@@ -92,25 +92,35 @@ static double len_score(double sum, uint32_t len, float alpha)
     return sum / pow((double)len, (double)alpha);
 }
 
-/* Offer a finished hypothesis: kept while fewer than n_beams are, or if it beats the worst
- * (which then goes).  Among equal scores the earlier stays ahead. */
-static int offer(search_t *s, const kvc_token_t *ids, uint32_t n_ids, uint32_t len, double sum,
+/* Offer a finished hypothesis: ids[0..n) then `last` (if >= 0).  Kept while fewer than
+ * n_beams are, or if it beats the worst (which then goes).  Among equal scores the earlier
+ * stays ahead. */
+static int offer(search_t *s, const kvc_token_t *ids, uint32_t n, kvc_token_t last, double sum,
                  kvc_finish_t finish)
 {
-    const uint32_t N = s->p.n_beams;
-    const double sc = len_score(sum, len, s->p.length_penalty);
+    const uint32_t N = s->p.n_beams, n_ids = n + (last >= 0);
+    const double sc = len_score(sum, n_ids, s->p.length_penalty);
     if (s->n_fin == N && !(sc > s->fin[N - 1].score)) return 0;
-    kvc_beam_hyp_t h = {
-        .n_ids = n_ids, .len = len, .sum_logprob = sum, .score = sc, .finish = finish};
-    h.ids = malloc((n_ids ? n_ids : 1) * sizeof *h.ids);
+    kvc_beam_hyp_t h = {.n_ids = n_ids, .sum_logprob = sum, .score = sc, .finish = finish};
+    h.ids = malloc(n_ids * sizeof *h.ids);
     if (!h.ids) return KVC_ENOMEM;
-    if (n_ids) memcpy(h.ids, ids, n_ids * sizeof *ids);
+    if (n) memcpy(h.ids, ids, n * sizeof *ids);
+    if (last >= 0) h.ids[n] = last;
     uint32_t at = s->n_fin;
     while (at > 0 && s->fin[at - 1].score < sc) at--;
     memmove(&s->fin[at + 1], &s->fin[at], (s->n_fin - at) * sizeof *s->fin);
     s->fin[at] = h;
     if (++s->n_fin > N) free(s->fin[--s->n_fin].ids);
     return 0;
+}
+
+/* Whether token t ends a hypothesis. */
+static bool ends(const kvc_beam_params_t *p, kvc_token_t eos, kvc_token_t t)
+{
+    if (!p->ignore_eos && t == eos) return true;
+    for (uint32_t i = 0; i < p->n_stop_ids; i++)
+        if (t == p->stop_ids[i]) return true;
+    return false;
 }
 
 static uint32_t blocks_used(const search_t *s)
@@ -243,6 +253,13 @@ int kvc_llm_beam_search(const kvc_llm_t *m, const kvc_beam_params_t *pp, const k
                          "--beams: 2 x %u candidates per step need a vocabulary of at least "
                          "that size (%u)",
                          p.n_beams, h->vocab);
+    if (p.n_stop_ids > KVC_MAX_STOP)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "beam search: at most %d stop ids", KVC_MAX_STOP);
+    for (uint32_t i = 0; i < p.n_stop_ids; i++)
+        if (p.stop_ids[i] < 0 || (uint32_t)p.stop_ids[i] >= h->vocab)
+            return kvc__msgf(KVC_EINVAL, msg, cap,
+                             "beam search: stop id %d is not below the vocabulary (%u)",
+                             p.stop_ids[i], h->vocab);
     if (p.max_tokens < 1 || p.max_tokens > (1u << 20))
         return kvc__msgf(KVC_EINVAL, msg, cap, "beam search: max tokens: 1 to 2^20");
     if (!isfinite(p.length_penalty))
@@ -292,10 +309,10 @@ int kvc_llm_beam_search(const kvc_llm_t *m, const kvc_beam_params_t *pp, const k
         uint32_t n_next = 0;
         for (uint32_t r = 0; r < 2 * N && r < nc && n_next < N && !rc; r++) {
             const cand_t *c = &s.cands[r];
-            if (!p.ignore_eos && c->tok == eos) {
+            if (ends(&p, eos, c->tok)) {
                 if (r < N)
-                    rc =
-                        offer(&s, s.ids + (size_t)c->beam * T, t, t + 1, c->score, KVC_FINISH_STOP);
+                    rc = offer(&s, s.ids + (size_t)c->beam * T, t, c->tok, c->score,
+                               KVC_FINISH_STOP);
                 continue;
             }
             choice[n_next] = (kvc_beam_choice_t){.parent = c->beam, .token = c->tok};
@@ -315,7 +332,7 @@ int kvc_llm_beam_search(const kvc_llm_t *m, const kvc_beam_params_t *pp, const k
             break;
         if (t + 1 == T) {
             for (uint32_t j = 0; j < n_next && !rc; j++)
-                rc = offer(&s, s.nids + (size_t)j * T, T, T, s.ncum[j], KVC_FINISH_LENGTH);
+                rc = offer(&s, s.nids + (size_t)j * T, T, -1, s.ncum[j], KVC_FINISH_LENGTH);
             if (rc) kvc__msgf(rc, msg, cap, "beam search: out of memory");
             break;
         }
