@@ -585,6 +585,26 @@ static void a_pool_too_small_fails_cleanly(void **state)
     rc = kvc_llm_beam_search(m, &p, ids, np, &res, msg, sizeof msg);
     assert_true(rc == KVC_ENOSPC || rc == KVC_EBUSY);
     assert_non_null(strstr(msg, "too small for the prompt"));
+    /* every size in between: the search fails at some later step, or succeeds, and either
+     * way leaves nothing behind (the ASan build checks) */
+    uint32_t failed = 0, passed = 0, later = 0;
+    for (uint32_t extra = 0; extra < 40; extra += 3) {
+        p.kv_memory = bb * ((np + 3) / 4 + extra);
+        rc = kvc_llm_beam_search(m, &p, ids, np, &res, msg, sizeof msg);
+        if (rc) {
+            assert_true(rc == KVC_ENOSPC || rc == KVC_EBUSY);
+            assert_non_null(strstr(msg, "too small for 8 beams"));
+            assert_null(res.hyps);
+            failed++;
+            later += strstr(msg, "step 1:") == NULL;
+        } else {
+            assert_int_equal(res.n_hyps, 8);
+            kvc_beam_result_free(&res);
+            passed++;
+        }
+    }
+    print_message("%u sizes failed (%u after step 1), %u succeeded\n", failed, later, passed);
+    assert_true(failed >= 3 && later >= 1 && passed >= 1);
     /* and the same request with room succeeds */
     p.kv_memory = 0;
     assert_ok(kvc_llm_beam_search(m, &p, ids, np, &res, msg, sizeof msg));
