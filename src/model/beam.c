@@ -304,8 +304,8 @@ int kvc_llm_beam_search(const kvc_llm_t *m, const kvc_beam_params_t *pp, const k
             break;
         }
         qsort(s.cands, nc, sizeof *s.cands, cand_cmp);
-        /* Walk the 2N best: EOS among the first N finishes a hypothesis; the others continue
-         * until N beams are chosen. */
+        /* Walk the 2N best: an EOS or stop id among the first N finishes a hypothesis (one
+         * beyond them is dropped); the others continue until N beams are chosen. */
         uint32_t n_next = 0;
         for (uint32_t r = 0; r < 2 * N && r < nc && n_next < N && !rc; r++) {
             const cand_t *c = &s.cands[r];
@@ -339,9 +339,13 @@ int kvc_llm_beam_search(const kvc_llm_t *m, const kvc_beam_params_t *pp, const k
         /* Move the table: dead beams freed, survivors forked; each new beam's token appended
          * and its slot reserved.  All or nothing, so an error leaves the beams as they were. */
         if ((rc = kvc_seq_beam_step(s.seqs, s.beams, s.n_live, choice, n_next, s.nbeams, NULL))) {
-            kvc__msgf(rc, msg, cap,
-                      "beam search: step %u: the pool (%u blocks) is too small for %u beams: %s",
-                      t + 1, kvc_pool_n_blocks(s.pool), N, kvc_strerror(rc));
+            if (rc == KVC_ENOSPC || rc == KVC_EBUSY)
+                kvc__msgf(
+                    rc, msg, cap,
+                    "beam search: step %u: the pool (%u blocks) is too small for %u beams: %s",
+                    t + 1, kvc_pool_n_blocks(s.pool), N, kvc_strerror(rc));
+            else
+                kvc__msgf(rc, msg, cap, "beam search: step %u: %s", t + 1, kvc_strerror(rc));
             break;
         }
         memcpy(s.beams, s.nbeams, n_next * sizeof *s.beams);
