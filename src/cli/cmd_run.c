@@ -56,6 +56,10 @@ static void usage(FILE *f)
            "  --ignore-eos          keep generating past the end-of-sequence token\n"
            "  --logprobs N          report each token's logprob and the top N (0..20)\n"
            "  --spec ngram          speculative decoding with prompt-lookup drafts\n"
+           "  --beams N             beam search with N beams (1..64; --prompts: one request\n"
+           "                        after another); prints the best hypothesis\n"
+           "  --length-penalty A    beams score sum logprob / len^A (default 1)\n"
+           "  --early-stopping      stop once N hypotheses have ended\n"
            "  --spec-tokens K       drafts per step (default 4)\n"
            "engine\n"
            "  --threads N           kernel threads (default: all cores)\n"
@@ -91,6 +95,8 @@ enum {
     O_SEED,
     O_N,
     O_BEAMS,
+    O_LENGTH_PENALTY,
+    O_EARLY_STOP,
     O_SPEC,
     O_SPEC_MODEL,
     O_SPEC_TOKENS,
@@ -131,6 +137,8 @@ static const struct option options[] = {
     {"seed", required_argument, 0, O_SEED},
     {"n", required_argument, 0, O_N},
     {"beams", required_argument, 0, O_BEAMS},
+    {"length-penalty", required_argument, 0, O_LENGTH_PENALTY},
+    {"early-stopping", no_argument, 0, O_EARLY_STOP},
     {"spec", required_argument, 0, O_SPEC},
     {"spec-model", required_argument, 0, O_SPEC_MODEL},
     {"spec-tokens", required_argument, 0, O_SPEC_TOKENS},
@@ -496,6 +504,118 @@ static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec, bool 
     printf("}\n");
 }
 
+/* --beams N: each request's beam search (kvc_llm_beam_search), one after another; the best
+ * hypothesis's text, or with --json one object per request with every hypothesis under
+ * "beams", then a summary.  Sampling options do not apply; stop ids end hypotheses as EOS
+ * does; stop strings, --spec and --no-kv-cache are refused. */
+static int run_beams(const kvc_llm_t *m, const creqs_t *q, kvc_beam_params_t *bp,
+                     const kvc_engine_params_t *ep, bool json, bool spec)
+{
+    if (spec || ep->no_kv_cache)
+        return kvc_cli_error(CMD, "--beams does not go with --spec or --no-kv-cache");
+    bp->n_threads = ep->n_threads;
+    bp->kv_dtype = ep->kv_dtype;
+    bp->block_size = ep->block_size;
+    bp->kv_memory = ep->kv_memory;
+    bp->prefix_cache = !ep->no_prefix_cache;
+    bp->isa = ep->isa;
+    const kvc_tokenizer_t *tok = kvc_llm_tokenizer(m);
+    char msg[512], *text = NULL;
+    size_t text_cap = 0;
+    uint64_t gen_tokens = 0, steps = 0;
+    uint32_t peak = 0, n_blocks = 0;
+    int rc = 0;
+    const double t0 = (double)kvc_now_ns() * 1e-9;
+    for (uint32_t i = 0; !rc && i < q->n; i++) {
+        const creq_t *r = &q->v[i];
+        if (r->gp.n_stop) {
+            rc = kvc_cli_error(CMD, "--beams: stop strings are not supported");
+            break;
+        }
+        bp->max_tokens = r->gp.max_tokens;
+        bp->ignore_eos = r->gp.ignore_eos;
+        bp->n_stop_ids = r->gp.n_stop_ids;
+        memcpy(bp->stop_ids, r->gp.stop_ids, sizeof bp->stop_ids);
+        kvc_beam_result_t res;
+        const double ts = (double)kvc_now_ns() * 1e-9;
+        if (kvc_llm_beam_search(m, bp, r->ids, r->n_ids, &res, msg, sizeof msg)) {
+            rc = q->n > 1 ? kvc_cli_error(CMD, "request %u: %s", i, msg)
+                          : kvc_cli_error(CMD, "%s", msg);
+            break;
+        }
+        const double ms = ((double)kvc_now_ns() * 1e-9 - ts) * 1e3;
+        steps += res.steps;
+        peak = KVC_MAX(peak, res.peak_blocks);
+        n_blocks = res.n_blocks;
+        if (json)
+            printf("{\"id\": %u, \"prompt_tokens\": %u, \"cached_tokens\": 0, "
+                   "\"completion_tokens\": %u, \"output_ids\": [",
+                   i, r->n_ids, res.hyps[0].n_ids);
+        for (uint32_t h = 0; !rc && h < res.n_hyps; h++) {
+            const kvc_beam_hyp_t *hy = &res.hyps[h];
+            gen_tokens += hy->n_ids;
+            /* the text stops before the EOS or stop id, as the engine's does */
+            const uint32_t n_text = hy->n_ids - (hy->finish == KVC_FINISH_STOP);
+            size_t nb = 0;
+            int drc = kvc_tokenizer_decode(tok, hy->ids, n_text, KVC_TOK_REMOVE_SPECIAL, text,
+                                           text_cap, &nb);
+            if (drc == KVC_ERANGE || !text) {
+                free(text);
+                text_cap = nb + 1;
+                if (!(text = malloc(text_cap))) {
+                    rc = kvc_cli_error(CMD, "out of memory");
+                    break;
+                }
+                drc = kvc_tokenizer_decode(tok, hy->ids, n_text, KVC_TOK_REMOVE_SPECIAL, text,
+                                           text_cap, &nb);
+            }
+            if (drc) {
+                rc = kvc_cli_error(CMD, "decode: %s", kvc_strerror(drc));
+                break;
+            }
+            if (!json) {
+                printf("%s\n", text);
+                break;
+            }
+            if (h == 0) {
+                for (uint32_t k = 0; k < hy->n_ids; k++) printf(k ? ", %d" : "%d", hy->ids[k]);
+                printf("], \"text\": ");
+                json_str(stdout, text, nb);
+                printf(", \"finish_reason\": \"%s\", \"ttft_ms\": ", kvc_finish_name(hy->finish));
+                json_num(stdout, ms); /* nothing is emitted before the search ends */
+                printf(", \"tpot_ms\": null, \"logprobs\": null, \"beams\": [");
+            }
+            printf(h ? ", {\"ids\": [" : "{\"ids\": [");
+            for (uint32_t k = 0; k < hy->n_ids; k++) printf(k ? ", %d" : "%d", hy->ids[k]);
+            printf("], \"text\": ");
+            json_str(stdout, text, nb);
+            printf(", \"score\": ");
+            json_num(stdout, hy->score);
+            printf(", \"sum_logprob\": ");
+            json_num(stdout, hy->sum_logprob);
+            printf(", \"finish_reason\": \"%s\"}", kvc_finish_name(hy->finish));
+            if (h + 1 == res.n_hyps) printf("]}\n");
+        }
+        kvc_beam_result_free(&res);
+    }
+    free(text);
+    const double wall = (double)kvc_now_ns() * 1e-9 - t0;
+    if (!rc && json) {
+        printf("{\"summary\": true, \"requests\": %u, \"beams\": %u, \"beam_steps\": %llu, "
+               "\"prefill_tokens_per_s\": null, \"decode_tokens_per_s\": ",
+               q->n, bp->n_beams, (unsigned long long)steps);
+        json_num(stdout, wall > 0 ? gen_tokens / wall : NAN);
+        printf(", \"wall_s\": ");
+        json_num(stdout, wall);
+        printf(", \"peak_kv_blocks\": %u, \"kv_blocks\": %u, \"preemptions\": 0}\n", peak,
+               n_blocks);
+    } else if (!rc)
+        fprintf(stderr,
+                "kvcache run: %u request(s), %u beams, %llu steps, peak %u of %u KV blocks\n", q->n,
+                bp->n_beams, (unsigned long long)steps, peak, n_blocks);
+    return rc;
+}
+
 int kvc_cmd_run(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL, *prompt_ids = NULL, *prompts = NULL;
@@ -506,6 +626,8 @@ int kvc_cmd_run(int argc, char **argv)
     gp.max_tokens = 128;
     char *stops[KVC_MAX_STOP] = {0};
     bool json = false, spec = false;
+    bool beams = false;
+    kvc_beam_params_t bp = kvc_beam_params_default();
     uint64_t u;
     double d;
     int rc = 0;
@@ -585,12 +707,16 @@ int kvc_cmd_run(int argc, char **argv)
         case O_N:
             U64("n", 1, KVC_MAX_SAMPLES, gp.n);
             break;
-        case O_BEAMS: {
-            uint32_t n;
-            U64("beams", 1, 64, n);
-            if (n > 1) return kvc_cli_error(CMD, "--beams: beam search is not supported yet");
+        case O_BEAMS:
+            U64("beams", 1, 64, bp.n_beams);
+            beams = true;
             break;
-        }
+        case O_LENGTH_PENALTY:
+            DBL("length-penalty", -100, 100, bp.length_penalty);
+            break;
+        case O_EARLY_STOP:
+            bp.early_stopping = true;
+            break;
         case O_SPEC:
             if (strcmp(optarg, "ngram"))
                 return kvc_cli_error(CMD, "--spec: '%s' is not a draft method (ngram)", optarg);
@@ -753,6 +879,12 @@ int kvc_cmd_run(int argc, char **argv)
                 rc = prompt ? tokenize(tok, prompt, strlen(prompt), r)
                             : parse_ids(prompt_ids, vocab, r);
         }
+    }
+    if (!rc && beams) {
+        rc = run_beams(m, &q, &bp, &ep, json, spec);
+        creqs_free(&q);
+        kvc_llm_free(m);
+        return rc ? 1 : 0;
     }
     if (!rc && !ep.kv_memory) {
         /* no size given: room for every request at once (prompt + output, in blocks), so
