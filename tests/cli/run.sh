@@ -437,7 +437,6 @@ for ov in "n 0" "n 16777217" "n x" "temp -1" "temp 101" "temp nan" "top-k -1" "t
 done
 expect_error "--n 0" "--n: '0'" -- "${P[@]}" --n 0
 expect_error "--n 65" "--n: '65'" -- "${P[@]}" --n 65
-expect_error "--beams 2" "--beams: beam search is not supported" -- "${P[@]}" --beams 2
 expect_error "--spec-model" "--spec-model: a draft model is not supported" -- "${P[@]}" --spec-model "$S"
 expect_error "--chat without a template" "--chat: the model has no chat template" -- --model "$S" --prompt Once --chat
 expect_error "--chat-template unknown" "--chat-template: 'nope'" -- "${P[@]}" --chat-template nope
