@@ -128,7 +128,8 @@ typedef struct {
     kvc_rope_scaling_t rope_scaling;   /* default none */
     float rope_factor;      /* linear / yarn / llama3 factor (0: 4 for linear and yarn, 8 for
                                llama3) */
-    uint32_t rope_orig_ctx; /* yarn: original_context_length (0: ctx / factor); llama3: the
+    uint32_t rope_orig_ctx; /* yarn: original_context_length (0: not written, which readers
+                               take as the context length, as llama.cpp does); llama3: the
                                original context its rope_freqs are computed for (0: 8192) */
     double rope_theta;      /* rope.freq_base (0: 10000) */
 } kvc_model_synth_t;

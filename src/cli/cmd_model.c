@@ -38,7 +38,7 @@ static void usage(FILE *f)
                "  --attn-softcap X, --final-softcap X   gemma2's; 50 and 30 (0: off)\n"
                "  --rope-scaling S    none, linear, yarn, llama3 (the rope_freqs tensor); none\n"
                "  --rope-factor X     4 (linear, yarn), 8 (llama3)\n"
-               "  --rope-orig-ctx N   yarn: ctx / factor; llama3: 8192\n"
+               "  --rope-orig-ctx N   yarn: none (the context length); llama3: 8192\n"
                "  --rope-theta X      10000\n\n"
                "  -h, --help   this help\n");
 }

@@ -123,8 +123,9 @@ static void rope_table(const kvc_llm_t *m, uint32_t pos, float *c, float *s)
     double low = 0, high = 0;
     if (h->rope_scaling == KVC_ROPE_SCALING_YARN) {
         /* YaRN: interpolate the low frequencies, keep the high ones, ramp in between
-         * (beta_fast 32, beta_slow 1), and scale the attention by 1 + 0.1 ln(factor). */
-        const double orig = h->rope_orig_ctx ? (double)h->rope_orig_ctx : (double)h->ctx / factor;
+         * (beta_fast 32, beta_slow 1), and scale the attention by 1 + 0.1 ln(factor).  With
+         * no original context in the file, llama.cpp and HF take the context length. */
+        const double orig = h->rope_orig_ctx ? (double)h->rope_orig_ctx : (double)h->ctx;
         const double two_ln_base = 2 * log(h->rope_theta);
         low = floor(h->rope_dim * log(orig / (32 * 2 * M_PI)) / two_ln_base);
         high = ceil(h->rope_dim * log(orig / (1 * 2 * M_PI)) / two_ln_base);

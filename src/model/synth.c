@@ -212,8 +212,6 @@ static int check(const kvc_model_synth_t *p, resolved_t *r, char *msg, size_t ca
                          (double)p->rope_factor);
     if (p->rope_scaling == KVC_ROPE_SCALING_LINEAR && p->rope_orig_ctx)
         return kvc__msgf(KVC_EINVAL, msg, cap, "linear RoPE scaling has no original context");
-    if (p->rope_scaling == KVC_ROPE_SCALING_YARN && !p->rope_orig_ctx)
-        r->p.rope_orig_ctx = KVC_MAX(1, (uint32_t)(p->ctx / r->p.rope_factor));
     if (p->rope_scaling == KVC_ROPE_SCALING_LLAMA3 && !p->rope_orig_ctx) r->p.rope_orig_ctx = 8192;
     return 0;
 }
@@ -311,7 +309,7 @@ static int metadata(kvc_gguf_writer_t *w, const resolved_t *r, const kvc_gguf_t 
         const char *type = kvc_rope_scaling_name(p->rope_scaling);
         rc = kvc_gguf_writer_set_str(w, K("rope.scaling.type"), type, strlen(type));
         if (!rc) rc = kvc_gguf_writer_set_f32(w, K("rope.scaling.factor"), p->rope_factor);
-        if (!rc && p->rope_scaling == KVC_ROPE_SCALING_YARN)
+        if (!rc && p->rope_scaling == KVC_ROPE_SCALING_YARN && p->rope_orig_ctx)
             rc = kvc_gguf_writer_set_u32(w, K("rope.scaling.original_context_length"),
                                          p->rope_orig_ctx);
     }
