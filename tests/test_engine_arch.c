@@ -406,6 +406,110 @@ static void gemma2_every_type(void **state)
     run_arch(&c, 8);
 }
 
+/* gemma2's hybrid pool under reuse: the same prompt again, after its first run has finished
+ * and its sliding blocks were released, hits the prefix cache (the full group from the
+ * start, the sliding group's last window) and gives bit-identical logprobs; so does a prompt
+ * that continues it.  Full attention alone could not tell a wrong sliding hit. */
+static void gemma2_prefix_hit_is_bit_identical(void **state)
+{
+    (void)state;
+    char msg[256];
+    kvc_gguf_t *vocab = open_vocab();
+    kvc_model_synth_t p = base_model(KVC_ARCH_GEMMA2);
+    p.type = KVC_GGML_F32;
+    p.tied = true;
+    p.sliding_window = 16;
+    p.attn_softcap = 1.0f;
+    p.final_softcap = 3.0f;
+    const char *path = model_path("gemma2-hit");
+    assert_ok(kvc_model_synth(&p, vocab, path, msg, sizeof msg));
+    kvc_gguf_close(vocab);
+    kvc_llm_t *m;
+    if (kvc_llm_load(path, &m, msg, sizeof msg)) fail_msg("load: %s", msg);
+    unlink(path);
+    kvc_engine_params_t ep = kvc_engine_params_default();
+    ep.kv_dtype = KVC_DTYPE_F32;
+    ep.n_threads = 2;
+    ep.max_ctx = 128;
+    ep.max_num_seqs = 2;
+    ep.block_size = 8;
+    ep.max_prefill_chunk = 8;
+    kvc_engine_t *e;
+    if (kvc_engine_create(m, &ep, &e, msg, sizeof msg)) fail_msg("engine: %s", msg);
+    kvc_token_t prompt[80];
+    kvc_rng_t r;
+    kvc_rng_seed(&r, 9);
+    prompt[0] = 1;
+    for (int i = 1; i < 80; i++) prompt[i] = (kvc_token_t)(3 + kvc_rng_below(&r, 31990));
+    const uint32_t lens[3] = {60, 60, 75}; /* the third continues the first */
+    kvc_token_t ids[3][8];
+    float top_lp[3][8 * TOP];
+    uint32_t cached[3];
+    for (int q = 0; q < 3; q++) {
+        kvc_gen_params_t gp = kvc_gen_params_default();
+        gp.max_tokens = 8;
+        gp.ignore_eos = true;
+        gp.logprobs = true;
+        gp.n_logprobs = TOP;
+        kvc_gen_id_t id;
+        if (kvc_engine_submit(e, prompt, lens[q], &gp, &id, msg, sizeof msg))
+            fail_msg("submit: %s", msg);
+        bool done = false;
+        for (int step = 0; !done; step++) {
+            assert_true(step < 10000);
+            bool idle;
+            assert_ok(kvc_engine_step(e, step * 1e-3, NULL, NULL, &idle));
+            if (kvc_sched_check(kvc_engine_sched(e), msg, sizeof msg)) fail_msg("%s", msg);
+            const kvc_gen_done_t *d;
+            uint32_t nd;
+            kvc_engine_finished(e, &d, &nd);
+            if (!nd) continue;
+            assert_int_equal(d->completion_tokens, 8);
+            memcpy(ids[q], d->output, sizeof ids[q]);
+            memcpy(top_lp[q], d->top_logprobs, sizeof top_lp[q]);
+            cached[q] = d->cached_tokens;
+            done = true;
+        }
+    }
+    kvc_seqs_stats_t ss;
+    kvc_seqs_stats(kvc_engine_seqs(e), &ss);
+    assert_true(ss.n_window_released > 0);
+    assert_int_equal(cached[0], 0);
+    if (cached[1] == 0 || cached[2] == 0)
+        fail_msg("no prefix hit: %u and %u tokens cached", cached[1], cached[2]);
+    assert_memory_equal(ids[0], ids[1], sizeof ids[0]);
+    assert_memory_equal(top_lp[0], top_lp[1], sizeof top_lp[0]);
+    kvc_engine_destroy(e);
+    /* the third against a fresh engine that computes all of it */
+    if (kvc_engine_create(m, &ep, &e, msg, sizeof msg)) fail_msg("engine: %s", msg);
+    kvc_gen_params_t gp = kvc_gen_params_default();
+    gp.max_tokens = 8;
+    gp.ignore_eos = true;
+    gp.logprobs = true;
+    gp.n_logprobs = TOP;
+    kvc_gen_id_t id;
+    assert_ok(kvc_engine_submit(e, prompt, lens[2], &gp, &id, msg, sizeof msg));
+    bool done = false;
+    for (int step = 0; !done; step++) {
+        assert_true(step < 10000);
+        bool idle;
+        assert_ok(kvc_engine_step(e, step * 1e-3, NULL, NULL, &idle));
+        const kvc_gen_done_t *d;
+        uint32_t nd;
+        kvc_engine_finished(e, &d, &nd);
+        if (!nd) continue;
+        assert_int_equal(d->cached_tokens, 0);
+        assert_memory_equal(d->output, ids[2], sizeof ids[2]);
+        assert_memory_equal(d->top_logprobs, top_lp[2], sizeof top_lp[2]);
+        done = true;
+    }
+    print_message("gemma2 prefix hits: %u and %u of 60 and 75 prompt tokens cached, outputs "
+                  "bit-identical\n",
+                  cached[1], cached[2]);
+    kvc_engine_destroy(e);
+    kvc_llm_free(m);
+}
+
 /* What synth writes is what the metadata reader reads back, architecture by architecture. */
 static void synth_writes_each_architecture(void **state)
 {
@@ -515,6 +619,7 @@ int main(void)
         cmocka_unit_test(qwen2_every_type),
         cmocka_unit_test(qwen3_every_type),
         cmocka_unit_test(gemma2_every_type),
+        cmocka_unit_test(gemma2_prefix_hit_is_bit_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
