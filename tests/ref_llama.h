@@ -18,7 +18,8 @@
  *    and of the MLP output before each residual add (post_attention_norm, post_ffw_norm;
  *    every gemma2 norm weight stored with its +1 already added, as llama.cpp's converter
  *    writes them, so they multiply as they are), attention logits soft-capped
- *    cap * tanh(z / cap), final logits likewise, layers 0, 2, 4, ... sliding;
+ *    cap * tanh(z / cap), final logits likewise, layers 0, 2, 4, ... sliding, logits scaled
+ *    by 1 / sqrt(query_pre_attn_scalar): head_dim, but dim / heads for the 27B (46 layers);
  *  - RoPE frequencies base^(-2i / rope_dim) at position pos, scaled: linear (pos / factor),
  *    llama3 (each frequency divided by rope_freqs[i], a tensor of the file), YaRN (Peng et al.,
  *    as HF's _compute_yarn_parameters and llama.cpp compute it: frequencies interpolated by
@@ -277,6 +278,10 @@ static inline void ref_llama_forward(ref_llama_t *m, uint32_t tok, uint32_t pos,
         memcpy(kc + (size_t)pos * m->kv_dim, m->k, m->kv_dim * sizeof(double));
         memcpy(vc + (size_t)pos * m->kv_dim, m->v, m->kv_dim * sizeof(double));
         const uint32_t t0 = L->window && pos + 1 > L->window ? pos + 1 - L->window : 0;
+        /* gemma2 divides by sqrt(query_pre_attn_scalar), which GGUF does not store: the
+         * head dim for Gemma 2 2B and 9B, dim / heads (144, not 128) for the 27B, which
+         * llama.cpp tells by its 46 layers */
+        const double scale_dim = gemma2 && h->n_layers == 46 ? (double)(dim / h->n_heads) : hd;
         for (uint32_t hh = 0; hh < h->n_heads; hh++) {
             const uint32_t kvh = hh / group;
             double mx = -INFINITY, sum = 0;
@@ -284,7 +289,7 @@ static inline void ref_llama_forward(ref_llama_t *m, uint32_t tok, uint32_t pos,
                 double s = 0;
                 for (uint32_t i = 0; i < hd; i++)
                     s += m->q[hh * hd + i] * kc[(size_t)t * m->kv_dim + kvh * hd + i];
-                s /= sqrt((double)hd);
+                s /= sqrt(scale_dim);
                 if (h->attn_softcap > 0) s = h->attn_softcap * tanh(s / h->attn_softcap);
                 m->att[t] = s;
                 mx = fmax(mx, s);

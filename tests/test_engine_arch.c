@@ -406,6 +406,26 @@ static void gemma2_every_type(void **state)
     run_arch(&c, 8);
 }
 
+/* Gemma 2 27B scales attention logits by 1 / sqrt(dim / heads) (its query_pre_attn_scalar,
+ * 144), not 1 / sqrt(head_dim) (128); GGUF has no key for it, and llama.cpp tells the 27B by
+ * its 46 layers.  A narrow 46-layer gemma2 whose head dim differs from dim / heads. */
+static void gemma2_27b_scales_by_dim_over_heads(void **state)
+{
+    (void)state;
+    arch_case_t c = {
+        .name = "gemma2-46", .p = base_model(KVC_ARCH_GEMMA2), .n_prompt = 12, .n_gen = 6};
+    c.p.dim = 128, c.p.n_layers = 46, c.p.n_heads = 2, c.p.n_kv_heads = 1, c.p.ff = 128;
+    c.p.head_dim = 128; /* dim / heads is 64 */
+    c.p.tied = true;
+    c.p.attn_softcap = 1.0f;
+    c.p.final_softcap = 3.0f;
+    kvc_gguf_t *vocab = open_vocab();
+    case_result_t r = run_case(&c, KVC_GGML_F16, vocab);
+    print_message("gemma2-46      f16   max |logprob error| %.2e (tolerance %.0e)\n", r.max_err,
+                  type_tol(KVC_GGML_F16));
+    kvc_gguf_close(vocab);
+}
+
 /* gemma2's hybrid pool under reuse: the same prompt again, after its first run has finished
  * and its sliding blocks were released, hits the prefix cache (the full group from the
  * start, the sliding group's last window) and gives bit-identical logprobs; so does a prompt
@@ -619,6 +639,7 @@ int main(void)
         cmocka_unit_test(qwen2_every_type),
         cmocka_unit_test(qwen3_every_type),
         cmocka_unit_test(gemma2_every_type),
+        cmocka_unit_test(gemma2_27b_scales_by_dim_over_heads),
         cmocka_unit_test(gemma2_prefix_hit_is_bit_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

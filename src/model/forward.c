@@ -294,6 +294,10 @@ int kvc__fwd_run(kvc__fwd_t *f, kvc_seqs_t *seqs, const kvc__seg_t *segs, uint32
         ap.n_q_heads = h->n_heads;
         ap.window = L->window;
         ap.softcap = (float)h->attn_softcap;
+        /* gemma2's logit scale is 1 / sqrt(query_pre_attn_scalar), which GGUF does not store:
+         * the head dim, except Gemma 2 27B's dim / heads, which llama.cpp tells by 46 layers */
+        if (h->arch == KVC_ARCH_GEMMA2 && h->n_layers == 46)
+            ap.sm_scale = 1.0f / sqrtf((float)(dim / h->n_heads));
         ap.isa = f->isa;
         ap.batch_invariant = true;
         attn_job_t job = {.f = f, .ap = &ap, .kv = kv, .batch = &batch[L->group]};
