@@ -64,7 +64,7 @@ static uint32_t encode(const kvc_llm_t *m, const char *text, kvc_token_t *ids, s
 
 /* ---- the reference: beam search over contiguous per-beam caches ------------------------ */
 typedef struct {
-    float *k, *v; /* (n_layers, MAX_POS, kv_dim) */
+    double *k, *v; /* (n_layers, MAX_POS, kv_dim) */
     double *lp;   /* (vocab) log-softmax of the next token */
     kvc_token_t ids[MAX_T];
     double cum;
@@ -111,8 +111,8 @@ static void rstep(ref_llama_t *r, rbeam_t *b, kvc_token_t tok, uint32_t pos)
 
 static void rbeam_alloc(const ref_llama_t *r, rbeam_t *b)
 {
-    b->k = calloc(cache_floats(r), sizeof(float));
-    b->v = calloc(cache_floats(r), sizeof(float));
+    b->k = calloc(cache_floats(r), sizeof(double));
+    b->v = calloc(cache_floats(r), sizeof(double));
     b->lp = calloc(r->h.vocab, sizeof(double));
     assert_non_null(b->k), assert_non_null(b->v), assert_non_null(b->lp);
 }
@@ -217,7 +217,7 @@ static double ref_beam_search(ref_llama_t *r, const kvc_beam_params_t *p, const 
             break;
         }
         /* fork: copy the parent's contiguous cache, then run the new token */
-        const size_t bytes = cache_floats(r) * sizeof(float);
+        const size_t bytes = cache_floats(r) * sizeof(double);
         for (uint32_t j = 0; j < N; j++) {
             memcpy(nxt[j].k, cur[parent[j]].k, bytes);
             memcpy(nxt[j].v, cur[parent[j]].v, bytes);

@@ -110,26 +110,50 @@ KVC_API int kvc_ggml_dequantize_row(uint32_t type, const void *src, float *y, ui
 
 /* ---- random-weight models (kvcache model synth) ---- */
 typedef struct {
-    kvc_arch_t arch; /* llama only, for now */
+    kvc_arch_t arch; /* llama, qwen2 (QKV bias), qwen3 (per-head Q/K RMSNorm), gemma2 */
     uint32_t dim, n_layers, n_heads, n_kv_heads, ff;
-    uint32_t ctx;  /* context_length (default 2048) */
-    uint32_t type; /* the matrices' kvc_ggml_type_t; norms stay F32 */
+    uint32_t head_dim; /* 0: dim / n_heads (written as attention.key_length when it differs,
+                          and always for qwen3 and gemma2) */
+    uint32_t ctx;      /* context_length (default 2048) */
+    uint32_t type;     /* the matrices' kvc_ggml_type_t; norms, biases, rope_freqs stay F32 */
     uint64_t seed;
-    const char *name; /* general.name (default "kvcache-synth") */
+    const char *name;        /* general.name (default "kvcache-synth") */
+    bool tied;               /* no output.weight: the LM head is token_embd (default false) */
+    float norm_jitter;       /* norm weights 1 + U(-j, j); < 0 (default): the architecture's own:
+                                0 for llama (norms exactly 1), 0.1 for the others, so they matter */
+    uint32_t sliding_window; /* llama: every layer slides (Mistral); gemma2: the even layers
+                                (0: gemma2's 4096); qwen2 / qwen3 take none (default 0) */
+    float attn_softcap, final_softcap; /* gemma2's soft-capping (< 0, the default: gemma2's
+                                          50 and 30; 0: off); other architectures take none */
+    kvc_rope_scaling_t rope_scaling;   /* default none */
+    float rope_factor;      /* linear / yarn / llama3 factor (0: 4 for linear and yarn, 8 for
+                               llama3) */
+    uint32_t rope_orig_ctx; /* yarn: original_context_length (0: not written, which readers
+                               take as the context length, as llama.cpp does); llama3: the
+                               original context its rope_freqs are computed for (0: 8192) */
+    double rope_theta;      /* rope.freq_base (0: 10000) */
 } kvc_model_synth_t;
 
 /* Defaults: llama, dim 512, 8 layers, 8 heads, 4 KV heads, FFN 1536, ctx
- * 2048, Q8_0, seed 1.  Never fails. */
+ * 2048, Q8_0, seed 1, untied, no sliding window, no RoPE scaling.  Never
+ * fails. */
 KVC_API kvc_model_synth_t kvc_model_synth_default(void);
 
 /* Write a random-weight model to `path`: the tokenizer (every tokenizer.* key)
- * copied from `vocab`, llama.cpp's tensor names and shapes, weights drawn
- * uniformly in +-1/sqrt(fan-in) from `seed` (the same seed, the same file,
- * byte for byte), norms 1.  KVC_EINVAL (a width not a multiple of the type's
- * block, heads that do not divide, a count out of the planner's bounds: the
- * message says which), KVC_ENOTSUP (a type the reference converters do not
- * write yet, an architecture other than llama), KVC_EPARSE (vocab has no
- * tokenizer), KVC_EIO, KVC_ENOMEM. */
+ * copied from `vocab`, llama.cpp's metadata keys, tensor names and shapes for
+ * the architecture, matrices drawn uniformly in +-1/sqrt(fan-in) from `seed`
+ * (the same seed, the same file, byte for byte), norms 1 + U(-norm_jitter,
+ * norm_jitter) (gemma2's with the +1 already added, as llama.cpp's converter
+ * stores them), qwen2's biases U(-0.2, 0.2), llama3's rope_freqs.weight as
+ * Llama 3.1 computes it (low / high frequency factors 1 and 4).  A llama
+ * model with the defaults of every field after `name` is the file earlier
+ * versions wrote.  KVC_EINVAL (a width not a multiple of the type's block,
+ * heads that do not divide, an odd head dim, a count out of the planner's
+ * bounds, a feature the architecture does not have, such as soft-capping
+ * outside gemma2 or a sliding window on qwen: the message says which),
+ * KVC_ENOTSUP (a type the reference converters do not write yet, an
+ * architecture outside the enum), KVC_EPARSE (vocab has no tokenizer),
+ * KVC_EIO, KVC_ENOMEM. */
 KVC_API KVC_NODISCARD int kvc_model_synth(const kvc_model_synth_t *p, const kvc_gguf_t *vocab,
                                           const char *path, char *msg, size_t cap);
 

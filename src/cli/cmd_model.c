@@ -30,10 +30,25 @@ static void usage(FILE *f)
                "convert writes a llama GGUF (any weight type, dequantized to f32) as a llama2.c\n"
                "checkpoint in the legacy layout (a negative vocab size when output.weight is\n"
                "not the embedding), and its vocabulary as a llama2.c tokenizer.bin.\n\n"
+               "usage: kvcache model synth --vocab VOCAB.gguf -o OUT.gguf [options]\n\n"
                "synth writes a random-weight model (weights uniform in +-1/sqrt(fan-in) from\n"
-               "--seed, norms 1) with llama.cpp's tensor names, its tokenizer copied from\n"
-               "VOCAB.gguf; defaults: llama, dim 512, 8 layers, 8 heads, 4 KV heads, FFN 1536,\n"
-               "context 2048, q8_0, seed 1.  The same options write the same file.\n\n"
+               "--seed) with llama.cpp's metadata and tensor names, its tokenizer copied from\n"
+               "VOCAB.gguf.  The same options write the same file.\n"
+               "  --arch A            llama, qwen2 (QKV bias), qwen3 (Q/K RMSNorm per head),\n"
+               "                      gemma2 (extra norms, soft-caps, even layers slide); llama\n"
+               "  --dim, --layers, --heads, --kv-heads, --ff N   512, 8, 8, 4, 1536\n"
+               "  --head-dim N        dim / heads\n"
+               "  --ctx N             context length; 2048\n"
+               "  --dtype T           f32, f16, bf16, q8_0, q4_0, q4_K, q6_K; q8_0\n"
+               "  --seed N, --name S  1, kvcache-synth\n"
+               "  --tied              no output.weight: the LM head is the embedding\n"
+               "  --norm-jitter X     norms 1 + U(-X, X); 0 for llama, 0.1 for the others\n"
+               "  --sliding-window N  llama: every layer (Mistral); gemma2: even layers (4096)\n"
+               "  --attn-softcap X, --final-softcap X   gemma2's; 50 and 30 (0: off)\n"
+               "  --rope-scaling S    none, linear, yarn, llama3 (the rope_freqs tensor); none\n"
+               "  --rope-factor X     4 (linear, yarn), 8 (llama3)\n"
+               "  --rope-orig-ctx N   yarn: none (the context length); llama3: 8192\n"
+               "  --rope-theta X      10000\n\n"
                "  -h, --help   this help\n");
 }
 
@@ -222,7 +237,17 @@ static int synth(int argc, char **argv)
         O_VOCAB,
         O_DTYPE,
         O_SEED,
-        O_NAME
+        O_NAME,
+        O_HEAD_DIM,
+        O_TIED,
+        O_JITTER,
+        O_WINDOW,
+        O_ATTN_CAP,
+        O_FINAL_CAP,
+        O_ROPE_SCALING,
+        O_ROPE_FACTOR,
+        O_ROPE_ORIG,
+        O_ROPE_THETA
     };
     static const struct option opts[] = {{"arch", required_argument, NULL, O_ARCH},
                                          {"dim", required_argument, NULL, O_DIM},
@@ -235,6 +260,16 @@ static int synth(int argc, char **argv)
                                          {"dtype", required_argument, NULL, O_DTYPE},
                                          {"seed", required_argument, NULL, O_SEED},
                                          {"name", required_argument, NULL, O_NAME},
+                                         {"head-dim", required_argument, NULL, O_HEAD_DIM},
+                                         {"tied", no_argument, NULL, O_TIED},
+                                         {"norm-jitter", required_argument, NULL, O_JITTER},
+                                         {"sliding-window", required_argument, NULL, O_WINDOW},
+                                         {"attn-softcap", required_argument, NULL, O_ATTN_CAP},
+                                         {"final-softcap", required_argument, NULL, O_FINAL_CAP},
+                                         {"rope-scaling", required_argument, NULL, O_ROPE_SCALING},
+                                         {"rope-factor", required_argument, NULL, O_ROPE_FACTOR},
+                                         {"rope-orig-ctx", required_argument, NULL, O_ROPE_ORIG},
+                                         {"rope-theta", required_argument, NULL, O_ROPE_THETA},
                                          {"help", no_argument, NULL, 'h'},
                                          {0}};
     kvc_model_synth_t p = kvc_model_synth_default();
@@ -246,10 +281,62 @@ static int synth(int argc, char **argv)
         const char *opt = argv[optind - 1];
         bool ok = true;
         switch (c) {
-        case O_ARCH:
-            if (strcmp(optarg, "llama"))
-                return kvc_cli_error(CMD, "--arch '%s': synth writes llama models only", optarg);
+        case O_ARCH: {
+            int a = KVC_ARCH__COUNT;
+            for (int k = 0; k < KVC_ARCH__COUNT; k++)
+                if (!strcmp(optarg, kvc_arch_name((kvc_arch_t)k))) a = k;
+            if (a == KVC_ARCH__COUNT)
+                return kvc_cli_error(CMD, "--arch '%s': synth writes llama, qwen2, qwen3, gemma2",
+                                     optarg);
+            p.arch = (kvc_arch_t)a;
             break;
+        }
+        case O_HEAD_DIM:
+            ok = count_arg("--head-dim", optarg, &p.head_dim);
+            break;
+        case O_WINDOW:
+            ok = count_arg("--sliding-window", optarg, &p.sliding_window);
+            break;
+        case O_ROPE_ORIG:
+            ok = count_arg("--rope-orig-ctx", optarg, &p.rope_orig_ctx);
+            break;
+        case O_TIED:
+            p.tied = true;
+            break;
+        case O_JITTER:
+        case O_ATTN_CAP:
+        case O_FINAL_CAP:
+        case O_ROPE_FACTOR:
+        case O_ROPE_THETA: {
+            /* the ranges kvc_model_synth takes, so that a refusal names the option */
+            const double lo = c == O_ROPE_FACTOR ? 1 : c == O_ROPE_THETA ? 2 : 0;
+            const double hi = c == O_JITTER ? 0.99 : c == O_ROPE_THETA ? 1e12 : 1e6;
+            const char *name = c == O_JITTER        ? "--norm-jitter"
+                               : c == O_ATTN_CAP    ? "--attn-softcap"
+                               : c == O_FINAL_CAP   ? "--final-softcap"
+                               : c == O_ROPE_FACTOR ? "--rope-factor"
+                                                    : "--rope-theta";
+            double x;
+            if (!kvc_cli_parse_double(optarg, lo, hi, &x))
+                return kvc_cli_error(CMD, "%s: '%s' is not a number in %g..%g", name, optarg, lo,
+                                     hi);
+            if (c == O_JITTER) p.norm_jitter = (float)x;
+            if (c == O_ATTN_CAP) p.attn_softcap = (float)x;
+            if (c == O_FINAL_CAP) p.final_softcap = (float)x;
+            if (c == O_ROPE_FACTOR) p.rope_factor = (float)x;
+            if (c == O_ROPE_THETA) p.rope_theta = x;
+            break;
+        }
+        case O_ROPE_SCALING: {
+            int sc = KVC_ROPE_SCALING__COUNT;
+            for (int k = 0; k < KVC_ROPE_SCALING__COUNT; k++)
+                if (!strcmp(optarg, kvc_rope_scaling_name((kvc_rope_scaling_t)k))) sc = k;
+            if (sc == KVC_ROPE_SCALING__COUNT)
+                return kvc_cli_error(CMD, "--rope-scaling '%s': none, linear, yarn or llama3",
+                                     optarg);
+            p.rope_scaling = (kvc_rope_scaling_t)sc;
+            break;
+        }
         case O_DIM:
             ok = count_arg("--dim", optarg, &p.dim);
             break;

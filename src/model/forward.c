@@ -123,8 +123,9 @@ static void rope_table(const kvc_llm_t *m, uint32_t pos, float *c, float *s)
     double low = 0, high = 0;
     if (h->rope_scaling == KVC_ROPE_SCALING_YARN) {
         /* YaRN: interpolate the low frequencies, keep the high ones, ramp in between
-         * (beta_fast 32, beta_slow 1), and scale the attention by 1 + 0.1 ln(factor). */
-        const double orig = h->rope_orig_ctx ? (double)h->rope_orig_ctx : (double)h->ctx / factor;
+         * (beta_fast 32, beta_slow 1), and scale the attention by 1 + 0.1 ln(factor).  With
+         * no original context in the file, llama.cpp and HF take the context length. */
+        const double orig = h->rope_orig_ctx ? (double)h->rope_orig_ctx : (double)h->ctx;
         const double two_ln_base = 2 * log(h->rope_theta);
         low = floor(h->rope_dim * log(orig / (32 * 2 * M_PI)) / two_ln_base);
         high = ceil(h->rope_dim * log(orig / (1 * 2 * M_PI)) / two_ln_base);
@@ -293,6 +294,10 @@ int kvc__fwd_run(kvc__fwd_t *f, kvc_seqs_t *seqs, const kvc__seg_t *segs, uint32
         ap.n_q_heads = h->n_heads;
         ap.window = L->window;
         ap.softcap = (float)h->attn_softcap;
+        /* gemma2's logit scale is 1 / sqrt(query_pre_attn_scalar), which GGUF does not store:
+         * the head dim, except Gemma 2 27B's dim / heads, which llama.cpp tells by 46 layers */
+        if (h->arch == KVC_ARCH_GEMMA2 && h->n_layers == 46)
+            ap.sm_scale = 1.0f / sqrtf((float)(dim / h->n_heads));
         ap.isa = f->isa;
         ap.batch_invariant = true;
         attn_job_t job = {.f = f, .ap = &ap, .kv = kv, .batch = &batch[L->group]};

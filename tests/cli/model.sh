@@ -57,13 +57,41 @@ cmp -s "$TMP/s1.gguf" "$TMP/s2.gguf" || fail "synth: the same options wrote diff
 expect_line "synth shape" '^  layers 2, hidden 128, heads 4, KV heads 2, head dim 32, FFN 256, vocab 32000, context 2048$'
 expect_line "synth tensors" '^tensors +21 .*: f32 5 .* q4_0 16 '
 expect_line "synth tokenizer" '^tokenizer +llama \(SentencePiece\), 32000 tokens'
+# every architecture, with the keys and tensors model.c reads back
+syn() { "$KVC" model synth --vocab "$T" --dim 128 --layers 3 --heads 4 --kv-heads 2 --ff 256 --dtype f16 "$@" -o "$TMP/a.gguf" 2>"$TMP/err" || fail "synth $*: exit $? ($(cat "$TMP/err"))"; "$KVC" model info "$TMP/a.gguf" >"$TMP/out" 2>"$TMP/err" || fail "info on synth $*: exit $? ($(cat "$TMP/err"))"; }
+syn --arch qwen2
+expect_line "synth qwen2" '^model +qwen2 "kvcache-synth"$'
+expect_line "synth qwen2 bias" '^  embeddings separate from the output, QKV bias$'
+expect_line "synth qwen2 eps" '^  RMSNorm eps 1e-06, RoPE theta 10000 on 32 dims, scaling none$'
+expect_line "synth qwen2 tensors" '^tensors +39 .*: f32 16 .* f16 23 '
+syn --arch qwen3 --head-dim 64
+expect_line "synth qwen3" '^  layers 3, hidden 128, heads 4, KV heads 2, head dim 64, FFN 256, vocab 32000, context 2048$'
+expect_line "synth qwen3 norm" '^  embeddings separate from the output, Q/K RMSNorm per head$'
+expect_line "synth qwen3 tensors" '^tensors +36 .*: f32 13 .* f16 23 '
+syn --arch gemma2 --tied --sliding-window 64 --attn-softcap 2.5
+expect_line "synth gemma2" '^  embeddings tied to the output, sliding window 64 on 2 of 3 layers \(even layers\), attention soft-cap 2\.5, logit soft-cap 30$'
+expect_line "synth gemma2 tensors" '^tensors +35 .*: f32 13 .* f16 22 '
+syn --sliding-window 32 --rope-scaling yarn --rope-factor 2 --rope-theta 500000
+expect_line "synth mistral" '^  embeddings separate from the output, sliding window 32 on 3 of 3 layers$'
+expect_line "synth yarn" '^  RMSNorm eps 1e-05, RoPE theta 500000 on 32 dims, scaling yarn x2$'
+syn --rope-scaling linear --rope-factor 8
+expect_line "synth linear" 'scaling linear x8$'
+syn --rope-scaling llama3
+expect_line "synth llama3" 'scaling llama3$'
+expect_line "synth llama3 tensors" '^tensors +31 .*: f32 8 .* f16 23 '
 expect_error "synth no vocab" 1 "--vocab VOCAB\.gguf is required" -- model synth -o "$TMP/x.gguf"
 expect_error "synth no out" 1 "-o OUT\.gguf is required" -- model synth --vocab "$T"
 expect_error "synth bad dtype" 1 "--dtype 'q9': not a tensor type" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dtype q9
 expect_error "synth q5_K" 1 "--dtype q5_K: synth writes f32, f16, bf16, q8_0, q4_0, q4_K and q6_K" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dtype q5_k
 expect_error "synth dim 0" 1 "--dim: '0' is not a whole number" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dim 0
 expect_error "synth dim block" 1 "q8_0 needs dim and ff multiples of 32" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dim 80 --heads 4 --kv-heads 2
-expect_error "synth arch" 1 "--arch 'gemma2': synth writes llama models only" -- model synth --vocab "$T" -o "$TMP/x.gguf" --arch gemma2
+expect_error "synth arch" 1 "--arch 'gpt2': synth writes llama, qwen2, qwen3, gemma2" -- model synth --vocab "$T" -o "$TMP/x.gguf" --arch gpt2
+expect_error "synth qwen window" 1 "qwen2 files have no sliding window" -- model synth --vocab "$T" -o "$TMP/x.gguf" --arch qwen2 --sliding-window 64
+expect_error "synth llama softcap" 1 "soft-capping is gemma2's, not llama's" -- model synth --vocab "$T" -o "$TMP/x.gguf" --attn-softcap 20
+expect_error "synth rope factor alone" 1 "a RoPE factor or original context needs a RoPE scaling" -- model synth --vocab "$T" -o "$TMP/x.gguf" --rope-factor 2
+expect_error "synth rope scaling" 1 "--rope-scaling 'ntk': none, linear, yarn or llama3" -- model synth --vocab "$T" -o "$TMP/x.gguf" --rope-scaling ntk
+expect_error "synth jitter" 1 "--norm-jitter: '1.5' is not a number in 0\.\.0\.99" -- model synth --vocab "$T" -o "$TMP/x.gguf" --norm-jitter 1.5
+expect_error "synth head dim block" 1 "q8_0 needs heads x head dim \(4 x 20 = 80\)|q8_0 needs heads x head dim \(80\) a multiple of 32" -- model synth --vocab "$T" -o "$TMP/x.gguf" --dim 128 --heads 4 --kv-heads 2 --ff 256 --head-dim 20
 expect_error "synth vocab missing" 1 "--vocab .*absent\.gguf: cannot open" -- model synth --vocab "$DATA/models/absent.gguf" -o "$TMP/x.gguf"
 expect_error "synth unwritable" 1 "cannot create" -- model synth --vocab "$T" -o /nonexistent/dir/x.gguf
 [ ! -e "$TMP/x.gguf" ] || fail "synth: a refused run left a file"
