@@ -48,6 +48,23 @@ typedef struct {
     uint32_t n;
 } prompt_t;
 
+/* A finished request's account as an out_t (its arrays copied: they are borrowed). */
+static void copy_done(out_t *o, const kvc_gen_done_t *d)
+{
+    memset(o, 0, sizeof *o);
+    o->n = d->completion_tokens;
+    assert_true(o->n <= MAX_OUT);
+    o->cached = d->cached_tokens;
+    o->finish = d->finish;
+    memcpy(o->ids, d->output, o->n * sizeof *o->ids);
+    if (d->logprobs) memcpy(o->lp, d->logprobs, o->n * sizeof *o->lp);
+    if (d->n_logprobs) {
+        memcpy(o->top, d->top_ids, (size_t)o->n * d->n_logprobs * sizeof *o->top);
+        memcpy(o->top_lp, d->top_logprobs, (size_t)o->n * d->n_logprobs * sizeof *o->top_lp);
+    }
+    snprintf(o->text, sizeof o->text, "%s", d->text);
+}
+
 /* Run the prompts together (all submitted at once) to the end; checks every step. */
 static void run_all(const kvc_llm_t *m, const kvc_engine_params_t *ep, const prompt_t *pr,
                     uint32_t n, const kvc_gen_params_t *gp, out_t *out, kvc_engine_stats_t *st)
@@ -73,20 +90,7 @@ static void run_all(const kvc_llm_t *m, const kvc_engine_params_t *ep, const pro
         uint32_t nd;
         kvc_engine_finished(e, &d, &nd);
         for (uint32_t i = 0; i < nd; i++) {
-            out_t *o = &out[d[i].tag];
-            memset(o, 0, sizeof *o);
-            o->n = d[i].completion_tokens;
-            assert_true(o->n <= MAX_OUT);
-            o->cached = d[i].cached_tokens;
-            o->finish = d[i].finish;
-            memcpy(o->ids, d[i].output, o->n * sizeof *o->ids);
-            if (d[i].logprobs) memcpy(o->lp, d[i].logprobs, o->n * sizeof *o->lp);
-            if (d[i].n_logprobs) {
-                memcpy(o->top, d[i].top_ids, (size_t)o->n * d[i].n_logprobs * sizeof *o->top);
-                memcpy(o->top_lp, d[i].top_logprobs,
-                       (size_t)o->n * d[i].n_logprobs * sizeof *o->top_lp);
-            }
-            snprintf(o->text, sizeof o->text, "%s", d[i].text);
+            copy_done(&out[d[i].tag], &d[i]);
             left--;
         }
         assert_true(!idle || nd || left == 0);
@@ -340,13 +344,8 @@ static void batch_invariance_case(bool sampled)
                 uint32_t nd;
                 kvc_engine_finished(e, &d, &nd);
                 if (!nd) continue;
-                out_t o = {0};
-                o.n = d[0].completion_tokens;
-                memcpy(o.ids, d[0].output, o.n * sizeof *o.ids);
-                memcpy(o.lp, d[0].logprobs, o.n * sizeof *o.lp);
-                memcpy(o.top, d[0].top_ids, (size_t)o.n * TOP * sizeof *o.top);
-                memcpy(o.top_lp, d[0].top_logprobs, (size_t)o.n * TOP * sizeof *o.top_lp);
-                snprintf(o.text, sizeof o.text, "%s", d[0].text);
+                out_t o;
+                copy_done(&o, &d[0]);
                 if (k == 1) assert_true(d[0].cached_tokens >= 128); /* 9 full blocks of 150 */
                 assert_same(&alone[0], &o, k ? "prefix from the cache" : "first run");
                 break;
@@ -402,14 +401,7 @@ static void parallel_samples_fork(void **state)
         uint32_t nd;
         kvc_engine_finished(e, &d, &nd);
         for (uint32_t i = 0; i < nd; i++) {
-            out_t *o = &got[d[i].sample_index];
-            memset(o, 0, sizeof *o);
-            o->n = d[i].completion_tokens;
-            memcpy(o->ids, d[i].output, o->n * sizeof *o->ids);
-            memcpy(o->lp, d[i].logprobs, o->n * sizeof *o->lp);
-            memcpy(o->top, d[i].top_ids, (size_t)o->n * TOP * sizeof *o->top);
-            memcpy(o->top_lp, d[i].top_logprobs, (size_t)o->n * TOP * sizeof *o->top_lp);
-            snprintf(o->text, sizeof o->text, "%s", d[i].text);
+            copy_done(&got[d[i].sample_index], &d[i]);
             left--;
         }
     }
