@@ -254,7 +254,8 @@ def kvcache_run(kvcache, model, row, workdir, timeout, no_cache=False):
         with open(path, "w") as f:
             for p in prompts:
                 f.write(json.dumps({"prompt_ids": p, "n": row["n"]}) + "\n")
-        ctx = max(len(p) for p in prompts) + row["n"] + 16
+        # room for every sequence at once, whether --ctx sizes the pool or one sequence
+        ctx = sum(len(p) + row["n"] + 16 for p in prompts)
         cmd += ["--prompts", path, "-n", str(row["n"])]
     cmd += ["--ctx", str(ctx)]
     if no_cache:
@@ -396,6 +397,12 @@ def table(results, bw, command):
         "",
         "Reproduce: `%s`" % command,
     ]
+    if results.get("skipped"):
+        notes[-2:-2] = ["Not measured (past --deadline-min): %s." % "; ".join(results["skipped"]),
+                        ""]
+    if not results.get("kvcache_available"):
+        notes[-2:-2] = ["kvcache's side: n/a (`kvcache run` is not available: %s)." %
+                        " ".join(results.get("kvcache_error") or []), ""]
     return head + "\n".join(lines) + "\n" + "\n".join(notes) + "\n"
 
 
@@ -406,21 +413,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="smoke check: 58M q8_0 only, one repetition, no 16K row, no x32 row")
-    ap.add_argument("--models", default="58M,0.5B")
-    ap.add_argument("--types", default=",".join(TYPES))
-    ap.add_argument("--detail-types", default="q8_0",
+    ap.add_argument("--models", help="default 58M,0.5B")
+    ap.add_argument("--types", help="default " + ",".join(TYPES))
+    ap.add_argument("--detail-types",
                     help="types that get the context, concurrency, shared-prefix and no-cache "
                          "rows (default q8_0)")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, help="default 3")
     ap.add_argument("--budget-min", type=float, default=25.0,
                     help="start no further repetition once the run has taken this long")
     ap.add_argument("--rows", help="only the rows whose name matches this regular expression")
+    ap.add_argument("--deadline-min", type=float,
+                    help="measure nothing more after this many minutes (default budget + 10); "
+                         "the cells left out are listed in the JSON")
+    ap.add_argument("--list", action="store_true", help="print the cells and exit")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--tg", type=int, default=128)
-    ap.add_argument("--contexts", default="4096,16384")
+    ap.add_argument("--contexts", help="default 4096,16384")
     ap.add_argument("--big-ctx-max", type=int, default=4096,
                     help="longest context row for the 0.5B model (default 4096: 16K takes too long)")
-    ap.add_argument("--concurrent", default="8,32")
+    ap.add_argument("--concurrent", help="default 8,32")
     ap.add_argument("--agg-n", type=int, default=64)
     ap.add_argument("--agg-n-big", type=int, default=16,
                     help="tokens per sequence in the 0.5B model's concurrency rows")
@@ -438,9 +449,13 @@ def main():
     ap.add_argument("--out", help="output prefix (default DIR/results/engine-TIMESTAMP)")
     args = ap.parse_args()
 
+    defaults = {"models": "58M,0.5B", "types": ",".join(TYPES), "detail_types": "q8_0",
+                "reps": 3, "contexts": "4096,16384", "concurrent": "8,32"}
     if args.quick:
-        args.models, args.types, args.detail_types, args.reps = "58M", "q8_0", "q8_0", 1
-        args.contexts, args.concurrent = "4096", "8"
+        defaults.update(models="58M", types="q8_0", reps=1, contexts="4096", concurrent="8")
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     args.models = args.models.split(",")
     args.types = args.types.split(",")
     args.detail_types = args.detail_types.split(",")
@@ -503,6 +518,11 @@ def main():
                 mc.append((dict(r, kind="cached"), c2))
         plans.append((m, mc))
 
+    if args.list:
+        for c in cells:
+            print("%-5s %-5s %-45s t%d" % (c["model"], c["type"], c["row"], c["threads"]))
+        print("%d cells" % len(cells))
+        return
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "command": command, "machine": {"cpu": _cpu(), "cores": os.cpu_count(),
                                                "platform": platform.platform()},
@@ -514,54 +534,73 @@ def main():
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 
     workdir = tempfile.mkdtemp(prefix="kvc-bench-")
+    # Phases: the repetitions of the ordinary rows, then the rows measured once (long contexts:
+    # filling the context is most of their time), so that every repetition costs the same and
+    # the budget can stop between them.
+    phases = [(rep, False) for rep in range(args.reps)] + [(0, True)]
     rep_times = []
-    for rep in range(args.reps):
+    deadline = start + 60 * (args.deadline_min or args.budget_min + 10)
+    results["skipped"] = []
+    for rep, once in phases:
         t_rep = time.time()
         elapsed = (t_rep - start) / 60
-        if rep and elapsed + rep_times[-1] / 60 > args.budget_min:
-            log("budget: %.1f min used, a repetition takes %.1f: stopping after %d" %
-                (elapsed, rep_times[-1] / 60, rep))
-            break
+        if not once and rep and elapsed + rep_times[-1] / 60 > args.budget_min:
+            log("budget: %.1f min used, a repetition takes %.1f: no repetition %d" %
+                (elapsed, rep_times[-1] / 60, rep + 1))
+            continue
         for m, mc in plans:
+            todo = [(i, r, c) for i, (r, c) in enumerate(mc) if bool(r.get("max_reps")) == once]
+            if not todo:
+                continue
             ll = Llama(m["path"])
-            if rep == 0:
-                results.setdefault("llama_info", ll.job({"threads": 1, "mode": "info"}))
+            if "llama_info" not in results:
+                results["llama_info"] = ll.job({"threads": 1, "mode": "info"})
             try:
-                for i, (r, c) in enumerate(mc):
-                    if r.get("max_reps") and rep >= r["max_reps"]:
+                for i, r, c in todo:
+                    if time.time() > deadline:
+                        results["skipped"].append("%s %s %s t%d rep %d" % (
+                            m["model"], m["type"], c["row"], r["threads"], rep + 1))
                         continue
-                    llama_first = (rep + i) % 2 == 0
-                    for side in (("llama", "kvcache") if llama_first else ("kvcache", "llama")):
-                        la = os.getloadavg()[0]
-                        if side == "llama":
-                            if r["kind"] in ("nocache", "cached"):
-                                continue
-                            if r["kind"] == "shared_copy":
-                                raw, v = llama_shared_copy(ll, r, fa)
-                            else:
-                                raw, v = llama_measure(ll, r, fa)
-                        else:
-                            if r["kind"] == "shared_copy" or not kv_ok:
-                                continue
-                            kind = "tg" if r["kind"] == "cached" else r["kind"]
-                            raw, v = kvcache_run(kvrun, m["path"], dict(r, kind=kind), workdir,
-                                                 args.timeout, no_cache=r["kind"] == "nocache")
-                        raw = dict(raw or {}, rep=rep, loadavg=la)
-                        c[side].append(v)
-                        c[side + "_runs"].append(raw)
-                        log("%s %s %-28s t%d %-7s %s%s" % (
-                            m["model"], m["type"], r["row"], r["threads"], side, fmt(v),
-                            ("  (" + raw["error"][:200] + ")") if raw.get("error") else ""))
-                    _agreement(c)
+                    measure(m, r, c, rep, i, ll, fa, kvrun, kv_ok, workdir, args.timeout)
             finally:
                 ll.close()
-        rep_times.append(time.time() - t_rep)
-        results["reps_done"] = rep + 1
-        _write(out, results, bw, command)
+            _write(out, results, bw, command)
+        if not once:
+            rep_times.append(time.time() - t_rep)
+            results["reps_done"] = rep + 1
+    if results["skipped"]:
+        log("past the deadline, not measured:", "; ".join(results["skipped"]))
     results["wall_min"] = (time.time() - start) / 60
     md = _write(out, results, bw, command)
     print(md)
     log("wrote %s.json and %s.md" % (out, out))
+
+
+def measure(m, r, c, rep, i, ll, fa, kvrun, kv_ok, workdir, timeout):
+    """One repetition of one cell: both sides, the first one alternating."""
+    llama_first = (rep + i) % 2 == 0
+    for side in (("llama", "kvcache") if llama_first else ("kvcache", "llama")):
+        la = os.getloadavg()[0]
+        if side == "llama":
+            if r["kind"] in ("nocache", "cached"):
+                continue
+            if r["kind"] == "shared_copy":
+                raw, v = llama_shared_copy(ll, r, fa)
+            else:
+                raw, v = llama_measure(ll, r, fa)
+        else:
+            if r["kind"] == "shared_copy" or not kv_ok:
+                continue
+            kind = "tg" if r["kind"] == "cached" else r["kind"]
+            raw, v = kvcache_run(kvrun, m["path"], dict(r, kind=kind), workdir, timeout,
+                                 no_cache=r["kind"] == "nocache")
+        raw = dict(raw or {}, rep=rep, loadavg=la)
+        c[side].append(v)
+        c[side + "_runs"].append(raw)
+        log("%s %s %-28s t%d %-7s %s%s" % (
+            m["model"], m["type"], c["row"], r["threads"], side, fmt(v),
+            ("  (" + raw["error"][:200] + ")") if raw.get("error") else ""))
+    _agreement(c)
 
 
 def _agreement(c):
