@@ -237,7 +237,8 @@ def kvcache_available(kvcache):
     except OSError as e:
         return False, str(e)
     if r.returncode != 0:
-        return False, (r.stderr or r.stdout).strip().splitlines()[-1:] or ["exit %d" % r.returncode]
+        last = (r.stderr or r.stdout).strip().splitlines()[-1:]
+        return False, last[0] if last else "exit %d" % r.returncode
     return True, None
 
 
@@ -286,6 +287,10 @@ def kvcache_run(kvcache, model, row, workdir, timeout, no_cache=False):
     if not reqs:
         r["error"] = "no request objects in the --json output"
         return r, None
+    short = [q.get("completion_tokens") for q in reqs
+             if (q.get("completion_tokens") or 0) < row["n"]]
+    if short:  # stopped early (an end-of-sequence token): fewer tokens timed than asked
+        r["short"] = short
     if k == "pp":
         v = (summary or {}).get("prefill_tokens_per_s")
         if v is None and reqs[0].get("ttft_ms"):
@@ -378,8 +383,12 @@ def table(results, bw, command):
         pct = "%.0f%%" % (100 * kv / b) if (kv and b) else ("n/a" if b else "")
         no_llama = c["kind"] in ("nocache", "cached")
         llcol = "-" if no_llama else fmt(ll)
+        short = any(r.get("short") for r in c["kvcache_runs"])
+        c["kvcache_median"], c["llama_median"], c["ratio"] = kv, ll, ratio
+        c["kvcache_pct_of_bound"] = 100 * kv / b if (kv and b) else None
+        c["llama_pct_of_bound"] = 100 * ll / b if (ll and b) else None
         lines.append("| %s | %s | %s%s | %d | %s | %s | %s | %s | %s |" % (
-            c["model"], c["type"], row, unit, c["threads"], fmt(kv), llcol,
+            c["model"], c["type"], row, unit, c["threads"], fmt(kv) + ("*" if short else ""), llcol,
             ("%.2fx" % ratio) if ratio else ("-" if no_llama else "n/a"),
             fmt(b) if b else "", pct if b else "", ))
     bws = ", ".join("%d thread%s %.1f GB/s" % (t, "s" if t > 1 else "", v / 1e9)
@@ -390,19 +399,28 @@ def table(results, bw, command):
         "llama.cpp time / kvcache time), so above 1.00x kvcache is faster.  Medians of %s "
         "alternating runs (the JSON has every run).  Bound: the weight-streaming bound, read "
         "bandwidth / (weight bytes + 16-bit KV bytes read per generated token); read bandwidth "
-        "(bench_bw): %s." % (results["reps_done"], bws),
+        "(bench_bw, the higher of its runs at the start and the end): %s." % (results["reps_done"], bws),
         "",
         "Load average (1 min) while measuring: %s; the machine's other work shares its cores, "
         "which hurts the 2-thread rows most." % _load_range(results),
         "",
         "Reproduce: `%s`" % command,
     ]
+    agreed = ["%s %s %s t%d: %d/%d" % (c["model"], c["type"], c["row"], c["threads"],
+                                        c["greedy_ids_agree"], c["greedy_ids_of"])
+              for c in results["cells"] if "greedy_ids_agree" in c]
+    if agreed:
+        notes[-1:-1] = ["Greedy output ids, kvcache against llama.cpp on the same tokens (leading "
+                        "ids that agree / generated): %s." % "; ".join(agreed), ""]
+    if any(r.get("short") for c in results["cells"] for r in c["kvcache_runs"]):
+        notes[-1:-1] = ["\\* kvcache stopped some requests early (an end-of-sequence token), so "
+                        "fewer tokens were timed than asked (the JSON has the counts).", ""]
     if results.get("skipped"):
-        notes[-2:-2] = ["Not measured (past --deadline-min): %s." % "; ".join(results["skipped"]),
+        notes[-1:-1] = ["Not measured (past --deadline-min): %s." % "; ".join(results["skipped"]),
                         ""]
     if not results.get("kvcache_available"):
-        notes[-2:-2] = ["kvcache's side: n/a (`kvcache run` is not available: %s)." %
-                        " ".join(results.get("kvcache_error") or []), ""]
+        notes[-1:-1] = ["kvcache's side: n/a (`kvcache run` is not available: %s)." %
+                        results.get("kvcache_error"), ""]
     return head + "\n".join(lines) + "\n" + "\n".join(notes) + "\n"
 
 
@@ -570,6 +588,17 @@ def main():
             results["reps_done"] = rep + 1
     if results["skipped"]:
         log("past the deadline, not measured:", "; ".join(results["skipped"]))
+    # the bandwidth again: other work on the machine lowers a measurement, never raises it, so
+    # the bounds use the higher of the two
+    bw2 = bandwidth(os.path.join(args.build_dir, "bench_bw"), args.quick)
+    bw["end"] = bw2
+    bw["by_threads"] = {t: max(v, bw2["by_threads"].get(t, 0)) for t, v in bw["by_threads"].items()}
+    for m, mc in plans:
+        for r, c in mc:
+            c["bound"], c["bound_weights_only"] = bound(r, m["info"],
+                                                         bw["by_threads"].get(r["threads"]))
+    log("read bandwidth at the end:",
+        {t: "%.1f GB/s" % (v / 1e9) for t, v in bw2["by_threads"].items()})
     results["wall_min"] = (time.time() - start) / 60
     md = _write(out, results, bw, command)
     print(md)
