@@ -222,6 +222,15 @@ def llama_measure(ll, row, fa):
     return None, None
 
 
+def llama_decode_only(ll, row, fa):
+    """llama.cpp's batched decode of the same shape with no sampling (llama-bench's tg): what
+    its side would reach if node-llama-cpp's per-token sampling round trip cost nothing."""
+    prompts = row["prompts"] if "prompts" in row else [row["ids"]]
+    r = ll.job({"threads": row["threads"], "flash_attention": fa, "mode": "agg_decode",
+                "prompts": prompts, "n": row["n"]})
+    return r, r.get("decode_tok_s")
+
+
 def llama_shared_copy(ll, row, fa):
     r = ll.job({"threads": row["threads"], "flash_attention": fa, "mode": "shared",
                 "prompts": row["prompts"], "n": row["n"], "share": True})
@@ -365,8 +374,9 @@ def agree(a, b):
 
 
 def table(results, bw, command):
-    head = ("| model | type | row | threads | kvcache | llama.cpp | ratio | bound | % of bound |\n"
-            "|---|---|---|---:|---:|---:|---:|---:|---:|\n")
+    head = ("| model | type | row | threads | kvcache | llama.cpp | ratio | bound | % of bound "
+            "| llama.cpp decode only |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
     lines = []
     for c in results["cells"]:
         row = c["row"]
@@ -387,10 +397,12 @@ def table(results, bw, command):
         c["kvcache_median"], c["llama_median"], c["ratio"] = kv, ll, ratio
         c["kvcache_pct_of_bound"] = 100 * kv / b if (kv and b) else None
         c["llama_pct_of_bound"] = 100 * ll / b if (ll and b) else None
-        lines.append("| %s | %s | %s%s | %d | %s | %s | %s | %s | %s |" % (
+        do = median(c["decode_only"]) if c.get("decode_only") else None
+        c["llama_decode_only_median"] = do
+        lines.append("| %s | %s | %s%s | %d | %s | %s | %s | %s | %s | %s |" % (
             c["model"], c["type"], row, unit, c["threads"], fmt(kv) + ("*" if short else ""), llcol,
             ("%.2fx" % ratio) if ratio else ("-" if no_llama else "n/a"),
-            fmt(b) if b else "", pct if b else "", ))
+            fmt(b) if b else "", pct if b else "", fmt(do) if do else ""))
     bws = ", ".join("%d thread%s %.1f GB/s" % (t, "s" if t > 1 else "", v / 1e9)
                     for t, v in sorted(bw["by_threads"].items()))
     notes = [
@@ -403,6 +415,12 @@ def table(results, bw, command):
         "",
         "Load average (1 min) while measuring: %s; the machine's other work shares its cores, "
         "which hurts the 2-thread rows most." % _load_range(results),
+        "",
+        "llama.cpp decode only (%s rows): llama.cpp's batched decode of the same shape with no "
+        "sampling, as llama-bench times it; node-llama-cpp samples each token through an async "
+        "round trip (a thread hop each way), which the llama.cpp column includes, as kvcache's "
+        "includes its sampling." % "/".join(sorted(set(c["type"] for c in results["cells"]
+                                                       if c.get("decode_only") is not None)) or "no"),
         "",
         "Reproduce: `%s`" % command,
     ]
@@ -522,6 +540,8 @@ def main():
             c = {"model": m["model"], "type": m["type"], "row": r["row"], "kind": r["kind"],
                  "threads": r["threads"], "bound": b, "bound_weights_only": bw_only,
                  "kvcache": [], "llama": [], "kvcache_runs": [], "llama_runs": []}
+            if r["kind"] in ("tg", "agg") and m["type"] in args.detail_types:
+                c["decode_only"], c["decode_only_runs"] = [], []
             cells.append(c)
             mc.append((r, c))
             if r["kind"] == "shared":
@@ -617,6 +637,10 @@ def measure(m, r, c, rep, i, ll, fa, kvrun, kv_ok, workdir, timeout):
                 raw, v = llama_shared_copy(ll, r, fa)
             else:
                 raw, v = llama_measure(ll, r, fa)
+            if c.get("decode_only") is not None:
+                raw2, v2 = llama_decode_only(ll, r, fa)
+                c["decode_only"].append(v2)
+                c["decode_only_runs"].append(dict(raw2, rep=rep))
         else:
             if r["kind"] == "shared_copy" or not kv_ok:
                 continue

@@ -12,6 +12,8 @@
 //   ctx     same as tg; the prompt fills the context to the length under test
 //   agg     {"prompts": [[...], ...], "n": N}     N tokens for every prompt, all sequences at once
 //                                                 (one context, `sequences: P`, batched per step)
+//   agg_decode  as agg, but no sampling: each step feeds every sequence one given id (the
+//                                                 decode rate agg would reach at no sampling cost)
 //   shared  {"prompts": [...], "n": N, "share": false|true}
 //                                                 wall time for all; share: the common prompt is
 //                                                 evaluated once in sequence 0 and its state copied
@@ -88,6 +90,20 @@ async function runJob(job) {
             result = {prompt_tokens: job.ids.length, completion_tokens: out.length,
                       ttft_s: at[0] - t0,
                       tpot_s: tp, tok_s: tp ? 1 / tp : null, output_ids: out};
+        } else if (job.mode === "agg_decode") {
+            // llama.cpp's batched decode without sampling: each step feeds every sequence the
+            // next of its given ids; what agg would reach if sampling and JS cost nothing.
+            const P = job.prompts.length;
+            const longest = Math.max(...job.prompts.map((p) => p.length));
+            ctx = await makeContext(P, longest + job.n + 16, job.batch_size ?? 512);
+            const seqs = Array.from({length: P}, () => ctx.getSequence());
+            await Promise.all(seqs.map((s, i) => s.evaluateWithoutGeneratingNewTokens(job.prompts[i])));
+            const t0 = now();
+            for (let step = 0; step < job.n; step++)
+                await Promise.all(seqs.map((s, i) =>
+                    s.evaluateWithoutGeneratingNewTokens([job.prompts[i][(step % (job.prompts[i].length - 1)) + 1]])));
+            const s = now() - t0;
+            result = {sequences: P, steps: job.n, seconds: s, decode_tok_s: P * job.n / s};
         } else if (job.mode === "agg" || job.mode === "shared") {
             const P = job.prompts.length;
             const longest = Math.max(...job.prompts.map((p) => p.length));
