@@ -11,6 +11,7 @@ PACKAGES=(
   libxxhash-dev                         # block hashes (XXH3-128)
   libcjson-dev                          # JSON input and output
   libssl-dev                            # SHA-256 of tenant cache salts (libcrypto)
+  libpcre2-dev                          # BPE pre-tokenizer regexes (8-bit, UTF + UCP, JIT)
 )
 
 missing=()

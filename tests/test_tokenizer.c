@@ -12,6 +12,7 @@
 
 #include "kvcache/gguf.h"
 #include "kvcache/tokenizer.h"
+#include "model/tokenizer_int.h" /* kvc__bpe_pieces: the pre-tokenizer alone */
 
 /* ---- data files ----------------------------------------------------------------------- */
 
@@ -206,6 +207,17 @@ static void phi3_vectors_tokenize_and_round_trip(void **state)
     check_vectors("phi-3");
 }
 
+/* The byte-level BPE vocabularies, one per pre-tokenizer family that has vectors here. */
+static const char *const BPE_VOCABS[] = {"gpt-2", "deepseek-coder", "deepseek-llm", "falcon",
+                                         "mpt",   "refact",         "starcoder"};
+#define N_BPE_VOCABS (sizeof BPE_VOCABS / sizeof BPE_VOCABS[0])
+
+static void bpe_vectors_tokenize_and_round_trip(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < N_BPE_VOCABS; i++) check_vectors(BPE_VOCABS[i]);
+}
+
 /* Stream ids[0..n) through s pushing one id at a time; returns the bytes written to out.
  * Every chunk must be valid UTF-8. */
 static size_t stream_all(kvc_tokenizer_stream_t *s, const kvc_tokenizer_t *t,
@@ -234,9 +246,9 @@ static size_t stream_all(kvc_tokenizer_stream_t *s, const kvc_tokenizer_t *t,
 static void stream_matches_decode_at_every_split(void **state)
 {
     (void)state;
-    const char *names[] = {"llama-spm", "phi-3"};
+    const char *names[] = {"llama-spm", "phi-3", "gpt-2", "deepseek-llm"};
     size_t n_splits = 0;
-    for (size_t vi = 0; vi < 2; vi++) {
+    for (size_t vi = 0; vi < KVC_ARRAY_LEN(names); vi++) {
         vocab_t *v = vocab_load(names[vi]);
         const unsigned flag_sets[] = {0, KVC_TOK_REMOVE_SPECIAL,
                                       KVC_TOK_REMOVE_SPECIAL | KVC_TOK_UNPARSE_SPECIAL};
@@ -1050,10 +1062,10 @@ static void bad_metadata_is_refused_with_a_message(void **state)
     kv_u32(&w, "tokenizer.ggml.add_bos_token", 1);
     expect_refused(&w, KVC_EPARSE, "tokenizer.ggml.add_bos_token is not a bool");
 
-    /* a BPE vocabulary: not supported yet, named */
-    v.model = "gpt2";
+    /* another tokenizer model (WordPiece): not supported, named */
+    v.model = "bert";
     w = tiny_gguf(&v, NULL, 0, 0);
-    expect_refused(&w, KVC_ENOTSUP, "'gpt2'");
+    expect_refused(&w, KVC_ENOTSUP, "'bert'");
     v.model = "bpe\nx"; /* named, but kept on one line */
     w = tiny_gguf(&v, NULL, 0, 0);
     expect_refused(&w, KVC_ENOTSUP, "'bpe?x'");
@@ -1165,11 +1177,561 @@ static void allocation_failures_are_clean(void **state)
     vocab_free(v);
 }
 
+/* ---- byte-level BPE: tiny vocabularies, the pre-tokenizers, bad metadata ----------------------
+ */
+
+static bool gpt2_self(unsigned c)
+{
+    return (c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE;
+}
+
+/* GPT-2's byte-to-unicode map, written out again for the tests: a printable Latin-1 byte is
+ * its own character, the other 68 bytes are U+0100.. in byte order. */
+static void gpt2_byte_char(unsigned b, char out[3])
+{
+    unsigned cp = b;
+    if (!gpt2_self(b)) {
+        cp = 256;
+        for (unsigned c = 0; c < b; c++) cp += !gpt2_self(c);
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = '\0';
+    } else {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        out[2] = '\0';
+    }
+}
+
+/* A tiny BPE vocabulary: ids 0..255 are the bytes' characters (id = byte), 256 is a control
+ * token <|eot|>, then whatever the test adds. */
+typedef struct {
+    char bytes[256][3];
+    const char *tokens[TINY_MAX];
+    int32_t types[TINY_MAX];
+    size_t n;
+    const char *merges[64];
+    size_t n_merges;
+    const char *pre; /* NULL: no tokenizer.ggml.pre key */
+} bpe_tiny_t;
+
+static kvc_token_t bpe_add(bpe_tiny_t *v, const char *text, int32_t type)
+{
+    assert_true(v->n < TINY_MAX);
+    v->tokens[v->n] = text;
+    v->types[v->n] = type;
+    return (kvc_token_t)v->n++;
+}
+
+static void bpe_tiny_init(bpe_tiny_t *v, const char *pre)
+{
+    memset(v, 0, sizeof *v);
+    v->pre = pre;
+    for (unsigned b = 0; b < 256; b++) {
+        gpt2_byte_char(b, v->bytes[b]);
+        bpe_add(v, v->bytes[b], KVC_TOKTYPE_NORMAL);
+    }
+    bpe_add(v, "<|eot|>", KVC_TOKTYPE_CONTROL);
+}
+
+static void bpe_merge(bpe_tiny_t *v, const char *m)
+{
+    assert_true(v->n_merges < 64);
+    v->merges[v->n_merges++] = m;
+}
+
+/* Write v as a GGUF; without_merges leaves tokenizer.ggml.merges out. */
+static gw_t bpe_gguf(const bpe_tiny_t *v, bool without_merges)
+{
+    gw_t w;
+    gw_begin(&w);
+    kv_str(&w, "general.architecture", "gpt2");
+    kv_str(&w, "tokenizer.ggml.model", "gpt2");
+    if (v->pre) kv_str(&w, "tokenizer.ggml.pre", v->pre);
+    kv_arr_str(&w, "tokenizer.ggml.tokens", v->tokens, v->n);
+    kv_arr_i32(&w, "tokenizer.ggml.token_type", v->types, v->n);
+    if (!without_merges) kv_arr_str(&w, "tokenizer.ggml.merges", v->merges, v->n_merges);
+    kv_u32(&w, "tokenizer.ggml.bos_token_id", 256);
+    kv_u32(&w, "tokenizer.ggml.eos_token_id", 256);
+    return w;
+}
+
+static kvc_tokenizer_t *bpe_ok(const bpe_tiny_t *v)
+{
+    gw_t w = bpe_gguf(v, false);
+    kvc_tokenizer_t *t = NULL;
+    char err[256];
+    int rc = tiny_create(&w, NULL, &t, err, sizeof err);
+    if (rc) fail_msg("tiny BPE vocabulary: %s", err);
+    free(w.p);
+    return t;
+}
+
+/* text encodes to want[0..n_want) and decodes back to text */
+static void expect_bpe(const kvc_tokenizer_t *t, const char *text, const kvc_token_t *want,
+                       size_t n_want)
+{
+    expect_ids(t, text, want, n_want);
+    char back[256];
+    size_t nb = 0;
+    assert_ok(kvc_tokenizer_decode(t, want, n_want, 0, back, sizeof back, &nb));
+    assert_int_equal(nb, strlen(text));
+    assert_memory_equal(back, text, nb);
+}
+
+static void bpe_merges_follow_rank_then_leftmost(void **state)
+{
+    (void)state;
+    const kvc_token_t a = 'a', b = 'b', c = 'c';
+    bpe_tiny_t v;
+    bpe_tiny_init(&v, "gpt-2");
+    kvc_token_t ab = bpe_add(&v, "ab", 1), bc = bpe_add(&v, "bc", 1);
+    kvc_token_t aa = bpe_add(&v, "aa", 1), aaaa = bpe_add(&v, "aaaa", 1);
+    kvc_token_t sp_a = bpe_add(&v,
+                               "\xC4\xA0"
+                               "a",
+                               1); /* "Ġa": the space is U+0120 */
+    bpe_merge(&v, "b c");          /* rank 0 */
+    bpe_merge(&v, "a b");
+    bpe_merge(&v, "a a");
+    bpe_merge(&v, "aa aa");
+    bpe_merge(&v, "\xC4\xA0 a");
+    kvc_tokenizer_t *t = bpe_ok(&v);
+    assert_string_equal(kvc_tokenizer_model(t), "gpt2");
+    assert_string_equal(kvc_tokenizer_pre(t), "gpt-2");
+    expect_bpe(t, "abc", (kvc_token_t[]){a, bc}, 2); /* "b c" outranks "a b" */
+    expect_bpe(t, "ab", (kvc_token_t[]){ab}, 1);
+    expect_bpe(t, "aaa", (kvc_token_t[]){aa, a}, 2); /* equal ranks: leftmost first */
+    expect_bpe(t, "aaaaa", (kvc_token_t[]){aaaa, a}, 2);
+    expect_bpe(t, "a a", (kvc_token_t[]){a, sp_a}, 2);     /* the byte map: ' ' is "Ġ" */
+    expect_bpe(t, "\n\t", (kvc_token_t[]){'\n', '\t'}, 2); /* controls are their own ids */
+    kvc_tokenizer_destroy(t);
+
+    /* the same vocabulary with "a b" first: now the left pair wins */
+    v.merges[0] = "a b";
+    v.merges[1] = "b c";
+    t = bpe_ok(&v);
+    expect_bpe(t, "abc", (kvc_token_t[]){ab, c}, 2);
+    kvc_tokenizer_destroy(t);
+
+    /* a byte whose character is not in the vocabulary is dropped (llama.cpp and Hugging Face
+     * do the same; Falcon's vocabulary lacks some control bytes) */
+    v.tokens[1] = "<unused1>";
+    v.types[1] = KVC_TOKTYPE_UNUSED;
+    t = bpe_ok(&v);
+    expect_ids(t,
+               "a\x01"
+               "b",
+               (kvc_token_t[]){a, b}, 2);
+    kvc_tokenizer_destroy(t);
+    (void)b;
+}
+
+/* Llama 3 (pre "llama-bpe") takes a word that is a token whole, merges or not. */
+static void bpe_llama3_takes_a_word_that_is_a_token_whole(void **state)
+{
+    (void)state;
+    bpe_tiny_t v;
+    bpe_tiny_init(&v, "llama-bpe");
+    kvc_token_t ab = bpe_add(&v, "ab", 1); /* no merge makes it */
+    kvc_tokenizer_t *t = bpe_ok(&v);
+    expect_bpe(t, "ab", (kvc_token_t[]){ab}, 1);
+    expect_bpe(t, "abab", (kvc_token_t[]){'a', 'b', 'a', 'b'}, 4); /* not a token: bytes */
+    assert_true(kvc_tokenizer_add_bos(t)); /* llama.cpp's default for Llama 3 */
+    kvc_tokenizer_destroy(t);
+    v.pre = "gpt-2";
+    t = bpe_ok(&v);
+    expect_bpe(t, "ab", (kvc_token_t[]){'a', 'b'}, 2);
+    assert_false(kvc_tokenizer_add_bos(t));
+    kvc_tokenizer_destroy(t);
+}
+
+typedef struct {
+    char buf[1024];
+    size_t n_buf;
+    const char *pieces[32];
+    size_t len[32], n;
+} pieces_t;
+
+static void collect_piece(const char *s, size_t n, void *ctx)
+{
+    pieces_t *p = ctx;
+    assert_true(p->n < 32 && p->n_buf + n < sizeof p->buf);
+    memcpy(p->buf + p->n_buf, s, n);
+    p->pieces[p->n] = p->buf + p->n_buf;
+    p->len[p->n++] = n;
+    p->n_buf += n;
+}
+
+/* The pieces of text under t's pre-tokenizer are exactly want[] (a NULL-terminated list). */
+static void expect_pieces(const kvc_tokenizer_t *t, const char *text, const char *const *want)
+{
+    pieces_t p;
+    memset(&p, 0, sizeof p);
+    assert_ok(kvc__bpe_pieces(t, text, strlen(text), collect_piece, &p));
+    size_t n_want = 0;
+    while (want[n_want]) n_want++;
+    bool same = p.n == n_want;
+    for (size_t i = 0; same && i < n_want; i++)
+        same = p.len[i] == strlen(want[i]) && !memcmp(p.pieces[i], want[i], p.len[i]);
+    if (!same) {
+        print_message("%s: '%s' split as", kvc_tokenizer_pre(t), text);
+        for (size_t i = 0; i < p.n; i++) print_message(" [%.*s]", (int)p.len[i], p.pieces[i]);
+        print_message("\n");
+        fail();
+    }
+}
+
+#define PIECES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* Each pre-tokenizer's regexes split as llama.cpp's do.  Llama 3 and Qwen 2 have no vectors
+ * here (their vocabularies are too big to keep), so their splits are checked piece by piece
+ * on strings worked out by hand from the regexes in tokenizer_bpe.c; the others are covered by
+ * the vectors as well, and appear here where they differ from GPT-2's. */
+static void bpe_pre_tokenizers_split_as_their_regexes_say(void **state)
+{
+    (void)state;
+    bpe_tiny_t v;
+    bpe_tiny_init(&v, "llama-bpe");
+    kvc_tokenizer_t *t = bpe_ok(&v);
+    /* contractions in any case split off; a letter run keeps one leading non-letter */
+    expect_pieces(t, "I'm can't WE'LL", PIECES("I", "'m", " can", "'t", " WE", "'LL"));
+    expect_pieces(t, "$hello\tworld", PIECES("$hello", "\tworld"));
+    /* digits in groups of at most three, never with a space */
+    expect_pieces(t, "12345678", PIECES("123", "456", "78"));
+    expect_pieces(t, "x 1234", PIECES("x", " ", "123", "4"));
+    /* CJK is letters; emoji and punctuation are one symbol run with one optional space */
+    expect_pieces(t, "\xE4\xBD\xA0\xE5\xA5\xBD\xE4\xB8\x96\xE7\x95\x8C ok",
+                  PIECES("\xE4\xBD\xA0\xE5\xA5\xBD\xE4\xB8\x96\xE7\x95\x8C", " ok"));
+    expect_pieces(t, "hi \xF0\x9F\x99\x82\xF0\x9F\x99\x82!",
+                  PIECES("hi", " \xF0\x9F\x99\x82\xF0\x9F\x99\x82!"));
+    /* whitespace: a run gives its last space to the next word; newlines go together, with
+     * the spaces before them, or after the symbols before them */
+    expect_pieces(t, "a   b", PIECES("a", "  ", " b"));
+    expect_pieces(t, "a\n\nb", PIECES("a", "\n\n", "b"));
+    expect_pieces(t, "a \n b", PIECES("a", " \n", " b"));
+    expect_pieces(t, "!!!\n\nx", PIECES("!!!\n\n", "x"));
+    expect_pieces(t, "a  ", PIECES("a", "  "));
+    kvc_tokenizer_destroy(t);
+
+    v.pre = "qwen2"; /* Llama 3's rules with one digit per piece */
+    t = bpe_ok(&v);
+    expect_pieces(t, "12345", PIECES("1", "2", "3", "4", "5"));
+    expect_pieces(t, "I'm WE'LL 42", PIECES("I", "'m", " WE", "'LL", " ", "4", "2"));
+    expect_pieces(t, "\xE4\xBD\xA0\xE5\xA5\xBD ok", PIECES("\xE4\xBD\xA0\xE5\xA5\xBD", " ok"));
+    expect_pieces(t, "a   b\n\n", PIECES("a", "  ", " b", "\n\n"));
+    kvc_tokenizer_destroy(t);
+
+    v.pre = "gpt-2"; /* digits in one run, contractions lower case only, a lone newline apart */
+    t = bpe_ok(&v);
+    expect_pieces(t, "12345 I'M", PIECES("12345", " I", "'", "M"));
+    expect_pieces(t, "a   b", PIECES("a", "  ", " b"));
+    expect_pieces(t, "a\n\nb", PIECES("a", "\n", "\n", "b")); /* the second: unmatched text */
+    kvc_tokenizer_destroy(t);
+
+    v.pre = "deepseek-coder"; /* newlines, letters, punctuation, CJK, single digits, in turn */
+    t = bpe_ok(&v);
+    expect_pieces(t, "ab 12\n", PIECES("ab", " ", "1", "2", "\n"));
+    kvc_tokenizer_destroy(t);
+
+    /* deepseek-llm: cased letters, then a symbol class whose ASCII range :-~ also spans the
+     * ASCII letters, so it splits the letter runs again (every regex re-splits every piece,
+     * matched or not, as llama.cpp and Hugging Face's Sequence of Splits do): "Ünïcode"
+     * becomes Ü|n|ï|code; then CJK runs */
+    v.pre = "deepseek-llm";
+    t = bpe_ok(&v);
+    expect_pieces(t,
+                  "\xC3\x9Cn\xC3\xAF"
+                  "code \xE4\xBD\xA0\xE5\xA5\xBD",
+                  PIECES("\xC3\x9C", "n", "\xC3\xAF", "code", " ", "\xE4\xBD\xA0\xE5\xA5\xBD"));
+    expect_pieces(t, "x = 12345", PIECES("x", " =", " ", "12345"));
+    kvc_tokenizer_destroy(t);
+
+    v.pre = "falcon"; /* punctuation runs first, then GPT-2's, then digits in threes */
+    t = bpe_ok(&v);
+    expect_pieces(t, "x=1234567", PIECES("x", "=", "123", "456", "7"));
+    kvc_tokenizer_destroy(t);
+
+    v.pre = "starcoder"; /* every digit alone */
+    t = bpe_ok(&v);
+    expect_pieces(t, "x12 y", PIECES("x", "1", "2", " y"));
+    kvc_tokenizer_destroy(t);
+
+    v.pre = NULL; /* no pre key: llama.cpp's default list */
+    t = bpe_ok(&v);
+    assert_string_equal(kvc_tokenizer_pre(t), "default");
+    expect_pieces(t, "x=1234567", PIECES("x", "=", "123", "456", "7"));
+    kvc_tokenizer_destroy(t);
+}
+
+/* Real vocabularies: special tokens, add_bos / add_eos from the metadata, invalid UTF-8. */
+static void bpe_special_tokens_and_flags(void **state)
+{
+    (void)state;
+    vocab_t *v = vocab_load("gpt-2");
+    const kvc_tokenizer_t *t = v->t;
+    assert_string_equal(kvc_tokenizer_model(t), "gpt2");
+    assert_string_equal(kvc_tokenizer_pre(t), "gpt-2");
+    assert_int_equal(kvc_tokenizer_bos(t), 50256);
+    assert_int_equal(kvc_tokenizer_eos(t), 50256);
+    assert_int_equal(kvc_tokenizer_unk(t), KVC_TOKEN_NONE);
+    assert_false(kvc_tokenizer_add_bos(t)); /* no key: BPE's default */
+    assert_false(kvc_tokenizer_add_space_prefix(t));
+    kvc_token_t ids[64];
+    size_t n = 0;
+    const char *txt = "Hi<|endoftext|> there";
+    assert_ok(kvc_tokenizer_encode(t, txt, strlen(txt), KVC_TOK_PARSE_SPECIAL, ids, 64, &n));
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[1], 50256);
+    char out[256];
+    size_t nb = 0;
+    assert_ok(kvc_tokenizer_decode(t, ids, n, 0, out, sizeof out, &nb));
+    assert_string_equal(out, "Hi there"); /* a control token decodes to nothing */
+    assert_ok(kvc_tokenizer_decode(t, ids, n, KVC_TOK_UNPARSE_SPECIAL, out, sizeof out, &nb));
+    assert_string_equal(out, txt);
+    /* without parse_special the control token's text is plain text */
+    assert_ok(kvc_tokenizer_encode(t, txt, strlen(txt), 0, ids, 64, &n));
+    assert_true(n > 3);
+    for (size_t i = 0; i < n; i++) assert_int_not_equal(ids[i], 50256);
+    assert_ok(kvc_tokenizer_decode(t, ids, n, 0, out, sizeof out, &nb));
+    assert_string_equal(out, txt);
+    /* ADD_SPECIAL adds nothing here; ADD_BOS and ADD_EOS do */
+    assert_ok(kvc_tokenizer_encode(t, "Hi", 2, KVC_TOK_ADD_SPECIAL, ids, 64, &n));
+    assert_int_equal(n, 1);
+    assert_ok(kvc_tokenizer_encode(t, "Hi", 2, KVC_TOK_ADD_BOS | KVC_TOK_ADD_EOS, ids, 64, &n));
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[0], 50256);
+    assert_int_equal(ids[2], 50256);
+    /* invalid UTF-8 is read as llama.cpp reads it: each bad byte a U+FFFD */
+    assert_ok(kvc_tokenizer_encode(t,
+                                   "a\xFF"
+                                   "b\xC3",
+                                   4, 0, ids, 64, &n));
+    assert_ok(kvc_tokenizer_decode(t, ids, n, 0, out, sizeof out, &nb));
+    assert_string_equal(out, "a\xEF\xBF\xBD"
+                             "b\xEF\xBF\xBD");
+    /* the documented bound: 3 ids per byte at most (every byte a U+FFFD of 3 byte tokens) */
+    char bad[64];
+    memset(bad, 0xFF, sizeof bad);
+    kvc_token_t many[3 * 64 + 5];
+    assert_ok(kvc_tokenizer_encode(t, bad, sizeof bad, KVC_TOK_ADD_BOS | KVC_TOK_ADD_EOS, many,
+                                   KVC_ARRAY_LEN(many), &n));
+    assert_true(n <= 3 * sizeof bad + 5);
+    vocab_free(v);
+
+    /* DeepSeek's GGUFs say add_bos: ADD_SPECIAL prepends their BOS; user-defined tokens match
+     * without parse_special and decode as their text */
+    v = vocab_load("deepseek-coder");
+    t = v->t;
+    assert_true(kvc_tokenizer_add_bos(t));
+    assert_ok(kvc_tokenizer_encode(t, "x", 1, KVC_TOK_ADD_SPECIAL, ids, 64, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 32013);
+    kvc_token_t ud = KVC_TOKEN_NONE;
+    for (kvc_token_t id = 0; id < (kvc_token_t)kvc_tokenizer_n_vocab(t) && ud < 0; id++)
+        if (kvc_tokenizer_token_type(t, id) == KVC_TOKTYPE_USER_DEFINED &&
+            strlen(kvc_tokenizer_token_text(t, id)) > 2)
+            ud = id;
+    assert_true(ud >= 0);
+    char with[128];
+    snprintf(with, sizeof with, "a%sb", kvc_tokenizer_token_text(t, ud));
+    assert_ok(kvc_tokenizer_encode(t, with, strlen(with), 0, ids, 64, &n));
+    bool found = false;
+    for (size_t i = 0; i < n; i++) found |= ids[i] == ud;
+    assert_true(found);
+    assert_ok(kvc_tokenizer_decode(t, ids, n, 0, out, sizeof out, &nb));
+    assert_string_equal(out, with);
+    vocab_free(v);
+
+    /* the SentencePiece tokenizer has no pre-tokenizer */
+    v = vocab_load("llama-spm");
+    assert_string_equal(kvc_tokenizer_model(v->t), "llama");
+    assert_null(kvc_tokenizer_pre(v->t));
+    vocab_free(v);
+}
+
+/* Byte-level BPE splits characters across tokens: the stream holds their bytes until they
+ * complete, so every chunk is valid UTF-8 and the chunks join to the one-shot decode. */
+static void bpe_stream_holds_characters_split_across_tokens(void **state)
+{
+    (void)state;
+    vocab_t *v = vocab_load("gpt-2");
+    const char *txt = "\xF0\x9F\x99\x82 \xE4\xBD\xA0\xE5\xA5\xBD \xC5\xB8 \xE2\x82\xAC!";
+    kvc_token_t ids[64];
+    size_t n = 0;
+    assert_ok(kvc_tokenizer_encode(v->t, txt, strlen(txt), 0, ids, 64, &n));
+    size_t n_partial = 0;
+    for (size_t i = 0; i < n; i++) {
+        char one[64];
+        size_t nb = 0;
+        assert_ok(kvc_tokenizer_decode(v->t, &ids[i], 1, 0, one, sizeof one, &nb));
+        n_partial += !utf8_ok(one, nb);
+    }
+    assert_true(n_partial >= 2); /* the test would prove nothing otherwise */
+    kvc_tokenizer_stream_t *s = NULL;
+    assert_ok(kvc_tokenizer_stream_create(v->t, 0, &s));
+    char all[256];
+    size_t na = stream_all(s, v->t, ids, n, all, sizeof all); /* checks every chunk */
+    assert_int_equal(na, strlen(txt));
+    assert_memory_equal(all, txt, na);
+    kvc_tokenizer_stream_destroy(s);
+    vocab_free(v);
+}
+
+/* Random valid UTF-8 (ASCII, Latin, CJK, emoji, whitespace runs) round-trips through every
+ * BPE vocabulary that has a token for every byte. */
+static void bpe_random_text_round_trips(void **state)
+{
+    (void)state;
+    static const char *const alphabet[] = {"a",
+                                           "Z",
+                                           "7",
+                                           " ",
+                                           "  ",
+                                           "\n",
+                                           "\t",
+                                           "'",
+                                           "'s",
+                                           "!",
+                                           ".",
+                                           "\xC3\xA9",
+                                           "\xC5\xB8",
+                                           "\xE4\xBD\xA0",
+                                           "\xEC\x95\x88",
+                                           "\xF0\x9F\x99\x82",
+                                           "\xE2\x80\x99",
+                                           "\xE3\x80\x80",
+                                           "\xC2\xA0",
+                                           "1234",
+                                           "_",
+                                           "\r\n"};
+    const char *names[] = {"gpt-2", "deepseek-coder", "deepseek-llm", "starcoder"};
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 12);
+    size_t n_ok = 0;
+    for (size_t vi = 0; vi < KVC_ARRAY_LEN(names); vi++) {
+        vocab_t *v = vocab_load(names[vi]);
+        for (int iter = 0; iter < 300; iter++) {
+            char text[512];
+            size_t len = 0, k = kvc_rng_below(&rng, 40);
+            for (size_t i = 0; i < k; i++) {
+                const char *p = alphabet[kvc_rng_below(&rng, KVC_ARRAY_LEN(alphabet))];
+                memcpy(text + len, p, strlen(p));
+                len += strlen(p);
+            }
+            kvc_token_t ids[512];
+            size_t n = 0, nb = 0;
+            assert_ok(kvc_tokenizer_encode(v->t, text, len, 0, ids, 512, &n));
+            assert_true(n <= len);
+            char back[1024];
+            assert_ok(kvc_tokenizer_decode(v->t, ids, n, 0, back, sizeof back, &nb));
+            if (nb != len || memcmp(back, text, len))
+                fail_msg("%s: '%.*s' decodes to '%s'", names[vi], (int)len, text, back);
+            n_ok++;
+        }
+        vocab_free(v);
+    }
+    print_message("%zu random texts round-tripped\n", n_ok);
+}
+
+static void expect_bpe_refused(const bpe_tiny_t *v, gw_t w, int want, const char *needle)
+{
+    (void)v;
+    expect_refused(&w, want, needle);
+}
+
+static void bpe_bad_metadata_is_refused_with_a_message(void **state)
+{
+    (void)state;
+    bpe_tiny_t v;
+    bpe_tiny_init(&v, "gpt-2");
+    bpe_add(&v, "ab", 1);
+    bpe_merge(&v, "a b");
+    expect_bpe_refused(&v, bpe_gguf(&v, true), KVC_EPARSE, "tokenizer.ggml.merges is missing");
+    gw_t w = bpe_gguf(&v, true);
+    kv_arr_i32(&w, "tokenizer.ggml.merges", v.types, 3);
+    expect_refused(&w, KVC_EPARSE, "tokenizer.ggml.merges is not an array of strings");
+
+    v.merges[0] = "ab";
+    expect_bpe_refused(&v, bpe_gguf(&v, false), KVC_EPARSE,
+                       "merges[0] 'ab' is not two tokens with a space");
+    v.merges[0] = "a ";
+    expect_bpe_refused(&v, bpe_gguf(&v, false), KVC_EPARSE, "merges[0] 'a ' is not two tokens");
+    v.merges[0] = "q\xE2\x82\xAC b"; /* q€ is not a token */
+    expect_bpe_refused(&v, bpe_gguf(&v, false), KVC_EPARSE, "(its left part)");
+    v.merges[0] = "a zz";
+    expect_bpe_refused(&v, bpe_gguf(&v, false), KVC_EPARSE, "merges[0] 'a zz' names a text");
+    v.merges[0] = "b a"; /* "ba" is not a token */
+    expect_bpe_refused(&v, bpe_gguf(&v, false), KVC_EPARSE, "(the two joined)");
+    v.merges[0] = "a b";
+
+    v.pre = "nonesuch\n"; /* named, on one line */
+    expect_bpe_refused(&v, bpe_gguf(&v, false), KVC_ENOTSUP,
+                       "tokenizer.ggml.pre 'nonesuch?' is not a supported pre-tokenizer");
+    v.pre = NULL;
+    w = bpe_gguf(&v, false);
+    kv_u32(&w, "tokenizer.ggml.pre", 2);
+    expect_refused(&w, KVC_EPARSE, "tokenizer.ggml.pre is not a string");
+
+    /* and the well-formed one loads */
+    v.pre = "gpt-2";
+    kvc_tokenizer_destroy(bpe_ok(&v));
+}
+
+/* BPE creation and encode under every allocation failing in turn. */
+static void bpe_allocation_failures_are_clean(void **state)
+{
+    (void)state;
+    const char *pres[] = {"llama-bpe", "deepseek-llm"};
+    for (size_t pi = 0; pi < 2; pi++) {
+        bpe_tiny_t v;
+        bpe_tiny_init(&v, pres[pi]);
+        bpe_add(&v, "ab", 1);
+        bpe_merge(&v, "a b");
+        gw_t w = bpe_gguf(&v, false);
+        uint64_t n_fail_points = 0;
+        for (uint64_t k = 1;; k++) {
+            kvc_failing_alloc_t fs = {.fail_at = k};
+            kvc_allocator_t a = kvc_failing_allocator(&fs);
+            kvc_tokenizer_t *t = NULL;
+            char err[256];
+            int rc = tiny_create(&w, &a, &t, err, sizeof err);
+            if (rc == 0) {
+                kvc_token_t ids[16];
+                size_t n = 0;
+                assert_int_equal(fs.n_failed, 0);
+                /* the workspace, the regex match data (and, without JIT, the interpreter's
+                 * backtracking frames) */
+                for (uint64_t j = 1;; j++) {
+                    fs.fail_at = fs.n_allocs + j;
+                    rc = kvc_tokenizer_encode(t, "ab cd", 5, 0, ids, 16, &n);
+                    if (rc == 0) break;
+                    assert_int_equal(rc, KVC_ENOMEM);
+                    assert_true(j <= 3);
+                }
+                assert_int_equal(n, 4); /* ab, then " cd" as its three bytes */
+                kvc_tokenizer_destroy(t);
+                assert_int_equal(fs.n_live, 0);
+                break;
+            }
+            assert_int_equal(rc, KVC_ENOMEM);
+            assert_null(t);
+            assert_int_equal(fs.n_live, 0);
+            assert_non_null(strstr(err, "out of memory"));
+            n_fail_points++;
+        }
+        assert_true(n_fail_points >= 10);
+        free(w.p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(llama_spm_vectors_tokenize_and_round_trip),
         cmocka_unit_test(phi3_vectors_tokenize_and_round_trip),
+        cmocka_unit_test(bpe_vectors_tokenize_and_round_trip),
         cmocka_unit_test(stream_matches_decode_at_every_split),
         cmocka_unit_test(stream_repairs_invalid_utf8),
         cmocka_unit_test(lead_bytes_before_spaces_make_more_symbols_than_bytes),
@@ -1180,6 +1742,14 @@ int main(void)
         cmocka_unit_test(merges_follow_score_then_leftmost),
         cmocka_unit_test(bad_metadata_is_refused_with_a_message),
         cmocka_unit_test(allocation_failures_are_clean),
+        cmocka_unit_test(bpe_merges_follow_rank_then_leftmost),
+        cmocka_unit_test(bpe_llama3_takes_a_word_that_is_a_token_whole),
+        cmocka_unit_test(bpe_pre_tokenizers_split_as_their_regexes_say),
+        cmocka_unit_test(bpe_special_tokens_and_flags),
+        cmocka_unit_test(bpe_stream_holds_characters_split_across_tokens),
+        cmocka_unit_test(bpe_random_text_round_trips),
+        cmocka_unit_test(bpe_bad_metadata_is_refused_with_a_message),
+        cmocka_unit_test(bpe_allocation_failures_are_clean),
     };
     if (getenv("KVC_TEST_FILTER")) cmocka_set_test_filter(getenv("KVC_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

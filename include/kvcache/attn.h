@@ -129,6 +129,10 @@ typedef struct {
                                    per item means more items to share among threads */
     kvc_attn_compute_t compute;
     kvc_isa_t isa; /* KVC_ISA_AUTO or a forced one */
+    bool batch_invariant; /* every query row computed on its own, in one fixed order (one row
+                             per tile), so a row's output is bit-identical whatever other rows,
+                             sequences or item split the call has (DESIGN.md invariant 10);
+                             false lets tiles share K/V loads across rows */
 } kvc_attn_params_t;
 
 /* n_q_heads 1, sm_scale 0 (1/sqrt(d)), full attention, no capping, packed,

@@ -148,6 +148,12 @@ KVC_API KVC_NODISCARD int kvc_gguf_open(const char *path, const kvc_allocator_t 
 KVC_API KVC_NODISCARD int kvc_gguf_open_memory(const void *data, size_t bytes,
                                                const kvc_allocator_t *a, kvc_gguf_t **out,
                                                char *err, size_t cap);
+/* The same over a buffer the kvc_gguf_t takes: `data` was allocated with kvc_alloc(a, ...)
+ * (as kvc_gguf_writer_write_memory's buffer is) and is freed through `a` by
+ * kvc_gguf_close.  On failure the caller still owns it.  Errors as kvc_gguf_open_memory. */
+KVC_API KVC_NODISCARD int kvc_gguf_open_memory_owned(void *data, size_t bytes,
+                                                     const kvc_allocator_t *a, kvc_gguf_t **out,
+                                                     char *err, size_t cap);
 /* Unmap and free; NULL is a no-op. */
 KVC_API void kvc_gguf_close(kvc_gguf_t *g);
 
@@ -242,6 +248,14 @@ typedef int (*kvc_gguf_fill_fn)(void *ctx, uint64_t i, void *dst, uint64_t bytes
 KVC_API KVC_NODISCARD int kvc_gguf_writer_write(kvc_gguf_writer_t *w, const char *path,
                                                 kvc_gguf_fill_fn fill, void *ctx, char *err,
                                                 size_t cap);
+/* The same file into memory: *out gets a buffer of *bytes bytes allocated with the
+ * writer's allocator (free it with kvc_free through that allocator, or hand it to
+ * kvc_gguf_open_memory_owned).  The whole file is allocated at once and the tensors are
+ * filled in place.  Errors as kvc_gguf_writer_write (KVC_EIO cannot occur); on failure
+ * *out and *bytes are untouched. */
+KVC_API KVC_NODISCARD int kvc_gguf_writer_write_memory(kvc_gguf_writer_t *w, kvc_gguf_fill_fn fill,
+                                                       void *ctx, void **out, size_t *bytes,
+                                                       char *err, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -21,5 +21,9 @@
 #include "kvcache/gguf.h"
 #include "kvcache/model.h"
 #include "kvcache/tokenizer.h"
+#include "kvcache/matmul.h"
+#include "kvcache/engine.h"
+#include "kvcache/chat.h"
+#include "kvcache/llama2c.h"
 
 #endif /* KVCACHE_KVCACHE_H */

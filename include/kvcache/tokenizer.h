@@ -1,11 +1,12 @@
 /* kvcache/tokenizer.h - text to token ids and back (the model layer's tokenizers).
  *
  * A kvc_tokenizer_t is built from a GGUF file's `tokenizer.ggml.*` metadata
- * and copies everything it needs, so the GGUF may be closed afterwards.  This
- * version implements the SentencePiece-style tokenizer (`tokenizer.ggml.model`
- * = "llama": scores, byte fallback, the leading-space rule) with the
- * behaviour of llama.cpp's SPM tokenizer, which is what its test vectors
- * (Hugging Face / sentencepiece ids) are checked against:
+ * and copies everything it needs, so the GGUF may be closed afterwards.  Two
+ * models, each with the behaviour of llama.cpp's tokenizer for it, which is
+ * what its test vectors (Hugging Face / sentencepiece ids) are checked against.
+ *
+ * SentencePiece-style (`tokenizer.ggml.model` = "llama": scores, byte
+ * fallback, the leading-space rule):
  *
  *   encode: the text is split at special tokens (user-defined tokens always;
  *   control and unknown tokens too with KVC_TOK_PARSE_SPECIAL), longest text
@@ -24,8 +25,31 @@
  *   dropped and the space is then kept, and a BOS decoded as a token
  *   consumes the rule, since the rule applies to the first token only).
  *
- * Any other tokenizer model (e.g. "gpt2", byte-level BPE) is refused with
- * KVC_ENOTSUP for now.
+ * Byte-level BPE (`tokenizer.ggml.model` = "gpt2": merges, GPT-2's byte map,
+ * a pre-tokenizer chosen by `tokenizer.ggml.pre`):
+ *
+ *   encode: the same special-token partition; each plain fragment is read as
+ *   UTF-8 (a byte that starts no valid sequence, or an unfinished sequence,
+ *   becomes U+FFFD, as in llama.cpp; so do surrogates and values past
+ *   U+10FFFF), split into words by the pre-tokenizer's regexes in turn (each
+ *   regex splits every piece the previous left, the text between its matches
+ *   being pieces too), and each word's bytes, as their GPT-2 characters, are
+ *   merged by the rank of tokenizer.ggml.merges (lowest first, ties leftmost).
+ *   Pre-tokenizers (with llama.cpp's aliases): default (no key), gpt-2 (also
+ *   mpt, phi-2, olmo, jais), llama-bpe (llama3, llama-v3, falcon3: a word that
+ *   is a token is taken whole), dbrx, smaug-bpe, qwen2 (deepseek-r1-qwen,
+ *   stablelm2, megrez), deepseek-llm, deepseek-coder, falcon, starcoder
+ *   (refact, command-r, smollm, codeshell, exaone).  A byte whose character
+ *   the vocabulary lacks is dropped, as llama.cpp and Hugging Face do.
+ *
+ *   decode: normal tokens through the byte map back to bytes (a character
+ *   outside the map as its UTF-8), user-defined tokens verbatim, control and
+ *   unknown tokens as nothing (their text with KVC_TOK_UNPARSE_SPECIAL), other
+ *   types as nothing.  No leading-space rule, and no clean-up of spaces before
+ *   punctuation (Hugging Face's clean_up_tokenization_spaces), so any valid
+ *   UTF-8 text whose bytes all have tokens decodes back to itself.
+ *
+ * Any other tokenizer model is refused with KVC_ENOTSUP.
  *
  * Errors: functions returning int return 0 or a negative KVC_E* code, listed
  * at each function.  Ownership: the caller owns what _create returns and
@@ -89,21 +113,29 @@ KVC_API kvc_tokenizer_params_t kvc_tokenizer_params_default(void);
 
 /* Build a tokenizer from g's tokenizer.ggml.* metadata (g is only borrowed
  * during the call; params may be NULL for the defaults).  Read:
- * tokenizer.ggml.model (required), tokens (required, 1 to 2^24 of them, valid UTF-8
+ * tokenizer.ggml.model (required: "llama" or "gpt2"), tokens (required, 1 to 2^24 of them,
+ * valid UTF-8
  * without NUL, at most 65535 bytes each; a duplicate text resolves to its
  * last id, as in llama.cpp), scores (float32, default 0) and token_type
  * (integers 0..6, default normal; a byte token's text must be `<0xXX>`),
  * both with exactly one entry per token; bos_token_id, eos_token_id,
- * unknown_token_id, padding_token_id (default 1, 2, 0 and none, a default
- * that is not a valid id meaning none; a negative stored value, or -1 stored unsigned
- * as 0xFFFFFFFF or UINT64_MAX, means none);
- * add_bos_token (default true), add_eos_token (false), add_space_prefix
- * (true).  Errors (with a one-line message in err): KVC_ENOENT (no
- * tokenizer.ggml.model), KVC_ENOTSUP (a model other than "llama"; the
- * message names it), KVC_EPARSE (any other missing, mistyped, mismatched or
- * out-of-range field, or a byte with neither a byte token nor an unknown
- * token to fall back on; the message names the key and the value),
- * KVC_EINVAL (NULL g or out), KVC_ENOMEM.  *out is untouched on failure. */
+ * unknown_token_id, padding_token_id (default 1, 2, 0 and none; for "gpt2"
+ * 11, 11, none and none, llama.cpp's defaults; a default that is not a valid
+ * id meaning none; a negative stored value, or -1 stored unsigned as
+ * 0xFFFFFFFF or UINT64_MAX, means none); add_bos_token (default true; for
+ * "gpt2" false, except true for the llama-bpe pre-tokenizer), add_eos_token
+ * (false), add_space_prefix (true; always false for "gpt2").  For "gpt2"
+ * also: pre (a string, default "default") and merges (required: strings
+ * "LEFT RIGHT", split at the first space after the first byte, where LEFT,
+ * RIGHT and LEFT+RIGHT are all tokens; a repeated pair keeps its first
+ * rank).  Errors (with a one-line message in err): KVC_ENOENT (no
+ * tokenizer.ggml.model), KVC_ENOTSUP (a model other than "llama" and
+ * "gpt2", or an unknown pre-tokenizer; the message names it), KVC_EPARSE (any
+ * other missing, mistyped, mismatched or out-of-range field, a malformed
+ * merge or one naming a text that is not a token, or, for "llama", a byte
+ * with neither a byte token nor an unknown token to fall back on; the
+ * message names the key and the value), KVC_EINVAL (NULL g or out),
+ * KVC_ENOMEM.  *out is untouched on failure. */
 KVC_API KVC_NODISCARD int kvc_tokenizer_create_gguf(const kvc_gguf_t *g,
                                                     const kvc_tokenizer_params_t *params,
                                                     kvc_tokenizer_t **out, char *err, size_t cap);
@@ -118,10 +150,13 @@ KVC_API kvc_token_t kvc_tokenizer_pad(const kvc_tokenizer_t *t);
 KVC_API bool kvc_tokenizer_add_bos(const kvc_tokenizer_t *t);
 KVC_API bool kvc_tokenizer_add_eos(const kvc_tokenizer_t *t);
 KVC_API bool kvc_tokenizer_add_space_prefix(const kvc_tokenizer_t *t);
-/* "llama" (the tokenizer model). */
+/* The tokenizer model: "llama" (SentencePiece-style) or "gpt2" (byte-level BPE). */
 KVC_API const char *kvc_tokenizer_model(const kvc_tokenizer_t *t);
+/* The BPE pre-tokenizer's name as tokenizer.ggml.pre spells it ("default" where the GGUF has
+ * none), or NULL for a SentencePiece tokenizer. */
+KVC_API const char *kvc_tokenizer_pre(const kvc_tokenizer_t *t);
 /* Token id's text as stored in the vocabulary (NUL-terminated, "▁" not
- * replaced), or NULL for an id out of range. */
+ * replaced, BPE's byte characters not mapped back), or NULL for an id out of range. */
 KVC_API const char *kvc_tokenizer_token_text(const kvc_tokenizer_t *t, kvc_token_t id);
 /* Token id's score (0 out of range) and type (KVC_TOKTYPE_UNDEFINED out of range). */
 KVC_API float kvc_tokenizer_token_score(const kvc_tokenizer_t *t, kvc_token_t id);
@@ -137,15 +172,18 @@ KVC_API size_t kvc_tokenizer_max_piece_bytes(const kvc_tokenizer_t *t);
  * UTF-8; NULL with len 0 is the empty text) with flags KVC_TOK_ADD_BOS,
  * _ADD_EOS, _ADD_SPECIAL, _PARSE_SPECIAL.  The ids go to out[0..cap) and
  * their count to *n_out; there are never more than 3 * len + 5 (a cap of
- * that always suffices).  Invalid UTF-8 is tokenized as llama.cpp does (a
- * lead byte takes the bytes after it into its character, whatever they are),
- * so it may not decode back to the same bytes.  Memory: one workspace
- * allocation per call, about 100 bytes per input byte, nothing per token.
- * Errors: KVC_ERANGE when cap is too small (*n_out is then the count needed;
- * out's contents are unspecified), KVC_ENOENT when BOS or EOS is asked for
- * and the vocabulary has none, KVC_EINVAL (NULL t or n_out, NULL text with
- * len > 0, NULL out with cap > 0, unknown flags, len over 64 MiB),
- * KVC_ENOMEM (the workspace). */
+ * that always suffices).  Invalid UTF-8 is tokenized as llama.cpp does
+ * (SentencePiece: a lead byte takes the bytes after it into its character,
+ * whatever they are; BPE: see above), so it may not decode back to the same
+ * bytes.  Memory: one workspace allocation per call, about 100 bytes per
+ * input byte (BPE: about 120, up to 3 times that for invalid UTF-8, plus the
+ * regex engine's match data, and its backtracking frames where PCRE2 has no
+ * JIT), nothing per token.  Errors: KVC_ERANGE when cap is too small (*n_out
+ * is then the count needed; out's contents are unspecified), KVC_ENOENT when
+ * BOS or EOS is asked for and the vocabulary has none, KVC_EINVAL (NULL t or
+ * n_out, NULL text with len > 0, NULL out with cap > 0, unknown flags, len
+ * over 64 MiB), KVC_ENOMEM (the workspace, or the regex engine out of memory
+ * or past its match limits). */
 KVC_API KVC_NODISCARD int kvc_tokenizer_encode(const kvc_tokenizer_t *t, const char *text,
                                                size_t len, unsigned flags, kvc_token_t *out,
                                                size_t cap, size_t *n_out);

@@ -371,6 +371,7 @@ int kvc_attn_forward(const kvc_attn_params_t *p, const kvc_kv_view_t *kv,
     if (ws_bytes < kvc__attn_ws_bytes(d, d)) return KVC_EINVAL;
     kvc__attn_cfg_t cfg = {.kv = kv, .dk = d, .dv = d, .softcap = p->softcap > 0 ? p->softcap : 0};
     cfg.sm_scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)d);
+    cfg.invariant = p->batch_invariant;
     item_fn fn;
     if ((rc = choose_kernel(p, kv, d, d, &cfg, &fn))) return rc;
     plan_t pl = make_plan(p->n_q_heads, kv->shape.n_kv_heads, p->per_head, p->kv_heads_per_item);
@@ -601,6 +602,7 @@ int kvc_attn_mla(const kvc_attn_params_t *p, const kvc_mla_dims_t *dims, const k
         .kv = kv, .dk = dk, .dv = dv, .softcap = p->softcap > 0 ? p->softcap : 0};
     cfg.sm_scale =
         p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)(dims->nope_dim + dims->rope_dim));
+    cfg.invariant = p->batch_invariant;
     item_fn fn;
     if ((rc = choose_kernel(p, kv, dk, dv, &cfg, &fn))) return rc;
     plan_t pl = make_plan(dims->n_heads, 1, p->per_head, 0);

@@ -494,7 +494,7 @@ void kvc__attn_item_avx2(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it,
     const uint32_t tt = kvc__tile_tokens(cfg->dk) / 2;
     job_t j = {.cfg = cfg, .it = it, .w = carve(ws, cfg->dk, cfg->dv, tt)};
     j.rt = 1;
-    while (j.rt < it->rows_per_head && j.rt < GT) j.rt *= 2;
+    while (!cfg->invariant && j.rt < it->rows_per_head && j.rt < GT) j.rt *= 2;
     j.tph = (it->rows_per_head + j.rt - 1) / j.rt;
     j.n_tiles = it->n_heads * j.tph;
     j.nc = cfg->dk * j.rt / GT;
@@ -504,13 +504,16 @@ void kvc__attn_item_avx2(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it,
         _mm256_store_ps(j.w.lv + 8 * t, _mm256_setzero_ps());
     }
     memset(j.w.o, 0, sizeof(float) * j.n_tiles * j.rt * cfg->dv);
-    /* key tiles outside, heads inside, the next tile prefetched meanwhile */
-    for (int64_t tb = it->lo_min & ~(int64_t)(GT - 1); tb <= it->hi_max; tb += tt) {
+    /* key tiles outside, heads inside, the next tile prefetched meanwhile; tiles end at
+     * multiples of tt (absolute positions: a row's softmax steps never depend on the other
+     * rows), the first one starting at the group of the earliest key */
+    for (int64_t tb = it->lo_min & ~(int64_t)(GT - 1), te; tb <= it->hi_max; tb = te) {
+        te = (tb / tt + 1) * tt;
         uint32_t ngn = 0;
-        for (int64_t t0 = tb + tt; t0 < tb + 2 * tt && t0 <= it->hi_max; t0 += GT) ngn++;
-        kvc__pf_plan(&j.pf, it, cfg->kv, tb + tt, tt, GT, it->n_heads * (ngn ? ngn : 1) * j.nc);
+        for (int64_t t0 = te; t0 < te + tt && t0 <= it->hi_max; t0 += GT) ngn++;
+        kvc__pf_plan(&j.pf, it, cfg->kv, te, tt, GT, it->n_heads * (ngn ? ngn : 1) * j.nc);
         for (uint32_t h = 0; h < it->n_heads; h++) {
-            uint32_t ng = build_groups(&j, it->kv_head + h, tb, tt);
+            uint32_t ng = build_groups(&j, it->kv_head + h, tb, (uint32_t)(te - tb));
             for (uint32_t t = h * j.tph; t < (h + 1) * j.tph; t++) row_tile_any(&j, t, j.w.grp, ng);
         }
     }

@@ -999,7 +999,7 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
     const uint32_t tt = it->rows_per_head <= 8 ? GT : kvc__tile_tokens(cfg->dk);
     job_t j = {.cfg = cfg, .it = it, .w = carve(ws, cfg->dk, cfg->dv, tt)};
     j.rt = 1;
-    while (j.rt < it->rows_per_head && j.rt < GT) j.rt *= 2;
+    while (!cfg->invariant && j.rt < it->rows_per_head && j.rt < GT) j.rt *= 2;
     j.tph = (it->rows_per_head + j.rt - 1) / j.rt;
     j.n_tiles = it->n_heads * j.tph;
     j.nc = (cfg->bf16 ? cfg->dk / 2 : cfg->dk) * j.rt / GT;
@@ -1032,10 +1032,12 @@ void kvc__attn_item_avx512(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *i
     memset(j.w.o, 0, sizeof(float) * j.n_tiles * j.rt * cfg->dv);
     /* key tiles outside, heads inside: each tile's blocks are read head after
      * head, and the next tile's are prefetched in address order meanwhile */
-    for (int64_t tb = it->lo_min & ~(int64_t)(GT - 1); tb <= it->hi_max; tb += tt) {
-        plan_prefetch(&j, tb + tt, tt);
+    /* (tiles end at multiples of tt, absolute positions: see attn_avx2.c) */
+    for (int64_t tb = it->lo_min & ~(int64_t)(GT - 1), te; tb <= it->hi_max; tb = te) {
+        te = (tb / tt + 1) * tt;
+        plan_prefetch(&j, te, tt);
         for (uint32_t h = 0; h < it->n_heads; h++) {
-            uint32_t ng = build_groups(&j, it->kv_head + h, tb, tt);
+            uint32_t ng = build_groups(&j, it->kv_head + h, tb, (uint32_t)(te - tb));
             for (uint32_t t = h * j.tph; t < (h + 1) * j.tph; t++) row_tile_any(&j, t, j.w.grp, ng);
         }
     }

@@ -176,6 +176,7 @@ typedef struct {
     float sm_scale;
     float softcap; /* 0: off */
     bool bf16;     /* the AVX-512 BF16 dot-product path */
+    bool invariant; /* one query row per tile (kvc_attn_params_t.batch_invariant) */
 } kvc__attn_cfg_t;
 
 /* Rows of one item: the query rows of n_heads consecutive KV heads (head

@@ -55,8 +55,10 @@ static void item_one_head(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
-    for (int64_t t0 = it->lo_min; t0 <= it->hi_max; t0 += tt) {
-        uint32_t n = (uint32_t)KVC_MIN((int64_t)tt, it->hi_max - t0 + 1);
+    /* key tiles end at multiples of tt (absolute positions), so that which keys share a
+     * tile, and so a row's online-softmax steps, never depend on the other rows */
+    for (int64_t t0 = it->lo_min; t0 <= it->hi_max; t0 = (t0 / tt + 1) * tt) {
+        uint32_t n = (uint32_t)KVC_MIN((t0 / tt + 1) * tt - t0, it->hi_max - t0 + 1);
         for (uint32_t j = 0; j < n; j++) {
             int64_t pos = t0 + j;
             uint32_t blk = it->blocks[pos / bs], off = (uint32_t)(pos % bs);

@@ -12,6 +12,7 @@ int kvc_cmd_explain(int argc, char **argv);
 int kvc_cmd_sim(int argc, char **argv);
 int kvc_cmd_plan(int argc, char **argv);
 int kvc_cmd_model(int argc, char **argv);
+int kvc_cmd_run(int argc, char **argv);
 
 /* ---- what every subcommand shares (args.c) ---- */
 /* Print "kvcache <cmd>: <message>" on one line to stderr (cmd NULL: "kvcache: <message>");

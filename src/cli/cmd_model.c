@@ -15,12 +15,21 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvcache model info FILE.gguf [--tensors]\n\n"
+    fprintf(f, "usage: kvcache model info FILE.gguf [--tensors]\n"
+               "       kvcache model info FILE.bin [--tokenizer TOKENIZER.bin] [--tensors]\n"
+               "       kvcache model convert IN.gguf -o OUT.bin [--tokenizer-out TOKENIZER.bin]\n"
+               "       kvcache model synth --vocab VOCAB.gguf -o OUT.gguf [options]\n\n"
                "What a GGUF model file holds: its format, the model's hyperparameters (read from\n"
                "the metadata alone), its tokenizer, its tensors by type and size, and the KV\n"
                "bytes per token `kvcache plan` computes for it.  Every count, length, offset\n"
                "and shape in the file is checked against the file before use.\n\n"
-               "  --tensors    also list every tensor: name, type, shape, bytes\n\n"
+               "  --tensors    also list every tensor: name, type, shape, bytes\n"
+               "  --tokenizer TOKENIZER.bin\n"
+               "               a llama2.c checkpoint's tokenizer (FILE.bin is read as a llama2.c\n"
+               "               checkpoint, the legacy layout, and shown as the GGUF it becomes)\n\n"
+               "convert writes a llama GGUF (any weight type, dequantized to f32) as a llama2.c\n"
+               "checkpoint in the legacy layout (a negative vocab size when output.weight is\n"
+               "not the embedding), and its vocabulary as a llama2.c tokenizer.bin.\n\n"
                "synth writes a random-weight model (weights uniform in +-1/sqrt(fan-in) from\n"
                "--seed, norms 1) with llama.cpp's tensor names, its tokenizer copied from\n"
                "VOCAB.gguf; defaults: llama, dim 512, 8 layers, 8 heads, 4 KV heads, FFN 1536,\n"
@@ -149,11 +158,21 @@ static void print_kv(const kvc_model_hparams_t *h)
            bf16, fp8, h->n_layers, h->n_kv_heads, h->head_dim, h->ctx, full);
 }
 
-static int info(const char *path, bool each)
+static bool is_llama2c(const char *path)
+{
+    size_t n = strlen(path);
+    return n >= 4 && !strcmp(path + n - 4, ".bin");
+}
+
+static int info(const char *path, const char *tokenizer, bool each)
 {
     char err[512];
     kvc_gguf_t *g;
-    int rc = kvc_gguf_open(path, NULL, &g, err, sizeof err);
+    const bool bin = is_llama2c(path);
+    if (tokenizer && !bin)
+        return kvc_cli_error(CMD, "--tokenizer: only for a llama2.c checkpoint (FILE.bin)");
+    int rc = bin ? kvc_llama2c_open(path, tokenizer, NULL, &g, err, sizeof err)
+                 : kvc_gguf_open(path, NULL, &g, err, sizeof err);
     if (rc) return kvc_cli_error(CMD, "%s: %s", path, err);
     kvc_model_hparams_t h;
     rc = kvc_model_hparams_from_gguf(g, &h, err, sizeof err);
@@ -163,8 +182,14 @@ static int info(const char *path, bool each)
     }
     char hb[32];
     kvc__fmt_iec(hb, sizeof hb, (double)kvc_gguf_file_bytes(g));
-    printf("file         GGUF v%u, %s, %" PRIu64 " keys, %" PRIu64 " tensors, alignment %u\n",
-           kvc_gguf_version(g), hb, kvc_gguf_n_kv(g), kvc_gguf_n_tensors(g), kvc_gguf_alignment(g));
+    if (bin)
+        printf("file         llama2.c checkpoint, read as GGUF v%u, %s, %" PRIu64 " keys, %" PRIu64
+               " tensors\n",
+               kvc_gguf_version(g), hb, kvc_gguf_n_kv(g), kvc_gguf_n_tensors(g));
+    else
+        printf("file         GGUF v%u, %s, %" PRIu64 " keys, %" PRIu64 " tensors, alignment %u\n",
+               kvc_gguf_version(g), hb, kvc_gguf_n_kv(g), kvc_gguf_n_tensors(g),
+               kvc_gguf_alignment(g));
     print_hparams(&h);
     print_tokenizer(g);
     print_tensors(g, each);
@@ -292,10 +317,49 @@ static int synth(int argc, char **argv)
     return 0;
 }
 
+static int convert(int argc, char **argv)
+{
+    enum { O_TOK_OUT = 256 };
+    static const struct option opts[] = {{"tokenizer-out", required_argument, NULL, O_TOK_OUT},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {0}};
+    const char *out = NULL, *tok = NULL;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+        if (c == 'o') {
+            out = optarg;
+        } else if (c == O_TOK_OUT) {
+            tok = optarg;
+        } else if (c == 'h') {
+            usage(stdout);
+            return 0;
+        } else {
+            return kvc_cli_error(CMD,
+                                 "unknown or incomplete option '%s' (try 'kvcache model --help')",
+                                 argv[optind - 1]);
+        }
+    }
+    if (optind + 1 != argc)
+        return kvc_cli_error(CMD, "convert: give exactly one IN.gguf (try 'kvcache model --help')");
+    if (!out) return kvc_cli_error(CMD, "convert: -o OUT.bin is required");
+    const char *in = argv[optind];
+    char err[512];
+    kvc_gguf_t *g;
+    int rc = kvc_gguf_open(in, NULL, &g, err, sizeof err);
+    if (rc) return kvc_cli_error(CMD, "%s: %s", in, err);
+    rc = kvc_llama2c_write(g, out, tok, err, sizeof err);
+    kvc_gguf_close(g);
+    if (rc) return kvc_cli_error(CMD, "convert %s: %s", in, err);
+    return 0;
+}
+
 int kvc_cmd_model(int argc, char **argv)
 {
     if (argc < 2) {
-        kvc_cli_error(CMD, "give a subcommand: info or synth (try 'kvcache model --help')");
+        kvc_cli_error(CMD,
+                      "give a subcommand: info, convert or synth (try 'kvcache model --help')");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -303,17 +367,23 @@ int kvc_cmd_model(int argc, char **argv)
         return 0;
     }
     if (!strcmp(argv[1], "synth")) return synth(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "convert")) return convert(argc - 1, argv + 1);
     if (strcmp(argv[1], "info"))
         return kvc_cli_error(CMD, "unknown subcommand '%s' (try 'kvcache model --help')", argv[1]);
-    static const struct option opts[] = {
-        {"tensors", no_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'}, {0}};
+    static const struct option opts[] = {{"tensors", no_argument, NULL, 't'},
+                                         {"tokenizer", required_argument, NULL, 'k'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {0}};
     bool each = false;
+    const char *tokenizer = NULL;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc - 1, argv + 1, "h", opts, NULL)) != -1) {
         if (c == 't') {
             each = true;
+        } else if (c == 'k') {
+            tokenizer = optarg;
         } else if (c == 'h') {
             usage(stdout);
             return 0;
@@ -324,5 +394,5 @@ int kvc_cmd_model(int argc, char **argv)
     }
     if (optind + 1 != argc - 1)
         return kvc_cli_error(CMD, "give exactly one FILE.gguf (try 'kvcache model --help')");
-    return info(argv[optind + 1], each);
+    return info(argv[optind + 1], tokenizer, each);
 }

@@ -14,6 +14,7 @@ static const struct {
     {"plan", kvc_cmd_plan, "size a deployment's KV cache and startup memory, with the derivation"},
     {"sim", kvc_cmd_sim,
      "simulate the scheduler and block manager in virtual time on a trace or a synthetic workload"},
+    {"run", kvc_cmd_run, "generate text with the CPU engine on the paged cache"},
     {"model", kvc_cmd_model, "what a GGUF model file holds: hyperparameters, tokenizer, tensors"},
 };
 

@@ -41,6 +41,7 @@ struct kvc_gguf {
     const uint8_t *base;
     uint64_t size;
     bool mapped;
+    bool owned; /* base came from kvc_gguf_open_memory_owned: freed through a at close */
     uint32_t version, alignment;
     uint64_t data_offset;
     uint64_t n_kv, n_tensors;
@@ -463,6 +464,14 @@ int kvc_gguf_open_memory(const void *data, size_t bytes, const kvc_allocator_t *
     return open_common(a, data, bytes, false, out, err, cap);
 }
 
+int kvc_gguf_open_memory_owned(void *data, size_t bytes, const kvc_allocator_t *a, kvc_gguf_t **out,
+                               char *err, size_t cap)
+{
+    int rc = kvc_gguf_open_memory(data, bytes, a, out, err, cap);
+    if (rc == 0) (*out)->owned = true;
+    return rc;
+}
+
 int kvc_gguf_open(const char *path, const kvc_allocator_t *a, kvc_gguf_t **out, char *err,
                   size_t cap)
 {
@@ -504,6 +513,7 @@ void kvc_gguf_close(kvc_gguf_t *g)
     kvc_free(&g->a, g->kv_sorted);
     kvc_free(&g->a, g->tensor_sorted);
     if (g->mapped) munmap((void *)g->base, (size_t)g->size);
+    if (g->owned) kvc_free(&g->a, (void *)g->base);
     kvc_allocator_t a = g->a;
     kvc_free(&a, g);
 }

@@ -278,19 +278,35 @@ int kvc_gguf_writer_add_tensor(kvc_gguf_writer_t *w, const char *name, uint32_t 
     return 0;
 }
 
-static int pad(FILE *f, uint64_t *pos, uint64_t align)
+/* Where the bytes go: a file, or (f NULL) a buffer allocated once the size is known. */
+typedef struct {
+    FILE *f;
+    uint8_t *mem;
+    uint64_t size, at;
+} sink_t;
+
+static int emit(sink_t *o, const void *d, uint64_t n)
+{
+    if (o->f) return fwrite(d, 1, (size_t)n, o->f) == n ? 0 : KVC_EIO;
+    KVC_ASSERT(o->at + n <= o->size); /* the size was computed from the same layout */
+    if (n) memcpy(o->mem + o->at, d, (size_t)n);
+    o->at += n;
+    return 0;
+}
+
+static int pad(sink_t *o, uint64_t *pos, uint64_t align)
 {
     static const uint8_t zeros[64];
     while (*pos % align) {
         uint64_t n = align - *pos % align;
         if (n > sizeof zeros) n = sizeof zeros;
-        if (fwrite(zeros, 1, (size_t)n, f) != n) return KVC_EIO;
+        if (emit(o, zeros, n)) return KVC_EIO;
         *pos += n;
     }
     return 0;
 }
 
-static int write_all(kvc_gguf_writer_t *w, FILE *f, kvc_gguf_fill_fn fill, void *ctx, char *err,
+static int write_all(kvc_gguf_writer_t *w, sink_t *o, kvc_gguf_fill_fn fill, void *ctx, char *err,
                      size_t cap)
 {
     /* the header, the metadata, the tensor records; offsets from the data section's start */
@@ -310,35 +326,43 @@ static int write_all(kvc_gguf_writer_t *w, FILE *f, kvc_gguf_fill_fn fill, void 
         if (!rc) rc = put_u32(w, t->type);
         if (!rc) rc = put_u64(w, t->offset);
     }
+    if (!rc && !o->f) { /* memory: the whole file's size, then one allocation */
+        uint64_t head = 24 + w->meta_n;
+        head = (head + w->alignment - 1) / w->alignment * w->alignment;
+        const wtensor_t *last = w->n_tensors ? &w->tensors[w->n_tensors - 1] : NULL;
+        o->size = head + (last ? last->offset + last->bytes : 0);
+        o->mem = o->size <= SIZE_MAX ? kvc_alloc(&w->a, (size_t)o->size, 64) : NULL;
+        if (!o->mem) rc = KVC_ENOMEM;
+    }
     uint8_t head[24];
     memcpy(head, "GGUF", 4);
     const uint32_t version = 3;
     memcpy(head + 4, &version, 4);
     memcpy(head + 8, &w->n_tensors, 8);
     memcpy(head + 16, &w->n_kv, 8);
-    if (!rc && (fwrite(head, 1, 24, f) != 24 || fwrite(w->meta, 1, w->meta_n, f) != w->meta_n))
-        rc = KVC_EIO;
+    if (!rc && (emit(o, head, 24) || emit(o, w->meta, w->meta_n))) rc = KVC_EIO;
     uint64_t pos = 24 + w->meta_n; /* header + metadata + tensor records */
     w->meta_n = mark;              /* the records are rebuilt on the next write */
     if (rc) return kvc__msgf(rc, err, cap, "%s", rc == KVC_EIO ? strerror(errno) : "out of memory");
-    if ((rc = pad(f, &pos, w->alignment))) return kvc__msgf(rc, err, cap, "%s", strerror(errno));
-    /* the tensors' bytes, one tensor in memory at a time */
-    uint8_t *buf = biggest ? kvc_alloc(&w->a, (size_t)biggest, 64) : NULL;
-    if (biggest && !buf) return kvc__msgf(KVC_ENOMEM, err, cap, "out of memory");
+    if ((rc = pad(o, &pos, w->alignment))) return kvc__msgf(rc, err, cap, "%s", strerror(errno));
+    /* the tensors' bytes, one tensor in memory at a time (in memory: filled in place) */
+    uint8_t *buf = biggest && o->f ? kvc_alloc(&w->a, (size_t)biggest, 64) : NULL;
+    if (biggest && o->f && !buf) return kvc__msgf(KVC_ENOMEM, err, cap, "out of memory");
     for (uint64_t i = 0; i < w->n_tensors && !rc; i++) {
         const wtensor_t *t = &w->tensors[i];
-        rc = fill ? fill(ctx, i, buf, t->bytes) : (memset(buf, 0, (size_t)t->bytes), 0);
+        uint8_t *dst = o->f ? buf : o->mem + o->at;
+        rc = fill ? fill(ctx, i, dst, t->bytes) : (memset(dst, 0, (size_t)t->bytes), 0);
         if (rc) {
             kvc__msgf(rc, err, cap, "tensor '%s': the fill callback failed: %s", t->name,
                       kvc_strerror(rc));
             break;
         }
-        if (fwrite(buf, 1, (size_t)t->bytes, f) != t->bytes) {
+        if (o->f ? emit(o, buf, t->bytes) : (o->at += t->bytes, 0)) {
             rc = kvc__msgf(KVC_EIO, err, cap, "%s", strerror(errno));
             break;
         }
         pos += t->bytes;
-        if (i + 1 < w->n_tensors && (rc = pad(f, &pos, w->alignment)))
+        if (i + 1 < w->n_tensors && (rc = pad(o, &pos, w->alignment)))
             kvc__msgf(rc, err, cap, "%s", strerror(errno));
     }
     kvc_free(&w->a, buf);
@@ -352,8 +376,26 @@ int kvc_gguf_writer_write(kvc_gguf_writer_t *w, const char *path, kvc_gguf_fill_
     if (!w || !path) return kvc__msgf(KVC_EINVAL, err, cap, "invalid argument");
     FILE *f = fopen(path, "wb");
     if (!f) return kvc__msgf(KVC_EIO, err, cap, "cannot create: %s", strerror(errno));
-    int rc = write_all(w, f, fill, ctx, err, cap);
+    sink_t o = {.f = f};
+    int rc = write_all(w, &o, fill, ctx, err, cap);
     if (fclose(f) != 0 && !rc) rc = kvc__msgf(KVC_EIO, err, cap, "%s", strerror(errno));
     if (rc) unlink(path);
     return rc;
+}
+
+int kvc_gguf_writer_write_memory(kvc_gguf_writer_t *w, kvc_gguf_fill_fn fill, void *ctx, void **out,
+                                 size_t *bytes, char *err, size_t cap)
+{
+    if (err && cap) err[0] = 0;
+    if (!w || !out || !bytes) return kvc__msgf(KVC_EINVAL, err, cap, "invalid argument");
+    sink_t o = {0};
+    int rc = write_all(w, &o, fill, ctx, err, cap);
+    if (rc) {
+        kvc_free(&w->a, o.mem);
+        return rc;
+    }
+    KVC_ASSERT(o.at == o.size);
+    *out = o.mem;
+    *bytes = (size_t)o.size;
+    return 0;
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/tokenizer_int.h"
 #include "util/msg.h"
 
 #define MAX_TOKEN_BYTES  65535u
@@ -27,25 +28,6 @@
 
 /* U+2581 LOWER ONE EIGHTH BLOCK, SentencePiece's visible space. */
 static const char SPM_SPACE[3] = {'\xE2', '\x96', '\x81'};
-
-struct kvc_tokenizer {
-    kvc_allocator_t alloc;
-    uint32_t n_vocab;
-    char *blob;         /* every token's text, each followed by a NUL */
-    uint32_t *text_off; /* (n_vocab) offset into blob */
-    uint32_t *text_len; /* (n_vocab) bytes */
-    float *scores;      /* (n_vocab) */
-    uint8_t *types;     /* (n_vocab) kvc_toktype_t */
-    uint8_t *strip;     /* (n_vocab) STRIP_*: whitespace a matched special token swallows */
-    uint32_t *table;    /* (table_mask + 1) open addressing: id + 1, 0 empty */
-    uint32_t table_mask;
-    uint32_t *special; /* (n_special) ids matched in the text before merging, longest first */
-    uint32_t n_special;
-    uint32_t max_text_len;
-    kvc_token_t byte_id[256]; /* the token for each byte: <0xXX>, else the byte itself, else unk */
-    kvc_token_t bos, eos, unk, pad;
-    bool add_bos, add_eos, add_space_prefix;
-};
 
 /* ---- small helpers -------------------------------------------------------------------- */
 
@@ -168,6 +150,7 @@ void kvc_tokenizer_destroy(kvc_tokenizer_t *t)
     kvc_free(&a, t->strip);
     kvc_free(&a, t->table);
     kvc_free(&a, t->special);
+    kvc__bpe_destroy(t, t->bpe);
     kvc_free(&a, t);
 }
 
@@ -272,7 +255,8 @@ static int load(kvc_tokenizer_t *t, const kvc_gguf_t *g, char *err, size_t cap)
     if (rc == KVC_ENOENT)
         return kvc__msgf(KVC_ENOENT, err, cap, "no tokenizer: tokenizer.ggml.model is missing");
     if (rc) return kvc__msgf(KVC_EPARSE, err, cap, "tokenizer.ggml.model is not a string");
-    if (!kvc_gguf_str_eq(model, "llama")) {
+    bool bpe = kvc_gguf_str_eq(model, "gpt2");
+    if (!bpe && !kvc_gguf_str_eq(model, "llama")) {
         char name[65]; /* printable, so the message stays one line */
         size_t n = KVC_MIN(model.len, sizeof name - 1);
         for (size_t i = 0; i < n; i++) {
@@ -282,7 +266,7 @@ static int load(kvc_tokenizer_t *t, const kvc_gguf_t *g, char *err, size_t cap)
         name[n] = '\0';
         return kvc__msgf(KVC_ENOTSUP, err, cap,
                          "tokenizer.ggml.model '%s' is not supported (only 'llama', "
-                         "SentencePiece-style)",
+                         "SentencePiece-style, and 'gpt2', byte-level BPE)",
                          name);
     }
 
@@ -411,15 +395,26 @@ static int load(kvc_tokenizer_t *t, const kvc_gguf_t *g, char *err, size_t cap)
 
     if ((rc = phi3_rstrip(t, g, err, cap))) return rc;
 
-    if ((rc = read_special(g, "tokenizer.ggml.bos_token_id", 1, n, &t->bos, err, cap)) ||
-        (rc = read_special(g, "tokenizer.ggml.eos_token_id", 2, n, &t->eos, err, cap)) ||
-        (rc = read_special(g, "tokenizer.ggml.unknown_token_id", 0, n, &t->unk, err, cap)) ||
+    /* llama.cpp's defaults: SentencePiece bos 1, eos 2, unk 0, BOS added; BPE bos = eos = 11
+     * (its gpt2 legacy), no unk, BOS added only where the pre-tokenizer says (Llama 3) */
+    bool add_bos_default = true;
+    if (bpe && (rc = kvc__bpe_create(t, g, &t->bpe, &add_bos_default, err, cap))) return rc;
+    if ((rc = read_special(g, "tokenizer.ggml.bos_token_id", bpe ? 11 : 1, n, &t->bos, err, cap)) ||
+        (rc = read_special(g, "tokenizer.ggml.eos_token_id", bpe ? 11 : 2, n, &t->eos, err, cap)) ||
+        (rc = read_special(g, "tokenizer.ggml.unknown_token_id", bpe ? -1 : 0, n, &t->unk, err,
+                           cap)) ||
         (rc = read_special(g, "tokenizer.ggml.padding_token_id", -1, n, &t->pad, err, cap)) ||
-        (rc = read_flag(g, "tokenizer.ggml.add_bos_token", true, &t->add_bos, err, cap)) ||
+        (rc = read_flag(g, "tokenizer.ggml.add_bos_token", add_bos_default, &t->add_bos, err,
+                        cap)) ||
         (rc = read_flag(g, "tokenizer.ggml.add_eos_token", false, &t->add_eos, err, cap)) ||
         (rc =
              read_flag(g, "tokenizer.ggml.add_space_prefix", true, &t->add_space_prefix, err, cap)))
         return rc;
+    if (bpe) {
+        t->add_space_prefix = false; /* byte-level BPE has no leading-space rule */
+        for (int b = 0; b < 256; b++) t->byte_id[b] = KVC_TOKEN_NONE; /* unused */
+        return 0;
+    }
 
     /* byte fallback: <0xXX> first, then the one-byte text, then the unknown token */
     for (int b = 0; b < 256; b++) {
@@ -494,8 +489,11 @@ bool kvc_tokenizer_add_space_prefix(const kvc_tokenizer_t *t)
 }
 const char *kvc_tokenizer_model(const kvc_tokenizer_t *t)
 {
-    (void)t;
-    return "llama";
+    return t->bpe ? "gpt2" : "llama";
+}
+const char *kvc_tokenizer_pre(const kvc_tokenizer_t *t)
+{
+    return t->bpe ? kvc__bpe_pre(t->bpe) : NULL;
 }
 static bool valid_id(const kvc_tokenizer_t *t, kvc_token_t id)
 {
@@ -697,6 +695,35 @@ static void partition(const kvc_tokenizer_t *t, encoder_t *e, const char *text, 
     }
 }
 
+/* Byte-level BPE: the same special-token partition, then each plain fragment through
+ * tokenizer_bpe.c, in one workspace that also holds the fragment list. */
+static int bpe_encode(const kvc_tokenizer_t *t, const char *text, size_t len, unsigned flags,
+                      bool add_bos, bool add_eos, encoder_t *e, size_t *n_out)
+{
+    kvc__bpe_ws_t *ws = NULL;
+    int rc = 0;
+    if (add_bos) emit(e, t->bos);
+    if (len) {
+        if ((rc = kvc__bpe_ws_create(t, text, len, 2 * (len + 1) * sizeof(frag_t), &ws))) return rc;
+        e->frag = kvc__bpe_ws_extra(ws);
+        int32_t n_frag = 1;
+        e->frag[0] = (frag_t){.off = 0, .len = (uint32_t)len, .token = -1, .next = -1};
+        partition(t, e, text, (flags & KVC_TOK_PARSE_SPECIAL) != 0, &n_frag);
+        for (int32_t i = 0; i >= 0 && !rc; i = e->frag[i].next) {
+            const frag_t *f = &e->frag[i];
+            if (f->token >= 0)
+                emit(e, f->token);
+            else
+                rc = kvc__bpe_encode(t, ws, text + f->off, f->len, e->out, e->cap, &e->n_out);
+        }
+        kvc__bpe_ws_destroy(t, ws);
+        if (rc) return rc;
+    }
+    if (add_eos) emit(e, t->eos);
+    *n_out = e->n_out;
+    return e->n_out > e->cap ? KVC_ERANGE : 0;
+}
+
 int kvc_tokenizer_encode(const kvc_tokenizer_t *t, const char *text, size_t len, unsigned flags,
                          kvc_token_t *out, size_t cap, size_t *n_out)
 {
@@ -711,6 +738,7 @@ int kvc_tokenizer_encode(const kvc_tokenizer_t *t, const char *text, size_t len,
         return KVC_ENOENT;
 
     encoder_t e = {.out = out, .cap = cap};
+    if (t->bpe) return bpe_encode(t, text, len, flags, add_bos, add_eos, &e, n_out);
     void *ws = NULL;
     if (len) {
         /* one workspace: the escaped fragment (a space becomes 3 bytes, plus the prefix);
@@ -782,6 +810,8 @@ static size_t render_piece(const kvc_tokenizer_t *t, uint32_t id, unsigned flags
     bool special = (flags & KVC_TOK_UNPARSE_SPECIAL) != 0;
     if (ty == KVC_TOKTYPE_CONTROL || ty == KVC_TOKTYPE_UNKNOWN) {
         if (!special) return 0;
+    } else if (ty == KVC_TOKTYPE_NORMAL && t->bpe) {
+        return kvc__bpe_decode_text(t->bpe, s, n, dst);
     } else if (ty == KVC_TOKTYPE_NORMAL) {
         for (size_t i = 0; i < n;) {
             char c;
@@ -800,7 +830,7 @@ static size_t render_piece(const kvc_tokenizer_t *t, uint32_t id, unsigned flags
             w++;
         }
         return w;
-    } else if (ty == KVC_TOKTYPE_BYTE) {
+    } else if (ty == KVC_TOKTYPE_BYTE && !t->bpe) {
         char c = (char)byte_token_value(s, n);
         if (lstrip && c == ' ') return 0;
         if (dst) dst[0] = c;

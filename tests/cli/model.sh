@@ -79,7 +79,7 @@ expect_error "no file" 1 "give exactly one FILE\.gguf" -- model info
 expect_error "two files" 1 "give exactly one FILE\.gguf" -- model info "$S" "$T"
 expect_error "bad option" 1 "unknown option '--bogus'" -- model info --bogus "$S"
 expect_error "bad subcommand" 1 "unknown subcommand 'show'" -- model show "$S"
-expect_error "no subcommand" 2 "^kvcache model: give a subcommand: info or synth" -- model
+expect_error "no subcommand" 2 "^kvcache model: give a subcommand: info, convert or synth" -- model
 expect_error "plan truncated gguf" 1 "^kvcache plan: --model: .*trunc\.gguf: truncated at byte 8" -- plan --model "$TMP/trunc.gguf" --gpu h100-sxm
 expect_error "plan absent gguf" 1 "^kvcache plan: --model: .*absent\.gguf: cannot open" -- plan --model "$DATA/models/absent.gguf" --gpu h100-sxm
 "$KVC" model --help >"$TMP/out" 2>&1 || fail "model --help: exit $?"

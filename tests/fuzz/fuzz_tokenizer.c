@@ -1,11 +1,13 @@
-/* fuzz_tokenizer.c - libFuzzer target over the SentencePiece tokenizer: arbitrary bytes
- * (valid UTF-8 or not) through encode, decode and the streaming decoder, with the llama-spm
- * or phi-3 vocabulary of tests/data/models/vocab.  Every encode succeeds with ids in range,
+/* fuzz_tokenizer.c - libFuzzer target over the tokenizers: arbitrary bytes (valid UTF-8 or
+ * not) through encode, decode and the streaming decoder, with the llama-spm or phi-3
+ * (SentencePiece) or the gpt-2 or deepseek-llm (byte-level BPE: GPT-2's regex, and the longest
+ * regex list) vocabulary of tests/data/models/vocab.  Every encode succeeds with ids in range,
  * is deterministic, and fits the documented bound (3 x len + 5 ids); every stream chunk is
  * valid UTF-8; and the stream's text equals the one-shot decode wherever that is valid.
  *
- * Encoding: byte 0 picks the vocabulary (bit 0) and the encode flags (bits 1-4: add BOS,
- * add EOS, add special, parse special) and the decode flags (bits 5-6); the rest is text. */
+ * Encoding: byte 0 picks the vocabulary (bit 7: BPE, bit 0: which of the two) and the encode
+ * flags (bits 1-4: add BOS, add EOS, add special, parse special) and the decode flags (bits
+ * 5-6); the rest is text. */
 #include "kvcache/kvcache.h"
 
 #include <stdio.h>
@@ -57,13 +59,15 @@ static bool utf8_ok(const unsigned char *s, size_t n)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static kvc_tokenizer_t *vocab[2];
+    static kvc_tokenizer_t *vocab[4];
     if (!vocab[0]) {
         vocab[0] = load("ggml-vocab-llama-spm.gguf");
         vocab[1] = load("ggml-vocab-phi-3.gguf");
+        vocab[2] = load("ggml-vocab-gpt-2.gguf");
+        vocab[3] = load("ggml-vocab-deepseek-llm.gguf");
     }
     if (size < 1 || size > 4096) return 0;
-    const kvc_tokenizer_t *t = vocab[data[0] & 1];
+    const kvc_tokenizer_t *t = vocab[(data[0] & 1) | (data[0] >> 6 & 2)];
     const unsigned enc = (data[0] >> 1) & 0xF;
     const unsigned dec = (data[0] & 0x20 ? KVC_TOK_REMOVE_SPECIAL : 0) |
                          (data[0] & 0x40 ? KVC_TOK_UNPARSE_SPECIAL : 0);

@@ -1,0 +1,215 @@
+/* kvcache/engine.h - a CPU inference engine on the paged cache (the model layer).
+ *
+ * A kvc_llm_t is a loaded model: its hyperparameters (model.h), its tokenizer
+ * (tokenizer.h) and its weights, used in place in the memory-mapped GGUF
+ * file.  A kvc_engine_t runs requests on it exactly as a GPU engine embeds
+ * kvcache: the pool owns every byte of K/V, the prefix cache, seq and sched
+ * decide which requests run and where their keys and values live, and per
+ * step the engine
+ *
+ *     kvc_sched_step        takes the plan (prefill chunks and decodes mixed),
+ *     kvc_step_launch       puts its rows in flight,
+ *     forward pass          embeds the tokens, and per layer projects Q/K/V,
+ *                           writes K/V at the slots seq reserved
+ *                           (kvc_attn_write_kv), runs attention over the CSR
+ *                           block tables (kvc_attn_forward), the output
+ *                           projection and the MLP; then the LM head for the
+ *                           rows that sample,
+ *     samples               with each request's own RNG,
+ *     kvc_step_complete,
+ *     kvc_sched_complete    hands the tokens back.
+ *
+ * Batch invariance (DESIGN.md invariant 10): a request's logits are
+ * bit-identical however it runs (alone or batched, its prompt in one chunk or
+ * many, its prefix from the cache or computed, 1 or N threads): the matrix
+ * kernels (matmul.h) and attention reduce in a fixed order per output
+ * element, and nothing in the pass mixes rows.  So outputs never depend on
+ * load, and tests compare them bit for bit.
+ *
+ * Errors: 0 or a negative KVC_E* code, with one line in msg where a function
+ * takes one.  Thread-safety: an engine is driven from one thread (its step
+ * loop); it runs its kernels on its own thread pool.
+ */
+#ifndef KVCACHE_ENGINE_H
+#define KVCACHE_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvcache/matmul.h"
+#include "kvcache/model.h"
+#include "kvcache/pool.h"
+#include "kvcache/sched.h"
+#include "kvcache/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- a loaded model -------------------------------------------------------- */
+typedef struct kvc_llm kvc_llm_t;
+
+/* Load the model in a GGUF file: hyperparameters, tokenizer and weights
+ * (mapped, used in place).  KVC_ENOTSUP (an architecture, feature or tensor
+ * type the engine does not run: the message names it), KVC_EPARSE (a
+ * malformed file, a tensor missing or of the wrong shape: named), KVC_EIO,
+ * KVC_ENOMEM, KVC_EINVAL (NULL arguments). */
+KVC_API KVC_NODISCARD int kvc_llm_load(const char *path, kvc_llm_t **out, char *msg, size_t cap);
+/* The same over a GGUF the caller opened (ownership passes to the model,
+ * also on failure). */
+KVC_API KVC_NODISCARD int kvc_llm_load_gguf(kvc_gguf_t *g, kvc_llm_t **out, char *msg, size_t cap);
+KVC_API void kvc_llm_free(kvc_llm_t *m); /* NULL is a no-op */
+KVC_API const kvc_model_hparams_t *kvc_llm_hparams(const kvc_llm_t *m);
+KVC_API const kvc_tokenizer_t *kvc_llm_tokenizer(const kvc_llm_t *m);
+KVC_API const kvc_gguf_t *kvc_llm_gguf(const kvc_llm_t *m);
+/* Bytes of weights read per decoded token (the matrices and norms, one
+ * embedding row): the numerator of the weight-streaming bound. */
+KVC_API uint64_t kvc_llm_weight_bytes_per_token(const kvc_llm_t *m);
+
+/* ---- the engine ------------------------------------------------------------ */
+typedef struct {
+    uint32_t n_threads;              /* kernel threads, the step loop's included (0: all cores) */
+    kvc_dtype_t kv_dtype;            /* the pool's K/V storage (default f16) */
+    uint32_t block_size;             /* tokens per block (default 16) */
+    uint64_t kv_memory;              /* bytes of K/V (0: enough for max_num_seqs contexts of
+                                        max_ctx, at most 256 MiB, at least one max_ctx context) */
+    uint32_t max_ctx;                /* tokens per request, prompt + output (0: the model's
+                                        context length, at most 32768) */
+    uint32_t max_num_seqs;           /* requests running at once (default 64) */
+    uint32_t max_num_batched_tokens; /* tokens per step (default 512) */
+    uint32_t max_prefill_chunk;      /* prompt tokens per request per step (0: the budget) */
+    kvc_preemption_t preemption;     /* default recompute */
+    bool no_prefix_cache;            /* true: no prefix reuse across requests */
+    bool no_kv_cache;                /* true: recompute the whole sequence for every token (the
+                                        quadratic baseline); same outputs */
+    uint32_t spec_tokens;            /* prompt-lookup (n-gram) drafts per decode step (0: none) */
+    uint32_t spec_ngram;             /* the n-gram length the lookup matches (default 3) */
+    kvc_isa_t isa;                   /* kernels' ISA (KVC_ISA_AUTO: the best) */
+} kvc_engine_params_t;
+
+KVC_API kvc_engine_params_t kvc_engine_params_default(void);
+
+typedef struct kvc_engine kvc_engine_t;
+
+/* An engine over model m (borrowed; it must outlive the engine).
+ * KVC_EINVAL (NULL arguments or a parameter out of range: named in msg),
+ * KVC_ENOMEM, KVC_EIO (threads). */
+KVC_API KVC_NODISCARD int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *p,
+                                            kvc_engine_t **out, char *msg, size_t cap);
+KVC_API void kvc_engine_destroy(kvc_engine_t *e); /* NULL is a no-op */
+
+#define KVC_MAX_STOP     8 /* stop token ids and stop strings per request, each */
+#define KVC_MAX_LOGPROBS 20
+
+typedef struct {
+    float temperature;                         /* 0: greedy */
+    uint32_t top_k;                            /* 0: off */
+    float top_p;                               /* 1: off */
+    float min_p;                               /* 0: off */
+    float repetition_penalty;                  /* 1: off */
+    float presence_penalty, frequency_penalty; /* 0: off */
+    uint64_t seed;
+    uint32_t max_tokens; /* output tokens at most (>= 1); capped by the context */
+    bool ignore_eos;     /* keep going past the end-of-sequence token */
+    bool logprobs;       /* report each chosen token's logprob */
+    uint32_t n_logprobs; /* and the top n alternatives at each position (<= KVC_MAX_LOGPROBS) */
+    kvc_token_t stop_ids[KVC_MAX_STOP];
+    uint32_t n_stop_ids;
+    const char *stop[KVC_MAX_STOP]; /* stop strings (copied) */
+    uint32_t n_stop;
+    uint32_t priority; /* scheduler class */
+    uint64_t tag;      /* the caller's, echoed in events */
+} kvc_gen_params_t;
+
+KVC_API kvc_gen_params_t kvc_gen_params_default(void);
+
+typedef enum {
+    KVC_FINISH_NONE = 0,
+    KVC_FINISH_STOP,   /* EOS, a stop id or a stop string */
+    KVC_FINISH_LENGTH, /* max_tokens or the context */
+    KVC_FINISH_ABORT,
+    KVC_FINISH_ERROR,
+} kvc_finish_t;
+/* "stop", "length", "abort", "error"; "" for NONE. */
+KVC_API const char *kvc_finish_name(kvc_finish_t f);
+
+typedef uint64_t kvc_gen_id_t;
+
+/* Queue a request (the prompt is copied).  KVC_EINVAL (bad parameters: msg
+ * names the field), KVC_ERANGE (the prompt does not fit the context or the
+ * pool), KVC_ENOMEM. */
+KVC_API KVC_NODISCARD int kvc_engine_submit(kvc_engine_t *e, const kvc_token_t *prompt,
+                                            uint32_t n_prompt, const kvc_gen_params_t *gp,
+                                            kvc_gen_id_t *id, char *msg, size_t cap);
+/* Abort a request; its blocks go back through seq's deferred reclamation.
+ * KVC_ESTALE for an id that is not live. */
+KVC_API int kvc_engine_abort(kvc_engine_t *e, kvc_gen_id_t id);
+
+/* What a step produced, per request. */
+typedef struct {
+    kvc_gen_id_t id;
+    uint64_t tag;
+    const kvc_token_t *tokens; /* tokens emitted this step (a speculative step may emit
+                                  several); borrowed until the next step */
+    uint32_t n_tokens;
+    const float *logprobs; /* (n_tokens) or NULL */
+    const char *text;      /* the text they complete (valid UTF-8, stop strings held
+                              back and cut), NUL-terminated */
+    size_t text_len;
+    kvc_finish_t finish; /* NONE while it runs */
+} kvc_gen_event_t;
+
+typedef void (*kvc_gen_event_fn)(void *ctx, const kvc_gen_event_t *ev);
+
+/* Run one step at time `now` (seconds, any monotonic clock): the callback
+ * gets one event per request that emitted a token or finished.  *idle is set
+ * when nothing could run (no requests, or all waiting for memory that will not
+ * come).  Errors from the layers below (KVC_ENOMEM, ...): the step's requests
+ * are finished with KVC_FINISH_ERROR. */
+KVC_API KVC_NODISCARD int kvc_engine_step(kvc_engine_t *e, double now, kvc_gen_event_fn fn,
+                                          void *ctx, bool *idle);
+
+/* A finished request's account. */
+typedef struct {
+    kvc_gen_id_t id;
+    uint64_t tag;
+    uint32_t prompt_tokens, cached_tokens, completion_tokens;
+    const kvc_token_t *output;  /* (completion_tokens), borrowed until the next step */
+    const float *logprobs;      /* (completion_tokens) or NULL */
+    const kvc_token_t *top_ids; /* (completion_tokens, n_logprobs) or NULL */
+    const float *top_logprobs;
+    uint32_t n_logprobs;
+    const char *text; /* the whole output text (stop string cut) */
+    kvc_finish_t finish;
+    double submit_s, first_token_s, finish_s;
+    uint32_t preemptions;
+    uint32_t draft_tokens, accepted_tokens;
+} kvc_gen_done_t;
+
+/* The request ids finished in the last step and their accounts (borrowed
+ * until the next step). */
+KVC_API void kvc_engine_finished(const kvc_engine_t *e, const kvc_gen_done_t **done, uint32_t *n);
+
+typedef struct {
+    uint64_t steps, prefill_tokens, decode_tokens;
+    double prefill_s, decode_s; /* wall time of steps that computed mostly prompt / decode */
+    uint64_t kv_bytes_per_token;
+    uint32_t n_blocks, peak_blocks, block_size;
+    uint64_t preemptions;
+    uint64_t hit_tokens;
+    uint64_t draft_tokens, accepted_tokens;
+    uint32_t n_running, n_waiting;
+} kvc_engine_stats_t;
+
+KVC_API void kvc_engine_stats(const kvc_engine_t *e, kvc_engine_stats_t *out);
+
+/* The seq table and scheduler the engine runs on (borrowed), for tests and
+ * reports that check their invariants. */
+KVC_API kvc_seqs_t *kvc_engine_seqs(const kvc_engine_t *e);
+KVC_API kvc_sched_t *kvc_engine_sched(const kvc_engine_t *e);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVCACHE_ENGINE_H */

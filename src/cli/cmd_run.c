@@ -1,0 +1,838 @@
+/* cmd_run.c - `kvcache run`: generate text with the CPU engine on the paged cache.
+ *
+ * One prompt streams its text to stdout as it is generated; --prompts FILE runs one request
+ * per line, all at once (continuous batching, prefix caching across them); --json prints one
+ * JSON object per request, then a summary.  The CLI only parses, tokenizes and prints: the
+ * engine (kvcache/engine.h) does the work. */
+#include "cli.h"
+#include "kvcache/kvcache.h"
+#include "kvcache/engine.h"
+#include "kvcache/sample.h"
+#include "kvcache/chat.h"
+#include "kvcache/llama2c.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CMD "run"
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f, "usage: kvcache run --model FILE (--prompt TEXT | --prompt-ids \"1 2 3\" | --prompts "
+           "FILE)\n"
+           "                   [options]\n\n"
+           "Generate with the CPU engine: the model's K/V live in kvcache's paged pool, the\n"
+           "scheduler batches every request (prefill chunks and decodes in one step), and\n"
+           "prompts that share a prefix share its blocks (no flag needed).\n\n"
+           "input\n"
+           "  --model FILE          a GGUF model (llama, qwen2, qwen3, gemma2), or a llama2.c\n"
+           "                        checkpoint (.bin) with its tokenizer.bin\n"
+           "  --tokenizer FILE      a llama2.c checkpoint's tokenizer (default: tokenizer.bin\n"
+           "                        beside the checkpoint)\n"
+           "  --prompt TEXT         one prompt (tokenized with the model's tokenizer, BOS added\n"
+           "                        as the model asks)\n"
+           "  --prompt-ids \"1 2 3\"  one prompt as token ids\n"
+           "  --prompts FILE        one request per line, run concurrently: text, or a JSON\n"
+           "                        object with \"prompt\" or \"prompt_ids\" and any of \"n\",\n"
+           "                        \"temp\", \"top_k\", \"top_p\", \"min_p\", \"seed\", \"stop\", "
+           "\"logprobs\"\n"
+           "  --chat                render each prompt as a user turn with the model's chat\n"
+           "                        template (tokenizer.chat_template, recognised by name)\n"
+           "  --chat-template NAME  llama2, llama3, chatml, mistral, gemma, phi3 or zephyr\n"
+           "  --system TEXT         a system message before each prompt (with --chat)\n"
+           "generation (per request; --prompts lines may override)\n"
+           "  -n N                  tokens to generate at most (default 128)\n"
+           "  --temp T              temperature (default 0: greedy)\n"
+           "  --top-k K, --top-p P, --min-p P    truncation (off by default)\n"
+           "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F\n"
+           "  --seed S              each request's own RNG seed (default 0)\n"
+           "  --stop TEXT           stop string (repeatable, up to 8)\n"
+           "  --ignore-eos          keep generating past the end-of-sequence token\n"
+           "  --logprobs N          report each token's logprob and the top N (0..20)\n"
+           "  --spec ngram          speculative decoding with prompt-lookup drafts\n"
+           "  --spec-tokens K       drafts per step (default 4)\n"
+           "engine\n"
+           "  --threads N           kernel threads (default: all cores)\n"
+           "  --kv-dtype T          K/V storage: f32, f16 (default), bf16, fp8-e4m3, fp8-e5m2\n"
+           "  --kv-memory SIZE      K/V pool size (e.g. 256MiB); default: enough for the requests\n"
+           "  --ctx N               tokens per request, prompt + output (default: the model's,\n"
+           "                        at most 32768)\n"
+           "  --block-size N        tokens per KV block (default 16)\n"
+           "  --max-seqs N          requests running at once (default 64)\n"
+           "  --batch-tokens N      tokens computed per step (default 512)\n"
+           "  --chunk N             prompt tokens per request per step (default: the budget)\n"
+           "  --no-prefix-cache     never reuse a prefix across requests\n"
+           "  --no-kv-cache         recompute the whole sequence for every token (the quadratic\n"
+           "                        baseline); same outputs\n"
+           "output\n"
+           "  --json                one JSON object per request (id, prompt_tokens,\n"
+           "                        cached_tokens, completion_tokens, output_ids, text,\n"
+           "                        finish_reason, ttft_ms, tpot_ms, logprobs), then a summary\n"
+           "  -h, --help            this help\n");
+}
+
+enum {
+    O_MODEL = 600,
+    O_PROMPT,
+    O_PROMPT_IDS,
+    O_PROMPTS,
+    O_TEMP,
+    O_TOPK,
+    O_TOPP,
+    O_MINP,
+    O_SEED,
+    O_N,
+    O_BEAMS,
+    O_SPEC,
+    O_SPEC_MODEL,
+    O_SPEC_TOKENS,
+    O_THREADS,
+    O_KV_DTYPE,
+    O_KV_MEMORY,
+    O_CTX,
+    O_BLOCK,
+    O_CHAT,
+    O_CHAT_TEMPLATE,
+    O_NO_KV,
+    O_NO_PREFIX,
+    O_LOGPROBS,
+    O_JSON,
+    O_STOP,
+    O_IGNORE_EOS,
+    O_REP,
+    O_PRES,
+    O_FREQ,
+    O_MAX_SEQS,
+    O_BATCH,
+    O_CHUNK,
+    O_ISA,
+    O_TOKENIZER,
+    O_SYSTEM
+};
+
+static const struct option options[] = {
+    {"model", required_argument, 0, O_MODEL},
+    {"prompt", required_argument, 0, O_PROMPT},
+    {"prompt-ids", required_argument, 0, O_PROMPT_IDS},
+    {"prompts", required_argument, 0, O_PROMPTS},
+    {"temp", required_argument, 0, O_TEMP},
+    {"top-k", required_argument, 0, O_TOPK},
+    {"top-p", required_argument, 0, O_TOPP},
+    {"min-p", required_argument, 0, O_MINP},
+    {"seed", required_argument, 0, O_SEED},
+    {"n", required_argument, 0, O_N},
+    {"beams", required_argument, 0, O_BEAMS},
+    {"spec", required_argument, 0, O_SPEC},
+    {"spec-model", required_argument, 0, O_SPEC_MODEL},
+    {"spec-tokens", required_argument, 0, O_SPEC_TOKENS},
+    {"threads", required_argument, 0, O_THREADS},
+    {"kv-dtype", required_argument, 0, O_KV_DTYPE},
+    {"kv-memory", required_argument, 0, O_KV_MEMORY},
+    {"ctx", required_argument, 0, O_CTX},
+    {"block-size", required_argument, 0, O_BLOCK},
+    {"chat", no_argument, 0, O_CHAT},
+    {"chat-template", required_argument, 0, O_CHAT_TEMPLATE},
+    {"no-kv-cache", no_argument, 0, O_NO_KV},
+    {"no-prefix-cache", no_argument, 0, O_NO_PREFIX},
+    {"logprobs", required_argument, 0, O_LOGPROBS},
+    {"json", no_argument, 0, O_JSON},
+    {"stop", required_argument, 0, O_STOP},
+    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+    {"repeat-penalty", required_argument, 0, O_REP},
+    {"presence-penalty", required_argument, 0, O_PRES},
+    {"frequency-penalty", required_argument, 0, O_FREQ},
+    {"max-seqs", required_argument, 0, O_MAX_SEQS},
+    {"batch-tokens", required_argument, 0, O_BATCH},
+    {"chunk", required_argument, 0, O_CHUNK},
+    {"isa", required_argument, 0, O_ISA},
+    {"tokenizer", required_argument, 0, O_TOKENIZER},
+    {"system", required_argument, 0, O_SYSTEM},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+/* One request as the CLI knows it. */
+typedef struct {
+    kvc_token_t *ids;
+    uint32_t n_ids;
+    kvc_gen_params_t gp;
+    char *stop_store[KVC_MAX_STOP];
+    kvc_gen_id_t id;
+    bool done;
+} creq_t;
+
+typedef struct {
+    creq_t *v;
+    uint32_t n, cap;
+} creqs_t;
+
+static void creqs_free(creqs_t *q)
+{
+    for (uint32_t i = 0; i < q->n; i++) {
+        free(q->v[i].ids);
+        for (uint32_t j = 0; j < KVC_MAX_STOP; j++) free(q->v[i].stop_store[j]);
+    }
+    free(q->v);
+}
+
+static creq_t *creqs_add(creqs_t *q, const kvc_gen_params_t *gp)
+{
+    if (q->n == q->cap) {
+        uint32_t c = q->cap ? 2 * q->cap : 8;
+        creq_t *v = realloc(q->v, c * sizeof *v);
+        if (!v) return NULL;
+        q->v = v, q->cap = c;
+    }
+    creq_t *r = &q->v[q->n++];
+    memset(r, 0, sizeof *r);
+    r->gp = *gp;
+    r->gp.tag = q->n - 1;
+    return r;
+}
+
+/* "1 2 3" (spaces, commas or tabs between) into ids, each below vocab. */
+static int parse_ids(const char *s, uint32_t vocab, creq_t *r)
+{
+    size_t cap = strlen(s) / 2 + 2;
+    r->ids = malloc(cap * sizeof *r->ids);
+    if (!r->ids) return kvc_cli_error(CMD, "out of memory");
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == ',' || *p == '\t') p++;
+        if (!*p) break;
+        const char *b = p;
+        while (*p && *p != ' ' && *p != ',' && *p != '\t') p++;
+        char buf[24];
+        uint64_t v;
+        if ((size_t)(p - b) >= sizeof buf) return kvc_cli_error(CMD, "--prompt-ids: bad id");
+        memcpy(buf, b, p - b);
+        buf[p - b] = 0;
+        if (!kvc_cli_parse_u64(buf, 0, vocab - 1, &v))
+            return kvc_cli_error(CMD, "--prompt-ids: '%s' is not a token id below %u", buf, vocab);
+        r->ids[r->n_ids++] = (kvc_token_t)v;
+    }
+    if (!r->n_ids) return kvc_cli_error(CMD, "--prompt-ids: no ids");
+    return 0;
+}
+
+/* --chat: each prompt becomes a user turn (after --system's message) in this template. */
+static struct {
+    bool on;
+    kvc_chat_template_t t;
+    const char *system;
+} chat;
+
+static int tokenize(const kvc_tokenizer_t *t, const char *text, size_t len, creq_t *r)
+{
+    char *rendered = NULL;
+    if (chat.on) {
+        char *user = strndup(text, len);
+        if (!user) return kvc_cli_error(CMD, "out of memory");
+        kvc_chat_msg_t msgs[2] = {{"system", chat.system}, {"user", user}};
+        const kvc_chat_msg_t *mp = chat.system ? msgs : msgs + 1;
+        const size_t nm = chat.system ? 2 : 1;
+        size_t need = 0;
+        int rc = kvc_chat_render(chat.t, mp, nm, true, NULL, 0, &need);
+        if (rc == KVC_ERANGE && (rendered = malloc(need + 1)))
+            rc = kvc_chat_render(chat.t, mp, nm, true, rendered, need + 1, &need);
+        free(user);
+        if (rc) {
+            free(rendered);
+            return kvc_cli_error(CMD, "cannot render the chat template: %s", kvc_strerror(rc));
+        }
+        text = rendered, len = need;
+    }
+    size_t cap = 3 * len + 8, n = 0;
+    r->ids = malloc(cap * sizeof *r->ids);
+    if (!r->ids) return kvc_cli_error(CMD, "out of memory");
+    unsigned flags = KVC_TOK_PARSE_SPECIAL;
+    if (kvc_tokenizer_add_bos(t)) flags |= KVC_TOK_ADD_BOS;
+    int rc = kvc_tokenizer_encode(t, text, len, flags, r->ids, cap, &n);
+    free(rendered);
+    if (rc) return kvc_cli_error(CMD, "cannot tokenize the prompt: %s", kvc_strerror(rc));
+    if (!n) return kvc_cli_error(CMD, "the prompt is empty");
+    r->n_ids = (uint32_t)n;
+    return 0;
+}
+
+static int add_stop(creq_t *r, const char *s)
+{
+    if (r->gp.n_stop >= KVC_MAX_STOP)
+        return kvc_cli_error(CMD, "at most %d stop strings", KVC_MAX_STOP);
+    char *d = strdup(s);
+    if (!d) return kvc_cli_error(CMD, "out of memory");
+    r->stop_store[r->gp.n_stop] = d;
+    r->gp.stop[r->gp.n_stop++] = d;
+    return 0;
+}
+
+/* A JSON line of --prompts: prompt or prompt_ids, and per-request options. */
+static int parse_json_line(const char *line, size_t lineno, const kvc_tokenizer_t *t,
+                           uint32_t vocab, creq_t *r)
+{
+    cJSON *j = cJSON_ParseWithLength(line, strlen(line));
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return kvc_cli_error(CMD, "--prompts line %zu: not a JSON object", lineno);
+    }
+    int rc = 0;
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "prompt_ids");
+    if (cJSON_IsString(p))
+        rc = tokenize(t, p->valuestring, strlen(p->valuestring), r);
+    else if (cJSON_IsArray(ids)) {
+        int n = cJSON_GetArraySize(ids);
+        r->ids = malloc((n ? n : 1) * sizeof *r->ids);
+        if (!r->ids) rc = kvc_cli_error(CMD, "out of memory");
+        for (int i = 0; !rc && i < n; i++) {
+            const cJSON *v = cJSON_GetArrayItem(ids, i);
+            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= vocab ||
+                v->valuedouble != floor(v->valuedouble))
+                rc = kvc_cli_error(CMD,
+                                   "--prompts line %zu: prompt_ids[%d] is not a token id below %u",
+                                   lineno, i, vocab);
+            else
+                r->ids[r->n_ids++] = (kvc_token_t)v->valuedouble;
+        }
+        if (!rc && !r->n_ids) rc = kvc_cli_error(CMD, "--prompts line %zu: no prompt ids", lineno);
+    } else
+        rc = kvc_cli_error(CMD, "--prompts line %zu: needs \"prompt\" (a string) or \"prompt_ids\"",
+                           lineno);
+#define NUM(key, lo, hi, dst)                                                                      \
+    do {                                                                                           \
+        const cJSON *v_ = cJSON_GetObjectItemCaseSensitive(j, key);                                \
+        if (!rc && v_) {                                                                           \
+            if (!cJSON_IsNumber(v_) || !(v_->valuedouble >= (lo) && v_->valuedouble <= (hi)))      \
+                rc = kvc_cli_error(CMD, "--prompts line %zu: \"%s\" must be a number in [%g, %g]", \
+                                   lineno, key, (double)(lo), (double)(hi));                       \
+            else                                                                                   \
+                dst = v_->valuedouble;                                                             \
+        }                                                                                          \
+    } while (0)
+    double d;
+    d = r->gp.max_tokens;
+    NUM("n", 1, 1 << 24, d);
+    r->gp.max_tokens = (uint32_t)d;
+    d = r->gp.max_tokens;
+    NUM("max_tokens", 1, 1 << 24, d);
+    r->gp.max_tokens = (uint32_t)d;
+    d = r->gp.temperature;
+    NUM("temp", 0, 100, d);
+    r->gp.temperature = (float)d;
+    d = r->gp.temperature;
+    NUM("temperature", 0, 100, d);
+    r->gp.temperature = (float)d;
+    d = r->gp.top_k;
+    NUM("top_k", 0, 1 << 24, d);
+    r->gp.top_k = (uint32_t)d;
+    d = r->gp.top_p;
+    NUM("top_p", 0, 1, d);
+    r->gp.top_p = (float)d;
+    d = r->gp.min_p;
+    NUM("min_p", 0, 1, d);
+    r->gp.min_p = (float)d;
+    d = (double)r->gp.seed;
+    NUM("seed", 0, 9007199254740991.0, d);
+    r->gp.seed = (uint64_t)d;
+    d = r->gp.n_logprobs;
+    NUM("logprobs", 0, KVC_MAX_LOGPROBS, d);
+    r->gp.n_logprobs = (uint32_t)d;
+#undef NUM
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "stop");
+    if (!rc && st) {
+        if (cJSON_IsString(st))
+            rc = add_stop(r, st->valuestring);
+        else if (cJSON_IsArray(st)) {
+            const cJSON *v;
+            cJSON_ArrayForEach(v, st)
+            {
+                if (rc) break;
+                if (!cJSON_IsString(v))
+                    rc = kvc_cli_error(CMD, "--prompts line %zu: stop strings", lineno);
+                else
+                    rc = add_stop(r, v->valuestring);
+            }
+        } else
+            rc = kvc_cli_error(CMD, "--prompts line %zu: \"stop\" is a string or an array", lineno);
+    }
+    if (!rc && cJSON_GetObjectItemCaseSensitive(j, "logprobs")) r->gp.logprobs = true;
+    cJSON_Delete(j);
+    return rc;
+}
+
+static int read_prompts(const char *path, const kvc_tokenizer_t *t, uint32_t vocab,
+                        const kvc_gen_params_t *gp, creqs_t *q)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvc_cli_error(CMD, "--prompts %s: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t lcap = 0, lineno = 0;
+    ssize_t len;
+    int rc = 0;
+    while (!rc && (len = getline(&line, &lcap, f)) >= 0) {
+        lineno++;
+        while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (!len) continue;
+        if (memchr(line, 0, len)) {
+            rc = kvc_cli_error(CMD, "--prompts line %zu: a NUL byte", lineno);
+            break;
+        }
+        creq_t *r = creqs_add(q, gp);
+        if (!r)
+            rc = kvc_cli_error(CMD, "out of memory");
+        else {
+            for (uint32_t i = 0; i < gp->n_stop; i++) r->gp.stop[i] = NULL;
+            r->gp.n_stop = 0;
+            for (uint32_t i = 0; !rc && i < gp->n_stop; i++) rc = add_stop(r, gp->stop[i]);
+            if (rc) break;
+            if (line[0] == '{')
+                rc = parse_json_line(line, lineno, t, vocab, r);
+            else
+                rc = tokenize(t, line, (size_t)len, r);
+        }
+    }
+    free(line);
+    fclose(f);
+    if (!rc && !q->n) rc = kvc_cli_error(CMD, "--prompts %s: no prompts", path);
+    return rc;
+}
+
+/* ---- output ------------------------------------------------------------------------------ */
+typedef struct {
+    bool stream; /* one request, text to stdout as it comes */
+} out_ctx_t;
+
+static void on_event(void *ctx, const kvc_gen_event_t *ev)
+{
+    out_ctx_t *o = ctx;
+    if (o->stream && ev->text_len) {
+        fwrite(ev->text, 1, ev->text_len, stdout);
+        fflush(stdout);
+    }
+}
+
+static void json_str(FILE *f, const char *s, size_t n)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\r')
+            fputs("\\r", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, double v)
+{
+    if (isfinite(v))
+        fprintf(f, "%.9g", v);
+    else
+        fputs("null", f);
+}
+
+static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec)
+{
+    printf(
+        "{\"id\": %llu, \"prompt_tokens\": %u, \"cached_tokens\": %u, \"completion_tokens\": %u, "
+        "\"output_ids\": [",
+        (unsigned long long)index, d->prompt_tokens, d->cached_tokens, d->completion_tokens);
+    for (uint32_t i = 0; i < d->completion_tokens; i++) printf(i ? ", %d" : "%d", d->output[i]);
+    printf("], \"text\": ");
+    json_str(stdout, d->text, strlen(d->text));
+    printf(", \"finish_reason\": \"%s\", \"ttft_ms\": ", kvc_finish_name(d->finish));
+    json_num(stdout, d->first_token_s >= 0 ? (d->first_token_s - d->submit_s) * 1e3 : NAN);
+    printf(", \"tpot_ms\": ");
+    json_num(stdout, d->completion_tokens > 1
+                         ? (d->finish_s - d->first_token_s) * 1e3 / (d->completion_tokens - 1)
+                         : NAN);
+    printf(", \"logprobs\": ");
+    if (!d->logprobs)
+        printf("null");
+    else {
+        printf("[");
+        for (uint32_t i = 0; i < d->completion_tokens; i++) {
+            printf(i ? ", {\"token\": %d, \"logprob\": " : "{\"token\": %d, \"logprob\": ",
+                   d->output[i]);
+            json_num(stdout, d->logprobs[i]);
+            if (d->n_logprobs) {
+                printf(", \"top\": [");
+                for (uint32_t k = 0; k < d->n_logprobs; k++) {
+                    size_t at = (size_t)i * d->n_logprobs + k;
+                    if (d->top_ids[at] < 0) continue;
+                    printf(k ? ", [%d, " : "[%d, ", d->top_ids[at]);
+                    json_num(stdout, d->top_logprobs[at]);
+                    printf("]");
+                }
+                printf("]");
+            }
+            printf("}");
+        }
+        printf("]");
+    }
+    if (spec)
+        printf(", \"draft_tokens\": %u, \"accepted_tokens\": %u", d->draft_tokens,
+               d->accepted_tokens);
+    printf("}\n");
+}
+
+int kvc_cmd_run(int argc, char **argv)
+{
+    const char *model_path = NULL, *prompt = NULL, *prompt_ids = NULL, *prompts = NULL;
+    const char *tokenizer_path = NULL, *template_name = NULL;
+    memset(&chat, 0, sizeof chat);
+    kvc_engine_params_t ep = kvc_engine_params_default();
+    kvc_gen_params_t gp = kvc_gen_params_default();
+    gp.max_tokens = 128;
+    char *stops[KVC_MAX_STOP] = {0};
+    bool json = false, spec = false;
+    uint64_t u;
+    double d;
+    int rc = 0;
+    optind = 1;
+    opterr = 0;
+    int c;
+#define U64(name, lo, hi, dst)                                                                  \
+    do {                                                                                        \
+        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                             \
+            return kvc_cli_error(CMD, "--%s: '%s' is not a whole number in [%llu, %llu]", name, \
+                                 optarg, (unsigned long long)(lo), (unsigned long long)(hi));   \
+        dst = u;                                                                                \
+    } while (0)
+#define DBL(name, lo, hi, dst)                                                                \
+    do {                                                                                      \
+        if (!kvc_cli_parse_double(optarg, lo, hi, &d))                                        \
+            return kvc_cli_error(CMD, "--%s: '%s' is not a number in [%g, %g]", name, optarg, \
+                                 (double)(lo), (double)(hi));                                 \
+        dst = (float)d;                                                                       \
+    } while (0)
+    while ((c = getopt_long(argc, argv, "n:h", options, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL:
+            model_path = optarg;
+            break;
+        case O_PROMPT:
+            prompt = optarg;
+            break;
+        case O_PROMPT_IDS:
+            prompt_ids = optarg;
+            break;
+        case O_PROMPTS:
+            prompts = optarg;
+            break;
+        case 'n':
+            U64("n", 1, 1 << 24, gp.max_tokens);
+            break;
+        case O_TEMP:
+            DBL("temp", 0, 100, gp.temperature);
+            break;
+        case O_TOPK:
+            U64("top-k", 0, 1 << 24, gp.top_k);
+            break;
+        case O_TOPP:
+            DBL("top-p", 1e-9, 1, gp.top_p);
+            break;
+        case O_MINP:
+            DBL("min-p", 0, 1, gp.min_p);
+            break;
+        case O_REP:
+            DBL("repeat-penalty", 1e-3, 100, gp.repetition_penalty);
+            break;
+        case O_PRES:
+            DBL("presence-penalty", -2, 2, gp.presence_penalty);
+            break;
+        case O_FREQ:
+            DBL("frequency-penalty", -2, 2, gp.frequency_penalty);
+            break;
+        case O_SEED:
+            U64("seed", 0, UINT64_MAX, gp.seed);
+            break;
+        case O_STOP:
+            if (gp.n_stop >= KVC_MAX_STOP)
+                return kvc_cli_error(CMD, "--stop: at most %d", KVC_MAX_STOP);
+            if (!optarg[0] || strlen(optarg) > 256)
+                return kvc_cli_error(CMD, "--stop: 1 to 256 bytes");
+            stops[gp.n_stop] = optarg;
+            gp.stop[gp.n_stop++] = optarg;
+            break;
+        case O_IGNORE_EOS:
+            gp.ignore_eos = true;
+            break;
+        case O_LOGPROBS:
+            U64("logprobs", 0, KVC_MAX_LOGPROBS, gp.n_logprobs);
+            gp.logprobs = true;
+            break;
+        case O_N: {
+            uint32_t n;
+            U64("n", 1, 64, n);
+            if (n > 1) return kvc_cli_error(CMD, "--n: parallel sampling is not supported yet");
+            break;
+        }
+        case O_BEAMS: {
+            uint32_t n;
+            U64("beams", 1, 64, n);
+            if (n > 1) return kvc_cli_error(CMD, "--beams: beam search is not supported yet");
+            break;
+        }
+        case O_SPEC:
+            if (strcmp(optarg, "ngram"))
+                return kvc_cli_error(CMD, "--spec: '%s' is not a draft method (ngram)", optarg);
+            spec = true;
+            if (!ep.spec_tokens) ep.spec_tokens = 4;
+            break;
+        case O_SPEC_TOKENS:
+            U64("spec-tokens", 1, 16, ep.spec_tokens);
+            break;
+        case O_SPEC_MODEL:
+            return kvc_cli_error(CMD, "--spec-model: a draft model is not supported yet");
+        case O_THREADS:
+            U64("threads", 1, 256, ep.n_threads);
+            break;
+        case O_KV_DTYPE:
+            if (kvc_dtype_parse(optarg, &ep.kv_dtype))
+                return kvc_cli_error(
+                    CMD, "--kv-dtype: '%s' is not f32, f16, bf16, fp8-e4m3 or fp8-e5m2", optarg);
+            break;
+        case O_KV_MEMORY:
+            if (kvc_plan_parse_bytes(optarg, &u) || !u)
+                return kvc_cli_error(CMD, "--kv-memory: '%s' is not a size (e.g. 512MiB)", optarg);
+            ep.kv_memory = u;
+            break;
+        case O_CTX:
+            U64("ctx", 2, 1 << 24, ep.max_ctx);
+            break;
+        case O_BLOCK:
+            U64("block-size", 1, 256, ep.block_size);
+            break;
+        case O_MAX_SEQS:
+            U64("max-seqs", 1, 4096, ep.max_num_seqs);
+            break;
+        case O_BATCH:
+            U64("batch-tokens", 1, 65536, ep.max_num_batched_tokens);
+            break;
+        case O_CHUNK:
+            U64("chunk", 1, 65536, ep.max_prefill_chunk);
+            break;
+        case O_NO_KV:
+            ep.no_kv_cache = true;
+            break;
+        case O_NO_PREFIX:
+            ep.no_prefix_cache = true;
+            break;
+        case O_CHAT:
+            chat.on = true;
+            break;
+        case O_CHAT_TEMPLATE:
+            chat.on = true;
+            template_name = optarg;
+            if (kvc_chat_template_parse(optarg, &chat.t))
+                return kvc_cli_error(
+                    CMD,
+                    "--chat-template: '%s' is not llama2, llama3, chatml, mistral, "
+                    "gemma, phi3 or zephyr",
+                    optarg);
+            break;
+        case O_SYSTEM:
+            chat.system = optarg;
+            break;
+        case O_TOKENIZER:
+            tokenizer_path = optarg;
+            break;
+        case O_JSON:
+            json = true;
+            break;
+        case O_ISA:
+            if (kvc_isa_parse(optarg, &ep.isa))
+                return kvc_cli_error(CMD, "--isa: '%s' is not auto, scalar, avx2 or avx512",
+                                     optarg);
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            if (optopt)
+                return kvc_cli_error(CMD, "option -%c needs a value or is unknown (see --help)",
+                                     optopt);
+            return kvc_cli_error(CMD, "unknown option '%s' (see --help)", argv[optind - 1]);
+        }
+    }
+#undef U64
+#undef DBL
+    if (optind < argc) return kvc_cli_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (!model_path) return kvc_cli_error(CMD, "--model FILE is required (see --help)");
+    if (!!prompt + !!prompt_ids + !!prompts != 1)
+        return kvc_cli_error(CMD, "give exactly one of --prompt, --prompt-ids, --prompts");
+    if (ep.block_size & (ep.block_size - 1))
+        return kvc_cli_error(CMD, "--block-size: a power of two");
+    if (spec && ep.no_kv_cache)
+        return kvc_cli_error(CMD, "--spec and --no-kv-cache do not go together");
+    if (!spec) ep.spec_tokens = 0;
+
+    if (chat.system && !chat.on) return kvc_cli_error(CMD, "--system needs --chat");
+    if (chat.on && prompt_ids) return kvc_cli_error(CMD, "--chat takes text, not --prompt-ids");
+
+    char msg[512];
+    kvc_llm_t *m = NULL;
+    /* A GGUF by its magic; anything else is read as a llama2.c checkpoint. */
+    char magic[4] = {0};
+    FILE *mf = fopen(model_path, "rb");
+    if (!mf) return kvc_cli_error(CMD, "%s: %s", model_path, strerror(errno));
+    size_t got = fread(magic, 1, 4, mf);
+    fclose(mf);
+    if (got == 4 && !memcmp(magic, "GGUF", 4)) {
+        if (tokenizer_path)
+            return kvc_cli_error(CMD, "--tokenizer is for llama2.c checkpoints; %s is a GGUF",
+                                 model_path);
+        rc = kvc_llm_load(model_path, &m, msg, sizeof msg);
+    } else {
+        char def[4096];
+        if (!tokenizer_path) {
+            const char *slash = strrchr(model_path, '/');
+            int dl = slash ? (int)(slash - model_path + 1) : 0;
+            snprintf(def, sizeof def, "%.*stokenizer.bin", dl, model_path);
+            tokenizer_path = def;
+        }
+        kvc_gguf_t *g = NULL;
+        rc = kvc_llama2c_open(model_path, tokenizer_path, NULL, &g, msg, sizeof msg);
+        if (!rc) rc = kvc_llm_load_gguf(g, &m, msg, sizeof msg);
+    }
+    if (rc) return kvc_cli_error(CMD, "%s: %s", model_path, msg);
+    if (chat.on && !template_name) {
+        int crc = kvc_chat_template_from_gguf(kvc_llm_gguf(m), &chat.t);
+        if (crc) {
+            kvc_llm_free(m);
+            return kvc_cli_error(CMD, crc == KVC_ENOENT
+                                          ? "--chat: the model has no chat template; pass "
+                                            "--chat-template NAME"
+                                          : "--chat: the model's chat template is not one kvcache "
+                                            "knows; pass --chat-template NAME");
+        }
+    }
+    const kvc_tokenizer_t *tok = kvc_llm_tokenizer(m);
+    const uint32_t vocab = kvc_llm_hparams(m)->vocab;
+
+    creqs_t q = {0};
+    kvc_engine_t *e = NULL;
+    if (prompts)
+        rc = read_prompts(prompts, tok, vocab, &gp, &q);
+    else {
+        creq_t *r = creqs_add(&q, &gp);
+        if (!r)
+            rc = kvc_cli_error(CMD, "out of memory");
+        else {
+            for (uint32_t i = 0; i < KVC_MAX_STOP; i++) r->gp.stop[i] = NULL;
+            r->gp.n_stop = 0;
+            for (uint32_t i = 0; !rc && i < gp.n_stop; i++) rc = add_stop(r, stops[i]);
+            if (!rc)
+                rc = prompt ? tokenize(tok, prompt, strlen(prompt), r)
+                            : parse_ids(prompt_ids, vocab, r);
+        }
+    }
+    if (!rc && !ep.kv_memory) {
+        /* no size given: room for every request at once (prompt + output, in blocks), so
+         * nothing is preempted, and no more (the pool is allocated and zeroed up front) */
+        const kvc_model_hparams_t *h = kvc_llm_hparams(m);
+        const uint32_t bs = ep.block_size ? ep.block_size : 16;
+        const uint32_t ctx =
+            ep.max_ctx ? ep.max_ctx : (uint32_t)KVC_MIN(h->ctx ? h->ctx : 2048, 32768);
+        uint64_t blocks = 0;
+        for (uint32_t i = 0; i < q.n; i++) {
+            uint64_t t =
+                KVC_MIN((uint64_t)q.v[i].n_ids + q.v[i].gp.max_tokens + ep.spec_tokens, ctx);
+            blocks += (t + bs - 1) / bs + 1;
+        }
+        const uint64_t per_block = (uint64_t)kvc_dtype_bytes(ep.kv_dtype) * 2 * h->n_layers *
+                                   h->n_kv_heads * h->head_dim * bs;
+        ep.kv_memory = KVC_MAX(blocks + 8, (uint64_t)ctx / bs + 2) * (per_block + 64);
+    }
+    if (!rc && kvc_engine_create(m, &ep, &e, msg, sizeof msg)) rc = kvc_cli_error(CMD, "%s", msg);
+    for (uint32_t i = 0; !rc && i < q.n; i++)
+        if (kvc_engine_submit(e, q.v[i].ids, q.v[i].n_ids, &q.v[i].gp, &q.v[i].id, msg, sizeof msg))
+            rc = q.n > 1 ? kvc_cli_error(CMD, "request %u: %s", i, msg)
+                         : kvc_cli_error(CMD, "%s", msg);
+
+    out_ctx_t oc = {.stream = !json && q.n == 1};
+    uint32_t n_left = rc ? 0 : q.n;
+    double now = 0;
+    const double t_start = (double)kvc_now_ns() * 1e-9;
+    while (!rc && n_left) {
+        bool idle = false;
+        int e_rc = kvc_engine_step(e, now, on_event, &oc, &idle);
+        now += 1e-3;
+        if (e_rc) {
+            rc = kvc_cli_error(CMD, "engine step failed: %s", kvc_strerror(e_rc));
+            break;
+        }
+        const kvc_gen_done_t *done;
+        uint32_t n_done;
+        kvc_engine_finished(e, &done, &n_done);
+        for (uint32_t i = 0; i < n_done; i++) {
+            n_left--;
+            if (json)
+                print_done(&done[i], done[i].tag, spec);
+            else if (oc.stream)
+                printf("\n");
+            else
+                printf("[%llu] %s\n", (unsigned long long)done[i].tag, done[i].text);
+            if (done[i].finish == KVC_FINISH_ERROR)
+                rc = kvc_cli_error(CMD, "request %llu failed", (unsigned long long)done[i].tag);
+        }
+        if (idle && n_left && !n_done) {
+            rc = kvc_cli_error(CMD, "no progress: the requests cannot be scheduled");
+            break;
+        }
+    }
+    const double t_total = (double)kvc_now_ns() * 1e-9 - t_start;
+    if (!rc) {
+        kvc_engine_stats_t st;
+        kvc_engine_stats(e, &st);
+        if (json) {
+            printf("{\"summary\": true, \"requests\": %u, \"prefill_tokens\": %llu, "
+                   "\"decode_tokens\": %llu, \"prefill_tokens_per_s\": ",
+                   q.n, (unsigned long long)st.prefill_tokens,
+                   (unsigned long long)st.decode_tokens);
+            json_num(stdout, st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : NAN);
+            printf(", \"decode_tokens_per_s\": ");
+            json_num(stdout, st.decode_s > 0 ? st.decode_tokens / st.decode_s : NAN);
+            printf(", \"wall_s\": ");
+            json_num(stdout, t_total);
+            printf(", \"kv_bytes_per_token\": %llu, \"peak_kv_blocks\": %u, \"kv_blocks\": %u, "
+                   "\"block_size\": %u, \"preemptions\": %llu, \"cached_tokens\": %llu",
+                   (unsigned long long)st.kv_bytes_per_token, st.peak_blocks, st.n_blocks,
+                   st.block_size, (unsigned long long)st.preemptions,
+                   (unsigned long long)st.hit_tokens);
+            if (spec)
+                printf(", \"draft_tokens\": %llu, \"accepted_tokens\": %llu",
+                       (unsigned long long)st.draft_tokens, (unsigned long long)st.accepted_tokens);
+            printf("}\n");
+        } else
+            fprintf(stderr,
+                    "kvcache run: %u request(s), prefill %llu tokens at %.1f tok/s, decode %llu "
+                    "tokens at %.1f tok/s, %llu prompt tokens from the prefix cache, peak %u of "
+                    "%u KV blocks, %llu preemptions\n",
+                    q.n, (unsigned long long)st.prefill_tokens,
+                    st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0,
+                    (unsigned long long)st.decode_tokens,
+                    st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0.0,
+                    (unsigned long long)st.hit_tokens, st.peak_blocks, st.n_blocks,
+                    (unsigned long long)st.preemptions);
+    }
+    kvc_engine_destroy(e);
+    creqs_free(&q);
+    kvc_llm_free(m);
+    return rc ? 1 : 0;
+}

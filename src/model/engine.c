@@ -1,0 +1,879 @@
+/* engine.c - the step loop: sched plans, the forward pass, sampling, results back.
+ *
+ * The engine embeds the library exactly as a GPU engine would: the pool holds every K/V
+ * byte, sched decides each step, seq gives the slots and the block tables, and the engine
+ * owns only weights, activations and per-request sampling state.  A request's identity to
+ * the caller is the scheduler's id (generation << 32 | slot: a stale id is refused); its
+ * state here lives at index `tag` of reqs[]. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "forward_int.h"
+#include "sample_int.h"
+#include "util/msg.h"
+
+typedef struct {
+    bool used;
+    kvc_gen_id_t id;   /* the caller's: (gen << 32) | slot */
+    uint32_t gen;      /* the slot's generation, kept across reuse */
+    kvc_req_id_t sid;  /* the scheduler's, once added */
+    bool in_sched;     /* added to the scheduler (else pending here) */
+    uint32_t computed; /* prompt positions computed (from the plans: a hint, not a count) */
+    kvc_gen_params_t gp;
+    char *stop[KVC_MAX_STOP];
+    size_t stop_len[KVC_MAX_STOP];
+    kvc_rng_t rng;
+    uint32_t n_prompt, max_out;
+    kvc_token_t *out;
+    float *lp, *top_lp;
+    kvc_token_t *top_ids;
+    uint32_t n_out;
+    char *text;
+    size_t text_len, text_cap, text_sent;
+    kvc_tokenizer_stream_t *ts;
+    double submit_s, first_s;
+    kvc_finish_t finish;
+    uint32_t drafts, accepted;
+    /* no-kv-cache mode: the whole sequence, recomputed per token */
+    kvc_token_t *all;
+    uint32_t n_all;
+} req_t;
+
+struct kvc_engine {
+    const kvc_llm_t *m;
+    kvc_engine_params_t p;
+    kvc_threadpool_t *tp;
+    kvc_pool_t *pool;
+    kvc_prefix_t *pc;
+    kvc_seqs_t *seqs;
+    kvc_sched_t *sched;
+    kvc__fwd_t fwd;
+    kvc_sampler_t *sampler;
+    uint32_t max_sel;
+    float *logits; /* (max_sel, vocab) */
+    uint32_t *sel;
+    kvc__seg_t *segs;
+    kvc_sched_result_t *results;
+    bool *live;
+    kvc_token_t *emit; /* per entry: tokens emitted this step */
+    float *emit_lp;
+    req_t *reqs;
+    uint32_t n_reqs;
+    uint32_t *free_reqs, n_free;
+    kvc_gen_done_t *done;
+    uint32_t *done_slot;
+    uint32_t n_done;
+    kvc_engine_stats_t st;
+    /* requests not yet given to the scheduler, in arrival order: held back while another
+     * request is computing a prefix they share, so that they hit it instead */
+    uint32_t *pend, n_pend, pend_cap;
+    /* no-kv-cache mode: a queue of request indices, a scratch pool of one context */
+    uint32_t *queue, q_head, q_len;
+    kvc_pool_t *npool;
+    kvc_seqs_t *nseqs;
+    kvc__fwd_t nfwd;
+};
+
+static double wall_s(void)
+{
+    return (double)kvc_now_ns() * 1e-9;
+}
+
+kvc_engine_params_t kvc_engine_params_default(void)
+{
+    return (kvc_engine_params_t){.kv_dtype = KVC_DTYPE_F16,
+                                 .block_size = 16,
+                                 .max_num_seqs = 64,
+                                 .max_num_batched_tokens = 512,
+                                 .preemption = KVC_PREEMPT_RECOMPUTE,
+                                 .spec_ngram = 3};
+}
+
+kvc_gen_params_t kvc_gen_params_default(void)
+{
+    return (kvc_gen_params_t){.top_p = 1, .repetition_penalty = 1, .max_tokens = 16};
+}
+
+const char *kvc_finish_name(kvc_finish_t f)
+{
+    switch (f) {
+    case KVC_FINISH_STOP:
+        return "stop";
+    case KVC_FINISH_LENGTH:
+        return "length";
+    case KVC_FINISH_ABORT:
+        return "abort";
+    case KVC_FINISH_ERROR:
+        return "error";
+    default:
+        return "";
+    }
+}
+
+kvc_seqs_t *kvc_engine_seqs(const kvc_engine_t *e)
+{
+    return e->seqs;
+}
+kvc_sched_t *kvc_engine_sched(const kvc_engine_t *e)
+{
+    return e->sched;
+}
+
+static void req_clear(req_t *r)
+{
+    for (uint32_t i = 0; i < KVC_MAX_STOP; i++) free(r->stop[i]);
+    free(r->out), free(r->lp), free(r->top_lp), free(r->top_ids), free(r->text), free(r->all);
+    kvc_tokenizer_stream_destroy(r->ts);
+    const uint32_t gen = r->gen;
+    memset(r, 0, sizeof *r);
+    r->gen = gen + 1 ? gen + 1 : 1;
+}
+
+void kvc_engine_destroy(kvc_engine_t *e)
+{
+    if (!e) return;
+    kvc_sched_destroy(e->sched);
+    kvc_seqs_destroy(e->seqs);
+    kvc_prefix_destroy(e->pc);
+    kvc__fwd_free(&e->fwd);
+    kvc_pool_destroy(e->pool);
+    kvc__fwd_free(&e->nfwd);
+    kvc_seqs_destroy(e->nseqs);
+    kvc_pool_destroy(e->npool);
+    kvc_threadpool_destroy(e->tp);
+    kvc_sampler_destroy(e->sampler);
+    if (e->reqs)
+        for (uint32_t i = 0; i < e->n_reqs; i++) req_clear(&e->reqs[i]);
+    free(e->reqs), free(e->free_reqs), free(e->done), free(e->done_slot), free(e->queue),
+        free(e->pend);
+    free(e->logits), free(e->sel), free(e->segs), free(e->results), free(e->live);
+    free(e->emit), free(e->emit_lp);
+    free(e);
+}
+
+/* Drafts by prompt lookup: the tokens that followed the latest earlier occurrence of the
+ * sequence's last n-gram (shorter n-grams if none), or the last token repeated when nothing
+ * matches (the verification rejects it; a draft costs one row). */
+static void ngram_draft(void *ctx, kvc_req_id_t id, uint64_t tag, uint32_t n, kvc_token_t *out)
+{
+    kvc_engine_t *e = ctx;
+    (void)id;
+    const kvc_token_t *t;
+    size_t len;
+    req_t *r = &e->reqs[tag];
+    kvc_seq_t seq = {0};
+    (void)seq;
+    /* the sequence's committed tokens: prompt + outputs, kept here as well */
+    t = r->all;
+    len = r->n_all;
+    for (uint32_t i = 0; i < n; i++) out[i] = len ? t[len - 1] : 0;
+    for (uint32_t g = KVC_MIN(e->p.spec_ngram, (uint32_t)len); g >= 1; g--) {
+        for (size_t s = len - g; s-- > 0;) {
+            if (memcmp(t + s, t + len - g, g * sizeof *t)) continue;
+            size_t from = s + g;
+            for (uint32_t i = 0; i < n; i++) out[i] = from + i < len ? t[from + i] : out[i];
+            return;
+        }
+    }
+}
+
+int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_engine_t **out,
+                      char *msg, size_t cap)
+{
+    if (!m || !pp || !out) return kvc__msgf(KVC_EINVAL, msg, cap, "no model or parameters");
+    *out = NULL;
+    kvc_engine_params_t p = *pp;
+    const kvc_model_hparams_t *h = &m->h;
+    if (!p.n_threads) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        p.n_threads = n > 0 ? (uint32_t)KVC_MIN(n, 256) : 1;
+    }
+    if (p.n_threads > 256) return kvc__msgf(KVC_EINVAL, msg, cap, "--threads: at most 256");
+    if (!p.block_size || p.block_size > 256 || (p.block_size & (p.block_size - 1)))
+        return kvc__msgf(KVC_EINVAL, msg, cap, "--block-size: a power of two, 1 to 256");
+    if (kvc_dtype_bytes(p.kv_dtype) == 0) return kvc__msgf(KVC_EINVAL, msg, cap, "bad KV dtype");
+    if (!p.max_ctx) p.max_ctx = (uint32_t)KVC_MIN(h->ctx ? h->ctx : 2048, 32768);
+    if (p.max_ctx > (1u << 24)) return kvc__msgf(KVC_EINVAL, msg, cap, "--ctx: at most 16M");
+    if (!p.max_num_seqs || p.max_num_seqs > 4096)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "max running requests: 1 to 4096");
+    if (p.max_num_batched_tokens < 1 || p.max_num_batched_tokens > 65536)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "tokens per step: 1 to 65536");
+    if (p.spec_tokens > 16) return kvc__msgf(KVC_EINVAL, msg, cap, "--spec: at most 16 drafts");
+    if (!p.spec_ngram) p.spec_ngram = 3;
+    if (p.preemption == KVC_PREEMPT_SWAP)
+        return kvc__msgf(KVC_ENOTSUP, msg, cap, "swap preemption is not supported yet");
+
+    kvc_engine_t *e = calloc(1, sizeof *e);
+    if (!e) return kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
+    e->m = m;
+    e->p = p;
+    int rc = kvc_threadpool_create(p.n_threads, NULL, &e->tp);
+    if (rc) goto fail;
+
+    /* The pool: every layer's K/V of a group in each block. */
+    kvc_storage_desc_t sd = {.n_layers = m->storage_layers,
+                             .n_kv_heads = h->n_kv_heads,
+                             .head_dim = h->head_dim,
+                             .dtype = p.kv_dtype};
+    size_t block_bytes = 0;
+    if ((rc = kvc_storage_block_bytes(&sd, p.block_size, &block_bytes))) goto fail;
+    const uint32_t ctx_blocks = (p.max_ctx + p.block_size - 1) / p.block_size + 1;
+    uint64_t n_blocks;
+    if (p.kv_memory)
+        n_blocks = p.kv_memory / block_bytes;
+    else {
+        n_blocks = (uint64_t)ctx_blocks * m->n_groups * p.max_num_seqs;
+        n_blocks = KVC_MIN(n_blocks, ((uint64_t)256 << 20) / block_bytes);
+        n_blocks = KVC_MAX(n_blocks, (uint64_t)ctx_blocks * m->n_groups);
+    }
+    if (n_blocks < 2 || n_blocks > (1u << 30)) {
+        rc =
+            kvc__msgf(KVC_EINVAL, msg, cap, "--kv-memory: %llu blocks of %zu bytes; need 2 to 2^30",
+                      (unsigned long long)n_blocks, block_bytes);
+        goto fail_quiet;
+    }
+    e->st.kv_bytes_per_token = (uint64_t)block_bytes * m->n_groups / p.block_size;
+    e->st.block_size = p.block_size;
+    e->st.n_blocks = (uint32_t)n_blocks;
+    e->max_sel = KVC_MIN(p.max_num_batched_tokens, p.max_num_seqs * (1 + p.spec_tokens));
+    const uint32_t vocab = h->vocab;
+    e->logits = malloc((size_t)e->max_sel * vocab * sizeof(float));
+    e->sel = malloc(e->max_sel * sizeof *e->sel);
+    e->segs = malloc(p.max_num_seqs * sizeof *e->segs);
+    e->results = malloc(p.max_num_seqs * sizeof *e->results);
+    e->live = malloc(p.max_num_seqs * sizeof *e->live);
+    e->emit = malloc((size_t)p.max_num_seqs * (p.spec_tokens + 1) * sizeof *e->emit);
+    e->emit_lp = malloc((size_t)p.max_num_seqs * (p.spec_tokens + 1) * sizeof *e->emit_lp);
+    if (!e->logits || !e->sel || !e->segs || !e->results || !e->live || !e->emit || !e->emit_lp) {
+        rc = KVC_ENOMEM;
+        goto fail;
+    }
+    if ((rc = kvc_sampler_create(vocab, NULL, &e->sampler))) goto fail;
+
+    if (p.no_kv_cache) {
+        /* A scratch pool of one context: each token recomputes its whole sequence in it. */
+        kvc_pool_params_t np = kvc_pool_params_default();
+        np.n_blocks = ctx_blocks * m->n_groups + 1;
+        np.block_size = p.block_size;
+        np.storage = sd;
+        kvc_seqs_params_t ns = kvc_seqs_params_default();
+        ns.max_seqs = 1;
+        ns.max_batch = 1;
+        ns.n_groups = m->n_groups;
+        /* no sliding release: the recompute must see what the cached pass would */
+        if ((rc = kvc_pool_create(&np, &e->npool)) ||
+            (rc = kvc_seqs_create(e->npool, NULL, &ns, &e->nseqs)) ||
+            (rc = kvc__fwd_init(&e->nfwd, m, e->npool, p.max_num_batched_tokens, 1, ctx_blocks, 1,
+                                e->tp, p.isa)))
+            goto fail;
+        e->queue = malloc(4096 * sizeof *e->queue);
+        if (!e->queue) {
+            rc = KVC_ENOMEM;
+            goto fail;
+        }
+    }
+
+    kvc_pool_params_t pp2 = kvc_pool_params_default();
+    pp2.n_blocks = (uint32_t)n_blocks;
+    pp2.block_size = p.block_size;
+    pp2.storage = sd;
+    if ((rc = kvc_pool_create(&pp2, &e->pool))) goto fail;
+    kvc_prefix_params_t cp = kvc_prefix_params_default();
+    for (uint32_t g = 0; g < m->n_groups; g++) cp.group_window[g] = m->group_window[g];
+    if (!p.no_prefix_cache && (rc = kvc_prefix_create(e->pool, &cp, &e->pc))) goto fail;
+    kvc_seqs_params_t sp = kvc_seqs_params_default();
+    sp.max_seqs = 2 * p.max_num_seqs + 8;
+    sp.max_batch = p.max_num_seqs;
+    sp.n_groups = m->n_groups;
+    for (uint32_t g = 0; g < m->n_groups; g++) sp.window[g] = m->group_window[g];
+    if ((rc = kvc_seqs_create(e->pool, e->pc, &sp, &e->seqs))) goto fail;
+    kvc_sched_params_t sc = kvc_sched_params_default();
+    sc.max_num_seqs = p.max_num_seqs;
+    sc.max_num_batched_tokens = p.max_num_batched_tokens;
+    sc.max_prefill_chunk = p.max_prefill_chunk;
+    sc.preemption = p.preemption;
+    sc.block_bytes = block_bytes;
+    sc.spec_tokens = p.spec_tokens;
+    sc.draft = ngram_draft;
+    sc.draft_ctx = e;
+    if ((rc = kvc_sched_create(e->seqs, &sc, &e->sched))) goto fail;
+    if ((rc = kvc__fwd_init(&e->fwd, m, e->pool, p.max_num_batched_tokens, p.max_num_seqs,
+                            ctx_blocks, e->max_sel, e->tp, p.isa)))
+        goto fail;
+    *out = e;
+    return 0;
+fail:
+    kvc__msgf(rc, msg, cap, "engine: %s", kvc_strerror(rc));
+fail_quiet:
+    kvc_engine_destroy(e);
+    return rc;
+}
+
+/* ---- requests --------------------------------------------------------------------------- */
+static int req_slot(kvc_engine_t *e, uint32_t *out)
+{
+    if (e->n_free) {
+        *out = e->free_reqs[--e->n_free];
+        return 0;
+    }
+    uint32_t n = e->n_reqs ? 2 * e->n_reqs : 16;
+    req_t *r = realloc(e->reqs, n * sizeof *r);
+    if (!r) return KVC_ENOMEM;
+    e->reqs = r;
+    uint32_t *f = realloc(e->free_reqs, n * sizeof *f);
+    if (!f) return KVC_ENOMEM;
+    e->free_reqs = f;
+    memset(r + e->n_reqs, 0, (n - e->n_reqs) * sizeof *r);
+    for (uint32_t i = n; i-- > e->n_reqs + 1;) e->free_reqs[e->n_free++] = i;
+    *out = e->n_reqs;
+    e->n_reqs = n;
+    return 0;
+}
+
+static void req_release(kvc_engine_t *e, uint32_t i)
+{
+    req_clear(&e->reqs[i]);
+    e->free_reqs[e->n_free++] = i;
+}
+
+int kvc_engine_submit(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_prompt,
+                      const kvc_gen_params_t *gp, kvc_gen_id_t *id, char *msg, size_t cap)
+{
+    if (!e || !prompt || !gp || !id) return kvc__msgf(KVC_EINVAL, msg, cap, "no request");
+    const kvc_model_hparams_t *h = &e->m->h;
+    if (!n_prompt) return kvc__msgf(KVC_EINVAL, msg, cap, "empty prompt");
+    for (uint32_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || (uint32_t)prompt[i] >= h->vocab)
+            return kvc__msgf(KVC_EINVAL, msg, cap, "prompt token %d is not in the vocabulary (%u)",
+                             prompt[i], h->vocab);
+    if (n_prompt >= e->p.max_ctx)
+        return kvc__msgf(KVC_ERANGE, msg, cap,
+                         "the prompt has %u tokens; the context holds %u (prompt + output)",
+                         n_prompt, e->p.max_ctx);
+    if (!gp->max_tokens) return kvc__msgf(KVC_EINVAL, msg, cap, "max tokens must be at least 1");
+    kvc_sampling_params_t sp;
+    kvc__sampling_from_gen(gp, &sp);
+    int rc = kvc_sampling_params_check(&sp, msg, cap);
+    if (rc) return rc;
+    if (gp->n_stop > KVC_MAX_STOP || gp->n_stop_ids > KVC_MAX_STOP)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "at most %d stop strings and stop ids",
+                         KVC_MAX_STOP);
+    for (uint32_t i = 0; i < gp->n_stop_ids; i++)
+        if (gp->stop_ids[i] < 0 || (uint32_t)gp->stop_ids[i] >= h->vocab)
+            return kvc__msgf(KVC_EINVAL, msg, cap, "stop id %d is not in the vocabulary",
+                             gp->stop_ids[i]);
+    for (uint32_t i = 0; i < gp->n_stop; i++)
+        if (!gp->stop[i] || !gp->stop[i][0] || strlen(gp->stop[i]) > 256)
+            return kvc__msgf(KVC_EINVAL, msg, cap, "stop strings: 1 to 256 bytes");
+    uint32_t slot;
+    if ((rc = req_slot(e, &slot))) return kvc__msgf(rc, msg, cap, "out of memory");
+    req_t *r = &e->reqs[slot];
+    r->gp = *gp;
+    r->n_prompt = n_prompt;
+    r->max_out = KVC_MIN(gp->max_tokens, e->p.max_ctx - n_prompt);
+    kvc_rng_seed(&r->rng, gp->seed);
+    r->out = malloc(r->max_out * sizeof *r->out);
+    r->lp = malloc(r->max_out * sizeof *r->lp);
+    const uint32_t k = KVC_MIN(gp->n_logprobs, KVC_MAX_LOGPROBS);
+    r->gp.n_logprobs = k;
+    if (k) {
+        r->top_ids = malloc((size_t)r->max_out * k * sizeof *r->top_ids);
+        r->top_lp = malloc((size_t)r->max_out * k * sizeof *r->top_lp);
+    }
+    r->all = malloc((n_prompt + r->max_out + e->p.spec_tokens + 1) * sizeof *r->all);
+    rc = (!r->out || !r->lp || !r->all || (k && (!r->top_ids || !r->top_lp))) ? KVC_ENOMEM : 0;
+    if (!rc) rc = kvc_tokenizer_stream_create(e->m->tok, KVC_TOK_REMOVE_SPECIAL, &r->ts);
+    for (uint32_t i = 0; !rc && i < gp->n_stop; i++) {
+        r->stop_len[i] = strlen(gp->stop[i]);
+        if (!(r->stop[i] = strdup(gp->stop[i]))) rc = KVC_ENOMEM;
+        r->gp.stop[i] = r->stop[i];
+    }
+    if (rc) {
+        req_release(e, slot);
+        return kvc__msgf(rc, msg, cap, "out of memory");
+    }
+    memcpy(r->all, prompt, n_prompt * sizeof *prompt);
+    r->n_all = n_prompt;
+    r->submit_s = wall_s();
+    r->first_s = -1;
+    if (!r->gen) r->gen = 1;
+    r->id = ((uint64_t)r->gen << 32) | slot;
+    if (e->p.no_kv_cache) {
+        if (e->q_len >= 4096) {
+            req_release(e, slot);
+            return kvc__msgf(KVC_ENOSPC, msg, cap, "too many requests queued");
+        }
+        e->queue[(e->q_head + e->q_len++) % 4096] = slot;
+    } else {
+        /* it must fit the pool (its prompt and a first token), whenever it is admitted */
+        const uint64_t need =
+            ((uint64_t)n_prompt + 1 + e->p.block_size - 1) / e->p.block_size * e->m->n_groups;
+        if (need > e->st.n_blocks) {
+            req_release(e, slot);
+            return kvc__msgf(KVC_ERANGE, msg, cap,
+                             "the prompt needs %llu KV blocks; the pool has %u (--kv-memory)",
+                             (unsigned long long)need, e->st.n_blocks);
+        }
+        if (e->n_pend == e->pend_cap) {
+            uint32_t c = e->pend_cap ? 2 * e->pend_cap : 16;
+            uint32_t *v = realloc(e->pend, c * sizeof *v);
+            if (!v) {
+                req_release(e, slot);
+                return kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
+            }
+            e->pend = v, e->pend_cap = c;
+        }
+        e->pend[e->n_pend++] = slot;
+    }
+    r->used = true;
+    *id = r->id;
+    return 0;
+}
+
+int kvc_engine_abort(kvc_engine_t *e, kvc_gen_id_t id)
+{
+    if (!e) return KVC_EINVAL;
+    const uint32_t slot = (uint32_t)id;
+    if (slot >= e->n_reqs) return KVC_ESTALE;
+    req_t *r = &e->reqs[slot];
+    if (!r->used || r->id != id || r->finish) return KVC_ESTALE;
+    if (r->in_sched) return kvc_sched_abort(e->sched, r->sid);
+    r->finish = KVC_FINISH_ABORT; /* pending or no-kv-cache: finished at the next step */
+    return 0;
+}
+
+/* ---- outputs --------------------------------------------------------------------------- */
+static int text_append(req_t *r, const char *s, size_t n)
+{
+    if (r->text_len + n + 1 > r->text_cap) {
+        size_t c = KVC_MAX(r->text_cap * 2, r->text_len + n + 64);
+        char *t = realloc(r->text, c);
+        if (!t) return KVC_ENOMEM;
+        r->text = t, r->text_cap = c;
+    }
+    memcpy(r->text + r->text_len, s, n);
+    r->text_len += n;
+    r->text[r->text_len] = 0;
+    return 0;
+}
+
+/* Record one emitted token: its text, and whether it ends the request.  Returns the finish. */
+static kvc_finish_t emit_token(kvc_engine_t *e, req_t *r, kvc_token_t t, float lp,
+                               const kvc_sample_result_t *sr)
+{
+    const kvc_tokenizer_t *tok = e->m->tok;
+    if (r->first_s < 0) r->first_s = wall_s();
+    r->out[r->n_out] = t;
+    r->lp[r->n_out] = lp;
+    if (r->gp.n_logprobs && sr)
+        for (uint32_t i = 0; i < r->gp.n_logprobs; i++) {
+            r->top_ids[(size_t)r->n_out * r->gp.n_logprobs + i] =
+                i < sr->n_top ? sr->top_ids[i] : -1;
+            r->top_lp[(size_t)r->n_out * r->gp.n_logprobs + i] =
+                i < sr->n_top ? sr->top_logprobs[i] : -INFINITY;
+        }
+    r->n_out++;
+    r->all[r->n_all++] = t;
+    bool stop = !r->gp.ignore_eos && t == kvc_tokenizer_eos(tok);
+    for (uint32_t i = 0; i < r->gp.n_stop_ids; i++) stop |= t == r->gp.stop_ids[i];
+    char buf[1024];
+    size_t nb = 0;
+    if (!stop && kvc_tokenizer_stream_push(r->ts, t, buf, sizeof buf, &nb) == 0 && nb) {
+        size_t before = r->text_len;
+        if (text_append(r, buf, nb)) return KVC_FINISH_ERROR;
+        /* a stop string ends the text where it starts (the search starts early enough to
+         * catch one that straddles the previous text) */
+        for (uint32_t i = 0; i < r->gp.n_stop; i++) {
+            size_t from = before >= r->stop_len[i] ? before - r->stop_len[i] + 1 : 0;
+            char *hit = r->text_len >= r->stop_len[i]
+                            ? memmem(r->text + from, r->text_len - from, r->stop[i], r->stop_len[i])
+                            : NULL;
+            if (hit) {
+                r->text_len = (size_t)(hit - r->text);
+                r->text[r->text_len] = 0;
+                stop = true;
+            }
+        }
+    }
+    if (stop) return KVC_FINISH_STOP;
+    if (r->n_out >= r->max_out) return KVC_FINISH_LENGTH;
+    return KVC_FINISH_NONE;
+}
+
+/* The text of r that is safe to show: all of it once finished, else all but the longest tail
+ * that could still start a stop string. */
+static size_t text_ready(const req_t *r)
+{
+    if (r->finish) return r->text_len;
+    size_t hold = 0;
+    for (uint32_t i = 0; i < r->gp.n_stop; i++)
+        for (size_t k = KVC_MIN(r->stop_len[i] - 1, r->text_len); k > hold; k--)
+            if (!memcmp(r->text + r->text_len - k, r->stop[i], k)) {
+                hold = k;
+                break;
+            }
+    return r->text_len - hold;
+}
+
+static void send_event(req_t *r, const kvc_token_t *toks, const float *lps, uint32_t n,
+                       uint32_t tag, kvc_gen_event_fn fn, void *ctx)
+{
+    if (r->finish) {
+        char tail[1024];
+        size_t nb = 0;
+        if (r->finish != KVC_FINISH_STOP || !r->gp.n_stop) {
+            if (kvc_tokenizer_stream_finish(r->ts, tail, sizeof tail, &nb) == 0 && nb)
+                (void)text_append(r, tail, nb);
+        }
+    }
+    size_t ready = text_ready(r);
+    if (!fn) {
+        r->text_sent = KVC_MAX(r->text_sent, ready);
+        return;
+    }
+    kvc_gen_event_t ev = {.id = r->id,
+                          .tag = r->gp.tag,
+                          .tokens = toks,
+                          .n_tokens = n,
+                          .logprobs = lps,
+                          .text = r->text ? r->text + r->text_sent : "",
+                          .text_len = ready > r->text_sent ? ready - r->text_sent : 0,
+                          .finish = r->finish};
+    char saved = 0;
+    if (r->text && ready < r->text_len) saved = r->text[ready], r->text[ready] = 0;
+    fn(ctx, &ev);
+    if (saved) r->text[ready] = saved;
+    (void)tag;
+    r->text_sent = KVC_MAX(r->text_sent, ready);
+}
+
+static int done_push(kvc_engine_t *e, uint32_t slot, uint32_t cached, uint32_t preempt,
+                     double finish)
+{
+    req_t *r = &e->reqs[slot];
+    kvc_gen_done_t *d = realloc(e->done, (e->n_done + 1) * sizeof *d);
+    if (!d) return KVC_ENOMEM;
+    e->done = d;
+    uint32_t *ds = realloc(e->done_slot, (e->n_done + 1) * sizeof *ds);
+    if (!ds) return KVC_ENOMEM;
+    e->done_slot = ds;
+    e->done_slot[e->n_done] = slot;
+    e->done[e->n_done++] =
+        (kvc_gen_done_t){.id = r->id,
+                         .tag = r->gp.tag,
+                         .prompt_tokens = r->n_prompt,
+                         .cached_tokens = cached,
+                         .completion_tokens = r->n_out,
+                         .output = r->out,
+                         .logprobs = r->gp.logprobs || r->gp.n_logprobs ? r->lp : NULL,
+                         .top_ids = r->top_ids,
+                         .top_logprobs = r->top_lp,
+                         .n_logprobs = r->gp.n_logprobs,
+                         .text = r->text ? r->text : "",
+                         .finish = r->finish,
+                         .submit_s = r->submit_s,
+                         .first_token_s = r->first_s,
+                         .finish_s = finish,
+                         .preemptions = preempt,
+                         .draft_tokens = r->drafts,
+                         .accepted_tokens = r->accepted};
+    return 0;
+}
+
+/* Release the requests finished last step (their accounts were borrowed until now). */
+static void done_clear(kvc_engine_t *e)
+{
+    for (uint32_t i = 0; i < e->n_done; i++) req_release(e, e->done_slot[i]);
+    e->n_done = 0;
+}
+
+void kvc_engine_finished(const kvc_engine_t *e, const kvc_gen_done_t **done, uint32_t *n)
+{
+    *done = e->done;
+    *n = e->n_done;
+}
+
+void kvc_engine_stats(const kvc_engine_t *e, kvc_engine_stats_t *out)
+{
+    *out = e->st;
+    if (e->sched) {
+        kvc_sched_stats_t s;
+        kvc_sched_stats(e->sched, &s);
+        out->n_running = s.n_running;
+        out->n_waiting = s.n_waiting + s.n_swapped;
+        out->preemptions = s.preemptions;
+        out->hit_tokens = s.hit_tokens;
+    }
+}
+
+/* Sample one position of request r from its logits row. */
+static int sample_row(kvc_engine_t *e, req_t *r, const float *logits, kvc_sample_result_t *res)
+{
+    kvc_sampling_params_t sp;
+    kvc__sampling_from_gen(&r->gp, &sp);
+    /* the penalties look at the output so far */
+    return kvc_sample(e->sampler, &sp, &r->rng, logits, r->out, r->n_out, res);
+}
+
+/* ---- the step with a cache ------------------------------------------------------------ */
+/* Whether pending request p should wait: another request is computing a prompt prefix of at
+ * least one block that p shares, and has not computed it yet.  Once it has, p's lookup hits
+ * those blocks instead of computing them again (8 requests with one 1024-token prompt compute
+ * it once, not 8 times, with no flag). */
+static bool hold_back(const kvc_engine_t *e, const req_t *p)
+{
+    if (!e->pc) return false;
+    const uint32_t bs = e->p.block_size;
+    for (uint32_t i = 0; i < e->n_reqs; i++) {
+        const req_t *a = &e->reqs[i];
+        if (!a->used || !a->in_sched || a->finish || a->computed >= a->n_prompt) continue;
+        const uint32_t n = KVC_MIN(p->n_prompt, a->n_prompt) - 1;
+        uint32_t l = 0;
+        while (l < n && p->all[l] == a->all[l]) l++;
+        const uint32_t full = l / bs * bs;
+        if (full >= bs && a->computed < full) return true;
+    }
+    return false;
+}
+
+/* Give the scheduler the pending requests that need not wait; finish the aborted ones. */
+static int admit_pending(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *ctx)
+{
+    uint32_t kept = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < e->n_pend; i++) {
+        const uint32_t slot = e->pend[i];
+        req_t *r = &e->reqs[slot];
+        if (!rc && !r->finish && hold_back(e, r)) {
+            e->pend[kept++] = slot;
+            continue;
+        }
+        if (!rc && !r->finish) {
+            kvc_sched_req_t q = {.prompt = r->all,
+                                 .n_prompt = r->n_prompt,
+                                 .max_output = r->max_out,
+                                 .priority = r->gp.priority,
+                                 .tag = slot};
+            int arc = kvc_sched_add(e->sched, &q, now, &r->sid);
+            if (!arc) {
+                r->in_sched = true;
+                continue;
+            }
+            if (arc == KVC_ENOMEM) {
+                rc = arc;
+                e->pend[kept++] = slot;
+                continue;
+            }
+            r->finish = KVC_FINISH_ERROR;
+        }
+        if (rc) {
+            e->pend[kept++] = slot;
+            continue;
+        }
+        send_event(r, NULL, NULL, 0, slot, fn, ctx);
+        if ((rc = done_push(e, slot, 0, 0, wall_s()))) e->pend[kept++] = slot;
+    }
+    e->n_pend = kept;
+    return rc;
+}
+
+static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *ctx, bool *idle)
+{
+    int rc = admit_pending(e, now, fn, ctx);
+    if (rc) return rc;
+    const kvc_sched_plan_t *plan;
+    rc = kvc_sched_step(e->sched, now, &plan);
+    if (rc) return rc;
+    const uint32_t n = plan->n_entries;
+    *idle = n == 0 && e->n_pend == 0;
+    const double t0 = wall_s();
+    uint32_t n_sel = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const kvc_sched_entry_t *en = &plan->entries[i];
+        e->segs[i] =
+            (kvc__seg_t){.seq = en->seq, .first_pos = en->first_pos, .n_tokens = en->n_tokens};
+        e->fwd.rows[i] = en->seq;
+        e->reqs[en->tag].computed = en->first_pos + en->n_tokens;
+        e->results[i] = (kvc_sched_result_t){.id = en->id};
+    }
+    kvc_step_id_t step = 0;
+    if (n) {
+        /* rows in flight from here: an abort meanwhile keeps the blocks until completion */
+        kvc_seq_t *rows = malloc(n * sizeof *rows);
+        if (!rows) return KVC_ENOMEM;
+        for (uint32_t i = 0; i < n; i++) rows[i] = plan->entries[i].seq;
+        rc = kvc_step_launch(e->seqs, rows, n, &step);
+        if (!rc) {
+            uint32_t row = 0;
+            for (uint32_t i = 0; i < n; i++) {
+                const kvc_sched_entry_t *en = &plan->entries[i];
+                row += en->n_tokens;
+                if (!en->samples) continue;
+                for (uint32_t j = en->n_drafts + 1; j-- > 0;) e->sel[n_sel++] = row - 1 - j;
+            }
+            rc = kvc__fwd_run(&e->fwd, e->seqs, e->segs, n, e->sel, n_sel, e->logits);
+            int rc2 = kvc_step_complete(e->seqs, step, rows, n, e->live);
+            if (!rc) rc = rc2;
+        }
+        free(rows);
+        if (rc) return rc;
+    }
+
+    /* Sample, verify drafts, decide finishes. */
+    uint32_t sel_i = 0;
+    const uint32_t vocab = e->m->h.vocab;
+    uint32_t *n_emit = calloc(n ? n : 1, sizeof *n_emit);
+    if (!n_emit) return KVC_ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        const kvc_sched_entry_t *en = &plan->entries[i];
+        req_t *r = &e->reqs[en->tag];
+        if (!en->samples || r->finish) {
+            if (en->samples) sel_i += en->n_drafts + 1;
+            continue;
+        }
+        const kvc_token_t *seq_tok;
+        size_t n_tok;
+        if ((rc = kvc_seq_tokens(e->seqs, en->seq, &seq_tok, &n_tok))) break;
+        /* drafts are the entry's last n_drafts tokens */
+        const kvc_token_t *drafts = seq_tok + en->first_pos + en->n_tokens - en->n_drafts;
+        kvc_token_t *em = e->emit + (size_t)i * (e->p.spec_tokens + 1);
+        float *eml = e->emit_lp + (size_t)i * (e->p.spec_tokens + 1);
+        uint32_t accepted = 0;
+        kvc_token_t tok = 0;
+        for (uint32_t j = 0; j <= en->n_drafts; j++) {
+            kvc_sample_result_t sr;
+            if ((rc = sample_row(e, r, e->logits + (size_t)(sel_i + j) * vocab, &sr))) break;
+            tok = sr.token;
+            em[n_emit[i]] = tok;
+            eml[n_emit[i]++] = sr.logprob;
+            r->finish = emit_token(e, r, tok, sr.logprob, &sr);
+            if (r->finish) break;
+            if (j < en->n_drafts && tok == drafts[j])
+                accepted++;
+            else
+                break;
+        }
+        if (rc) break;
+        sel_i += en->n_drafts + 1;
+        /* the tokens emitted are the accepted drafts and then `tok` (the bonus or the
+         * correction), unless a finish came first: then the last emitted is `tok` too */
+        e->results[i].n_accepted = n_emit[i] - 1;
+        e->results[i].token = tok;
+        e->results[i].finished = r->finish != KVC_FINISH_NONE;
+        r->drafts += en->n_drafts;
+        r->accepted += n_emit[i] - 1;
+        e->st.draft_tokens += en->n_drafts;
+        e->st.accepted_tokens += n_emit[i] - 1;
+    }
+    if (rc) {
+        free(n_emit);
+        return rc;
+    }
+    const double t1 = wall_s();
+    if (n) {
+        e->st.steps++;
+        e->st.prefill_tokens += plan->n_prefill_tokens;
+        if (plan->n_prefill_tokens)
+            e->st.prefill_s += t1 - t0;
+        else {
+            e->st.decode_s += t1 - t0;
+            for (uint32_t i = 0; i < n; i++) e->st.decode_tokens += n_emit[i];
+        }
+    }
+    if ((rc = kvc_sched_complete(e->sched, e->results, n, now))) {
+        free(n_emit);
+        return rc;
+    }
+    kvc_pool_stats_t ps;
+    kvc_pool_stats(e->pool, &ps);
+    e->st.peak_blocks = KVC_MAX(e->st.peak_blocks, ps.n_used);
+
+    for (uint32_t i = 0; i < n; i++) {
+        const kvc_sched_entry_t *en = &plan->entries[i];
+        if (!n_emit[i]) continue;
+        req_t *r = &e->reqs[en->tag];
+        send_event(r, e->emit + (size_t)i * (e->p.spec_tokens + 1),
+                   e->emit_lp + (size_t)i * (e->p.spec_tokens + 1), n_emit[i], (uint32_t)en->tag,
+                   fn, ctx);
+    }
+    free(n_emit);
+
+    const kvc_sched_done_t *done;
+    uint32_t n_done;
+    if ((rc = kvc_sched_take_finished(e->sched, &done, &n_done))) return rc;
+    for (uint32_t i = 0; i < n_done; i++) {
+        uint32_t slot = (uint32_t)done[i].tag;
+        req_t *r = &e->reqs[slot];
+        if (!r->finish) {
+            r->finish = done[i].aborted ? KVC_FINISH_ABORT
+                        : done[i].error ? KVC_FINISH_ERROR
+                                        : KVC_FINISH_LENGTH;
+            send_event(r, NULL, NULL, 0, slot, fn, ctx);
+        }
+        if ((rc = done_push(e, slot, done[i].n_hit_tokens, done[i].n_preemptions, wall_s())))
+            return rc;
+    }
+    return 0;
+}
+
+/* ---- the step without a cache: one token of the oldest request, its whole sequence
+ * recomputed in a scratch pool ----------------------------------------------------------- */
+static int step_nocache(kvc_engine_t *e, kvc_gen_event_fn fn, void *ctx, bool *idle)
+{
+    *idle = e->q_len == 0;
+    if (!e->q_len) return 0;
+    const uint32_t slot = e->queue[e->q_head];
+    req_t *r = &e->reqs[slot];
+    int rc = 0;
+    const double t0 = wall_s();
+    if (!r->finish) {
+        kvc_seq_desc_t d = {.prompt = r->all, .n_prompt = r->n_all};
+        kvc_seq_t s;
+        if ((rc = kvc_seq_create(e->nseqs, &d, &s))) return rc;
+        const uint32_t B = e->p.max_num_batched_tokens;
+        for (uint32_t pos = 0; pos < r->n_all && !rc; pos += B) {
+            uint32_t cnt = KVC_MIN(B, r->n_all - pos);
+            kvc__seg_t sg = {.seq = s, .first_pos = pos, .n_tokens = cnt};
+            uint32_t last = cnt - 1;
+            bool final = pos + cnt == r->n_all;
+            if (!(rc = kvc_seq_reserve(e->nseqs, s, cnt, NULL)))
+                rc = kvc__fwd_run(&e->nfwd, e->nseqs, &sg, 1, &last, final ? 1 : 0, e->logits);
+            if (!rc) rc = kvc_seq_complete(e->nseqs, s, cnt);
+        }
+        int rc2 = kvc_seq_destroy(e->nseqs, s);
+        if (!rc) rc = rc2;
+        if (rc) return rc;
+        kvc_sample_result_t sr;
+        if ((rc = sample_row(e, r, e->logits, &sr))) return rc;
+        if (r->n_out == 0)
+            e->st.prefill_tokens += r->n_prompt;
+        else
+            e->st.decode_tokens++;
+        r->finish = emit_token(e, r, sr.token, sr.logprob, &sr);
+        const double t1 = wall_s();
+        if (r->n_out == 1)
+            e->st.prefill_s += t1 - t0;
+        else
+            e->st.decode_s += t1 - t0;
+        e->st.steps++;
+        send_event(r, &r->out[r->n_out - 1], &r->lp[r->n_out - 1], 1, slot, fn, ctx);
+    } else
+        send_event(r, NULL, NULL, 0, slot, fn, ctx);
+    if (r->finish) {
+        e->q_head = (e->q_head + 1) % 4096;
+        e->q_len--;
+        if ((rc = done_push(e, slot, 0, 0, wall_s()))) return rc;
+    }
+    return 0;
+}
+
+int kvc_engine_step(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *ctx, bool *idle)
+{
+    bool dummy;
+    if (!idle) idle = &dummy;
+    if (!e || !isfinite(now)) return KVC_EINVAL;
+    done_clear(e);
+    return e->p.no_kv_cache ? step_nocache(e, fn, ctx, idle) : step_cached(e, now, fn, ctx, idle);
+}

@@ -1,0 +1,437 @@
+/* matmul.c - the engine's matrix kernels: argument checks, the per-row quantisation of the
+ * activations for the integer paths, the split of the output rows into tasks, the choice of
+ * the ISA's kernel (matmul_scalar.c, matmul_avx2.c, matmul_avx512.c), and the thread pool that
+ * runs the tasks.  Batch invariance (matmul.h) rests on three things here: x is quantised row
+ * by row with nothing shared between rows, tasks split the output rows only, and every kernel
+ * computes each output element with the same instructions in the same order whatever tile it
+ * falls in. */
+#include "model/matmul_int.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+#include "attn/attn_int.h" /* kvc__isa_resolve */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* ---- types ------------------------------------------------------------------ */
+typedef enum { ACT_NONE, ACT_Q8_0, ACT_Q8_K } act_t;
+
+static const struct {
+    uint32_t type, block, bytes;
+    act_t act;
+} types[] = {
+    {KVC_GGML_F32, 1, 4, ACT_NONE},
+    {KVC_GGML_F16, 1, 2, ACT_NONE},
+    {KVC_GGML_BF16, 1, 2, ACT_NONE},
+    {KVC_GGML_Q8_0, KVC__QK, KVC__Q8_0_B, ACT_Q8_0},
+    {KVC_GGML_Q4_0, KVC__QK, KVC__Q4_0_B, ACT_Q8_0},
+    {KVC_GGML_Q4_K, KVC__QK_K, KVC__Q4_K_B, ACT_Q8_K},
+    {KVC_GGML_Q6_K, KVC__QK_K, KVC__Q6_K_B, ACT_Q8_K},
+};
+
+static int type_index(uint32_t type)
+{
+    for (size_t i = 0; i < KVC_ARRAY_LEN(types); i++)
+        if (types[i].type == type) return (int)i;
+    return -1;
+}
+
+bool kvc_matmul_type_supported(uint32_t type)
+{
+    return type_index(type) >= 0;
+}
+
+/* 0 for a usable matrix, KVC_ENOTSUP for a type the kernels do not take, else KVC_EINVAL. */
+static int mat_check(const kvc_mat_t *w)
+{
+    if (!w) return KVC_EINVAL;
+    int t = type_index(w->type);
+    if (t < 0) return KVC_ENOTSUP;
+    if (!w->data || w->n_in == 0 || w->n_out == 0 || w->n_in % types[t].block) return KVC_EINVAL;
+    if (w->row_bytes < (size_t)(w->n_in / types[t].block) * types[t].bytes) return KVC_EINVAL;
+    return 0;
+}
+
+int kvc_mat_from_tensor(const kvc_gguf_tensor_t *t, kvc_mat_t *out)
+{
+    if (!t || !out || t->n_dims != 2 || !t->data) return KVC_EINVAL;
+    int ti = type_index(t->type);
+    if (ti < 0) return KVC_ENOTSUP;
+    if (t->ne[0] == 0 || t->ne[1] == 0 || t->ne[0] > UINT32_MAX || t->ne[1] > UINT32_MAX ||
+        t->ne[0] % types[ti].block)
+        return KVC_EINVAL;
+    const size_t row = (size_t)(t->ne[0] / types[ti].block) * types[ti].bytes;
+    if (t->bytes / t->ne[1] < row) return KVC_EINVAL;
+    *out = (kvc_mat_t){.type = t->type,
+                       .data = t->data,
+                       .n_in = (uint32_t)t->ne[0],
+                       .n_out = (uint32_t)t->ne[1],
+                       .row_bytes = row};
+    return 0;
+}
+
+/* Bytes of one row of quantised activations (0: none), a multiple of 64. */
+static size_t act_row_bytes(const kvc_mat_t *w)
+{
+    const act_t act = types[type_index(w->type)].act;
+    if (act == ACT_NONE) return 0;
+    size_t n = w->n_in;
+    if (act == ACT_Q8_0)
+        n += sizeof(float) * (w->n_in / KVC__QK);
+    else
+        n += sizeof(float) * (w->n_in / KVC__QK_K) + sizeof(int16_t) * (w->n_in / 16);
+    return (n + 63) & ~(size_t)63;
+}
+
+size_t kvc_matmul_workspace_bytes(const kvc_mat_t *w, uint32_t n_rows)
+{
+    if (mat_check(w)) return 0;
+    const size_t row = act_row_bytes(w);
+    if (row && n_rows > SIZE_MAX / row) return SIZE_MAX; /* cannot be allocated */
+    return row * n_rows;
+}
+
+/* ---- activations -------------------------------------------------------------- */
+/* Quantise n (32 or 256) values to int8 with d = amax / 127, round to nearest even; a block
+ * with a NaN or an infinity gets q = 0 and d = NaN. */
+static float quant_block(const float *x, int8_t *q, uint32_t n)
+{
+    float amax = 0;
+    bool finite = true;
+    for (uint32_t i = 0; i < n; i++) {
+        finite &= isfinite(x[i]) != 0;
+        amax = fmaxf(amax, fabsf(x[i]));
+    }
+    if (!finite) {
+        memset(q, 0, n);
+        return NAN;
+    }
+    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    for (uint32_t i = 0; i < n; i++) {
+        float v = nearbyintf(x[i] * id);
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        q[i] = (int8_t)v;
+    }
+    return d;
+}
+
+static void quantize_rows(const kvc_mat_t *w, const float *x, uint32_t n_rows, uint8_t *ws)
+{
+    const act_t act = types[type_index(w->type)].act;
+    const size_t stride = act_row_bytes(w);
+    const uint32_t n = w->n_in, qb = act == ACT_Q8_0 ? KVC__QK : KVC__QK_K;
+    for (uint32_t r = 0; r < n_rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        uint8_t *row = ws + (size_t)r * stride;
+        int8_t *q = (int8_t *)row;
+        float *d = (float *)(row + n);
+        for (uint32_t b = 0; b < n / qb; b++) d[b] = quant_block(xr + b * qb, q + b * qb, qb);
+        if (act == ACT_Q8_K) {
+            int16_t *bs = (int16_t *)(row + n + sizeof(float) * (n / KVC__QK_K));
+            for (uint32_t g = 0; g < n / 16; g++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++) s += q[16 * g + i];
+                bs[g] = (int16_t)s;
+            }
+        }
+    }
+}
+
+/* ---- calls ---------------------------------------------------------------------- */
+static uint32_t chunk_of(const kvc_mat_t *w)
+{
+    return w->n_out >= 8 * KVC__MM_CHUNK ? KVC__MM_CHUNK : KVC__MM_CHUNK_SMALL;
+}
+
+uint32_t kvc_matmul_n_tasks(const kvc_mat_t *w, uint32_t n_rows)
+{
+    if (mat_check(w) || n_rows == 0) return 0;
+    const uint32_t c = chunk_of(w);
+    return (uint32_t)(((uint64_t)w->n_out + c - 1) / c);
+}
+
+static int check_call(const kvc_mat_t *w, const float *x, uint32_t n_rows, kvc_isa_t isa,
+                      const void *ws, size_t ws_bytes, kvc_isa_t *use)
+{
+    int rc = mat_check(w);
+    if (rc == KVC_ENOTSUP && (!x || n_rows == 0)) rc = KVC_EINVAL;
+    if (rc) return rc;
+    if (!x || n_rows == 0) return KVC_EINVAL;
+    if ((rc = kvc__isa_resolve(isa, use))) return rc;
+    const size_t need = kvc_matmul_workspace_bytes(w, n_rows);
+    if (need && (!ws || ws_bytes < need)) return KVC_EINVAL;
+    return 0;
+}
+
+int kvc_matmul_prepare(const kvc_mat_t *w, const float *x, uint32_t n_rows, kvc_isa_t isa, void *ws,
+                       size_t ws_bytes)
+{
+    kvc_isa_t use;
+    int rc = check_call(w, x, n_rows, isa, ws, ws_bytes, &use);
+    if (rc) return rc;
+    if (act_row_bytes(w)) quantize_rows(w, x, n_rows, ws);
+    return 0;
+}
+
+static void run_job(kvc_isa_t use, const kvc__mm_job_t *j)
+{
+    if (use == KVC_ISA_AVX512 || use == KVC_ISA_AVX2)
+        kvc__mm_avx2(j); /* no AVX-512 kernel yet */
+    else
+        kvc__mm_scalar(j);
+}
+
+void kvc_matmul_task(const kvc_mat_t *w, const float *x, uint32_t n_rows, float *y, kvc_isa_t isa,
+                     const void *ws, uint32_t task)
+{
+    kvc_isa_t use;
+    if (mat_check(w) || !x || !y || n_rows == 0 || kvc__isa_resolve(isa, &use)) return;
+    const uint32_t c = chunk_of(w);
+    if (task >= kvc_matmul_n_tasks(w, n_rows)) return;
+    const uint32_t o0 = task * c, o1 = KVC_MIN(w->n_out, o0 + c);
+    const kvc__mm_job_t j = {.w = w,
+                             .x = x,
+                             .n_rows = n_rows,
+                             .y = y,
+                             .ws = ws,
+                             .ws_row = act_row_bytes(w),
+                             .o0 = o0,
+                             .o1 = o1};
+    run_job(use, &j);
+}
+
+typedef struct {
+    const kvc_mat_t *w;
+    const float *x;
+    uint32_t n_rows;
+    float *y;
+    kvc_isa_t isa;
+    const void *ws;
+} call_t;
+
+static void call_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    (void)thread;
+    const call_t *c = ctx;
+    kvc_matmul_task(c->w, c->x, c->n_rows, c->y, c->isa, c->ws, task);
+}
+
+int kvc_matmul(const kvc_mat_t *w, const float *x, uint32_t n_rows, float *y, kvc_isa_t isa,
+               kvc_threadpool_t *tp, void *ws, size_t ws_bytes)
+{
+    if (!y) return KVC_EINVAL;
+    kvc_isa_t use;
+    int rc = kvc_matmul_prepare(w, x, n_rows, isa, ws, ws_bytes);
+    if (rc) return rc;
+    (void)kvc__isa_resolve(isa, &use);
+    call_t c = {.w = w, .x = x, .n_rows = n_rows, .y = y, .isa = use, .ws = ws};
+    kvc_threadpool_run(tp, call_task, &c, kvc_matmul_n_tasks(w, n_rows));
+    return 0;
+}
+
+const char *kvc_matmul_kernel_name(uint32_t type, kvc_isa_t isa)
+{
+    (void)type; /* every type has a kernel on every ISA */
+    kvc_isa_t use;
+    if (kvc__isa_resolve(isa, &use)) return "?";
+    return use == KVC_ISA_AVX512 || use == KVC_ISA_AVX2 ? "avx2" : "scalar";
+}
+
+/* ---- the thread pool -------------------------------------------------------------
+ * A job is published by bumping `gen` after its fields are written; every worker takes part
+ * in every job (it may find no task left) and checks out by decrementing `pending`, so that
+ * the fields of a job are never overwritten while a worker may still read them.  Workers spin
+ * a while on `gen` and then sleep on a condition variable; the publisher only takes the mutex
+ * when someone sleeps (sleepers are counted under the mutex, and both sides use sequentially
+ * consistent accesses, so that one of them always sees the other). */
+#define SPIN_ITERS 20000 /* pause loops before sleeping: some 100 us */
+
+/* One step of a spin-wait; now and then it yields, so that a pool with more threads than free
+ * cores does not wait for the time slices of spinning threads. */
+static inline void spin(int i)
+{
+    if (i % 256 == 255)
+        sched_yield();
+    else
+        cpu_relax();
+}
+
+struct kvc_threadpool {
+    kvc_allocator_t alloc;
+    uint32_t n_threads;
+    pthread_t *threads; /* n_threads - 1 */
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    atomic_uint_fast64_t gen;
+    atomic_uint pending;  /* workers still in the current job */
+    atomic_uint next;     /* next task to hand out */
+    atomic_uint sleepers; /* workers waiting on `wake` */
+    atomic_bool waiter;   /* the caller waits on `done` */
+    atomic_bool stop;
+    kvc_task_fn fn;
+    void *ctx;
+    uint32_t n_tasks;
+    struct worker {
+        kvc_threadpool_t *tp;
+        uint32_t id;
+    } * workers;
+};
+
+static void run_tasks(kvc_threadpool_t *tp, uint32_t thread)
+{
+    for (;;) {
+        const uint32_t t = atomic_fetch_add_explicit(&tp->next, 1, memory_order_relaxed);
+        if (t >= tp->n_tasks) break;
+        tp->fn(tp->ctx, t, thread);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *wk = arg;
+    kvc_threadpool_t *tp = wk->tp;
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t g = atomic_load(&tp->gen);
+        for (int i = 0; g == seen && i < SPIN_ITERS; i++) {
+            spin(i);
+            g = atomic_load(&tp->gen);
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&tp->mu);
+            atomic_fetch_add(&tp->sleepers, 1);
+            while ((g = atomic_load(&tp->gen)) == seen) pthread_cond_wait(&tp->wake, &tp->mu);
+            atomic_fetch_sub(&tp->sleepers, 1);
+            pthread_mutex_unlock(&tp->mu);
+        }
+        seen = g;
+        if (atomic_load(&tp->stop)) return NULL;
+        run_tasks(tp, wk->id);
+        if (atomic_fetch_sub(&tp->pending, 1) == 1 && atomic_load(&tp->waiter)) {
+            pthread_mutex_lock(&tp->mu);
+            pthread_cond_signal(&tp->done);
+            pthread_mutex_unlock(&tp->mu);
+        }
+    }
+}
+
+/* Publish a new generation (a job or the stop) and wake sleepers. */
+static void publish(kvc_threadpool_t *tp)
+{
+    atomic_store(&tp->pending, tp->n_threads - 1);
+    atomic_fetch_add(&tp->gen, 1);
+    if (atomic_load(&tp->sleepers)) {
+        pthread_mutex_lock(&tp->mu);
+        pthread_cond_broadcast(&tp->wake);
+        pthread_mutex_unlock(&tp->mu);
+    }
+}
+
+static void stop_workers(kvc_threadpool_t *tp, uint32_t n_started)
+{
+    atomic_store(&tp->stop, true);
+    publish(tp);
+    for (uint32_t i = 0; i < n_started; i++) pthread_join(tp->threads[i], NULL);
+}
+
+int kvc_threadpool_create(uint32_t n_threads, const kvc_allocator_t *a, kvc_threadpool_t **out)
+{
+    if (!out || n_threads == 0 || n_threads > 1024) return KVC_EINVAL;
+    *out = NULL;
+    kvc_threadpool_t *tp = kvc_calloc(a, 1, sizeof *tp, 64);
+    if (!tp) return KVC_ENOMEM;
+    if (a) tp->alloc = *a;
+    tp->n_threads = n_threads;
+    atomic_init(&tp->gen, 0);
+    atomic_init(&tp->pending, 0);
+    atomic_init(&tp->next, 0);
+    atomic_init(&tp->sleepers, 0);
+    atomic_init(&tp->waiter, false);
+    atomic_init(&tp->stop, false);
+    if (n_threads == 1) {
+        *out = tp;
+        return 0;
+    }
+    tp->threads = kvc_calloc(a, n_threads - 1, sizeof *tp->threads, 8);
+    tp->workers = kvc_calloc(a, n_threads - 1, sizeof *tp->workers, 8);
+    if (!tp->threads || !tp->workers) {
+        kvc_free(a, tp->threads);
+        kvc_free(a, tp->workers);
+        kvc_free(a, tp);
+        return KVC_ENOMEM;
+    }
+    if (pthread_mutex_init(&tp->mu, NULL)) goto fail_mu;
+    if (pthread_cond_init(&tp->wake, NULL)) goto fail_wake;
+    if (pthread_cond_init(&tp->done, NULL)) goto fail_done;
+    for (uint32_t i = 0; i < n_threads - 1; i++) {
+        tp->workers[i] = (struct worker){.tp = tp, .id = i + 1};
+        if (pthread_create(&tp->threads[i], NULL, worker_main, &tp->workers[i])) {
+            stop_workers(tp, i);
+            pthread_cond_destroy(&tp->done);
+            goto fail_done;
+        }
+    }
+    *out = tp;
+    return 0;
+fail_done:
+    pthread_cond_destroy(&tp->wake);
+fail_wake:
+    pthread_mutex_destroy(&tp->mu);
+fail_mu:
+    kvc_free(a, tp->threads);
+    kvc_free(a, tp->workers);
+    kvc_free(a, tp);
+    return KVC_EIO;
+}
+
+void kvc_threadpool_destroy(kvc_threadpool_t *tp)
+{
+    if (!tp) return;
+    if (tp->n_threads > 1) {
+        stop_workers(tp, tp->n_threads - 1);
+        pthread_cond_destroy(&tp->done);
+        pthread_cond_destroy(&tp->wake);
+        pthread_mutex_destroy(&tp->mu);
+    }
+    const kvc_allocator_t a = tp->alloc;
+    kvc_free(&a, tp->threads);
+    kvc_free(&a, tp->workers);
+    kvc_free(&a, tp);
+}
+
+uint32_t kvc_threadpool_size(const kvc_threadpool_t *tp)
+{
+    return tp ? tp->n_threads : 1;
+}
+
+void kvc_threadpool_run(kvc_threadpool_t *tp, kvc_task_fn fn, void *ctx, uint32_t n_tasks)
+{
+    if (n_tasks == 0 || !fn) return;
+    if (!tp || tp->n_threads == 1 || n_tasks == 1) {
+        for (uint32_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+        return;
+    }
+    tp->fn = fn;
+    tp->ctx = ctx;
+    tp->n_tasks = n_tasks;
+    atomic_store_explicit(&tp->next, 0, memory_order_relaxed);
+    publish(tp);
+    run_tasks(tp, 0);
+    for (int i = 0; atomic_load(&tp->pending) && i < SPIN_ITERS; i++) spin(i);
+    if (atomic_load(&tp->pending)) {
+        pthread_mutex_lock(&tp->mu);
+        atomic_store(&tp->waiter, true);
+        while (atomic_load(&tp->pending)) pthread_cond_wait(&tp->done, &tp->mu);
+        atomic_store(&tp->waiter, false);
+        pthread_mutex_unlock(&tp->mu);
+    }
+}

@@ -1,0 +1,426 @@
+/* test_engine.c - the engine on the paged cache, end to end.
+ *
+ *  - stories260K (real weights, real vocabulary) greedy from BOS tells the story llama2.c
+ *    documents, and greedy ids for text prompts equal the tests' own double-precision
+ *    reference forward pass over a contiguous cache (tests/ref_llama.h);
+ *  - batch invariance, bit for bit (DESIGN.md invariant 10): a request's output ids, the
+ *    logprob of each chosen token and the top-20 logprobs at every position are identical
+ *    alone, batched with others, with prompt chunks of 1 / 7 / 64 / whole, with its prefix
+ *    from the cache, with speculative (n-gram) decoding, on 1 or 2 threads, under a pool so
+ *    small that requests are preempted and recomputed, and without any KV cache at all;
+ *  - the scheduler's and the seq table's invariant checkers after every step;
+ *  - bad requests refused with a message, never a crash. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvcache/kvcache.h"
+#include "kvcache/engine.h"
+#include "ref_llama.h"
+#include "test_helpers.h"
+
+#define STORIES KVC_DATA_DIR "/models/stories260K.gguf"
+#define VOCAB   KVC_DATA_DIR "/models/vocab/ggml-vocab-llama-spm.gguf"
+
+#define MAX_OUT 64
+#define TOP     KVC_MAX_LOGPROBS
+
+typedef struct {
+    kvc_token_t ids[MAX_OUT];
+    float lp[MAX_OUT];
+    kvc_token_t top[MAX_OUT * TOP];
+    float top_lp[MAX_OUT * TOP];
+    uint32_t n, cached;
+    kvc_finish_t finish;
+    char text[4096];
+} out_t;
+
+typedef struct {
+    const kvc_token_t *ids;
+    uint32_t n;
+} prompt_t;
+
+/* Run the prompts together (all submitted at once) to the end; checks every step. */
+static void run_all(const kvc_llm_t *m, const kvc_engine_params_t *ep, const prompt_t *pr,
+                    uint32_t n, const kvc_gen_params_t *gp, out_t *out, kvc_engine_stats_t *st)
+{
+    char msg[256];
+    kvc_engine_t *e;
+    if (kvc_engine_create(m, ep, &e, msg, sizeof msg)) fail_msg("engine: %s", msg);
+    for (uint32_t i = 0; i < n; i++) {
+        kvc_gen_params_t g = *gp;
+        g.tag = i;
+        kvc_gen_id_t id;
+        if (kvc_engine_submit(e, pr[i].ids, pr[i].n, &g, &id, msg, sizeof msg))
+            fail_msg("submit: %s", msg);
+    }
+    uint32_t left = n;
+    for (int step = 0; left; step++) {
+        assert_true(step < 100000);
+        bool idle;
+        assert_ok(kvc_engine_step(e, step * 1e-3, NULL, NULL, &idle));
+        if (!ep->no_kv_cache && kvc_sched_check(kvc_engine_sched(e), msg, sizeof msg))
+            fail_msg("step %d: %s", step, msg);
+        const kvc_gen_done_t *d;
+        uint32_t nd;
+        kvc_engine_finished(e, &d, &nd);
+        for (uint32_t i = 0; i < nd; i++) {
+            out_t *o = &out[d[i].tag];
+            memset(o, 0, sizeof *o);
+            o->n = d[i].completion_tokens;
+            assert_true(o->n <= MAX_OUT);
+            o->cached = d[i].cached_tokens;
+            o->finish = d[i].finish;
+            memcpy(o->ids, d[i].output, o->n * sizeof *o->ids);
+            if (d[i].logprobs) memcpy(o->lp, d[i].logprobs, o->n * sizeof *o->lp);
+            if (d[i].n_logprobs) {
+                memcpy(o->top, d[i].top_ids, (size_t)o->n * d[i].n_logprobs * sizeof *o->top);
+                memcpy(o->top_lp, d[i].top_logprobs,
+                       (size_t)o->n * d[i].n_logprobs * sizeof *o->top_lp);
+            }
+            snprintf(o->text, sizeof o->text, "%s", d[i].text);
+            left--;
+        }
+        assert_true(!idle || nd || left == 0);
+    }
+    if (st) kvc_engine_stats(e, st);
+    kvc_engine_destroy(e);
+}
+
+static void assert_same(const out_t *a, const out_t *b, const char *what)
+{
+    if (a->n != b->n) fail_msg("%s: %u vs %u tokens", what, a->n, b->n);
+    for (uint32_t i = 0; i < a->n; i++) {
+        if (a->ids[i] != b->ids[i])
+            fail_msg("%s: token %u: %d vs %d", what, i, a->ids[i], b->ids[i]);
+        if (memcmp(&a->lp[i], &b->lp[i], sizeof(float)))
+            fail_msg("%s: logprob %u: %.9g vs %.9g", what, i, a->lp[i], b->lp[i]);
+    }
+    if (memcmp(a->top, b->top, sizeof a->top) || memcmp(a->top_lp, b->top_lp, sizeof a->top_lp))
+        fail_msg("%s: top logprobs differ", what);
+    assert_string_equal(a->text, b->text);
+}
+
+static kvc_llm_t *load(const char *path)
+{
+    char msg[256];
+    kvc_llm_t *m;
+    if (kvc_llm_load(path, &m, msg, sizeof msg)) fail_msg("%s: %s", path, msg);
+    return m;
+}
+
+static uint32_t encode(const kvc_llm_t *m, const char *text, kvc_token_t *ids, size_t cap)
+{
+    size_t n;
+    assert_ok(kvc_tokenizer_encode(kvc_llm_tokenizer(m), text, strlen(text),
+                                   KVC_TOK_ADD_BOS | KVC_TOK_PARSE_SPECIAL, ids, cap, &n));
+    return (uint32_t)n;
+}
+
+/* ---- stories260K ------------------------------------------------------------------------ */
+static void stories_tells_its_story(void **state)
+{
+    (void)state;
+    kvc_llm_t *m = load(STORIES);
+    kvc_engine_params_t ep = kvc_engine_params_default();
+    ep.n_threads = 1;
+    kvc_gen_params_t gp = kvc_gen_params_default();
+    gp.max_tokens = MAX_OUT;
+    const kvc_token_t bos = 1;
+    prompt_t p = {&bos, 1};
+    static out_t o;
+    run_all(m, &ep, &p, 1, &gp, &o, NULL);
+    /* llama2.c's README for this model (see tests/data/models/PROVENANCE.md) */
+    const char *story = "Once upon a time, there was a little girl named Lily. She loved to play "
+                        "outside in the park. One day, she saw a big, red ball.";
+    if (strncmp(o.text, story, strlen(story))) fail_msg("the story is: %s", o.text);
+    kvc_llm_free(m);
+}
+
+/* Greedy ids of text prompts against the double-precision reference, which also gives the
+ * logprob of each chosen token (fp32 kernels against double: 2e-3 absolute). */
+static void stories_matches_the_reference(void **state)
+{
+    (void)state;
+    kvc_llm_t *m = load(STORIES);
+    const char *texts[] = {"Once upon a time", "Lily and Tom went to the", "The big dog"};
+    kvc_token_t ids[3][64];
+    prompt_t pr[3];
+    for (int i = 0; i < 3; i++) pr[i] = (prompt_t){ids[i], encode(m, texts[i], ids[i], 64)};
+    kvc_engine_params_t ep = kvc_engine_params_default();
+    ep.kv_dtype = KVC_DTYPE_F32;
+    kvc_gen_params_t gp = kvc_gen_params_default();
+    gp.max_tokens = 40;
+    gp.ignore_eos = true;
+    gp.logprobs = true;
+    static out_t o[3];
+    run_all(m, &ep, pr, 3, &gp, o, NULL);
+    for (int i = 0; i < 3; i++) {
+        ref_llama_t r;
+        assert_int_equal(ref_llama_init(&r, kvc_llm_gguf(m), 128), 0);
+        uint32_t pos = 0;
+        for (; pos < pr[i].n; pos++) ref_llama_step(&r, (uint32_t)pr[i].ids[pos], pos);
+        for (uint32_t t = 0; t < gp.max_tokens; t++) {
+            uint32_t best = ref_argmax(r.logits, r.h.vocab);
+            double mx = r.logits[best], sum = 0;
+            for (uint32_t v = 0; v < r.h.vocab; v++) sum += exp(r.logits[v] - mx);
+            const double lp = -log(sum);
+            if ((uint32_t)o[i].ids[t] != best)
+                fail_msg("prompt %d token %u: engine %d, reference %u", i, t, o[i].ids[t], best);
+            if (fabs(o[i].lp[t] - lp) > 2e-3)
+                fail_msg("prompt %d token %u: logprob %.6f vs %.6f", i, t, o[i].lp[t], lp);
+            ref_llama_step(&r, best, pos++);
+        }
+        ref_llama_free(&r);
+    }
+    kvc_llm_free(m);
+}
+
+/* ---- batch invariance on a random model whose heads take the SIMD attention kernels ----- */
+static char synth_path[64];
+
+static int synth_setup(void **state)
+{
+    (void)state;
+    char msg[256];
+    kvc_gguf_t *v;
+    if (kvc_gguf_open(VOCAB, NULL, &v, msg, sizeof msg)) return -1;
+    snprintf(synth_path, sizeof synth_path, "/tmp/kvc_test_engine_%d.gguf", (int)getpid());
+    kvc_model_synth_t p = kvc_model_synth_default();
+    p.dim = 256, p.n_layers = 2, p.n_heads = 4, p.n_kv_heads = 2, p.ff = 512, p.ctx = 512;
+    p.type = 8; /* Q8_0 */
+    p.seed = 7;
+    int rc = kvc_model_synth(&p, v, synth_path, msg, sizeof msg);
+    kvc_gguf_close(v);
+    return rc ? -1 : 0;
+}
+
+static int synth_teardown(void **state)
+{
+    (void)state;
+    unlink(synth_path);
+    return 0;
+}
+
+#define N_REQ 4
+static kvc_token_t inv_ids[N_REQ][200];
+static prompt_t inv_pr[N_REQ];
+
+static void invariance_prompts(void)
+{
+    kvc_rng_t r;
+    kvc_rng_seed(&r, 3);
+    const uint32_t lens[N_REQ] = {150, 37, 90, 5};
+    for (int i = 0; i < N_REQ; i++) {
+        inv_ids[i][0] = 1;
+        for (uint32_t j = 1; j < lens[i]; j++) {
+            /* request 0 repeats itself so that n-gram drafts get accepted */
+            inv_ids[i][j] = i == 0 && j >= 50 ? inv_ids[i][j - 40]
+                                              : (kvc_token_t)(3 + kvc_rng_below(&r, 31990));
+        }
+        inv_pr[i] = (prompt_t){inv_ids[i], lens[i]};
+    }
+}
+
+static kvc_gen_params_t inv_gen(bool sampled)
+{
+    kvc_gen_params_t gp = kvc_gen_params_default();
+    gp.max_tokens = 24;
+    gp.ignore_eos = true;
+    gp.logprobs = true;
+    gp.n_logprobs = TOP;
+    if (sampled) gp.temperature = 0.9f, gp.top_p = 0.95f, gp.seed = 11;
+    return gp;
+}
+
+static void batch_invariance_case(bool sampled)
+{
+    kvc_llm_t *m = load(synth_path);
+    invariance_prompts();
+    const kvc_gen_params_t gp = inv_gen(sampled);
+    kvc_engine_params_t base = kvc_engine_params_default();
+    base.n_threads = 1;
+    base.max_num_seqs = 1;
+    base.block_size = 16;
+
+    /* each request alone, whole prompt in one chunk, one thread: the baseline */
+    static out_t alone[N_REQ], got[N_REQ];
+    for (int i = 0; i < N_REQ; i++) run_all(m, &base, &inv_pr[i], 1, &gp, &alone[i], NULL);
+
+    struct {
+        const char *what;
+        uint32_t threads, chunk, max_seqs, spec;
+        uint64_t kv_memory;
+        bool no_cache;
+    } cases[] = {
+        {"batched, 2 threads", 2, 0, 8, 0, 0, false},
+        {"batched, chunk 1", 1, 1, 8, 0, 0, false},
+        {"batched, chunk 7", 2, 7, 8, 0, 0, false},
+        {"batched, chunk 64", 1, 64, 8, 0, 0, false},
+        {"speculative (n-gram, 4 drafts)", 2, 0, 8, 4, 0, false},
+        {"a pool too small: preemption and recompute", 1, 0, 8, 0, 1, false},
+        {"no KV cache", 2, 0, 8, 0, 0, true},
+    };
+    for (size_t c = 0; c < KVC_ARRAY_LEN(cases); c++) {
+        kvc_engine_params_t ep = base;
+        ep.n_threads = cases[c].threads;
+        ep.max_prefill_chunk = cases[c].chunk;
+        ep.max_num_seqs = cases[c].max_seqs;
+        ep.spec_tokens = cases[c].spec;
+        ep.no_kv_cache = cases[c].no_cache;
+        if (cases[c].kv_memory) {
+            /* 14 blocks: the requests need 11 + 4 + 8 + 2, so some are preempted */
+            kvc_storage_desc_t sd = {
+                .n_layers = 2, .n_kv_heads = 2, .head_dim = 64, .dtype = ep.kv_dtype};
+            size_t bb;
+            assert_ok(kvc_storage_block_bytes(&sd, ep.block_size, &bb));
+            ep.kv_memory = 14 * bb;
+        }
+        kvc_engine_stats_t st;
+        run_all(m, &ep, inv_pr, N_REQ, &gp, got, &st);
+        for (int i = 0; i < N_REQ; i++) {
+            char what[128];
+            snprintf(what, sizeof what, "%s, request %d", cases[c].what, i);
+            assert_same(&alone[i], &got[i], what);
+        }
+        if (cases[c].spec && !sampled) assert_true(st.accepted_tokens > 0);
+        if (cases[c].kv_memory) assert_true(st.preemptions > 0);
+    }
+
+    /* four requests with one prompt, all submitted at once: the first computes it, the others
+     * wait for its blocks and hit them (every block but the last partial one), same outputs */
+    {
+        kvc_engine_params_t ep = base;
+        ep.max_num_seqs = 8;
+        prompt_t four[4] = {inv_pr[0], inv_pr[0], inv_pr[0], inv_pr[0]};
+        kvc_engine_stats_t st;
+        run_all(m, &ep, four, 4, &gp, got, &st);
+        uint32_t hits = 0;
+        for (int i = 0; i < 4; i++) {
+            assert_same(&alone[0], &got[i], "one prompt, four requests at once");
+            hits += got[i].cached;
+        }
+        assert_int_equal(hits, 3 * 144); /* 150 tokens: 9 full blocks of 16 each, 3 times */
+        assert_int_equal(st.prefill_tokens, 150 + 3 * 6);
+    }
+
+    /* the same prompt again in one engine: its prefix comes from the cache */
+    {
+        kvc_engine_params_t ep = base;
+        ep.max_num_seqs = 8;
+        prompt_t twice[2] = {inv_pr[0], inv_pr[0]};
+        char msg[256];
+        kvc_engine_t *e;
+        assert_ok(kvc_engine_create(m, &ep, &e, msg, sizeof msg));
+        for (int k = 0; k < 2; k++) {
+            kvc_gen_params_t g = gp;
+            kvc_gen_id_t id;
+            assert_ok(kvc_engine_submit(e, twice[k].ids, twice[k].n, &g, &id, msg, sizeof msg));
+            for (int step = 0;; step++) {
+                assert_true(step < 10000);
+                assert_ok(kvc_engine_step(e, step * 1e-3, NULL, NULL, NULL));
+                const kvc_gen_done_t *d;
+                uint32_t nd;
+                kvc_engine_finished(e, &d, &nd);
+                if (!nd) continue;
+                out_t o = {0};
+                o.n = d[0].completion_tokens;
+                memcpy(o.ids, d[0].output, o.n * sizeof *o.ids);
+                memcpy(o.lp, d[0].logprobs, o.n * sizeof *o.lp);
+                memcpy(o.top, d[0].top_ids, (size_t)o.n * TOP * sizeof *o.top);
+                memcpy(o.top_lp, d[0].top_logprobs, (size_t)o.n * TOP * sizeof *o.top_lp);
+                snprintf(o.text, sizeof o.text, "%s", d[0].text);
+                if (k == 1) assert_true(d[0].cached_tokens >= 128); /* 9 full blocks of 150 */
+                assert_same(&alone[0], &o, k ? "prefix from the cache" : "first run");
+                break;
+            }
+        }
+        kvc_engine_destroy(e);
+    }
+    kvc_llm_free(m);
+}
+
+static void batch_invariance_greedy(void **state)
+{
+    (void)state;
+    batch_invariance_case(false);
+}
+
+static void batch_invariance_sampled(void **state)
+{
+    (void)state;
+    batch_invariance_case(true);
+}
+
+/* ---- bad requests ----------------------------------------------------------------------- */
+static void bad_requests_are_refused(void **state)
+{
+    (void)state;
+    kvc_llm_t *m = load(STORIES);
+    kvc_engine_params_t ep = kvc_engine_params_default();
+    ep.max_ctx = 64;
+    char msg[256];
+    kvc_engine_t *e;
+    assert_ok(kvc_engine_create(m, &ep, &e, msg, sizeof msg));
+    kvc_token_t ids[80];
+    for (int i = 0; i < 80; i++) ids[i] = 1 + i;
+    kvc_gen_params_t gp = kvc_gen_params_default();
+    kvc_gen_id_t id;
+    assert_int_equal(kvc_engine_submit(e, ids, 80, &gp, &id, msg, sizeof msg), KVC_ERANGE);
+    assert_non_null(strstr(msg, "context"));
+    ids[3] = 512;
+    assert_int_equal(kvc_engine_submit(e, ids, 10, &gp, &id, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "vocabulary"));
+    ids[3] = 4;
+    assert_int_equal(kvc_engine_submit(e, ids, 0, &gp, &id, msg, sizeof msg), KVC_EINVAL);
+    gp.temperature = -1;
+    assert_int_equal(kvc_engine_submit(e, ids, 10, &gp, &id, msg, sizeof msg), KVC_EINVAL);
+    gp = kvc_gen_params_default();
+    gp.max_tokens = 0;
+    assert_int_equal(kvc_engine_submit(e, ids, 10, &gp, &id, msg, sizeof msg), KVC_EINVAL);
+    gp = kvc_gen_params_default();
+    gp.n_stop = 1;
+    gp.stop[0] = "";
+    assert_int_equal(kvc_engine_submit(e, ids, 10, &gp, &id, msg, sizeof msg), KVC_EINVAL);
+    /* an abort of a live request finishes it; a stale id is refused */
+    gp = kvc_gen_params_default();
+    gp.max_tokens = 30;
+    assert_ok(kvc_engine_submit(e, ids, 10, &gp, &id, msg, sizeof msg));
+    assert_ok(kvc_engine_step(e, 0, NULL, NULL, NULL));
+    assert_ok(kvc_engine_abort(e, id));
+    bool seen = false;
+    for (int s = 1; s < 10 && !seen; s++) {
+        assert_ok(kvc_engine_step(e, s * 1e-3, NULL, NULL, NULL));
+        const kvc_gen_done_t *d;
+        uint32_t nd;
+        kvc_engine_finished(e, &d, &nd);
+        if (nd) {
+            assert_int_equal(d[0].finish, KVC_FINISH_ABORT);
+            seen = true;
+        }
+    }
+    assert_true(seen);
+    assert_int_equal(kvc_engine_abort(e, id), KVC_ESTALE);
+    kvc_engine_destroy(e);
+    kvc_llm_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(stories_tells_its_story),
+        cmocka_unit_test(stories_matches_the_reference),
+        cmocka_unit_test(bad_requests_are_refused),
+        cmocka_unit_test_setup_teardown(batch_invariance_greedy, synth_setup, synth_teardown),
+        cmocka_unit_test_setup_teardown(batch_invariance_sampled, synth_setup, synth_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
