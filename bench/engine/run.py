@@ -27,7 +27,9 @@ import os
 import platform
 import random
 import re
+import select
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -157,7 +159,7 @@ def make_rows(args, vocab):
 
 
 def detail_rows(args, vocab, rng, big):
-    t = max(args.threads)
+    t = args.detail_threads or max(args.threads)
     rows = []
     for c in args.contexts:
         if big and c > args.big_ctx_max:
@@ -184,19 +186,35 @@ def detail_rows(args, vocab, rng, big):
 
 
 class Llama:
-    def __init__(self, model):
-        self.p = subprocess.Popen(["node", "bench.mjs", "--serve", model], cwd=LLAMACPP,
+    """One node worker per model; a job that takes longer than the timeout kills the worker
+    (the next job starts another)."""
+
+    def __init__(self, model, timeout):
+        self.model, self.timeout, self.p = model, timeout, None
+
+    def _start(self):
+        self.p = subprocess.Popen(["node", "bench.mjs", "--serve", self.model], cwd=LLAMACPP,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def job(self, job):
+        if self.p is None or self.p.poll() is not None:
+            self._start()
         self.p.stdin.write(json.dumps(job) + "\n")
         self.p.stdin.flush()
+        ready, _, _ = select.select([self.p.stdout], [], [], self.timeout)
+        if not ready:
+            self.p.kill()
+            self.p.wait()
+            self.p = None
+            return {"error": "timeout after %d s" % self.timeout}
         line = self.p.stdout.readline()
         if not line:
             return {"error": "node exited (%s)" % self.p.poll()}
         return json.loads(line)
 
     def close(self):
+        if self.p is None:
+            return
         try:
             self.p.stdin.close()
             self.p.wait(timeout=30)
@@ -254,7 +272,8 @@ def kvcache_available(kvcache):
 def kvcache_run(kvcache, model, row, workdir, timeout, no_cache=False):
     k = row["kind"]
     t = row["threads"]
-    cmd = [kvcache, "run", "--model", model, "--threads", str(t), "--json"]
+    # --ignore-eos: llama.cpp's side does not stop at the end-of-sequence token either
+    cmd = [kvcache, "run", "--model", model, "--threads", str(t), "--json", "--ignore-eos"]
     if k in ("pp", "tg", "nocache"):
         ctx = len(row["ids"]) + row["n"] + 16
         cmd += ["--prompt-ids", " ".join(map(str, row["ids"])), "-n", str(row["n"])]
@@ -264,8 +283,8 @@ def kvcache_run(kvcache, model, row, workdir, timeout, no_cache=False):
         with open(path, "w") as f:
             for p in prompts:
                 f.write(json.dumps({"prompt_ids": p, "n": row["n"]}) + "\n")
-        # room for every sequence at once, whether --ctx sizes the pool or one sequence
-        ctx = sum(len(p) + row["n"] + 16 for p in prompts)
+        # --ctx is per request (prompt + output); the pool defaults to room for them all
+        ctx = max(len(p) for p in prompts) + row["n"] + 16
         cmd += ["--prompts", path, "-n", str(row["n"])]
     cmd += ["--ctx", str(ctx)]
     if no_cache:
@@ -311,11 +330,13 @@ def kvcache_run(kvcache, model, row, workdir, timeout, no_cache=False):
     if k == "agg":
         return r, (summary or {}).get("decode_tokens_per_s")
     if k == "shared":
-        # all requests arrive at once: the last one's first token plus its decode
+        # the engine's own wall time (the summary's wall_s); failing that, all requests arrive
+        # at once: the last one's first token plus its decode
         ends = [q["ttft_ms"] + q["tpot_ms"] * max(0, q["completion_tokens"] - 1)
                 for q in reqs if q.get("ttft_ms") is not None and q.get("tpot_ms") is not None]
         r["json_wall_s"] = max(ends) / 1000 if len(ends) == len(reqs) else None
-        return r, r["json_wall_s"] if r["json_wall_s"] is not None else wall
+        v = (summary or {}).get("wall_s")
+        return r, v if v is not None else (r["json_wall_s"] or wall)
     return r, None
 
 
@@ -463,6 +484,9 @@ def main():
                          "the cells left out are listed in the JSON")
     ap.add_argument("--list", action="store_true", help="print the cells and exit")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--detail-threads", type=int,
+                    help="threads of the context, concurrency, shared and no-cache rows "
+                         "(default: the most of --threads)")
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--contexts", help="default 4096,16384")
     ap.add_argument("--big-ctx-max", type=int, default=4096,
@@ -476,7 +500,7 @@ def main():
                     help="no context or concurrency rows for the 0.5B model")
     ap.add_argument("--flash-attention", default="true", choices=["true", "false", "auto"],
                     help="llama.cpp's flash attention (default true)")
-    ap.add_argument("--timeout", type=int, default=900, help="seconds per kvcache run")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per measurement of either side")
     ap.add_argument("--dir", default=os.environ.get("KVC_BENCH_DIR", "/tmp/kvc-bench"))
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     ap.add_argument("--no-build", action="store_true")
@@ -572,6 +596,16 @@ def main():
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 
     workdir = tempfile.mkdtemp(prefix="kvc-bench-")
+    try:
+        _measure_all(args, plans, results, out, bw, command, start, fa, kvrun, kv_ok, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    md = _write(out, results, bw, command)
+    print(md)
+    log("wrote %s.json and %s.md" % (out, out))
+
+
+def _measure_all(args, plans, results, out, bw, command, start, fa, kvrun, kv_ok, workdir):
     # Phases: the repetitions of the ordinary rows, then the rows measured once (long contexts:
     # filling the context is most of their time), so that every repetition costs the same and
     # the budget can stop between them.
@@ -590,7 +624,7 @@ def main():
             todo = [(i, r, c) for i, (r, c) in enumerate(mc) if bool(r.get("max_reps")) == once]
             if not todo:
                 continue
-            ll = Llama(m["path"])
+            ll = Llama(m["path"], args.timeout)
             if "llama_info" not in results:
                 results["llama_info"] = ll.job({"threads": 1, "mode": "info"})
             try:
@@ -600,6 +634,7 @@ def main():
                             m["model"], m["type"], c["row"], r["threads"], rep + 1))
                         continue
                     measure(m, r, c, rep, i, ll, fa, kvrun, kv_ok, workdir, args.timeout)
+                    _write(out, results, bw, command)  # a run cut short keeps what it has
             finally:
                 ll.close()
             _write(out, results, bw, command)
@@ -620,9 +655,6 @@ def main():
     log("read bandwidth at the end:",
         {t: "%.1f GB/s" % (v / 1e9) for t, v in bw2["by_threads"].items()})
     results["wall_min"] = (time.time() - start) / 60
-    md = _write(out, results, bw, command)
-    print(md)
-    log("wrote %s.json and %s.md" % (out, out))
 
 
 def measure(m, r, c, rep, i, ll, fa, kvrun, kv_ok, workdir, timeout):
