@@ -145,15 +145,16 @@ def ids(rng, n, vocab):
     return [BOS] + [rng.randrange(3, vocab) for _ in range(n - 1)]
 
 
-def make_rows(args, vocab):
+def make_rows(args, vocab, big):
     """Every (row, threads) measured on one model; each row has the prompts both sides get."""
     rng = random.Random(SEED)
     rows = []
     pp = ids(rng, 512, vocab)
     short = ids(rng, 8, vocab)
-    for t in args.threads:
+    threads = args.big_threads if (big and args.big_threads) else args.threads
+    for t in threads:
         rows.append({"row": "pp512", "kind": "pp", "threads": t, "ids": pp, "n": 1})
-    for t in args.threads:
+    for t in threads:
         rows.append({"row": "tg128", "kind": "tg", "threads": t, "ids": short, "n": args.tg})
     return rows, rng
 
@@ -484,6 +485,8 @@ def main():
                          "the cells left out are listed in the JSON")
     ap.add_argument("--list", action="store_true", help="print the cells and exit")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--big-threads", help="thread counts of the 0.5B model's pp and tg rows "
+                                          "(default: --threads)")
     ap.add_argument("--detail-threads", type=int,
                     help="threads of the context, concurrency, shared and no-cache rows "
                          "(default: the most of --threads)")
@@ -520,6 +523,7 @@ def main():
     args.types = args.types.split(",")
     args.detail_types = args.detail_types.split(",")
     args.threads = [int(x) for x in args.threads.split(",")]
+    args.big_threads = [int(x) for x in args.big_threads.split(",")] if args.big_threads else None
     args.contexts = [int(x) for x in args.contexts.split(",") if x]
     args.concurrent = [int(x) for x in args.concurrent.split(",") if x]
     args.nocache = [int(x) for x in args.nocache.split(",") if x]
@@ -544,7 +548,8 @@ def main():
             models.append({"model": size, "type": dtype, "path": path,
                            "info": model_info(kvcache, path)})
 
-    bw = bandwidth(os.path.join(args.build_dir, "bench_bw"), args.quick)
+    bw = ({"by_threads": {}} if args.list else
+          bandwidth(os.path.join(args.build_dir, "bench_bw"), args.quick))
     log("read bandwidth:", {t: "%.1f GB/s" % (v / 1e9) for t, v in bw["by_threads"].items()})
 
     # every cell: one (model, type, row, threads), with a list of measurements per side
@@ -552,8 +557,8 @@ def main():
     plans = []
     for m in models:
         vocab = m["info"]["vocab"]
-        rows, rng = make_rows(args, vocab)
         big = m["model"] != "58M"
+        rows, rng = make_rows(args, vocab, big)
         if m["type"] in args.detail_types and not (big and args.no_big_detail):
             rows += detail_rows(args, vocab, rng, big)
         if args.rows:
