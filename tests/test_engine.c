@@ -267,6 +267,7 @@ static void batch_invariance_case(bool sampled)
         {"batched, chunk 64", 1, 64, 8, 0, 0, false},
         {"speculative (n-gram, 4 drafts)", 2, 0, 8, 4, 0, false},
         {"a pool too small: preemption and recompute", 1, 0, 8, 0, 1, false},
+        {"a pool too small: preemption and swap", 2, 0, 8, 0, 2, false},
         {"no KV cache", 2, 0, 8, 0, 0, true},
     };
     for (size_t c = 0; c < KVC_ARRAY_LEN(cases); c++) {
@@ -276,13 +277,20 @@ static void batch_invariance_case(bool sampled)
         ep.max_num_seqs = cases[c].max_seqs;
         ep.spec_tokens = cases[c].spec;
         ep.no_kv_cache = cases[c].no_cache;
+        if (cases[c].kv_memory == 2) {
+            /* blocks of 32: the swapped requests' last blocks are partial, so their bytes
+             * must come back from host memory (a full block could come back from the cache) */
+            ep.preemption = KVC_PREEMPT_SWAP;
+            ep.block_size = 32;
+        }
         if (cases[c].kv_memory) {
-            /* 14 blocks: the requests need 11 + 4 + 8 + 2, so some are preempted */
+            /* 14 blocks of 16 (9 of 32): the requests need 11 + 4 + 8 + 2 (6 + 2 + 4 + 1), so
+             * some are preempted */
             kvc_storage_desc_t sd = {
                 .n_layers = 2, .n_kv_heads = 2, .head_dim = 64, .dtype = ep.kv_dtype};
             size_t bb;
             assert_ok(kvc_storage_block_bytes(&sd, ep.block_size, &bb));
-            ep.kv_memory = 14 * bb;
+            ep.kv_memory = (ep.block_size == 32 ? 12 : 14) * bb;
         }
         kvc_engine_stats_t st;
         run_all(m, &ep, inv_pr, N_REQ, &gp, got, &st);
@@ -293,6 +301,7 @@ static void batch_invariance_case(bool sampled)
         }
         if (cases[c].spec && !sampled) assert_true(st.accepted_tokens > 0);
         if (cases[c].kv_memory) assert_true(st.preemptions > 0);
+        if (cases[c].kv_memory == 2) assert_true(st.swapped_in_bytes > 0);
     }
 
     /* four requests with one prompt, all submitted at once: the first computes it, the others
@@ -360,6 +369,64 @@ static void batch_invariance_sampled(void **state)
     batch_invariance_case(true);
 }
 
+/* --n 4: the prompt is computed once, each sample forks its blocks copy-on-write (the prompt's
+ * blocks stored once, one copied block per child at most), and sample k equals the same
+ * request run alone with seed + k, bit for bit. */
+static void parallel_samples_fork(void **state)
+{
+    (void)state;
+    kvc_llm_t *m = load(synth_path);
+    invariance_prompts();
+    kvc_gen_params_t gp = inv_gen(true);
+    kvc_engine_params_t ep = kvc_engine_params_default();
+    ep.n_threads = 2;
+    static out_t alone[4], got[4];
+    for (int k = 0; k < 4; k++) {
+        kvc_gen_params_t g = gp;
+        g.seed = gp.seed + (uint64_t)k;
+        run_all(m, &ep, &inv_pr[0], 1, &g, &alone[k], NULL);
+    }
+    char msg[256];
+    kvc_engine_t *e;
+    assert_ok(kvc_engine_create(m, &ep, &e, msg, sizeof msg));
+    kvc_gen_params_t g = gp;
+    g.n = 4;
+    kvc_gen_id_t id;
+    assert_ok(kvc_engine_submit(e, inv_pr[0].ids, inv_pr[0].n, &g, &id, msg, sizeof msg));
+    uint32_t left = 4;
+    for (int step = 0; left; step++) {
+        assert_true(step < 10000);
+        assert_ok(kvc_engine_step(e, step * 1e-3, NULL, NULL, NULL));
+        if (kvc_sched_check(kvc_engine_sched(e), msg, sizeof msg)) fail_msg("%s", msg);
+        const kvc_gen_done_t *d;
+        uint32_t nd;
+        kvc_engine_finished(e, &d, &nd);
+        for (uint32_t i = 0; i < nd; i++) {
+            out_t *o = &got[d[i].sample_index];
+            memset(o, 0, sizeof *o);
+            o->n = d[i].completion_tokens;
+            memcpy(o->ids, d[i].output, o->n * sizeof *o->ids);
+            memcpy(o->lp, d[i].logprobs, o->n * sizeof *o->lp);
+            memcpy(o->top, d[i].top_ids, (size_t)o->n * TOP * sizeof *o->top);
+            memcpy(o->top_lp, d[i].top_logprobs, (size_t)o->n * TOP * sizeof *o->top_lp);
+            snprintf(o->text, sizeof o->text, "%s", d[i].text);
+            left--;
+        }
+    }
+    for (int k = 0; k < 4; k++) assert_same(&alone[k], &got[k], "forked sample");
+    kvc_engine_stats_t st;
+    kvc_engine_stats(e, &st);
+    kvc_seqs_stats_t ss;
+    kvc_seqs_stats(kvc_engine_seqs(e), &ss);
+    assert_int_equal(ss.n_forks, 3);
+    assert_true(ss.n_cow_copies <= 3); /* the partial last prompt block, once per child */
+    /* 150 + 24 tokens: 11 blocks alone, of which 9 are the prompt's full blocks: shared */
+    assert_true(st.peak_blocks <= 9 + 4 * 2);
+    assert_int_equal(st.prefill_tokens, 150);
+    kvc_engine_destroy(e);
+    kvc_llm_free(m);
+}
+
 /* ---- bad requests ----------------------------------------------------------------------- */
 static void bad_requests_are_refused(void **state)
 {
@@ -421,6 +488,7 @@ int main(void)
         cmocka_unit_test(bad_requests_are_refused),
         cmocka_unit_test_setup_teardown(batch_invariance_greedy, synth_setup, synth_teardown),
         cmocka_unit_test_setup_teardown(batch_invariance_sampled, synth_setup, synth_teardown),
+        cmocka_unit_test_setup_teardown(parallel_samples_fork, synth_setup, synth_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

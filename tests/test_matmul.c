@@ -467,6 +467,11 @@ static void bad_arguments_are_refused(void **state)
     assert_int_equal(kvc_matmul(&good, x, 0, y, KVC_ISA_AUTO, NULL, ws, need), KVC_EINVAL);
     assert_int_equal(kvc_matmul(&good, x, 2, y, KVC_ISA_AUTO, NULL, NULL, need), KVC_EINVAL);
     assert_int_equal(kvc_matmul(&good, x, 2, y, KVC_ISA_AUTO, NULL, ws, need - 1), KVC_EINVAL);
+    uint8_t *big = aligned_alloc(64, need + 64);
+    assert_int_equal(kvc_matmul(&good, x, 2, y, KVC_ISA_AUTO, NULL, big + 2, need), KVC_EINVAL);
+    assert_ok(kvc_matmul(&good, x, 2, y, KVC_ISA_AUTO, NULL, big + 4, need)); /* 4 is enough */
+    for (int i = 0; i < 6; i++) y[i] = 42;
+    free(big);
     assert_int_equal(kvc_matmul(&good, x, 2, y, (kvc_isa_t)99, NULL, ws, need), KVC_EINVAL);
     assert_int_equal(kvc_matmul_prepare(&good, x, 2, KVC_ISA_AUTO, ws, need - 1), KVC_EINVAL);
     assert_int_equal(kvc_matmul_prepare(&good, x, 2, (kvc_isa_t)99, ws, need), KVC_EINVAL);
@@ -637,7 +642,10 @@ static void pool_arguments_and_allocation_failures(void **state)
     kvc_threadpool_t *tp = (kvc_threadpool_t *)1;
     assert_int_equal(kvc_threadpool_create(2, NULL, NULL), KVC_EINVAL);
     assert_int_equal(kvc_threadpool_create(0, NULL, &tp), KVC_EINVAL);
+    assert_null(tp);
+    tp = (kvc_threadpool_t *)1;
     assert_int_equal(kvc_threadpool_create(1025, NULL, &tp), KVC_EINVAL);
+    assert_null(tp);
     for (uint64_t k = 1; k <= 3; k++) {
         kvc_failing_alloc_t st = {.fail_at = k};
         kvc_allocator_t a = kvc_failing_allocator(&st);

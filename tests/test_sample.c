@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kvcache/sample.h"
+#include "model/sample_int.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -586,7 +587,7 @@ static void test_truncation_matches_full_sort(void **state)
 static void check_distribution(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float *l,
                                uint32_t n, const double *want, int draws, uint64_t seed)
 {
-    long cnt[16] = {0};
+    long cnt[64] = {0};
     kvc_rng_t rng;
     kvc_rng_seed(&rng, seed);
     for (int i = 0; i < draws; i++) cnt[sample_one(s, p, &rng, l, NULL, 0)]++;
@@ -595,6 +596,7 @@ static void check_distribution(kvc_sampler_t *s, const kvc_sampling_params_t *p,
         if (fabs((double)cnt[i] - mu) > 5 * sd + 1)
             fail_msg("token %u: %ld draws, expected %.1f +- %.1f", i, cnt[i], mu, sd);
     }
+    for (uint32_t i = n; i < 64; i++) assert_int_equal(cnt[i], 0);
 }
 
 static void test_temperature_distribution(void **state)
@@ -602,6 +604,7 @@ static void test_temperature_distribution(void **state)
     (void)state;
     const uint32_t n = 7;
     kvc_sampler_t *s = new_sampler(n);
+    kvc_sampler_t *s64 = new_sampler(64);
     float l[7] = {1.0f, -0.5f, 2.0f, 0.3f, 2.0f, -3.0f, 1.5f};
     const int draws = 200000 / KVC_TEST_SANITIZER_DIVISOR;
     const float temps[] = {0.7f, 1.0f, 1.8f};
@@ -621,7 +624,12 @@ static void test_temperature_distribution(void **state)
         }
         for (uint32_t i = 0; i < n; i++) want[i] /= z;
         check_distribution(s, &p, l, n, want, draws, 200 + (uint64_t)t);
+        /* the same three among 64 tokens: few candidates take the one-by-one path */
+        float l64[64];
+        for (uint32_t i = 0; i < 64; i++) l64[i] = i < n ? l[i] : -10.0f - (float)i;
+        check_distribution(s64, &p, l64, n, want, draws, 300 + (uint64_t)t);
     }
+    kvc_sampler_destroy(s64);
     kvc_sampler_destroy(s);
 }
 
@@ -724,6 +732,14 @@ static void test_logprobs_raw_log_softmax(void **state)
     p.n_logprobs = 0;
     assert_ok(kvc_sample(s3, &p, &rng, l3, NULL, 0, &r));
     assert_int_equal(r.n_top, 0);
+    /* the entries past n_top are defined (zero), not left over: results compare by bytes */
+    memset(&r, 0x5a, sizeof r);
+    p.n_logprobs = 1;
+    assert_ok(kvc_sample(s3, &p, &rng, l3, NULL, 0, &r));
+    for (int j = 1; j < KVC_SAMPLE_MAX_LOGPROBS; j++) {
+        assert_int_equal(r.top_ids[j], 0);
+        assert_true(r.top_logprobs[j] == 0.0f);
+    }
     kvc_sampler_destroy(s3);
     free(l);
     kvc_sampler_destroy(s);
@@ -1102,6 +1118,144 @@ static void test_stop_strings_random_chunking(void **state)
     }
 }
 
+/* ---- the row kernels: AVX2 against scalar, bit for bit; exp against libm ---------------- */
+
+static void test_kernels_avx2_match_scalar_bits(void **state)
+{
+    (void)state;
+    /* the polynomial exps against libm */
+    for (double x = -708.0; x <= 709.0; x += 0.0137) {
+        double want = exp(x), got = kvc__sample_exp(x);
+        if (fabs(got - want) > 1e-13 * want)
+            fail_msg("exp(%.17g): %.17g, libm %.17g", x, got, want);
+    }
+    assert_true(kvc__sample_exp(-INFINITY) == 0.0 && kvc__sample_exp(-709.0) == 0.0);
+    assert_true(kvc__sample_exp(0.0) == 1.0);
+    for (float x = -87.0f; x <= 88.0f; x += 0.0071f) {
+        double want = exp((double)x), got = kvc__sample_expf(x);
+        if (fabs(got - want) > 3e-7 * want)
+            fail_msg("expf(%.9g): %.9g, libm %.9g", (double)x, got, want);
+    }
+    assert_true(kvc__sample_expf(-INFINITY) == 0.0f && kvc__sample_expf(0.0f) == 1.0f);
+
+    if (!kvc_isa_supported(KVC_ISA_AVX2)) {
+        printf("NOTE: this CPU lacks AVX2: the AVX2 kernels were not compared\n");
+        return;
+    }
+    const uint32_t max_n = 1003;
+    float *in = malloc(max_n * sizeof *in), *w1 = malloc(max_n * sizeof *w1);
+    float *w2 = malloc(max_n * sizeof *w2);
+    double *e1 = malloc(max_n * sizeof *e1), *e2 = malloc(max_n * sizeof *e2);
+    kvc_rng_t g;
+    kvc_rng_seed(&g, 31);
+    for (int round = 0; round < 400; round++) {
+        uint32_t n = round < 40 ? (uint32_t)round : 1 + (uint32_t)kvc_rng_below(&g, max_n);
+        double spread = round % 7 == 0 ? 2000.0 : 1.0 + 30.0 * kvc_rng_double(&g);
+        for (uint32_t i = 0; i < n; i++) {
+            in[i] = (float)((kvc_rng_double(&g) - 0.5) * spread);
+            uint64_t c = kvc_rng_below(&g, 50);
+            if (c == 0) in[i] = NAN;
+            if (c == 1) in[i] = INFINITY;
+            if (c == 2) in[i] = -INFINITY;
+            if (c == 3) in[i] = FLT_MAX;
+        }
+        float m1 = kvc__sample_sanitize_max_scalar(in, w1, n);
+        float m2 = kvc__sample_sanitize_max_avx2(in, w2, n);
+        assert_memory_equal(&m1, &m2, sizeof m1);
+        assert_int_equal(kvc__sample_find_scalar(w1, n, m1), kvc__sample_find_avx2(w1, n, m1));
+        if (n) {
+            float v = w1[kvc_rng_below(&g, n)];
+            assert_int_equal(kvc__sample_find_scalar(w1, n, v), kvc__sample_find_avx2(w1, n, v));
+        }
+        assert_int_equal(kvc__sample_find_avx2(w1, n, 12345.5f), n); /* absent (|in| < 1001) */
+        for (int k = 0; k < 4 && n; k++) {
+            uint32_t from = (uint32_t)kvc_rng_below(&g, n + 1);
+            float v = k == 0 ? m1 : in[kvc_rng_below(&g, n)]; /* raw: NaN, +inf too */
+            assert_int_equal(kvc__sample_above_scalar(in, from, n, v),
+                             kvc__sample_above_avx2(in, from, n, v));
+        }
+        if (n) assert_memory_equal(w1, w2, n * sizeof *w1);
+        double ref = n && m1 != -INFINITY ? m1 : 0.0;
+        double scale = round % 3 == 0 ? 1.0 : 1.0 / (0.1 + 2.0 * kvc_rng_double(&g));
+        double s1 = kvc__sample_exp_sum_scalar(w1, n, ref, scale, e1);
+        double s2 = kvc__sample_exp_sum_avx2(w1, n, ref, scale, e2);
+        assert_memory_equal(&s1, &s2, sizeof s1);
+        if (n) assert_memory_equal(e1, e2, n * sizeof *e1);
+        /* top_p's histogram and split, on the sanitized row below its maximum */
+        if (n && m1 != -INFINITY) {
+            static double h1[64], h2[64];
+            uint32_t *c1 = malloc(n * sizeof *c1), *c2 = malloc(n * sizeof *c2);
+            uint32_t *t1 = malloc(n * sizeof *t1), *t2 = malloc(n * sizeof *t2);
+            (void)kvc__sample_exp_sum_scalar(w1, n, m1, 1.0, e1);
+            float bscale = (float)(0.05 + 2.0 * kvc_rng_double(&g));
+            memset(h1, 0, sizeof h1);
+            memset(h2, 0, sizeof h2);
+            kvc__sample_hist_scalar(w1, e1, n, m1, bscale, h1, 64);
+            kvc__sample_hist_avx2(w1, e1, n, m1, bscale, h2, 64);
+            assert_memory_equal(h1, h2, sizeof h1);
+            float blo = (float)kvc_rng_below(&g, 64);
+            float bhi = round % 2 ? blo + 1 : INFINITY;
+            uint32_t nc1, nc2, nt1, nt2;
+            kvc__sample_split_scalar(w1, n, m1, bscale, blo, bhi, c1, &nc1, t1, &nt1);
+            kvc__sample_split_avx2(w1, n, m1, bscale, blo, bhi, c2, &nc2, t2, &nt2);
+            assert_int_equal(nc1, nc2);
+            assert_int_equal(nt1, nt2);
+            if (nc1) assert_memory_equal(c1, c2, nc1 * sizeof *c1);
+            if (nt1) assert_memory_equal(t1, t2, nt1 * sizeof *t1);
+            free(c1);
+            free(c2);
+            free(t1);
+            free(t2);
+        }
+        float fm = (float)ref, fs = (float)scale;
+        s1 = kvc__sample_expf_sum_scalar(w1, n, fm, fs, e1);
+        s2 = kvc__sample_expf_sum_avx2(w1, n, fm, fs, e2);
+        assert_memory_equal(&s1, &s2, sizeof s1);
+        if (n) assert_memory_equal(e1, e2, n * sizeof *e1);
+    }
+
+    /* end to end: a scalar sampler and an AVX2 one give the same tokens and logprobs */
+    const uint32_t nv = 7001;
+    kvc_sampler_t *a = new_sampler(nv), *b = new_sampler(nv);
+    assert_ok(kvc_sampler_set_isa(a, KVC_ISA_SCALAR));
+    assert_ok(kvc_sampler_set_isa(b, KVC_ISA_AVX2));
+    float *l = malloc(nv * sizeof *l);
+    kvc_token_t h[32];
+    for (int round = 0; round < 60; round++) {
+        double spread = 0.5 + 8.0 * kvc_rng_double(&g);
+        for (uint32_t i = 0; i < nv; i++) l[i] = (float)((kvc_rng_double(&g) - 0.5) * spread);
+        for (int j = 0; j < 32; j++) h[j] = (kvc_token_t)kvc_rng_below(&g, nv);
+        kvc_sampling_params_t p = kvc_sampling_params_default();
+        p.temperature = (float)(0.1 + 1.5 * kvc_rng_double(&g));
+        p.top_p = round % 2 ? 0.9f : 1.0f;
+        p.top_k = round % 3 == 0 ? 50 : 0;
+        p.min_p = round % 5 == 0 ? 0.05f : 0.0f;
+        p.repetition_penalty = round % 4 == 0 ? 1.2f : 1.0f;
+        p.n_logprobs = 5;
+        kvc_rng_t ra, rb;
+        kvc_rng_seed(&ra, (uint64_t)round);
+        rb = ra;
+        for (int k = 0; k < 20; k++) {
+            kvc_sample_result_t x, y;
+            assert_ok(kvc_sample(a, &p, &ra, l, h, 32, &x));
+            assert_ok(kvc_sample(b, &p, &rb, l, h, 32, &y));
+            assert_memory_equal(&x, &y, sizeof x);
+        }
+    }
+    assert_int_equal(kvc_sampler_set_isa(a, (kvc_isa_t)99), KVC_EINVAL);
+    assert_int_equal(kvc_sampler_set_isa(NULL, KVC_ISA_AUTO), KVC_EINVAL);
+    if (!kvc_isa_supported(KVC_ISA_AVX512))
+        assert_int_equal(kvc_sampler_set_isa(a, KVC_ISA_AVX512), KVC_ENOTSUP);
+    free(l);
+    kvc_sampler_destroy(a);
+    kvc_sampler_destroy(b);
+    free(in);
+    free(w1);
+    free(w2);
+    free(e1);
+    free(e2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1120,6 +1274,7 @@ int main(void)
         cmocka_unit_test(test_nan_and_inf_logits),
         cmocka_unit_test(test_stop_strings_match_and_hold),
         cmocka_unit_test(test_stop_strings_random_chunking),
+        cmocka_unit_test(test_kernels_avx2_match_scalar_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,6 +100,7 @@ KVC_API void kvc_engine_destroy(kvc_engine_t *e); /* NULL is a no-op */
 
 #define KVC_MAX_STOP     8 /* stop token ids and stop strings per request, each */
 #define KVC_MAX_LOGPROBS 20
+#define KVC_MAX_SAMPLES  64 /* parallel samples per request */
 
 typedef struct {
     float temperature;                         /* 0: greedy */
@@ -117,6 +118,9 @@ typedef struct {
     uint32_t n_stop_ids;
     const char *stop[KVC_MAX_STOP]; /* stop strings (copied) */
     uint32_t n_stop;
+    uint32_t n;        /* parallel samples (1..KVC_MAX_SAMPLES; 0: 1): the prompt is computed
+                          once and each sample forks its blocks copy-on-write; sample k uses
+                          seed + k and finishes with its own account (sample_index k) */
     uint32_t priority; /* scheduler class */
     uint64_t tag;      /* the caller's, echoed in events */
 } kvc_gen_params_t;
@@ -184,6 +188,7 @@ typedef struct {
     double submit_s, first_token_s, finish_s;
     uint32_t preemptions;
     uint32_t draft_tokens, accepted_tokens;
+    uint32_t sample_index; /* which of the request's n parallel samples */
 } kvc_gen_done_t;
 
 /* The request ids finished in the last step and their accounts (borrowed
@@ -196,6 +201,8 @@ typedef struct {
     uint64_t kv_bytes_per_token;
     uint32_t n_blocks, peak_blocks, block_size;
     uint64_t preemptions;
+    uint64_t swapped_out_bytes, swapped_in_bytes; /* swap preemption's copies (as sched counts
+                                                     them: whole blocks) */
     uint64_t hit_tokens;
     uint64_t draft_tokens, accepted_tokens;
     uint32_t n_running, n_waiting;
@@ -207,6 +214,77 @@ KVC_API void kvc_engine_stats(const kvc_engine_t *e, kvc_engine_stats_t *out);
  * reports that check their invariants. */
 KVC_API kvc_seqs_t *kvc_engine_seqs(const kvc_engine_t *e);
 KVC_API kvc_sched_t *kvc_engine_sched(const kvc_engine_t *e);
+
+/* ---- beam search ------------------------------------------------------------
+ * One request's beam search on a pool and seq table of its own, through the same
+ * forward pass: the prompt is computed once, then every step runs each live beam's last
+ * token as one batched pass (one segment per beam), ranks every beam's continuations by
+ * cumulative log-probability (log-softmax in double), keeps the best n_beams and moves
+ * the seq table with kvc_seq_beam_step (dead beams' blocks freed, survivors forked
+ * copy-on-write: the prompt's blocks are stored once, whatever n_beams).  The rules are
+ * Hugging Face's BeamSearchScorer's (see docs/model.md):
+ *   - per step the 2 * n_beams best (beam, token) candidates by cumulative log-probability,
+ *     ties to the lower beam index, then the lower token id; walked in that order, an EOS
+ *     (unless ignore_eos) or stop id candidate among the first n_beams ends a hypothesis,
+ *     one beyond them is skipped, any other candidate becomes a beam of the next step
+ *     until n_beams are chosen;
+ *   - a finished hypothesis scores sum logprob / len^length_penalty, len the tokens it
+ *     generated, EOS included; the best n_beams are kept (a tie keeps the earlier one);
+ *   - the search ends when n_beams hypotheses are finished and either early_stopping, or
+ *     no live beam's best cumulative log-probability / len^length_penalty beats the worst
+ *     of them; or at max_tokens, where every live beam becomes a hypothesis ("length"). */
+typedef struct {
+    uint32_t n_beams;     /* 1..64 (and 2 * n_beams <= the vocabulary) */
+    uint32_t max_tokens;  /* tokens generated per hypothesis at most (>= 1) */
+    float length_penalty; /* alpha in sum logprob / len^alpha; finite (default 1) */
+    bool early_stopping;  /* stop as soon as n_beams hypotheses are finished */
+    bool ignore_eos;      /* EOS is a token like any other */
+    kvc_token_t stop_ids[KVC_MAX_STOP]; /* more ids that end a hypothesis as EOS does
+                                           (ignore_eos or not) */
+    uint32_t n_stop_ids;
+    uint32_t n_threads;   /* kernel threads (0: all cores) */
+    kvc_dtype_t kv_dtype; /* default f16 */
+    uint32_t block_size;  /* tokens per block (default 16) */
+    uint64_t kv_memory;   /* bytes of K/V (0: the prompt once plus every beam's output) */
+    bool prefix_cache;    /* run the pool with a prefix cache (full blocks inserted) */
+    kvc_isa_t isa;        /* kernels' ISA (KVC_ISA_AUTO: the best) */
+} kvc_beam_params_t;
+
+KVC_API kvc_beam_params_t kvc_beam_params_default(void);
+
+typedef struct {
+    kvc_token_t *ids; /* (n_ids) generated tokens, the final EOS or stop id included (as
+                         the engine's output ids); the score's len is n_ids */
+    uint32_t n_ids;
+    double sum_logprob;  /* of those n_ids tokens */
+    double score;        /* sum_logprob / n_ids^length_penalty */
+    kvc_finish_t finish; /* KVC_FINISH_STOP (EOS or a stop id) or KVC_FINISH_LENGTH */
+} kvc_beam_hyp_t;
+
+typedef struct {
+    kvc_beam_hyp_t *hyps;       /* (n_hyps) best score first, ties in the order they finished */
+    uint32_t n_hyps;            /* n_beams */
+    uint32_t steps;             /* decode passes run (the prompt's pass not counted) */
+    uint32_t n_blocks;          /* the pool's blocks */
+    uint32_t prompt_blocks;     /* blocks the prompt fills, partly filled last one included */
+    uint32_t peak_blocks;       /* blocks in use at most, all beams together */
+    uint64_t forks, cow_copies; /* from kvc_seqs_stats */
+} kvc_beam_result_t;
+
+/* Beam search from prompt[0..n_prompt) (token ids, borrowed) on model m (borrowed) with
+ * parameters p; *out is filled (the caller frees it with kvc_beam_result_free; on an error
+ * it is zeroed and holds nothing).  Errors, with one line in msg: KVC_EINVAL (NULL
+ * arguments, an empty prompt, a prompt or stop id outside the vocabulary, more than
+ * KVC_MAX_STOP stop ids, a parameter out of range:
+ * named), KVC_ERANGE (prompt + max_tokens beyond the model's context), KVC_ENOSPC /
+ * KVC_EBUSY (the pool is too small for the prompt or for n_beams beams: the step is
+ * named), KVC_ENOMEM, KVC_EIO (threads), and those of the layers below.  Nothing is left
+ * allocated on an error.  Thread-safety: m may be shared by concurrent calls. */
+KVC_API KVC_NODISCARD int kvc_llm_beam_search(const kvc_llm_t *m, const kvc_beam_params_t *p,
+                                              const kvc_token_t *prompt, uint32_t n_prompt,
+                                              kvc_beam_result_t *out, char *msg, size_t cap);
+/* Free what a result holds and zero it; NULL is a no-op. */
+KVC_API void kvc_beam_result_free(kvc_beam_result_t *r);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,14 @@
  * batch.  Different ISAs may round differently; tests compare them with a
  * tolerance and each ISA with itself bit for bit.
  *
+ * Activations.  F32, F16 and BF16 weights multiply x as it is.  The integer
+ * types quantise each row of x to int8 first (blocks of 32 with an f32 scale
+ * for Q8_0 and Q4_0, of 256 with an f32 scale and sums per 16 for Q4_K and
+ * Q6_K; every ISA quantises the same way), so their results carry that
+ * rounding, as llama.cpp's do.  A NaN or infinity in x makes its row's
+ * outputs NaN (for the integer types, every output of the row; for the float
+ * types, as IEEE arithmetic has it); other rows are not affected.
+ *
  * Work is split over output rows into tasks (kvc_matmul_n_tasks) that a
  * thread pool runs; kvc_matmul does it all, kvc_matmul_tasks runs a range so
  * that a caller can fuse several matrices into one parallel region.
@@ -46,8 +54,12 @@ typedef struct kvc_threadpool kvc_threadpool_t;
 /* A pool of n_threads workers in all, the calling thread included (1: no
  * thread is started and jobs run inline).  The workers persist until
  * kvc_threadpool_destroy and wait without spinning between jobs once a job
- * has been idle for a short while.  KVC_EINVAL (out NULL, n_threads 0 or over
- * 1024), KVC_ENOMEM, KVC_EIO (a thread could not be started). */
+ * has been idle for a short while (they spin some 100 us first, yielding now
+ * and then, so that a decode step's next job wakes them cheaply).  The pool
+ * is freed with kvc_threadpool_destroy, which joins the workers (call it
+ * while no job runs).  KVC_EINVAL (out NULL, n_threads 0 or over 1024),
+ * KVC_ENOMEM, KVC_EIO (a thread could not be started); *out is NULL on
+ * failure. */
 KVC_API KVC_NODISCARD int kvc_threadpool_create(uint32_t n_threads, const kvc_allocator_t *a,
                                                 kvc_threadpool_t **out);
 KVC_API void kvc_threadpool_destroy(kvc_threadpool_t *tp); /* NULL is a no-op */
@@ -55,7 +67,10 @@ KVC_API uint32_t kvc_threadpool_size(const kvc_threadpool_t *tp); /* 1 for NULL 
 
 /* Run fn(ctx, task, thread) for every task in [0, n_tasks), spread over the
  * pool's threads (thread in [0, kvc_threadpool_size)), the caller working
- * too; returns when all are done.  tp NULL runs them inline on thread 0. */
+ * too; returns when all are done.  Each task runs exactly once; which thread
+ * runs which is not fixed.  n_tasks 0 (or fn NULL) returns at once; tp NULL,
+ * a pool of 1 or a single task runs inline on the calling thread as thread 0.
+ * Not reentrant: fn must not run a job on the same pool. */
 typedef void (*kvc_task_fn)(void *ctx, uint32_t task, uint32_t thread);
 KVC_API void kvc_threadpool_run(kvc_threadpool_t *tp, kvc_task_fn fn, void *ctx, uint32_t n_tasks);
 
@@ -68,24 +83,33 @@ typedef struct {
     size_t row_bytes; /* stride between rows (>= the encoded row) */
 } kvc_mat_t;
 
-/* A matrix over a GGUF tensor of 2 dimensions (ne[0] = n_in, ne[1] = n_out).
- * KVC_EINVAL (NULL arguments, not 2-D), KVC_ENOTSUP (a type the kernels do
- * not take; the caller names it with kvc_ggml_type_name). */
+/* A matrix over a GGUF tensor of 2 dimensions (ne[0] = n_in, ne[1] = n_out),
+ * rows packed (row_bytes = the encoded row); it borrows t->data.  KVC_EINVAL
+ * (NULL arguments or data, not 2-D, a dimension 0 or over 32 bits, ne[0] not
+ * a multiple of the type's block, t->bytes short of the rows), KVC_ENOTSUP
+ * (a type the kernels do not take; the caller names it with
+ * kvc_ggml_type_name).  *out is written only on success. */
 KVC_API int kvc_mat_from_tensor(const kvc_gguf_tensor_t *t, kvc_mat_t *out);
 
 /* Whether the kernels take `type`. */
 KVC_API bool kvc_matmul_type_supported(uint32_t type);
 
 /* Scratch a call needs (the activations quantised for the type's fast path),
- * for n_rows rows of this matrix; 0 when it needs none.  The same scratch may
- * serve several matrices with the same n_in and type. */
+ * for n_rows rows of this matrix: a multiple of 64 bytes, 0 when it needs
+ * none (the float types) and for an invalid matrix, SIZE_MAX when the size
+ * overflows.  The same scratch may serve several matrices with the same n_in
+ * and type. */
 KVC_API size_t kvc_matmul_workspace_bytes(const kvc_mat_t *w, uint32_t n_rows);
 
 /* y = x W^T for n_rows rows (see the top of the file), on the ISA `isa`
  * resolves to, spread over tp (NULL: this thread).  ws holds
- * kvc_matmul_workspace_bytes (64-byte aligned is best).  KVC_EINVAL (NULL
- * w, x or y; n_rows 0; a bad matrix; ws smaller than needed), KVC_ENOTSUP
- * (a type the kernels do not take; a forced ISA this CPU lacks). */
+ * kvc_matmul_workspace_bytes, aligned to 4 bytes at least (64 is best; NULL
+ * when that is 0).  KVC_EINVAL (NULL w, x or y; n_rows 0; a bad matrix: data
+ * NULL, n_in or n_out 0, n_in not a multiple of the type's block, row_bytes
+ * short of a row; ws NULL, smaller than needed or misaligned; an invalid isa
+ * value), KVC_ENOTSUP (a
+ * type the kernels do not take; a forced ISA this CPU lacks).  On an error
+ * nothing is written. */
 KVC_API int kvc_matmul(const kvc_mat_t *w, const float *x, uint32_t n_rows, float *y, kvc_isa_t isa,
                        kvc_threadpool_t *tp, void *ws, size_t ws_bytes);
 
@@ -93,9 +117,12 @@ KVC_API int kvc_matmul(const kvc_mat_t *w, const float *x, uint32_t n_rows, floa
  * region: kvc_matmul_prepare quantises x into ws (call once, on one thread);
  * kvc_matmul_n_tasks says how many tasks the output rows split into; and
  * kvc_matmul_task computes task `task` (independent tasks, any order, any
- * thread).  Results are bit-identical to kvc_matmul's.  prepare's errors as
- * kvc_matmul's; n_tasks returns 0 for a bad matrix; task assumes a
- * successful prepare. */
+ * thread; a task writes only its own outputs, rows o in [task * c, (task +
+ * 1) * c) for a chunk c fixed by the matrix).  Results are bit-identical to
+ * kvc_matmul's.  prepare's errors as kvc_matmul's (y aside); n_tasks returns
+ * 0 for a bad matrix or n_rows 0; task assumes a successful prepare with the
+ * same w, x, n_rows and ws (the quantised activations do not depend on the
+ * ISA), and does nothing for task >= n_tasks or arguments prepare refuses. */
 KVC_API int kvc_matmul_prepare(const kvc_mat_t *w, const float *x, uint32_t n_rows, kvc_isa_t isa,
                                void *ws, size_t ws_bytes);
 KVC_API uint32_t kvc_matmul_n_tasks(const kvc_mat_t *w, uint32_t n_rows);
@@ -103,7 +130,8 @@ KVC_API void kvc_matmul_task(const kvc_mat_t *w, const float *x, uint32_t n_rows
                              kvc_isa_t isa, const void *ws, uint32_t task);
 
 /* The kernel variant kvc_matmul runs for this type on the ISA `isa` resolves
- * to: "scalar", "avx2", "avx512" (for reports). */
+ * to: "scalar", "avx2", "avx512" (for reports); "?" for an invalid isa value
+ * or a forced ISA this CPU lacks. */
 KVC_API const char *kvc_matmul_kernel_name(uint32_t type, kvc_isa_t isa);
 
 #ifdef __cplusplus

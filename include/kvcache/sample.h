@@ -20,8 +20,13 @@
  *      whose softmax mass (over what is left, at temperature 1) reaches top_p.
  *   5. min_p: what is left with probability >= min_p * the highest probability.
  *   6. temperature: the survivors' logits divided by it, then a draw from their softmax.
- * As in llama.cpp, temperature comes last, so top_p and min_p see the penalized logits at
- * temperature 1.  (vLLM divides by the temperature first; the kept sets then differ.)
+ * Precision: the kept sets (top_p's masses, min_p's ratios) are decided in double; the
+ * draw's weights exp((l - max) / T) are computed in float (about 1e-7 relative; at
+ * temperature 1 with nothing truncated, the double ones are reused) and summed in double; ties are
+ * broken by token id everywhere, so a kept set is a function of the logits alone.  The SIMD and
+ * scalar kernels compute the same bits (kvc_sampler_set_isa). As in llama.cpp, temperature comes
+ * last, so top_p and min_p see the penalized logits at temperature 1.  (vLLM divides by the
+ * temperature first; the kept sets then differ.)
  *
  * Randomness: a request owns one kvc_rng_t (util.h: xoshiro256**, seeded by splitmix64)
  * seeded with kvc_rng_seed(&rng, params.seed).  A sample with temperature > 0 consumes
@@ -53,6 +58,7 @@
 
 #include "kvcache/util.h"
 #include "kvcache/prefix.h" /* kvc_token_t */
+#include "kvcache/quant.h"  /* kvc_isa_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -102,6 +108,11 @@ KVC_API KVC_NODISCARD int kvc_sampler_create(uint32_t n_vocab, const kvc_allocat
                                              kvc_sampler_t **out);
 KVC_API void kvc_sampler_destroy(kvc_sampler_t *s);
 KVC_API uint32_t kvc_sampler_n_vocab(const kvc_sampler_t *s);
+/* The row kernels to use: KVC_ISA_SCALAR, or any SIMD one (AVX2 kernels), or KVC_ISA_AUTO
+ * (the default: the best this CPU has).  Every version computes the same bits, so this never
+ * changes a sample or a logprob; it is for tests and measurements.
+ * Errors: KVC_EINVAL (s NULL, an unknown isa), KVC_ENOTSUP (the CPU lacks it). */
+KVC_API KVC_NODISCARD int kvc_sampler_set_isa(kvc_sampler_t *s, kvc_isa_t isa);
 
 /* Sample one token from logits (n_vocab floats, borrowed) with params p, the request's rng
  * and its token history (the prompt and the output so far, oldest first; only the last

@@ -148,8 +148,18 @@ typedef struct {
                                              the step's prompt budget fairly among tenants */
     uint32_t long_threshold; /* prompt + max output >= this is a long request (0: off) */
     double long_kv_cap;      /* share of the pool long requests may hold together (0: no cap) */
-    uint32_t spec_tokens;    /* drafts per decode step, at most 64 (0: no speculation) */
-    kvc_draft_fn draft;      /* NULL: drafts are token 0 (the simulator's choice) */
+    /* Swap preemption with real K/V (an engine's copies over the host link; NULL: nothing is
+     * copied, as in the simulator).  swap_out is called for a victim before its blocks are
+     * released, to copy the K/V of positions [0, n) out; false makes this preemption a
+     * recompute instead.  swap_in is called when a swapped request comes back, after
+     * positions [first, first + n) have slots again and before they count as computed (so
+     * no block becomes hittable before its bytes are back), to copy them in. */
+    bool (*swap_out)(void *ctx, kvc_req_id_t id, uint64_t tag, kvc_seq_t seq, uint32_t n);
+    void (*swap_in)(void *ctx, kvc_req_id_t id, uint64_t tag, kvc_seq_t seq, uint32_t first,
+                    uint32_t n);
+    void *swap_ctx;
+    uint32_t spec_tokens; /* drafts per decode step, at most 64 (0: no speculation) */
+    kvc_draft_fn draft;   /* NULL: drafts are token 0 (the simulator's choice) */
     void *draft_ctx;
     bool trace; /* keep a readable account of each step's decisions */
     kvc_allocator_t allocator;
@@ -235,6 +245,18 @@ typedef struct {
     kvc_token_t token;   /* the sampled token (entries with samples), else ignored */
     uint32_t n_accepted; /* drafts accepted (speculative entries), <= the entry's n_drafts */
     bool finished;       /* EOS or the output cap: the request is done */
+    /* Parallel sampling: fork n_forks children from this request as this step completes
+     * (an entry that samples, without drafts).  Child k shares every block of the request
+     * (kvc_seq_fork: copy-on-write, the prompt stored once), continues with fork_tokens[k]
+     * instead of `token` (its own sample of the same position), carries fork_tags[k], and is
+     * a running request from then on with the parent's prompt, output count and cap.  Its id
+     * goes to fork_ids[k], or 0 where it could not be made (max_num_seqs running already, the
+     * seq table full or its allocator failed): the caller then finishes it itself.  A child
+     * whose output reaches the cap at once is finished at once (its account follows). */
+    uint32_t n_forks;
+    const kvc_token_t *fork_tokens;
+    const uint64_t *fork_tags;
+    kvc_req_id_t *fork_ids;
 } kvc_sched_result_t;
 
 /* The executor ran the last plan; results[i] belongs to plan->entries[i]
@@ -244,7 +266,8 @@ typedef struct {
  * failed) is finished with error KVC_ENOMEM in its account, and the others
  * proceed.  KVC_EINVAL (NULL arguments, `now` not finite, no open plan but
  * n > 0, n that differs from the plan, a result whose id belongs to another
- * entry, too many accepted drafts), KVC_ESTALE (a result's id names no live
+ * entry, too many accepted drafts, forks on an entry that does not sample or has drafts,
+ * or fork arrays missing), KVC_ESTALE (a result's id names no live
  * request), and then nothing is applied.  With no open plan, n == 0 is a
  * no-op. */
 KVC_API KVC_NODISCARD int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *results,

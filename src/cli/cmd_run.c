@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define CMD "run"
 
@@ -55,6 +56,10 @@ static void usage(FILE *f)
            "  --ignore-eos          keep generating past the end-of-sequence token\n"
            "  --logprobs N          report each token's logprob and the top N (0..20)\n"
            "  --spec ngram          speculative decoding with prompt-lookup drafts\n"
+           "  --beams N             beam search with N beams (1..64; --prompts: one request\n"
+           "                        after another); prints the best hypothesis\n"
+           "  --length-penalty A    beams score sum logprob / len^A (default 1)\n"
+           "  --early-stopping      stop once N hypotheses have ended\n"
            "  --spec-tokens K       drafts per step (default 4)\n"
            "engine\n"
            "  --threads N           kernel threads (default: all cores)\n"
@@ -67,6 +72,8 @@ static void usage(FILE *f)
            "  --batch-tokens N      tokens computed per step (default 512)\n"
            "  --chunk N             prompt tokens per request per step (default: the budget)\n"
            "  --no-prefix-cache     never reuse a prefix across requests\n"
+           "  --preemption P        when the pool is full: recompute (default), swap (the\n"
+           "                        victim's K/V to host memory and back) or backpressure\n"
            "  --no-kv-cache         recompute the whole sequence for every token (the quadratic\n"
            "                        baseline); same outputs\n"
            "output\n"
@@ -88,6 +95,8 @@ enum {
     O_SEED,
     O_N,
     O_BEAMS,
+    O_LENGTH_PENALTY,
+    O_EARLY_STOP,
     O_SPEC,
     O_SPEC_MODEL,
     O_SPEC_TOKENS,
@@ -112,7 +121,8 @@ enum {
     O_CHUNK,
     O_ISA,
     O_TOKENIZER,
-    O_SYSTEM
+    O_SYSTEM,
+    O_PREEMPT
 };
 
 static const struct option options[] = {
@@ -127,6 +137,8 @@ static const struct option options[] = {
     {"seed", required_argument, 0, O_SEED},
     {"n", required_argument, 0, O_N},
     {"beams", required_argument, 0, O_BEAMS},
+    {"length-penalty", required_argument, 0, O_LENGTH_PENALTY},
+    {"early-stopping", no_argument, 0, O_EARLY_STOP},
     {"spec", required_argument, 0, O_SPEC},
     {"spec-model", required_argument, 0, O_SPEC_MODEL},
     {"spec-tokens", required_argument, 0, O_SPEC_TOKENS},
@@ -152,6 +164,7 @@ static const struct option options[] = {
     {"isa", required_argument, 0, O_ISA},
     {"tokenizer", required_argument, 0, O_TOKENIZER},
     {"system", required_argument, 0, O_SYSTEM},
+    {"preemption", required_argument, 0, O_PREEMPT},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -445,7 +458,7 @@ static void json_num(FILE *f, double v)
         fputs("null", f);
 }
 
-static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec)
+static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec, bool samples)
 {
     printf(
         "{\"id\": %llu, \"prompt_tokens\": %u, \"cached_tokens\": %u, \"completion_tokens\": %u, "
@@ -487,7 +500,120 @@ static void print_done(const kvc_gen_done_t *d, uint64_t index, bool spec)
     if (spec)
         printf(", \"draft_tokens\": %u, \"accepted_tokens\": %u", d->draft_tokens,
                d->accepted_tokens);
+    if (samples) printf(", \"index\": %u", d->sample_index);
     printf("}\n");
+}
+
+/* --beams N: each request's beam search (kvc_llm_beam_search), one after another; the best
+ * hypothesis's text, or with --json one object per request with every hypothesis under
+ * "beams", then a summary.  Sampling options do not apply; stop ids end hypotheses as EOS
+ * does; stop strings, --spec and --no-kv-cache are refused. */
+static int run_beams(const kvc_llm_t *m, const creqs_t *q, kvc_beam_params_t *bp,
+                     const kvc_engine_params_t *ep, bool json, bool spec)
+{
+    if (spec || ep->no_kv_cache)
+        return kvc_cli_error(CMD, "--beams does not go with --spec or --no-kv-cache");
+    bp->n_threads = ep->n_threads;
+    bp->kv_dtype = ep->kv_dtype;
+    bp->block_size = ep->block_size;
+    bp->kv_memory = ep->kv_memory;
+    bp->prefix_cache = !ep->no_prefix_cache;
+    bp->isa = ep->isa;
+    const kvc_tokenizer_t *tok = kvc_llm_tokenizer(m);
+    char msg[512], *text = NULL;
+    size_t text_cap = 0;
+    uint64_t gen_tokens = 0, steps = 0;
+    uint32_t peak = 0, n_blocks = 0;
+    int rc = 0;
+    const double t0 = (double)kvc_now_ns() * 1e-9;
+    for (uint32_t i = 0; !rc && i < q->n; i++) {
+        const creq_t *r = &q->v[i];
+        if (r->gp.n_stop) {
+            rc = kvc_cli_error(CMD, "--beams: stop strings are not supported");
+            break;
+        }
+        bp->max_tokens = r->gp.max_tokens;
+        bp->ignore_eos = r->gp.ignore_eos;
+        bp->n_stop_ids = r->gp.n_stop_ids;
+        memcpy(bp->stop_ids, r->gp.stop_ids, sizeof bp->stop_ids);
+        kvc_beam_result_t res;
+        const double ts = (double)kvc_now_ns() * 1e-9;
+        if (kvc_llm_beam_search(m, bp, r->ids, r->n_ids, &res, msg, sizeof msg)) {
+            rc = q->n > 1 ? kvc_cli_error(CMD, "request %u: %s", i, msg)
+                          : kvc_cli_error(CMD, "%s", msg);
+            break;
+        }
+        const double ms = ((double)kvc_now_ns() * 1e-9 - ts) * 1e3;
+        steps += res.steps;
+        peak = KVC_MAX(peak, res.peak_blocks);
+        n_blocks = res.n_blocks;
+        if (json)
+            printf("{\"id\": %u, \"prompt_tokens\": %u, \"cached_tokens\": 0, "
+                   "\"completion_tokens\": %u, \"output_ids\": [",
+                   i, r->n_ids, res.hyps[0].n_ids);
+        for (uint32_t h = 0; !rc && h < res.n_hyps; h++) {
+            const kvc_beam_hyp_t *hy = &res.hyps[h];
+            gen_tokens += hy->n_ids;
+            /* the text stops before the EOS or stop id, as the engine's does */
+            const uint32_t n_text = hy->n_ids - (hy->finish == KVC_FINISH_STOP);
+            size_t nb = 0;
+            int drc = kvc_tokenizer_decode(tok, hy->ids, n_text, KVC_TOK_REMOVE_SPECIAL, text,
+                                           text_cap, &nb);
+            if (drc == KVC_ERANGE || !text) {
+                free(text);
+                text_cap = nb + 1;
+                if (!(text = malloc(text_cap))) {
+                    rc = kvc_cli_error(CMD, "out of memory");
+                    break;
+                }
+                drc = kvc_tokenizer_decode(tok, hy->ids, n_text, KVC_TOK_REMOVE_SPECIAL, text,
+                                           text_cap, &nb);
+            }
+            if (drc) {
+                rc = kvc_cli_error(CMD, "decode: %s", kvc_strerror(drc));
+                break;
+            }
+            if (!json) {
+                printf("%s\n", text);
+                break;
+            }
+            if (h == 0) {
+                for (uint32_t k = 0; k < hy->n_ids; k++) printf(k ? ", %d" : "%d", hy->ids[k]);
+                printf("], \"text\": ");
+                json_str(stdout, text, nb);
+                printf(", \"finish_reason\": \"%s\", \"ttft_ms\": ", kvc_finish_name(hy->finish));
+                json_num(stdout, ms); /* nothing is emitted before the search ends */
+                printf(", \"tpot_ms\": null, \"logprobs\": null, \"beams\": [");
+            }
+            printf(h ? ", {\"ids\": [" : "{\"ids\": [");
+            for (uint32_t k = 0; k < hy->n_ids; k++) printf(k ? ", %d" : "%d", hy->ids[k]);
+            printf("], \"text\": ");
+            json_str(stdout, text, nb);
+            printf(", \"score\": ");
+            json_num(stdout, hy->score);
+            printf(", \"sum_logprob\": ");
+            json_num(stdout, hy->sum_logprob);
+            printf(", \"finish_reason\": \"%s\"}", kvc_finish_name(hy->finish));
+            if (h + 1 == res.n_hyps) printf("]}\n");
+        }
+        kvc_beam_result_free(&res);
+    }
+    free(text);
+    const double wall = (double)kvc_now_ns() * 1e-9 - t0;
+    if (!rc && json) {
+        printf("{\"summary\": true, \"requests\": %u, \"beams\": %u, \"beam_steps\": %llu, "
+               "\"prefill_tokens_per_s\": null, \"decode_tokens_per_s\": ",
+               q->n, bp->n_beams, (unsigned long long)steps);
+        json_num(stdout, wall > 0 ? gen_tokens / wall : NAN);
+        printf(", \"wall_s\": ");
+        json_num(stdout, wall);
+        printf(", \"peak_kv_blocks\": %u, \"kv_blocks\": %u, \"preemptions\": 0}\n", peak,
+               n_blocks);
+    } else if (!rc)
+        fprintf(stderr,
+                "kvcache run: %u request(s), %u beams, %llu steps, peak %u of %u KV blocks\n", q->n,
+                bp->n_beams, (unsigned long long)steps, peak, n_blocks);
+    return rc;
 }
 
 int kvc_cmd_run(int argc, char **argv)
@@ -500,6 +626,8 @@ int kvc_cmd_run(int argc, char **argv)
     gp.max_tokens = 128;
     char *stops[KVC_MAX_STOP] = {0};
     bool json = false, spec = false;
+    bool beams = false;
+    kvc_beam_params_t bp = kvc_beam_params_default();
     uint64_t u;
     double d;
     int rc = 0;
@@ -576,18 +704,19 @@ int kvc_cmd_run(int argc, char **argv)
             U64("logprobs", 0, KVC_MAX_LOGPROBS, gp.n_logprobs);
             gp.logprobs = true;
             break;
-        case O_N: {
-            uint32_t n;
-            U64("n", 1, 64, n);
-            if (n > 1) return kvc_cli_error(CMD, "--n: parallel sampling is not supported yet");
+        case O_N:
+            U64("n", 1, KVC_MAX_SAMPLES, gp.n);
             break;
-        }
-        case O_BEAMS: {
-            uint32_t n;
-            U64("beams", 1, 64, n);
-            if (n > 1) return kvc_cli_error(CMD, "--beams: beam search is not supported yet");
+        case O_BEAMS:
+            U64("beams", 1, 64, bp.n_beams);
+            beams = true;
             break;
-        }
+        case O_LENGTH_PENALTY:
+            DBL("length-penalty", -100, 100, bp.length_penalty);
+            break;
+        case O_EARLY_STOP:
+            bp.early_stopping = true;
+            break;
         case O_SPEC:
             if (strcmp(optarg, "ngram"))
                 return kvc_cli_error(CMD, "--spec: '%s' is not a draft method (ngram)", optarg);
@@ -646,6 +775,11 @@ int kvc_cmd_run(int argc, char **argv)
                     "gemma, phi3 or zephyr",
                     optarg);
             break;
+        case O_PREEMPT:
+            if (kvc_preemption_parse(optarg, &ep.preemption))
+                return kvc_cli_error(
+                    CMD, "--preemption: '%s' is not recompute, swap or backpressure", optarg);
+            break;
         case O_SYSTEM:
             chat.system = optarg;
             break;
@@ -664,6 +798,8 @@ int kvc_cmd_run(int argc, char **argv)
             usage(stdout);
             return 0;
         default:
+            if (optopt >= O_MODEL) /* a long option without its value */
+                return kvc_cli_error(CMD, "%s needs a value (see --help)", argv[optind - 1]);
             if (optopt)
                 return kvc_cli_error(CMD, "option -%c needs a value or is unknown (see --help)",
                                      optopt);
@@ -688,12 +824,14 @@ int kvc_cmd_run(int argc, char **argv)
     char msg[512];
     kvc_llm_t *m = NULL;
     /* A GGUF by its magic; anything else is read as a llama2.c checkpoint. */
+    /* (a file named .gguf, or one that cannot be read, goes to the GGUF reader, whose
+     * message says what is wrong with it) */
     char magic[4] = {0};
+    size_t got = 0, pl = strlen(model_path);
     FILE *mf = fopen(model_path, "rb");
-    if (!mf) return kvc_cli_error(CMD, "%s: %s", model_path, strerror(errno));
-    size_t got = fread(magic, 1, 4, mf);
-    fclose(mf);
-    if (got == 4 && !memcmp(magic, "GGUF", 4)) {
+    if (mf) got = fread(magic, 1, 4, mf), fclose(mf);
+    if (!mf || (got == 4 && !memcmp(magic, "GGUF", 4)) ||
+        (pl >= 5 && !strcasecmp(model_path + pl - 5, ".gguf"))) {
         if (tokenizer_path)
             return kvc_cli_error(CMD, "--tokenizer is for llama2.c checkpoints; %s is a GGUF",
                                  model_path);
@@ -742,6 +880,12 @@ int kvc_cmd_run(int argc, char **argv)
                             : parse_ids(prompt_ids, vocab, r);
         }
     }
+    if (!rc && beams) {
+        rc = run_beams(m, &q, &bp, &ep, json, spec);
+        creqs_free(&q);
+        kvc_llm_free(m);
+        return rc ? 1 : 0;
+    }
     if (!rc && !ep.kv_memory) {
         /* no size given: room for every request at once (prompt + output, in blocks), so
          * nothing is preempted, and no more (the pool is allocated and zeroed up front) */
@@ -757,7 +901,7 @@ int kvc_cmd_run(int argc, char **argv)
         }
         const uint64_t per_block = (uint64_t)kvc_dtype_bytes(ep.kv_dtype) * 2 * h->n_layers *
                                    h->n_kv_heads * h->head_dim * bs;
-        ep.kv_memory = KVC_MAX(blocks + 8, (uint64_t)ctx / bs + 2) * (per_block + 64);
+        ep.kv_memory = (blocks + 8) * (per_block + 64);
     }
     if (!rc && kvc_engine_create(m, &ep, &e, msg, sizeof msg)) rc = kvc_cli_error(CMD, "%s", msg);
     for (uint32_t i = 0; !rc && i < q.n; i++)
@@ -765,8 +909,9 @@ int kvc_cmd_run(int argc, char **argv)
             rc = q.n > 1 ? kvc_cli_error(CMD, "request %u: %s", i, msg)
                          : kvc_cli_error(CMD, "%s", msg);
 
-    out_ctx_t oc = {.stream = !json && q.n == 1};
-    uint32_t n_left = rc ? 0 : q.n;
+    out_ctx_t oc = {.stream = !json && q.n == 1 && q.v[0].gp.n <= 1};
+    uint32_t n_left = 0;
+    for (uint32_t i = 0; !rc && i < q.n; i++) n_left += q.v[i].gp.n ? q.v[i].gp.n : 1;
     double now = 0;
     const double t_start = (double)kvc_now_ns() * 1e-9;
     while (!rc && n_left) {
@@ -783,11 +928,13 @@ int kvc_cmd_run(int argc, char **argv)
         for (uint32_t i = 0; i < n_done; i++) {
             n_left--;
             if (json)
-                print_done(&done[i], done[i].tag, spec);
+                print_done(&done[i], done[i].tag, spec, gp.n > 1);
             else if (oc.stream)
                 printf("\n");
             else
-                printf("[%llu] %s\n", (unsigned long long)done[i].tag, done[i].text);
+                printf("[%llu] (%u prompt tokens, %u from the prefix cache) %s\n",
+                       (unsigned long long)done[i].tag, done[i].prompt_tokens,
+                       done[i].cached_tokens, done[i].text);
             if (done[i].finish == KVC_FINISH_ERROR)
                 rc = kvc_cli_error(CMD, "request %llu failed", (unsigned long long)done[i].tag);
         }

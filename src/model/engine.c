@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "forward_int.h"
-#include "sample_int.h"
+#include "engine_int.h"
 #include "util/msg.h"
 
 typedef struct {
@@ -21,6 +21,12 @@ typedef struct {
     kvc_req_id_t sid;  /* the scheduler's, once added */
     bool in_sched;     /* added to the scheduler (else pending here) */
     uint32_t computed; /* prompt positions computed (from the plans: a hint, not a count) */
+    /* parallel sampling: the parent lists its children; each child waits (fork_wait) until
+     * the parent's prompt is done, then samples its own first token and is forked */
+    uint32_t *children, n_children, sample_index;
+    uint8_t *swap; /* swap preemption: the K/V of its computed positions, in host memory */
+    size_t swap_cap;
+    bool fork_wait;
     kvc_gen_params_t gp;
     char *stop[KVC_MAX_STOP];
     size_t stop_len[KVC_MAX_STOP];
@@ -69,6 +75,11 @@ struct kvc_engine {
     /* requests not yet given to the scheduler, in arrival order: held back while another
      * request is computing a prefix they share, so that they hit it instead */
     uint32_t *pend, n_pend, pend_cap;
+    /* the children forked in this step (one parent's at a time: its prompt finishes once) */
+    kvc_token_t fork_tok[KVC_MAX_SAMPLES];
+    uint64_t fork_tag[KVC_MAX_SAMPLES];
+    kvc_req_id_t fork_id[KVC_MAX_SAMPLES];
+    uint32_t fork_n;
     /* no-kv-cache mode: a queue of request indices, a scratch pool of one context */
     uint32_t *queue, q_head, q_len;
     kvc_pool_t *npool;
@@ -125,6 +136,8 @@ static void req_clear(req_t *r)
 {
     for (uint32_t i = 0; i < KVC_MAX_STOP; i++) free(r->stop[i]);
     free(r->out), free(r->lp), free(r->top_lp), free(r->top_ids), free(r->text), free(r->all);
+    free(r->children);
+    free(r->swap);
     kvc_tokenizer_stream_destroy(r->ts);
     const uint32_t gen = r->gen;
     memset(r, 0, sizeof *r);
@@ -179,6 +192,84 @@ static void ngram_draft(void *ctx, kvc_req_id_t id, uint64_t tag, uint32_t n, kv
     }
 }
 
+/* ---- swap preemption: a victim's K/V to host memory and back ---------------------------- */
+/* Bytes of one token's K/V in all layers. */
+static size_t token_kv_bytes(const kvc_engine_t *e)
+{
+    const kvc_model_hparams_t *h = &e->m->h;
+    return (size_t)h->n_layers * 2 * h->n_kv_heads * h->head_dim * kvc_dtype_bytes(e->p.kv_dtype);
+}
+
+/* Copy position p's K/V of every layer between the pool and buf (to_pool: into the pool).  A
+ * position a sliding layer no longer holds (out of its window) reads as zeros: no query will
+ * look at it again. */
+static void copy_token(kvc_engine_t *e, kvc_seq_t seq, uint32_t p, uint8_t *buf, bool to_pool)
+{
+    const kvc_llm_t *m = e->m;
+    const kvc_model_hparams_t *h = &m->h;
+    const size_t row = (size_t)h->head_dim * kvc_dtype_bytes(e->p.kv_dtype);
+    const uint32_t bs = e->p.block_size;
+    int64_t slot[KVC_MAX_GROUPS];
+    bool have[KVC_MAX_GROUPS];
+    for (uint32_t g = 0; g < m->n_groups; g++)
+        have[g] = kvc_seq_slots(e->seqs, seq, g, p, 1, &slot[g]) == 0;
+    for (uint32_t l = 0; l < h->n_layers; l++) {
+        const kvc__llm_layer_t *L = &m->layer[l];
+        for (uint32_t kv = 0; kv < 2; kv++)
+            for (uint32_t hh = 0; hh < h->n_kv_heads; hh++, buf += row) {
+                if (!have[L->group]) {
+                    if (!to_pool) memset(buf, 0, row);
+                    continue;
+                }
+                uint8_t *base =
+                    kvc_pool_kv_data(e->pool, (uint32_t)(slot[L->group] / bs), L->slab, kv);
+                uint8_t *at = base + ((size_t)hh * bs + (size_t)(slot[L->group] % bs)) * row;
+                if (to_pool)
+                    memcpy(at, buf, row);
+                else
+                    memcpy(buf, at, row);
+            }
+    }
+}
+
+static bool swap_out(void *ctx, kvc_req_id_t id, uint64_t tag, kvc_seq_t seq, uint32_t n)
+{
+    kvc_engine_t *e = ctx;
+    (void)id;
+    req_t *r = &e->reqs[tag];
+    const size_t tb = token_kv_bytes(e), need = (size_t)n * tb;
+    if (need > r->swap_cap) {
+        uint8_t *b = realloc(r->swap, need);
+        if (!b) return false; /* the scheduler recomputes it instead */
+        r->swap = b, r->swap_cap = need;
+    }
+    for (uint32_t p = 0; p < n; p++) copy_token(e, seq, p, r->swap + (size_t)p * tb, false);
+    /* The K/V moved: the blocks only this request held, and that no lookup can hit, are
+     * scrubbed before they go back to the pool, so a swap-in that failed to copy them back
+     * shows up as wrong output instead of hiding behind a block that happened to survive. */
+    for (uint32_t g = 0; g < e->m->n_groups; g++) {
+        const uint32_t *table;
+        uint32_t nb;
+        if (kvc_seq_table(e->seqs, seq, g, &table, &nb)) continue;
+        for (uint32_t i = 0; i < nb; i++)
+            if (table[i] != KVC_NONE && kvc_pool_refcount(e->pool, table[i]) == 1 &&
+                !kvc_pool_is_cached(e->pool, table[i]))
+                memset(kvc_pool_block_data(e->pool, table[i]), 0, kvc_pool_block_bytes(e->pool));
+    }
+    return true;
+}
+
+static void swap_in(void *ctx, kvc_req_id_t id, uint64_t tag, kvc_seq_t seq, uint32_t first,
+                    uint32_t n)
+{
+    kvc_engine_t *e = ctx;
+    (void)id;
+    req_t *r = &e->reqs[tag];
+    const size_t tb = token_kv_bytes(e);
+    for (uint32_t p = first; p < first + n; p++)
+        copy_token(e, seq, p, r->swap + (size_t)p * tb, true);
+}
+
 int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_engine_t **out,
                       char *msg, size_t cap)
 {
@@ -202,8 +293,6 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
         return kvc__msgf(KVC_EINVAL, msg, cap, "tokens per step: 1 to 65536");
     if (p.spec_tokens > 16) return kvc__msgf(KVC_EINVAL, msg, cap, "--spec: at most 16 drafts");
     if (!p.spec_ngram) p.spec_ngram = 3;
-    if (p.preemption == KVC_PREEMPT_SWAP)
-        return kvc__msgf(KVC_ENOTSUP, msg, cap, "swap preemption is not supported yet");
 
     kvc_engine_t *e = calloc(1, sizeof *e);
     if (!e) return kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
@@ -296,6 +385,9 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
     sc.preemption = p.preemption;
     sc.block_bytes = block_bytes;
     sc.spec_tokens = p.spec_tokens;
+    sc.swap_out = swap_out;
+    sc.swap_in = swap_in;
+    sc.swap_ctx = e;
     sc.draft = ngram_draft;
     sc.draft_ctx = e;
     if ((rc = kvc_sched_create(e->seqs, &sc, &e->sched))) goto fail;
@@ -338,10 +430,55 @@ static void req_release(kvc_engine_t *e, uint32_t i)
     e->free_reqs[e->n_free++] = i;
 }
 
+static int submit_one(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_prompt,
+                      const kvc_gen_params_t *gp, bool child, uint32_t *out_slot, char *msg,
+                      size_t cap);
+
 int kvc_engine_submit(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_prompt,
                       const kvc_gen_params_t *gp, kvc_gen_id_t *id, char *msg, size_t cap)
 {
     if (!e || !prompt || !gp || !id) return kvc__msgf(KVC_EINVAL, msg, cap, "no request");
+    const uint32_t n = gp->n ? gp->n : 1;
+    if (n > KVC_MAX_SAMPLES)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "n: 1 to %d parallel samples", KVC_MAX_SAMPLES);
+    if (n > 1 && e->p.no_kv_cache)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "parallel samples need the KV cache");
+    if (n > e->p.max_num_seqs)
+        return kvc__msgf(KVC_EINVAL, msg, cap,
+                         "n: %u parallel samples, but at most %u requests run at once", n,
+                         e->p.max_num_seqs);
+    uint32_t parent;
+    int rc = submit_one(e, prompt, n_prompt, gp, false, &parent, msg, cap);
+    if (rc) return rc;
+    uint32_t *kids = n > 1 ? calloc(n - 1, sizeof *kids) : NULL;
+    if (n > 1 && !kids) rc = KVC_ENOMEM;
+    uint32_t made = 0;
+    for (uint32_t k = 1; !rc && k < n; k++) {
+        kvc_gen_params_t g = *gp;
+        g.seed = gp->seed + k; /* sample k's own stream */
+        uint32_t c;
+        if ((rc = submit_one(e, prompt, n_prompt, &g, true, &c, msg, cap))) break;
+        e->reqs[c].sample_index = k;
+        e->reqs[c].fork_wait = true;
+        kids[made++] = c;
+    }
+    if (rc) { /* all or nothing: the parent is still pending, nothing ran */
+        for (uint32_t k = 0; k < made; k++) req_release(e, kids[k]);
+        free(kids);
+        e->n_pend--; /* the parent was the last one queued */
+        req_release(e, parent);
+        return rc == KVC_ENOMEM ? kvc__msgf(rc, msg, cap, "out of memory") : rc;
+    }
+    e->reqs[parent].children = kids;
+    e->reqs[parent].n_children = made;
+    *id = e->reqs[parent].id;
+    return 0;
+}
+
+static int submit_one(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_prompt,
+                      const kvc_gen_params_t *gp, bool child, uint32_t *out_slot, char *msg,
+                      size_t cap)
+{
     const kvc_model_hparams_t *h = &e->m->h;
     if (!n_prompt) return kvc__msgf(KVC_EINVAL, msg, cap, "empty prompt");
     for (uint32_t i = 0; i < n_prompt; i++)
@@ -425,10 +562,10 @@ int kvc_engine_submit(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_pro
             }
             e->pend = v, e->pend_cap = c;
         }
-        e->pend[e->n_pend++] = slot;
+        if (!child) e->pend[e->n_pend++] = slot;
     }
     r->used = true;
-    *id = r->id;
+    *out_slot = slot;
     return 0;
 }
 
@@ -578,7 +715,8 @@ static int done_push(kvc_engine_t *e, uint32_t slot, uint32_t cached, uint32_t p
                          .finish_s = finish,
                          .preemptions = preempt,
                          .draft_tokens = r->drafts,
-                         .accepted_tokens = r->accepted};
+                         .accepted_tokens = r->accepted,
+                         .sample_index = r->sample_index};
     return 0;
 }
 
@@ -605,6 +743,8 @@ void kvc_engine_stats(const kvc_engine_t *e, kvc_engine_stats_t *out)
         out->n_waiting = s.n_waiting + s.n_swapped;
         out->preemptions = s.preemptions;
         out->hit_tokens = s.hit_tokens;
+        out->swapped_out_bytes = s.swapped_out_bytes;
+        out->swapped_in_bytes = s.swapped_in_bytes;
     }
 }
 
@@ -615,6 +755,63 @@ static int sample_row(kvc_engine_t *e, req_t *r, const float *logits, kvc_sample
     kvc__sampling_from_gen(&r->gp, &sp);
     /* the penalties look at the output so far */
     return kvc_sample(e->sampler, &sp, &r->rng, logits, r->out, r->n_out, res);
+}
+
+/* ---- parallel sampling ------------------------------------------------------------------ */
+/* The children of parent r sample their first token from the parent's last prompt row; the
+ * ones that go on are listed in the parent's result for kvc_sched_complete to fork. */
+static int fork_samples(kvc_engine_t *e, req_t *r, const float *row, kvc_sched_result_t *res,
+                        kvc_gen_event_fn fn, void *ctx)
+{
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < r->n_children; k++) {
+        const uint32_t cs = r->children[k];
+        req_t *c = &e->reqs[cs];
+        if (!c->fork_wait) continue;
+        c->fork_wait = false;
+        kvc_sample_result_t sr;
+        int rc = sample_row(e, c, row, &sr);
+        if (rc) return rc;
+        c->finish = emit_token(e, c, sr.token, sr.logprob, &sr);
+        c->computed = r->computed;
+        if (c->finish) { /* done at its first token: no fork needed */
+            send_event(c, &c->out[0], &c->lp[0], 1, cs, fn, ctx);
+            if ((rc = done_push(e, cs, 0, 0, wall_s()))) return rc;
+            continue;
+        }
+        e->fork_tok[n] = sr.token;
+        e->fork_tag[n] = cs;
+        n++;
+    }
+    res->n_forks = n;
+    res->fork_tokens = e->fork_tok;
+    res->fork_tags = e->fork_tag;
+    res->fork_ids = e->fork_id;
+    e->fork_n = n;
+    return 0;
+}
+
+/* After kvc_sched_complete: the forked children run on their own from here. */
+static int forks_done(kvc_engine_t *e, const kvc_sched_plan_t *plan, kvc_gen_event_fn fn, void *ctx)
+{
+    (void)plan;
+    for (uint32_t k = 0; k < e->fork_n; k++) {
+        const uint32_t cs = (uint32_t)e->fork_tag[k];
+        req_t *c = &e->reqs[cs];
+        if (e->fork_id[k]) {
+            c->sid = e->fork_id[k];
+            c->in_sched = true;
+        } else {
+            c->finish = KVC_FINISH_ERROR; /* could not fork: no room to run it */
+        }
+        send_event(c, &c->out[0], &c->lp[0], 1, cs, fn, ctx);
+        if (!e->fork_id[k]) {
+            int rc = done_push(e, cs, 0, 0, wall_s());
+            if (rc) return rc;
+        }
+    }
+    e->fork_n = 0;
+    return 0;
 }
 
 /* ---- the step with a cache ------------------------------------------------------------ */
@@ -687,7 +884,9 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
     rc = kvc_sched_step(e->sched, now, &plan);
     if (rc) return rc;
     const uint32_t n = plan->n_entries;
-    *idle = n == 0 && e->n_pend == 0;
+    /* a step that only swapped a request back in (it runs from the next step) is progress */
+    *idle =
+        n == 0 && e->n_pend == 0 && !plan->n_swapped_in && !plan->n_admitted && !plan->n_preempted;
     const double t0 = wall_s();
     uint32_t n_sel = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -756,6 +955,13 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
                 break;
         }
         if (rc) break;
+        /* the parent's prompt is done: each waiting child samples the same position with its
+         * own stream and, unless that first token ends it, is forked from the parent */
+        if (r->n_children && !en->n_drafts) {
+            if ((rc = fork_samples(e, r, e->logits + (size_t)sel_i * vocab, &e->results[i], fn,
+                                   ctx)))
+                break;
+        }
         sel_i += en->n_drafts + 1;
         /* the tokens emitted are the accepted drafts and then `tok` (the bonus or the
          * correction), unless a finish came first: then the last emitted is `tok` too */
@@ -789,6 +995,10 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
     kvc_pool_stats_t ps;
     kvc_pool_stats(e->pool, &ps);
     e->st.peak_blocks = KVC_MAX(e->st.peak_blocks, ps.n_used);
+    if ((rc = forks_done(e, plan, fn, ctx))) {
+        free(n_emit);
+        return rc;
+    }
 
     for (uint32_t i = 0; i < n; i++) {
         const kvc_sched_entry_t *en = &plan->entries[i];
@@ -814,6 +1024,15 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
         }
         if ((rc = done_push(e, slot, done[i].n_hit_tokens, done[i].n_preemptions, wall_s())))
             return rc;
+        /* children never forked (the parent ended before its prompt did) end with it */
+        for (uint32_t k = 0; k < r->n_children; k++) {
+            req_t *c = &e->reqs[r->children[k]];
+            if (!c->used || !c->fork_wait) continue;
+            c->fork_wait = false;
+            c->finish = r->finish == KVC_FINISH_ABORT ? KVC_FINISH_ABORT : KVC_FINISH_ERROR;
+            send_event(c, NULL, NULL, 0, r->children[k], fn, ctx);
+            if ((rc = done_push(e, r->children[k], 0, 0, wall_s()))) return rc;
+        }
     }
     return 0;
 }

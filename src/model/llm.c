@@ -232,6 +232,7 @@ int kvc_llm_load_gguf(kvc_gguf_t *g, kvc_llm_t **out, char *msg, size_t cap)
     m->g = g;
     int rc = kvc_model_hparams_from_gguf(g, &m->h, msg, cap);
     if (!rc) rc = kvc_tokenizer_create_gguf(g, NULL, &m->tok, msg, cap);
+    if (rc == KVC_ENOENT) rc = KVC_EPARSE; /* no tokenizer: as a missing tensor */
     if (!rc && kvc_tokenizer_n_vocab(m->tok) > m->h.vocab)
         rc = kvc__msgf(KVC_EPARSE, msg, cap, "the tokenizer has %u tokens, the model %u",
                        kvc_tokenizer_n_vocab(m->tok), m->h.vocab);

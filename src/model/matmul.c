@@ -23,7 +23,8 @@
 #endif
 
 /* ---- types ------------------------------------------------------------------ */
-typedef enum { ACT_NONE, ACT_Q8_0, ACT_Q8_K } act_t;
+/* ACT_Q4_0: Q8_0 blocks and their offsets (matmul_int.h) */
+typedef enum { ACT_NONE, ACT_Q8_0, ACT_Q4_0, ACT_Q8_K } act_t;
 
 static const struct {
     uint32_t type, block, bytes;
@@ -33,7 +34,7 @@ static const struct {
     {KVC_GGML_F16, 1, 2, ACT_NONE},
     {KVC_GGML_BF16, 1, 2, ACT_NONE},
     {KVC_GGML_Q8_0, KVC__QK, KVC__Q8_0_B, ACT_Q8_0},
-    {KVC_GGML_Q4_0, KVC__QK, KVC__Q4_0_B, ACT_Q8_0},
+    {KVC_GGML_Q4_0, KVC__QK, KVC__Q4_0_B, ACT_Q4_0},
     {KVC_GGML_Q4_K, KVC__QK_K, KVC__Q4_K_B, ACT_Q8_K},
     {KVC_GGML_Q6_K, KVC__QK_K, KVC__Q6_K_B, ACT_Q8_K},
 };
@@ -87,6 +88,8 @@ static size_t act_row_bytes(const kvc_mat_t *w)
     size_t n = w->n_in;
     if (act == ACT_Q8_0)
         n += sizeof(float) * (w->n_in / KVC__QK);
+    else if (act == ACT_Q4_0)
+        n += sizeof(float) * (w->n_in / KVC__QK) + sizeof(int32_t) * (w->n_in / 4);
     else
         n += sizeof(float) * (w->n_in / KVC__QK_K) + sizeof(int16_t) * (w->n_in / 16);
     return (n + 63) & ~(size_t)63;
@@ -119,7 +122,7 @@ static float quant_block(const float *x, int8_t *q, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         float v = nearbyintf(x[i] * id);
         v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-        q[i] = (int8_t)v;
+        q[i] = isnan(v) ? 0 : (int8_t)v; /* NaN: 0 * id where 1 / d overflowed (amax subnormal) */
     }
     return d;
 }
@@ -128,7 +131,7 @@ static void quantize_rows(const kvc_mat_t *w, const float *x, uint32_t n_rows, u
 {
     const act_t act = types[type_index(w->type)].act;
     const size_t stride = act_row_bytes(w);
-    const uint32_t n = w->n_in, qb = act == ACT_Q8_0 ? KVC__QK : KVC__QK_K;
+    const uint32_t n = w->n_in, qb = act == ACT_Q8_K ? KVC__QK_K : KVC__QK;
     for (uint32_t r = 0; r < n_rows; r++) {
         const float *xr = x + (size_t)r * n;
         uint8_t *row = ws + (size_t)r * stride;
@@ -142,6 +145,11 @@ static void quantize_rows(const kvc_mat_t *w, const float *x, uint32_t n_rows, u
                 for (int i = 0; i < 16; i++) s += q[16 * g + i];
                 bs[g] = (int16_t)s;
             }
+        }
+        if (act == ACT_Q4_0) {
+            int32_t *off = (int32_t *)(row + n + sizeof(float) * (n / KVC__QK));
+            for (uint32_t g = 0; g < n / 4; g++)
+                off[g] = 8 * (q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3]);
         }
     }
 }
@@ -168,7 +176,8 @@ static int check_call(const kvc_mat_t *w, const float *x, uint32_t n_rows, kvc_i
     if (!x || n_rows == 0) return KVC_EINVAL;
     if ((rc = kvc__isa_resolve(isa, use))) return rc;
     const size_t need = kvc_matmul_workspace_bytes(w, n_rows);
-    if (need && (!ws || ws_bytes < need)) return KVC_EINVAL;
+    /* the scales and sums in it are read as float, int16 and int32 */
+    if (need && (!ws || ws_bytes < need || (uintptr_t)ws % 4)) return KVC_EINVAL;
     return 0;
 }
 
@@ -184,8 +193,10 @@ int kvc_matmul_prepare(const kvc_mat_t *w, const float *x, uint32_t n_rows, kvc_
 
 static void run_job(kvc_isa_t use, const kvc__mm_job_t *j)
 {
-    if (use == KVC_ISA_AVX512 || use == KVC_ISA_AVX2)
-        kvc__mm_avx2(j); /* no AVX-512 kernel yet */
+    if (use == KVC_ISA_AVX512)
+        kvc__mm_avx512(j);
+    else if (use == KVC_ISA_AVX2)
+        kvc__mm_avx2(j);
     else
         kvc__mm_scalar(j);
 }
@@ -243,7 +254,7 @@ const char *kvc_matmul_kernel_name(uint32_t type, kvc_isa_t isa)
     (void)type; /* every type has a kernel on every ISA */
     kvc_isa_t use;
     if (kvc__isa_resolve(isa, &use)) return "?";
-    return use == KVC_ISA_AVX512 || use == KVC_ISA_AVX2 ? "avx2" : "scalar";
+    return use == KVC_ISA_AVX512 ? "avx512" : use == KVC_ISA_AVX2 ? "avx2" : "scalar";
 }
 
 /* ---- the thread pool -------------------------------------------------------------
@@ -345,8 +356,9 @@ static void stop_workers(kvc_threadpool_t *tp, uint32_t n_started)
 
 int kvc_threadpool_create(uint32_t n_threads, const kvc_allocator_t *a, kvc_threadpool_t **out)
 {
-    if (!out || n_threads == 0 || n_threads > 1024) return KVC_EINVAL;
+    if (!out) return KVC_EINVAL;
     *out = NULL;
+    if (n_threads == 0 || n_threads > 1024) return KVC_EINVAL;
     kvc_threadpool_t *tp = kvc_calloc(a, 1, sizeof *tp, 64);
     if (!tp) return KVC_ENOMEM;
     if (a) tp->alloc = *a;

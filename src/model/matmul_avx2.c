@@ -7,7 +7,8 @@
  *   F32, F16, BF16  one 8-lane accumulator, element i into lane i % 8 by FMA, in order of i; the
  *                   last n_in % 8 elements zero-padded; then the fixed fold of hsum8
  *   Q8_0, Q4_0      per block of 32, the int8 products summed exactly into 8 int32 lanes
- *                   (maddubs + madd), then acc = fma(float(lanes), d_w * d_x, acc)
+ *                   (maddubs + madd; element i in lane i / 4), then
+ *                   acc = fma(float(lanes), d_w * d_x, acc)
  *   Q4_K            per block of 256, 8 int32 lanes of sum sc_j * q * x (exact), acc =
  *                   fma(lanes, d * d_x, acc), then acc = fnma(mins lanes, dmin * d_x, acc)
  *   Q6_K            per block of 256, 8 int32 lanes of sum sc_j * (q - 32) * x (exact), then
@@ -90,21 +91,15 @@ INL void float_tile(const kvc__mm_job_t *j, uint32_t type, uint32_t r0, uint32_t
 }
 
 /* ---- Q8_0, Q4_0 -------------------------------------------------------------------- */
-/* 8 int32 lanes of the products of 32 signed int8 w and x (x never -128), exact. */
-INL __m256i dot32(__m256i w, __m256i x)
-{
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
+/* Q4_0's 32 nibbles as they are (0..15): byte p is element p. */
 INL __m256i q4_0_unpack(const uint8_t *b)
 {
     const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
-    const __m256i v =
-        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
 }
 
+/* Q8_0 and Q4_0.  A Q4_0 block's lanes are those of maddubs(nibbles, x) less the row's
+ * offsets 8 (x[4k] + ... + x[4k + 3]): the same integers as the products with q - 8. */
 INL void q32_tile(const kvc__mm_job_t *j, uint32_t type, uint32_t r0, uint32_t o0, int NR, int NO)
 {
     const uint32_t nb = j->w->n_in / KVC__QK,
@@ -112,35 +107,52 @@ INL void q32_tile(const kvc__mm_job_t *j, uint32_t type, uint32_t r0, uint32_t o
     const uint8_t *wp[4];
     const int8_t *xq[4];
     const float *xd[4];
+    const int32_t *xo[4];
     __m256 acc[4][4];
+    const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 4
     for (int o = 0; o < NO; o++) wp[o] = kvc__mm_wrow(j, o0 + (uint32_t)o);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
         xq[r] = kvc__mm_xq(j, r0 + (uint32_t)r);
         xd[r] = kvc__mm_xd(j, r0 + (uint32_t)r);
+        xo[r] = type == KVC_GGML_Q4_0 ? kvc__mm_xoff(j, r0 + (uint32_t)r) : NULL;
 #pragma GCC unroll 4
         for (int o = 0; o < NO; o++) acc[r][o] = _mm256_setzero_ps();
     }
     for (uint32_t b = 0; b < nb; b++) {
-        __m256i wq[4];
-        float dw[4];
+        __m256i wq[4], wa[4];
+        __m256 dw[4];
 #pragma GCC unroll 4
         for (int o = 0; o < NO; o++) {
             const uint8_t *blk = wp[o] + (size_t)b * bb;
-            dw[o] = f16(blk);
-            wq[o] = type == KVC_GGML_Q8_0
-                        ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2))
-                        : q4_0_unpack(blk);
+            dw[o] = _mm256_set1_ps(f16(blk));
+            if (type == KVC_GGML_Q8_0) {
+                wq[o] = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+                wa[o] = _mm256_sign_epi8(wq[o], wq[o]);
+            } else {
+                wq[o] = wa[o] = q4_0_unpack(blk);
+            }
         }
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(xq[r] + 32 * b));
-            const float dx = xd[r][b];
+            const __m256 dx = _mm256_broadcast_ss(xd[r] + b);
+            __m256i off = _mm256_setzero_si256();
+            if (type == KVC_GGML_Q4_0)
+                off = _mm256_loadu_si256((const __m256i *)(const void *)(xo[r] + 8 * b));
 #pragma GCC unroll 4
-            for (int o = 0; o < NO; o++)
-                acc[r][o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(wq[o], xv)),
-                                            _mm256_set1_ps(dw[o] * dx), acc[r][o]);
+            for (int o = 0; o < NO; o++) {
+                __m256i p;
+                if (type == KVC_GGML_Q8_0)
+                    p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[o], _mm256_sign_epi8(xv, wq[o])),
+                                          ones);
+                else
+                    p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wa[o], xv), ones),
+                                         off);
+                acc[r][o] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[o], dx), acc[r][o]);
+            }
         }
     }
 #pragma GCC unroll 4
@@ -186,23 +198,30 @@ INL void q4_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, int NR, int
     }
     for (uint32_t b = 0; b < nb; b++) {
         uint8_t sm[4][16];
-        __m256i isum[4][4];
+        __m256i isum[4][4], sc[4];
 #pragma GCC unroll 4
-        for (int o = 0; o < NO; o++) q4_k_scales(wp[o] + (size_t)b * KVC__Q4_K_B + 4, sm[o]);
+        for (int o = 0; o < NO; o++) {
+            q4_k_scales(wp[o] + (size_t)b * KVC__Q4_K_B + 4, sm[o]);
+            /* the 8 scales as int16, in both halves, for the byte shuffles below */
+            sc[o] = _mm256_broadcastsi128_si256(
+                _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)sm[o])));
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
             for (int o = 0; o < NO; o++) isum[r][o] = _mm256_setzero_si256();
         for (int k = 0; k < 4; k++) {
             __m256i lo[4], hi[4], s0[4], s1[4];
+            const __m256i i0 = _mm256_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k));
+            const __m256i i1 = _mm256_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2));
 #pragma GCC unroll 4
             for (int o = 0; o < NO; o++) {
                 const __m256i q = _mm256_loadu_si256(
                     (const __m256i *)(const void *)(wp[o] + (size_t)b * KVC__Q4_K_B + 16 + 32 * k));
                 lo[o] = _mm256_and_si256(q, lo4);
                 hi[o] = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
-                s0[o] = _mm256_set1_epi16(sm[o][2 * k]);
-                s1[o] = _mm256_set1_epi16(sm[o][2 * k + 1]);
+                s0[o] = _mm256_shuffle_epi8(sc[o], i0);
+                s1[o] = _mm256_shuffle_epi8(sc[o], i1);
             }
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
@@ -354,9 +373,9 @@ INL void q6_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, int NR, int
 #define Q8_0_TILE(j, r, o, a, b) q32_tile(j, KVC_GGML_Q8_0, r, o, a, b)
 #define Q4_0_TILE(j, r, o, a, b) q32_tile(j, KVC_GGML_Q4_0, r, o, a, b)
 
-DRIVER(mm_f32, F32_TILE, 4, 2, 4)
-DRIVER(mm_f16, F16_TILE, 4, 2, 4)
-DRIVER(mm_bf16, BF16_TILE, 4, 2, 4)
+DRIVER(mm_f32, F32_TILE, 4, 3, 4)
+DRIVER(mm_f16, F16_TILE, 4, 3, 4)
+DRIVER(mm_bf16, BF16_TILE, 4, 3, 4)
 DRIVER(mm_q8_0, Q8_0_TILE, 4, 2, 4)
 DRIVER(mm_q4_0, Q4_0_TILE, 4, 2, 4)
 DRIVER(mm_q4_k, q4_k_tile, 4, 1, 2)

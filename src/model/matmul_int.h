@@ -5,12 +5,16 @@
  * Activations.  The integer paths take x quantised per row, the same whatever ISA runs the
  * kernel and whatever else is in the batch (matmul.c quantises, in plain C):
  *
- *   Q8_0, Q4_0 weights: blocks of 32, d = amax / 127 (f32), q = round-to-nearest-even(x / d)
+ *   Q8_0, Q4_0 weights: blocks of 32, d = amax / 127 (f32), q = round-to-nearest-even(x / d);
+ *                       for Q4_0 also 8 (q[4g] + ... + q[4g + 3]) for every 4 (int32), so that
+ *                       the unsigned nibbles go into maddubs as they are and an 8-lane
+ *                       subtraction makes their products with q - 8 (the lanes of one block)
  *   Q4_K, Q6_K weights: blocks of 256 (Q8_K-like), d = amax / 127 (f32), the same q, and the
  *                       sum of the q of every 16 (int16), for the weights' offsets and minima
  *
  * Row r of the workspace, ws_row bytes (a multiple of 64) after row r - 1:
  *   int8 q[n_in] | float d[n_in / qblock] | int16 bsums[n_in / 16] (Q8_K-like only)
+ *                                         | int32 offsets[n_in / 4] (Q4_0 only)
  * A block holding a NaN or an infinity gets d = NaN (and q = 0): its row's outputs are NaN.
  */
 #ifndef KVCACHE_MATMUL_INT_H
@@ -21,8 +25,8 @@
 #include "kvcache/matmul.h"
 
 /* Output rows per task: a multiple of every kernel's output tile. */
-#define KVC__MM_CHUNK_SMALL 16
-#define KVC__MM_CHUNK       32
+#define KVC__MM_CHUNK_SMALL 24
+#define KVC__MM_CHUNK       48
 
 /* Block sizes (elements, bytes) of the quantised weight types. */
 #define KVC__QK     32  /* Q8_0, Q4_0 */
@@ -59,6 +63,12 @@ static inline const int16_t *kvc__mm_xbsums(const kvc__mm_job_t *j, uint32_t r)
 {
     return (const int16_t *)(j->ws + (size_t)r * j->ws_row + j->w->n_in +
                              sizeof(float) * (j->w->n_in / KVC__QK_K));
+}
+
+static inline const int32_t *kvc__mm_xoff(const kvc__mm_job_t *j, uint32_t r)
+{
+    return (const int32_t *)(j->ws + (size_t)r * j->ws_row + j->w->n_in +
+                             sizeof(float) * (j->w->n_in / KVC__QK));
 }
 
 /* An f16 scale at p (unaligned), in plain C (the SIMD files may use F16C: the same value). */

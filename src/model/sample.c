@@ -14,23 +14,26 @@
 #include <math.h>
 #include <string.h>
 
+#include "model/sample_int.h"
 #include "util/msg.h"
 
 #define N_BINS       4096
 #define BINS_PER_NAT 64.0
 #define REBASE_NATS  600.0 /* exp(-708) is the last normal double: rebase well before */
 #define MAX_N_VOCAB  ((uint32_t)INT32_MAX)
+#define WALK_BLOCK   256 /* the draw walks past whole blocks by their sums */
+#define GATHER_MAX   16  /* fewer than n / 16 candidates: their weights one by one */
 
 struct kvc_sampler {
     kvc_allocator_t alloc;
     uint32_t n;
+    bool avx2;        /* the AVX2 row kernels (the same bits as the scalar ones) */
     float *w;         /* (n) sanitized, then penalized logits */
     double *e;        /* (n) exp(w - ref), then the draw's weights */
     uint32_t *cand;   /* (n) the candidates truncation keeps */
     uint32_t *tmp;    /* (n) the boundary bin of top_p */
     uint32_t *counts; /* (n) occurrences in the penalty window; all zero between calls */
     double bin_mass[N_BINS];
-    uint32_t bin_count[N_BINS];
 };
 
 /* ---- parameters ------------------------------------------------------------------------ */
@@ -86,6 +89,7 @@ int kvc_sampler_create(uint32_t n_vocab, const kvc_allocator_t *a, kvc_sampler_t
     if (!s) return KVC_ENOMEM;
     if (a) s->alloc = *a;
     s->n = n_vocab;
+    s->avx2 = kvc_isa_best() != KVC_ISA_SCALAR;
     s->w = kvc_alloc(a, (size_t)n_vocab * sizeof *s->w, 64);
     s->e = kvc_alloc(a, (size_t)n_vocab * sizeof *s->e, 64);
     s->cand = kvc_alloc(a, (size_t)n_vocab * sizeof *s->cand, 64);
@@ -114,6 +118,156 @@ void kvc_sampler_destroy(kvc_sampler_t *s)
 uint32_t kvc_sampler_n_vocab(const kvc_sampler_t *s)
 {
     return s ? s->n : 0;
+}
+
+int kvc_sampler_set_isa(kvc_sampler_t *s, kvc_isa_t isa)
+{
+    if (!s || (unsigned)isa >= KVC_ISA__COUNT) return KVC_EINVAL;
+    if (!kvc_isa_supported(isa)) return KVC_ENOTSUP;
+    if (isa == KVC_ISA_AUTO) isa = kvc_isa_best();
+    s->avx2 = isa != KVC_ISA_SCALAR;
+    return 0;
+}
+
+/* ---- the row kernels' scalar versions (sample_int.h) ---------------------------------- */
+
+float kvc__sample_sanitize_max_scalar(const float *in, float *w, uint32_t n)
+{
+    float best = -INFINITY;
+    for (uint32_t i = 0; i < n; i++) {
+        float x = in[i];
+        x = x != x ? -INFINITY : (x > FLT_MAX ? FLT_MAX : x);
+        w[i] = x;
+        best = x > best ? x : best;
+    }
+    return best;
+}
+
+double kvc__sample_exp_sum_scalar(const float *w, uint32_t n, double ref, double scale, double *e)
+{
+    double l[4] = {0, 0, 0, 0};
+    for (uint32_t i = 0; i < n; i++) {
+        double d = (double)w[i] - ref;
+        double y = kvc__sample_exp(d * scale);
+        if (e) e[i] = y;
+        l[i & 3] = l[i & 3] + y;
+    }
+    return (l[0] + l[1]) + (l[2] + l[3]);
+}
+
+double kvc__sample_expf_sum_scalar(const float *w, uint32_t n, float m, float scale, double *e)
+{
+    double l[4] = {0, 0, 0, 0};
+    for (uint32_t i = 0; i < n; i++) {
+        float d = w[i] - m;
+        double y = (double)kvc__sample_expf(d * scale);
+        e[i] = y;
+        l[i & 3] = l[i & 3] + y;
+    }
+    return (l[0] + l[1]) + (l[2] + l[3]);
+}
+
+static double expf_sum(const kvc_sampler_t *s, const float *w, uint32_t n, float m, float scale,
+                       double *e)
+{
+    return s->avx2 ? kvc__sample_expf_sum_avx2(w, n, m, scale, e)
+                   : kvc__sample_expf_sum_scalar(w, n, m, scale, e);
+}
+
+static float sanitize_max(const kvc_sampler_t *s, const float *in, float *w, uint32_t n)
+{
+    return s->avx2 ? kvc__sample_sanitize_max_avx2(in, w, n)
+                   : kvc__sample_sanitize_max_scalar(in, w, n);
+}
+
+void kvc__sample_hist_scalar(const float *w, const double *e, uint32_t n, float m, float scale,
+                             double *mass, uint32_t n_bins)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        float d = (m - w[i]) * scale; /* >= 0; +inf for -inf logits (e = 0) */
+        uint32_t b = d < (float)(n_bins - 1) ? (uint32_t)d : n_bins - 1;
+        mass[b] += e[i];
+    }
+}
+
+void kvc__sample_split_scalar(const float *w, uint32_t n, float m, float scale, float lo, float hi,
+                              uint32_t *cand, uint32_t *nc, uint32_t *tmp, uint32_t *nt)
+{
+    uint32_t c = 0, t = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        /* branch-free: which side of the boundary is as unpredictable as the logits */
+        float d = (m - w[i]) * scale;
+        cand[c] = i;
+        c += d < lo;
+        tmp[t] = i;
+        t += (d >= lo) & (d < hi); /* d = +inf (no mass) is left out, and never needed */
+    }
+    *nc = c;
+    *nt = t;
+}
+
+uint32_t kvc__sample_find_scalar(const float *w, uint32_t n, float v)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (w[i] == v) return i;
+    return n;
+}
+
+/* The first i with w[i] == v (v is w's maximum, so there is one). */
+static uint32_t find_first(const kvc_sampler_t *s, const float *w, uint32_t n, float v)
+{
+    uint32_t i = s->avx2 ? kvc__sample_find_avx2(w, n, v) : kvc__sample_find_scalar(w, n, v);
+    KVC_ASSERT(i < n);
+    return i;
+}
+
+static double exp_sum(const kvc_sampler_t *s, const float *w, uint32_t n, double ref, double scale,
+                      double *e)
+{
+    return s->avx2 ? kvc__sample_exp_sum_avx2(w, n, ref, scale, e)
+                   : kvc__sample_exp_sum_scalar(w, n, ref, scale, e);
+}
+
+/* The sum of e over ids[0..n) (ids NULL: 0..n), in 4 lanes for speed. */
+static double sum_over(const double *e, const uint32_t *ids, uint32_t n)
+{
+    double l[4] = {0, 0, 0, 0};
+    if (ids)
+        for (uint32_t j = 0; j < n; j++) l[j & 3] += e[ids[j]];
+    else
+        for (uint32_t j = 0; j < n; j++) l[j & 3] += e[j];
+    return (l[0] + l[1]) + (l[2] + l[3]);
+}
+
+/* The draw: the first token (in the order of ids, or of ids 0..n when ids is NULL) whose
+ * running sum of weights passes target, skipping whole blocks of WALK_BLOCK by their sums;
+ * a token of weight 0 is never chosen; if rounding leaves target at or past the end, the last
+ * token with weight. */
+static uint32_t walk(const double *e, const uint32_t *ids, uint32_t n, double target)
+{
+    double cum = 0;
+    uint32_t j = 0;
+    while (j + WALK_BLOCK <= n) {
+        double b = ids ? sum_over(e, ids + j, WALK_BLOCK) : sum_over(e + j, NULL, WALK_BLOCK);
+        if (cum + b > target) break;
+        cum += b;
+        j += WALK_BLOCK;
+    }
+    uint32_t last = UINT32_MAX;
+    for (; j < n; j++) {
+        uint32_t i = ids ? ids[j] : j;
+        if (e[i] == 0) continue;
+        last = i;
+        cum += e[i];
+        if (cum > target) return i;
+    }
+    if (last != UINT32_MAX) return last;
+    /* every weight from here on is 0: the last token with weight before */
+    for (uint32_t k = n; k-- > 0;) {
+        uint32_t i = ids ? ids[k] : k;
+        if (e[i] != 0) return i;
+    }
+    return ids ? ids[0] : 0;
 }
 
 /* ---- ordering: higher logit first, ties by lower id ------------------------------------ */
@@ -159,14 +313,25 @@ static void sort_best_first(const float *v, uint32_t *ids, uint32_t m)
     }
 }
 
-/* The k best of v[0..n) into h[0..k), best first.  1 <= k <= n. */
-static void select_top(const float *v, uint32_t n, uint32_t k, uint32_t *h)
+uint32_t kvc__sample_above_scalar(const float *w, uint32_t from, uint32_t n, float v)
+{
+    for (uint32_t i = from; i < n; i++)
+        if (w[i] > v) return i;
+    return n;
+}
+
+/* The k best of v[0..n) into h[0..k), best first.  1 <= k <= n.  The scan for a token that
+ * beats the heap's root runs on the vector kernel when avx2 (the result is the same). */
+static void select_top(const float *v, uint32_t n, uint32_t k, uint32_t *h, bool avx2)
 {
     for (uint32_t i = 0; i < k; i++) h[i] = i;
     for (uint32_t i = k / 2; i-- > 0;) sift_down(v, h, k, i);
     float root = sanitize(v[h[0]]);
     for (uint32_t i = k; i < n; i++) {
-        /* ids only grow, so a tie with the root never beats it: one comparison per token */
+        i = avx2 ? kvc__sample_above_avx2(v, i, n, root) : kvc__sample_above_scalar(v, i, n, root);
+        if (i >= n) break;
+        /* ids only grow, so a tie with the root never beats it: one comparison per token
+         * (a raw +inf is above a root of FLT_MAX, but sanitized it ties: check again) */
         if (sanitize(v[i]) > root) {
             h[0] = i;
             sift_down(v, h, k, 0);
@@ -189,49 +354,48 @@ static float penalize(float l, uint32_t count, const kvc_sampling_params_t *p)
     return f > FLT_MAX ? FLT_MAX : f;
 }
 
-/* top_p over all n tokens without a sort: the histogram of m - w[i] finds the bin the
- * boundary falls in; bins above it are kept whole, that bin is sorted.  Writes the kept
- * ids to cand and returns how many. */
+/* top_p over all n tokens without a sort: a histogram of d = (m - w) * BINS_PER_NAT (float;
+ * bin floor(d), the last bin for anything farther or without mass) finds the bin the
+ * boundary falls in; bins before it are kept whole, that bin alone is sorted.  Writes the
+ * kept ids to cand and returns how many. */
 static uint32_t top_p_all(kvc_sampler_t *s, float m, double top_p)
 {
     const float *w = s->w;
     const double *e = s->e;
     uint32_t n = s->n;
+    const float scale = (float)BINS_PER_NAT;
     memset(s->bin_mass, 0, sizeof s->bin_mass);
-    memset(s->bin_count, 0, sizeof s->bin_count);
+    if (s->avx2)
+        kvc__sample_hist_avx2(w, e, n, m, scale, s->bin_mass, N_BINS);
+    else
+        kvc__sample_hist_scalar(w, e, n, m, scale, s->bin_mass, N_BINS);
+    /* the total by bins: no chain of n dependent additions */
     double z = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (e[i] == 0) continue; /* no mass: ranked below every token with some */
-        double d = ((double)m - w[i]) * BINS_PER_NAT;
-        uint32_t b = d < N_BINS - 1 ? (uint32_t)d : N_BINS - 1;
-        s->bin_mass[b] += e[i];
-        s->bin_count[b]++;
-        z += e[i];
-    }
+    for (uint32_t b = 0; b < N_BINS; b++) z += s->bin_mass[b];
     double target = top_p * z, cum = 0;
     uint32_t bstar = N_BINS - 1;
     for (uint32_t b = 0; b < N_BINS; b++) {
-        if (s->bin_count[b] == 0) continue;
+        if (s->bin_mass[b] == 0) continue;
         bstar = b;
         if (cum + s->bin_mass[b] >= target) break;
         cum += s->bin_mass[b];
     }
-    uint32_t nc = 0, nt = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (e[i] == 0) continue;
-        double d = ((double)m - w[i]) * BINS_PER_NAT;
-        uint32_t b = d < N_BINS - 1 ? (uint32_t)d : N_BINS - 1;
-        if (b < bstar)
-            s->cand[nc++] = i;
-        else if (b == bstar)
-            s->tmp[nt++] = i;
-    }
+    /* bin < bstar  <=>  d < bstar, and bin == bstar  <=>  bstar <= d < bstar + 1 (or any
+     * d beyond for the last bin), since bin = floor(d) for d >= 0 */
+    const float lo = (float)bstar, hi = bstar == N_BINS - 1 ? INFINITY : (float)(bstar + 1);
+    uint32_t nc, nt;
+    if (s->avx2)
+        kvc__sample_split_avx2(w, n, m, scale, lo, hi, s->cand, &nc, s->tmp, &nt);
+    else
+        kvc__sample_split_scalar(w, n, m, scale, lo, hi, s->cand, &nc, s->tmp, &nt);
     sort_best_first(w, s->tmp, nt);
     for (uint32_t j = 0; j < nt; j++) {
+        if (e[s->tmp[j]] == 0) break; /* the rest have no mass either */
         s->cand[nc++] = s->tmp[j];
         cum += e[s->tmp[j]];
         if (cum >= target) break;
     }
+    if (nc == 0) s->cand[nc++] = s->tmp[0]; /* cannot happen: the top token has mass */
     return nc;
 }
 
@@ -250,21 +414,17 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
                    const kvc_token_t *history, size_t n_history, uint32_t n_top, uint32_t *top,
                    prep_t *o)
 {
+    /* e (exp at temperature 1, in double) is read only by top_p, min_p and the draw at
+     * temperature 1; otherwise the pass only sums */
+    bool need_e =
+        p->temperature != 0.0f && (p->top_p < 1.0f || p->min_p > 0.0f || p->temperature == 1.0f);
     const uint32_t n = s->n;
     float *w = s->w;
     double *e = s->e;
 
     /* 1. the raw row: sanitized copy, maximum (first one: the lowest id) */
-    float mraw = -INFINITY;
-    uint32_t argmax = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        float x = sanitize(logits[i]);
-        w[i] = x;
-        if (x > mraw) {
-            mraw = x;
-            argmax = i;
-        }
-    }
+    float mraw = sanitize_max(s, logits, w, n);
+    uint32_t argmax = find_first(s, w, n, mraw);
     if (mraw == -INFINITY) return KVC_EINVAL;
 
     bool pen = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
@@ -278,15 +438,11 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
     }
 
     /* 2. the raw log-softmax's normalizer, and e = exp(w - ref) for the truncations */
-    double ref = mraw, z = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        double x = exp((double)w[i] - ref);
-        e[i] = x;
-        z += x;
-    }
+    double ref = mraw;
+    double z = exp_sum(s, w, n, ref, 1.0, need_e ? e : NULL);
     o->mraw = mraw;
     o->log_z = log(z);
-    if (n_top) select_top(w, n, n_top, top);
+    if (n_top) select_top(w, n, n_top, top, s->avx2);
 
     /* 3. penalties: count the window, then penalize each distinct token once */
     float m = mraw;
@@ -297,19 +453,14 @@ static int prepare(kvc_sampler_t *s, const kvc_sampling_params_t *p, const float
             if (!c) continue;
             s->counts[t] = 0;
             w[t] = penalize(w[t], c, p);
-            e[t] = exp((double)w[t] - ref);
+            e[t] = kvc__sample_exp((double)w[t] - ref);
         }
-        m = -INFINITY;
-        for (uint32_t i = 0; i < n; i++) {
-            if (w[i] > m) {
-                m = w[i];
-                argmax = i;
-            }
-        }
+        m = sanitize_max(s, w, w, n); /* in place: w is already sanitized */
+        argmax = find_first(s, w, n, m);
         if (m == -INFINITY) return KVC_EINVAL;
-        if (fabs((double)m - ref) > REBASE_NATS) {
+        if (need_e && fabs((double)m - ref) > REBASE_NATS) {
             ref = m;
-            for (uint32_t i = 0; i < n; i++) e[i] = exp((double)w[i] - ref);
+            (void)exp_sum(s, w, n, ref, 1.0, e); /* only e is wanted here */
         }
     }
     o->m = m;
@@ -330,7 +481,7 @@ static uint32_t truncate_candidates(kvc_sampler_t *s, const kvc_sampling_params_
     uint32_t nc = n;
     uint32_t *cand = s->cand;
     if (p->top_k && p->top_k < n) {
-        select_top(w, n, p->top_k, cand);
+        select_top(w, n, p->top_k, cand, s->avx2);
         nc = p->top_k;
         all = false;
         if (p->top_p < 1.0f) {
@@ -350,7 +501,7 @@ static uint32_t truncate_candidates(kvc_sampler_t *s, const kvc_sampling_params_
         all = false;
     }
     if (p->min_p > 0.0f) {
-        double thr = (double)p->min_p * exp((double)o->m - o->ref);
+        double thr = (double)p->min_p * kvc__sample_exp((double)o->m - o->ref);
         uint32_t k = 0;
         if (all) {
             for (uint32_t i = 0; i < n; i++)
@@ -386,7 +537,7 @@ int kvc_sample(kvc_sampler_t *s, const kvc_sampling_params_t *p, kvc_rng_t *rng,
     const float *w = s->w;
     double *e = s->e;
 
-    kvc_sample_result_t r;
+    kvc_sample_result_t r = {0}; /* the unused top entries too: the result is all defined */
     uint32_t top[KVC_SAMPLE_MAX_LOGPROBS];
     r.n_top = KVC_MIN(p->n_logprobs, n);
     prep_t o;
@@ -403,45 +554,26 @@ int kvc_sample(kvc_sampler_t *s, const kvc_sampling_params_t *p, kvc_rng_t *rng,
         uint32_t nc = truncate_candidates(s, p, &o, &all);
         const uint32_t *cand = s->cand;
 
-        /* 5. temperature and the one draw (weights overwrite e) */
-        double inv_t = 1.0 / (double)p->temperature, sum = 0;
-        bool unit = p->temperature == 1.0f;
-        if (all) {
-            if (unit) {
-                for (uint32_t i = 0; i < n; i++) sum += e[i];
-            } else {
-                for (uint32_t i = 0; i < n; i++) {
-                    double x = exp(((double)w[i] - o.m) * inv_t);
-                    e[i] = x;
-                    sum += x;
-                }
-            }
+        /* 5. temperature and the one draw: weights expf((l - max) / T) in float (the
+         * kept set is already decided in double), summed in double; they overwrite e */
+        float inv_t = 1.0f / p->temperature;
+        double sum;
+        if (all && p->temperature == 1.0f) {
+            sum = sum_over(e, NULL, n); /* e (double) is already exp(l - ref) */
+        } else if (all || nc >= n / GATHER_MAX) {
+            /* the whole row through the vector kernel beats a gather of many candidates */
+            sum = expf_sum(s, w, n, o.m, inv_t, e);
+            if (!all) sum = sum_over(e, cand, nc);
         } else {
             for (uint32_t j = 0; j < nc; j++) {
                 uint32_t i = cand[j];
-                if (!unit) e[i] = exp(((double)w[i] - o.m) * inv_t);
-                sum += e[i];
+                float d = w[i] - o.m;
+                e[i] = (double)kvc__sample_expf(d * inv_t);
             }
+            sum = sum_over(e, cand, nc);
         }
         double u = kvc_rng_double(rng);
-        double target = u * sum, cum = 0;
-        /* the fallback (target rounded up to the sum) is the last token with weight */
-        if (all) {
-            for (uint32_t i = 0; i < n; i++) {
-                if (e[i] == 0) continue;
-                token = i;
-                cum += e[i];
-                if (cum > target) break;
-            }
-        } else {
-            for (uint32_t j = 0; j < nc; j++) {
-                uint32_t i = cand[j];
-                if (e[i] == 0) continue;
-                token = i;
-                cum += e[i];
-                if (cum > target) break;
-            }
-        }
+        token = walk(e, all ? NULL : cand, nc, u * sum);
     }
 
     r.token = (kvc_token_t)token;
@@ -490,7 +622,7 @@ int kvc_log_softmax_topk(const float *logits, uint32_t n, uint32_t k, kvc_token_
     double log_z = log(z);
     /* kvc_token_t is int32_t and every id < 2^31: the heap runs on the caller's array */
     uint32_t *h = (uint32_t *)ids;
-    select_top(logits, n, k, h);
+    select_top(logits, n, k, h, kvc_isa_best() != KVC_ISA_SCALAR);
     for (uint32_t j = 0; j < k; j++)
         logprobs[j] = ((double)sanitize(logits[h[j]]) - m) - log_z; /* no m + log_z: it can lose
                                                                       log_z next to FLT_MAX */

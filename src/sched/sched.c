@@ -420,6 +420,48 @@ int kvc_sched_abort(kvc_sched_t *s, kvc_req_id_t id)
 }
 
 /* ---- completion ------------------------------------------------------------------------------ */
+/* A child of running request `parent` (see kvc_sched_result_t.n_forks): a new running
+ * request whose sequence forks the parent's and continues with `token`.  *id stays 0 when it
+ * cannot be made; nothing of the parent changes either way. */
+static void fork_child(kvc_sched_t *s, uint32_t parent, kvc_token_t token, uint64_t tag, double now,
+                       kvc_req_id_t *id)
+{
+    if (s->running.n >= s->p.max_num_seqs || n_used(s) >= UINT32_MAX - 1) return;
+    if (reserve(s, n_used(s) + 1)) return;
+    kvc_seq_t seq;
+    if (kvc_seq_fork(s->seqs, s->reqs[parent].seq, &seq)) return;
+    if (kvc_seq_append(s->seqs, seq, &token, 1)) {
+        (void)kvc_seq_destroy(s->seqs, seq);
+        return;
+    }
+    const uint32_t slot = take_slot(s);
+    req_t *r = &s->reqs[slot];
+    const req_t *p = &s->reqs[parent];
+    *r = (req_t){.gen = r->gen,
+                 .state = R_FREE,
+                 .seq = seq,
+                 .ns = p->ns,
+                 .tag = tag,
+                 .serial = s->n_serial++,
+                 .arrival = p->arrival,
+                 .first_token = p->first_token,
+                 .n_prompt = p->n_prompt,
+                 .max_output = p->max_output,
+                 .n_output = p->n_output,
+                 .high_water = p->high_water,
+                 .priority = p->priority,
+                 .tenant = p->tenant,
+                 .is_long = p->is_long,
+                 .has_seq = true,
+                 .admitted_once = true};
+    kvc__sched_set_state(s, slot, R_RUNNING, false);
+    kvc__sched_account(s, r);
+    s->st.n_added++;
+    *id = kvc__sched_id(s, slot);
+    TRACE(s, "  r%llu forks r%llu", (unsigned long long)p->serial, (unsigned long long)r->serial);
+    if (r->n_output >= r->max_output) kvc__sched_finish(s, slot, now, false, 0);
+}
+
 int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *res, uint32_t n, double now)
 {
     if (!s || (n && !res) || !isfinite(now)) return KVC_EINVAL;
@@ -431,6 +473,9 @@ int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *res, uint32_t n
             return r && r->state != R_DONE ? KVC_EINVAL : KVC_ESTALE;
         }
         if (res[i].n_accepted > s->entries[i].n_drafts) return KVC_EINVAL;
+        if (res[i].n_forks && (!s->entries[i].samples || s->entries[i].n_drafts ||
+                               !res[i].fork_tokens || !res[i].fork_tags || !res[i].fork_ids))
+            return KVC_EINVAL;
     }
     note_time(s, now);
     for (uint32_t i = 0; i < n; i++) {
@@ -458,6 +503,14 @@ int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *res, uint32_t n
         if (e->samples) {
             if (r->first_token < 0) r->first_token = now;
             r->n_output += 1 + res[i].n_accepted;
+        }
+        /* forks first: the sequence is fully computed and its token not yet appended */
+        for (uint32_t k = 0; k < res[i].n_forks; k++) {
+            res[i].fork_ids[k] = 0;
+            if (r->aborted) continue;
+            fork_child(s, slot, res[i].fork_tokens[k], res[i].fork_tags[k], now,
+                       &res[i].fork_ids[k]);
+            r = &s->reqs[slot]; /* fork_child may have grown the request table */
         }
         bool done = r->aborted || (e->samples && (res[i].finished || r->n_output >= r->max_output));
         if (done) {

@@ -40,6 +40,9 @@ static void preempt(kvc_sched_t *s, uint32_t slot, const char *why, bool force_r
                       s->p.block_bytes;
         if (in_use + bytes > s->p.swap_space_bytes) swap = false; /* no host room: recompute */
     }
+    if (swap && s->p.swap_out &&
+        !s->p.swap_out(s->p.swap_ctx, kvc__sched_id(s, slot), r->tag, r->seq, computed))
+        swap = false; /* the engine could not take the copy: recompute */
     r->n_preempt++;
     s->st.preemptions++;
     s->plan.n_preempted++;
@@ -252,8 +255,15 @@ static void swap_in(kvc_sched_t *s, int cls)
             return;
         }
         uint32_t rest = r->swapped_tokens > hit ? r->swapped_tokens - (uint32_t)hit : 0;
-        if (rest && (kvc_seq_reserve(s->seqs, r->seq, rest, NULL) ||
-                     kvc_seq_complete(s->seqs, r->seq, rest))) {
+        if (rest && kvc_seq_reserve(s->seqs, r->seq, rest, NULL)) {
+            (void)kvc__sched_reset(s, slot);
+            return;
+        }
+        /* the bytes come back before the positions count as computed (and become hittable) */
+        if (rest && s->p.swap_in)
+            s->p.swap_in(s->p.swap_ctx, kvc__sched_id(s, slot), r->tag, r->seq, (uint32_t)hit,
+                         rest);
+        if (rest && kvc_seq_complete(s->seqs, r->seq, rest)) {
             (void)kvc__sched_reset(s, slot);
             return;
         }
