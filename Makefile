@@ -54,6 +54,12 @@ demo: build
 bench: build
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b; done
 
+# The engine against llama.cpp, side by side (bench/engine/README.md); about 25 minutes.
+# BENCH_ARGS=--quick for a smoke check.  Installs the comparator (npm ci) in bench/llamacpp.
+.PHONY: bench-engine
+bench-engine: build
+	@python3 bench/engine/run.py --no-build --build-dir $(BUILD) $(BENCH_ARGS)
+
 # Install the optimised build: make install PREFIX=$$HOME/.local, or
 # make install DESTDIR=/tmp/stage PREFIX=/usr (a package's staging tree).
 install: build

@@ -1,0 +1,184 @@
+/* bench_bw.c - the machine's read bandwidth: the denominator of every weight-streaming bound in
+ * bench/engine (a generation step has to read every weight once, so tokens/s <= bandwidth /
+ * weight bytes per token).
+ *
+ * A plain streaming read: a buffer much larger than the last-level cache (1 GiB by default),
+ * written once so that every page is backed, then read start to end by T threads, each its own
+ * contiguous slice, summing 16-byte words into independent accumulators (no stores, no
+ * dependence between loads).  One run is the wall time from starting the threads to the last
+ * join; the figure is the median of the runs, after one untimed warm-up run, for each thread
+ * count.  GB/s are 10^9 bytes per second.  The machine is shared: compare medians, never single
+ * runs.
+ *
+ * usage: bench_bw [--mib N] [--runs N] [--threads 1,2,...] [--quick]
+ * Prints one JSON object:
+ *   {"bench": "bw", "buffer_bytes": B, "runs": R,
+ *    "results": [{"threads": T, "gb_s": MEDIAN, "runs_gb_s": [...]}, ...]}
+ */
+#include "bench_util.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#define MAX_RUNS    64
+#define MAX_THREADS 64
+
+typedef struct {
+    const unsigned char *p;
+    size_t n; /* bytes, a multiple of 64 */
+    uint64_t sum;
+} slice_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *read_slice(void *arg)
+{
+    slice_t *s = arg;
+#if defined(__SSE2__)
+    __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i < s->n; i += 64) {
+        const __m128i *q = (const __m128i *)(s->p + i);
+        a0 = _mm_add_epi64(a0, _mm_load_si128(q));
+        a1 = _mm_add_epi64(a1, _mm_load_si128(q + 1));
+        a2 = _mm_add_epi64(a2, _mm_load_si128(q + 2));
+        a3 = _mm_add_epi64(a3, _mm_load_si128(q + 3));
+    }
+    __m128i a = _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3));
+    uint64_t lanes[2];
+    _mm_storeu_si128((__m128i *)lanes, a);
+    s->sum = lanes[0] + lanes[1];
+#else
+    uint64_t a[8] = {0};
+    for (size_t i = 0; i < s->n; i += 64) {
+        const uint64_t *q = (const uint64_t *)(s->p + i);
+        for (int k = 0; k < 8; k++) a[k] += q[k];
+    }
+    s->sum = a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+#endif
+    return NULL;
+}
+
+static volatile uint64_t g_sink; /* keeps the sums, so the reads are not optimised away */
+
+/* One timed read of buf[0..n) by t threads; seconds, or a negative value if a thread could not
+ * be started. */
+static double one_run(const unsigned char *buf, size_t n, int t)
+{
+    pthread_t th[MAX_THREADS];
+    slice_t sl[MAX_THREADS];
+    size_t per = n / (size_t)t / 64 * 64;
+    double t0 = now_s();
+    int started = 0;
+    for (int i = 0; i < t; i++) {
+        sl[i] = (slice_t){buf + (size_t)i * per, i == t - 1 ? n - (size_t)i * per : per, 0};
+        if (i == 0) continue; /* the calling thread reads the first slice */
+        if (pthread_create(&th[i], NULL, read_slice, &sl[i])) break;
+        started = i;
+    }
+    read_slice(&sl[0]);
+    for (int i = 1; i <= started; i++) pthread_join(th[i], NULL);
+    double s = now_s() - t0;
+    for (int i = 0; i <= started; i++) g_sink += sl[i].sum;
+    return started == t - 1 ? s : -1.0;
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: bench_bw [--mib N] [--runs N] [--threads 1,2,...] [--quick]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    size_t mib = 1024;
+    int runs = 9;
+    int threads[MAX_THREADS] = {1, 2};
+    int n_threads = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--quick")) {
+            mib = 256;
+            runs = 3;
+        } else if (!strcmp(a, "--mib") && i + 1 < argc) {
+            char *end;
+            unsigned long v = strtoul(argv[++i], &end, 10);
+            if (*end || v < 64 || v > (1ul << 20)) {
+                fprintf(stderr, "bench_bw: --mib %s: a whole number of MiB from 64\n", argv[i]);
+                return 2;
+            }
+            mib = v;
+        } else if (!strcmp(a, "--runs") && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 1 || v > MAX_RUNS) {
+                fprintf(stderr, "bench_bw: --runs %s: 1 to %d\n", argv[i], MAX_RUNS);
+                return 2;
+            }
+            runs = (int)v;
+        } else if (!strcmp(a, "--threads") && i + 1 < argc) {
+            char *s = argv[++i], *end;
+            n_threads = 0;
+            for (;;) {
+                long v = strtol(s, &end, 10);
+                if (end == s || v < 1 || v > MAX_THREADS || n_threads == MAX_THREADS ||
+                    (*end && *end != ',')) {
+                    fprintf(stderr, "bench_bw: --threads: a list such as 1,2 (1 to %d)\n",
+                            MAX_THREADS);
+                    return 2;
+                }
+                threads[n_threads++] = (int)v;
+                if (!*end) break;
+                s = end + 1;
+            }
+        } else {
+            return usage();
+        }
+    }
+
+    size_t n = mib << 20;
+    unsigned char *buf = NULL;
+    if (posix_memalign((void **)&buf, 4096, n)) {
+        fprintf(stderr, "bench_bw: cannot allocate %zu MiB\n", mib);
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)(i * 131u + 7u); /* back every page */
+
+    printf("{\"bench\": \"bw\", \"buffer_bytes\": %zu, \"runs\": %d, \"results\": [", n, runs);
+    for (int k = 0; k < n_threads; k++) {
+        double gbs[MAX_RUNS], sorted[MAX_RUNS];
+        if (one_run(buf, n, threads[k]) < 0) { /* warm-up */
+            fprintf(stderr, "bench_bw: cannot start %d threads\n", threads[k]);
+            free(buf);
+            return 1;
+        }
+        for (int r = 0; r < runs; r++) {
+            double s = one_run(buf, n, threads[k]);
+            if (s <= 0) {
+                fprintf(stderr, "bench_bw: cannot start %d threads\n", threads[k]);
+                free(buf);
+                return 1;
+            }
+            gbs[r] = sorted[r] = (double)n / s / 1e9;
+        }
+        printf("%s{\"threads\": %d, \"gb_s\": %.3f, \"runs_gb_s\": [", k ? ", " : "", threads[k],
+               kvc_bench_median(sorted, runs));
+        for (int r = 0; r < runs; r++) printf("%s%.3f", r ? ", " : "", gbs[r]);
+        printf("]}");
+    }
+    printf("]}\n");
+    free(buf);
+    return 0;
+}
