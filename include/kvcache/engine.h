@@ -84,6 +84,10 @@ typedef struct {
                                         quadratic baseline); same outputs */
     uint32_t spec_tokens;            /* prompt-lookup (n-gram) drafts per decode step (0: none) */
     uint32_t spec_ngram;             /* the n-gram length the lookup matches (default 3) */
+    const kvc_llm_t *draft_model;    /* speculation by a draft model (borrowed; it must outlive
+                                        the engine) instead of prompt lookup: spec_tokens drafts
+                                        decoded greedily on its own pool; the same vocabulary
+                                        size as the model (KVC_EINVAL otherwise).  NULL: none */
     kvc_isa_t isa;                   /* kernels' ISA (KVC_ISA_AUTO: the best) */
 } kvc_engine_params_t;
 
@@ -205,6 +209,7 @@ typedef struct {
                                                      them: whole blocks) */
     uint64_t hit_tokens;
     uint64_t draft_tokens, accepted_tokens;
+    uint64_t draft_computed_tokens; /* positions the draft model computed (its K/V rows) */
     uint32_t n_running, n_waiting;
 } kvc_engine_stats_t;
 

@@ -56,6 +56,8 @@ static void usage(FILE *f)
            "  --ignore-eos          keep generating past the end-of-sequence token\n"
            "  --logprobs N          report each token's logprob and the top N (0..20)\n"
            "  --spec ngram          speculative decoding with prompt-lookup drafts\n"
+           "  --spec-model FILE     speculative decoding with a draft model (a GGUF with the\n"
+           "                        same vocabulary size), decoded greedily on its own pool\n"
            "  --beams N             beam search with N beams (1..64; --prompts: one request\n"
            "                        after another); prints the best hypothesis\n"
            "  --length-penalty A    beams score sum logprob / len^A (default 1)\n"
@@ -626,6 +628,7 @@ int kvc_cmd_run(int argc, char **argv)
     gp.max_tokens = 128;
     char *stops[KVC_MAX_STOP] = {0};
     bool json = false, spec = false;
+    const char *spec_model = NULL;
     bool beams = false;
     kvc_beam_params_t bp = kvc_beam_params_default();
     uint64_t u;
@@ -727,7 +730,8 @@ int kvc_cmd_run(int argc, char **argv)
             U64("spec-tokens", 1, 16, ep.spec_tokens);
             break;
         case O_SPEC_MODEL:
-            return kvc_cli_error(CMD, "--spec-model: a draft model is not supported yet");
+            spec_model = optarg;
+            break;
         case O_THREADS:
             U64("threads", 1, 256, ep.n_threads);
             break;
@@ -814,6 +818,12 @@ int kvc_cmd_run(int argc, char **argv)
         return kvc_cli_error(CMD, "give exactly one of --prompt, --prompt-ids, --prompts");
     if (ep.block_size & (ep.block_size - 1))
         return kvc_cli_error(CMD, "--block-size: a power of two");
+    if (spec && spec_model)
+        return kvc_cli_error(CMD, "--spec ngram and --spec-model do not go together");
+    if (spec_model) {
+        spec = true;
+        if (!ep.spec_tokens) ep.spec_tokens = 4;
+    }
     if (spec && ep.no_kv_cache)
         return kvc_cli_error(CMD, "--spec and --no-kv-cache do not go together");
     if (!spec) ep.spec_tokens = 0;
@@ -860,6 +870,14 @@ int kvc_cmd_run(int argc, char **argv)
                                             "knows; pass --chat-template NAME");
         }
     }
+    kvc_llm_t *dm = NULL; /* --spec-model's draft model */
+    if (spec_model) {
+        if ((rc = kvc_llm_load(spec_model, &dm, msg, sizeof msg))) {
+            kvc_llm_free(m);
+            return kvc_cli_error(CMD, "--spec-model %s: %s", spec_model, msg);
+        }
+        ep.draft_model = dm;
+    }
     const kvc_tokenizer_t *tok = kvc_llm_tokenizer(m);
     const uint32_t vocab = kvc_llm_hparams(m)->vocab;
 
@@ -883,6 +901,7 @@ int kvc_cmd_run(int argc, char **argv)
     if (!rc && beams) {
         rc = run_beams(m, &q, &bp, &ep, json, spec);
         creqs_free(&q);
+        kvc_llm_free(dm);
         kvc_llm_free(m);
         return rc ? 1 : 0;
     }
@@ -965,6 +984,9 @@ int kvc_cmd_run(int argc, char **argv)
             if (spec)
                 printf(", \"draft_tokens\": %llu, \"accepted_tokens\": %llu",
                        (unsigned long long)st.draft_tokens, (unsigned long long)st.accepted_tokens);
+            if (spec_model)
+                printf(", \"draft_computed_tokens\": %llu",
+                       (unsigned long long)st.draft_computed_tokens);
             printf("}\n");
         } else
             fprintf(stderr,
@@ -980,6 +1002,7 @@ int kvc_cmd_run(int argc, char **argv)
     }
     kvc_engine_destroy(e);
     creqs_free(&q);
+    kvc_llm_free(dm);
     kvc_llm_free(m);
     return rc ? 1 : 0;
 }

@@ -45,6 +45,9 @@ typedef struct {
     /* no-kv-cache mode: the whole sequence, recomputed per token */
     kvc_token_t *all;
     uint32_t n_all;
+    /* draft model: the request's sequence in the draft pool (created at its first draft) */
+    kvc_seq_t dseq;
+    bool has_dseq;
 } req_t;
 
 struct kvc_engine {
@@ -85,6 +88,11 @@ struct kvc_engine {
     kvc_pool_t *npool;
     kvc_seqs_t *nseqs;
     kvc__fwd_t nfwd;
+    /* draft model (speculation): its own pool, seq table (no prefix cache) and buffers */
+    kvc_pool_t *dpool;
+    kvc_seqs_t *dseqs;
+    kvc__fwd_t dfwd;
+    float *dlogits; /* (vocab) */
 };
 
 static double wall_s(void)
@@ -155,6 +163,10 @@ void kvc_engine_destroy(kvc_engine_t *e)
     kvc__fwd_free(&e->nfwd);
     kvc_seqs_destroy(e->nseqs);
     kvc_pool_destroy(e->npool);
+    kvc__fwd_free(&e->dfwd);
+    kvc_seqs_destroy(e->dseqs);
+    kvc_pool_destroy(e->dpool);
+    free(e->dlogits);
     kvc_threadpool_destroy(e->tp);
     kvc_sampler_destroy(e->sampler);
     if (e->reqs)
@@ -190,6 +202,152 @@ static void ngram_draft(void *ctx, kvc_req_id_t id, uint64_t tag, uint32_t n, kv
             return;
         }
     }
+}
+
+/* ---- draft model: speculation by a small model with its own pool --------------------------
+ * Each decoding request has a sequence in the draft pool, created at its first draft call.
+ * A call brings it up to date with the request's committed tokens (r->all): the drafts the
+ * target accepted stay (kvc_seq_accept commits them, the rest are rolled back), the tokens
+ * committed since are appended and every position not computed yet runs in one pass (chunked
+ * by the buffers); then n tokens are decoded greedily, each appended as a draft.  Drafts are
+ * only proposals (the target verifies them with the request's own sampler), so whatever the
+ * draft model says, outputs are unchanged; a failure here (the draft pool full, ...) just
+ * proposes the last token again (rejected at no cost but a row) and drops the sequence. */
+static void draft_drop(kvc_engine_t *e, req_t *r)
+{
+    if (!r->has_dseq) return;
+    (void)kvc_seq_destroy(e->dseqs, r->dseq); /* nothing in flight: cannot fail */
+    r->has_dseq = false;
+}
+
+static int draft_init(kvc_engine_t *e, uint32_t ctx_blocks)
+{
+    const kvc_llm_t *dm = e->p.draft_model;
+    const kvc_model_hparams_t *dh = &dm->h;
+    kvc_storage_desc_t sd = {.n_layers = dm->storage_layers,
+                             .n_kv_heads = dh->n_kv_heads,
+                             .head_dim = dh->head_dim,
+                             .dtype = e->p.kv_dtype};
+    size_t block_bytes = 0;
+    int rc = kvc_storage_block_bytes(&sd, e->p.block_size, &block_bytes);
+    if (rc) return rc;
+    /* drafts run up to spec_tokens past the context */
+    const uint32_t dblocks =
+        ctx_blocks + (e->p.spec_tokens + e->p.block_size - 1) / e->p.block_size;
+    /* as the target's default: a context per running request, at most 256 MiB, at least one */
+    uint64_t n_blocks = (uint64_t)dblocks * dm->n_groups * e->p.max_num_seqs;
+    n_blocks = KVC_MIN(n_blocks, ((uint64_t)256 << 20) / block_bytes);
+    n_blocks = KVC_MAX(n_blocks, (uint64_t)dblocks * dm->n_groups);
+    if (n_blocks > (1u << 30)) return KVC_EINVAL;
+    kvc_pool_params_t pp = kvc_pool_params_default();
+    pp.n_blocks = (uint32_t)n_blocks;
+    pp.block_size = e->p.block_size;
+    pp.storage = sd;
+    if ((rc = kvc_pool_create(&pp, &e->dpool))) return rc;
+    kvc_seqs_params_t sp = kvc_seqs_params_default();
+    sp.max_seqs = 2 * e->p.max_num_seqs + 8;
+    sp.max_batch = 1;
+    sp.n_groups = dm->n_groups;
+    for (uint32_t g = 0; g < dm->n_groups; g++) sp.window[g] = dm->group_window[g];
+    if ((rc = kvc_seqs_create(e->dpool, NULL, &sp, &e->dseqs))) return rc;
+    if ((rc = kvc__fwd_init(&e->dfwd, dm, e->dpool, e->p.max_num_batched_tokens, 1, dblocks, 1,
+                            e->tp, e->p.isa)))
+        return rc;
+    e->dlogits = malloc((size_t)dh->vocab * sizeof *e->dlogits);
+    return e->dlogits ? 0 : KVC_ENOMEM;
+}
+
+/* Reserve n slots of r's draft sequence; when the draft pool is full, the other requests'
+ * draft sequences make room (they are recomputed at their next draft). */
+static int draft_reserve(kvc_engine_t *e, req_t *r, uint32_t n)
+{
+    int rc = kvc_seq_reserve(e->dseqs, r->dseq, n, NULL);
+    if (rc != KVC_ENOSPC && rc != KVC_EBUSY) return rc;
+    for (uint32_t i = 0; i < e->n_reqs; i++)
+        if (&e->reqs[i] != r) draft_drop(e, &e->reqs[i]);
+    return kvc_seq_reserve(e->dseqs, r->dseq, n, NULL);
+}
+
+/* Compute positions [from, to) of r's draft sequence (their tokens known), the logits of
+ * position to - 1 into e->dlogits. */
+static int draft_compute(kvc_engine_t *e, req_t *r, uint32_t from, uint32_t to)
+{
+    int rc = 0;
+    for (uint32_t pos = from; pos < to && !rc;) {
+        const uint32_t cnt = KVC_MIN(e->dfwd.max_rows, to - pos);
+        const uint32_t last = cnt - 1;
+        const bool final = pos + cnt == to;
+        kvc__seg_t sg = {.seq = r->dseq, .first_pos = pos, .n_tokens = cnt};
+        if (!(rc = draft_reserve(e, r, cnt)) &&
+            !(rc = kvc__fwd_run(&e->dfwd, e->dseqs, &sg, 1, &last, final ? 1 : 0, e->dlogits)))
+            rc = kvc_seq_complete(e->dseqs, r->dseq, cnt);
+        e->st.draft_computed_tokens += cnt;
+        pos += cnt;
+    }
+    return rc;
+}
+
+/* Bring r's draft sequence to exactly r->all (committed, no drafts), every position computed,
+ * the last one's logits in e->dlogits. */
+static int draft_sync(kvc_engine_t *e, req_t *r)
+{
+    kvc_seq_info_t in;
+    int rc;
+    if (r->has_dseq) {
+        const kvc_token_t *t;
+        size_t nt;
+        if ((rc = kvc_seq_info(e->dseqs, r->dseq, &in)) ||
+            (rc = kvc_seq_tokens(e->dseqs, r->dseq, &t, &nt)))
+            return rc;
+        const size_t c = in.n_tokens - in.n_draft;
+        if (c <= r->n_all && !memcmp(t, r->all, c * sizeof *t)) {
+            /* the drafts the target took are committed, the rest rolled back */
+            uint32_t a = 0;
+            while (a < in.n_draft && c + a < r->n_all && t[c + a] == r->all[c + a]) a++;
+            if (in.n_draft && (rc = kvc_seq_accept(e->dseqs, r->dseq, a))) return rc;
+            if ((rc = kvc_seq_append(e->dseqs, r->dseq, r->all + c + a,
+                                     (uint32_t)(r->n_all - c - a))))
+                return rc;
+            if ((rc = kvc_seq_info(e->dseqs, r->dseq, &in))) return rc;
+            if (in.n_computed < r->n_all && in.n_reserved == in.n_computed)
+                return draft_compute(e, r, (uint32_t)in.n_computed, r->n_all);
+        }
+        draft_drop(e, r); /* out of step (cannot happen): start it again */
+    }
+    kvc_seq_desc_t d = {.prompt = r->all, .n_prompt = r->n_all};
+    rc = kvc_seq_create(e->dseqs, &d, &r->dseq);
+    if (rc == KVC_ENOSPC) { /* the table is full: make room */
+        for (uint32_t i = 0; i < e->n_reqs; i++) draft_drop(e, &e->reqs[i]);
+        rc = kvc_seq_create(e->dseqs, &d, &r->dseq);
+    }
+    if (rc) return rc;
+    r->has_dseq = true;
+    return draft_compute(e, r, 0, r->n_all);
+}
+
+static kvc_token_t argmax(const float *x, uint32_t n)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return (kvc_token_t)b;
+}
+
+static void model_draft(void *ctx, kvc_req_id_t id, uint64_t tag, uint32_t n, kvc_token_t *out)
+{
+    kvc_engine_t *e = ctx;
+    (void)id;
+    req_t *r = &e->reqs[tag];
+    const uint32_t vocab = e->p.draft_model->h.vocab;
+    for (uint32_t i = 0; i < n; i++) out[i] = r->n_all ? r->all[r->n_all - 1] : 0;
+    int rc = draft_sync(e, r);
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        const kvc_token_t d = argmax(e->dlogits, vocab);
+        out[i] = d;
+        if ((rc = kvc_seq_draft(e->dseqs, r->dseq, &d, 1))) break;
+        if (i + 1 < n) rc = draft_compute(e, r, r->n_all + i, r->n_all + i + 1);
+    }
+    if (rc) draft_drop(e, r);
 }
 
 /* ---- swap preemption: a victim's K/V to host memory and back ---------------------------- */
@@ -293,6 +451,11 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
         return kvc__msgf(KVC_EINVAL, msg, cap, "tokens per step: 1 to 65536");
     if (p.spec_tokens > 16) return kvc__msgf(KVC_EINVAL, msg, cap, "--spec: at most 16 drafts");
     if (!p.spec_ngram) p.spec_ngram = 3;
+    if (p.draft_model && p.draft_model->h.vocab != h->vocab)
+        return kvc__msgf(KVC_EINVAL, msg, cap,
+                         "--spec-model: the draft model's vocabulary has %u tokens, the "
+                         "model's %u: they must be the same",
+                         p.draft_model->h.vocab, h->vocab);
 
     kvc_engine_t *e = calloc(1, sizeof *e);
     if (!e) return kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
@@ -390,6 +553,10 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
     sc.swap_ctx = e;
     sc.draft = ngram_draft;
     sc.draft_ctx = e;
+    if (p.draft_model && p.spec_tokens) {
+        if ((rc = draft_init(e, ctx_blocks))) goto fail;
+        sc.draft = model_draft;
+    }
     if ((rc = kvc_sched_create(e->seqs, &sc, &e->sched))) goto fail;
     if ((rc = kvc__fwd_init(&e->fwd, m, e->pool, p.max_num_batched_tokens, p.max_num_seqs,
                             ctx_blocks, e->max_sel, e->tp, p.isa)))
@@ -426,6 +593,7 @@ static int req_slot(kvc_engine_t *e, uint32_t *out)
 
 static void req_release(kvc_engine_t *e, uint32_t i)
 {
+    draft_drop(e, &e->reqs[i]);
     req_clear(&e->reqs[i]);
     e->free_reqs[e->n_free++] = i;
 }

@@ -2,8 +2,8 @@
 # CLI tests for `kvcache run` on tests/data/models/stories260K.gguf (real weights, real vocab):
 # the story greedy decoding prints from BOS; every key, type and number format of --json (checked
 # with python3's json module); --prompts with text and JSON lines; prefix reuse across requests;
-# the options that must not change a greedy run's ids (--no-kv-cache, --spec ngram, --threads, a
-# pool too small for the requests); stop strings and -n; and every bad-input path: exit 1 and one
+# the options that must not change a greedy run's ids (--no-kv-cache, --spec ngram, --spec-model
+# with the model as its own draft, --threads, a pool too small for the requests); stop strings and -n; and every bad-input path: exit 1 and one
 # line on stderr starting with "kvcache run:", never a crash (an exit code of 128 or more, or a
 # sanitizer report, fails the test).
 # usage: run.sh <kvcache-binary> <source-dir> <test-data-dir>
@@ -260,6 +260,16 @@ fi
 if json_ok specp spec --model "$S" --prompt "$STORY She" -n 60 --threads 2 --spec ngram --spec-tokens 2; then
   json_ok greedyp plain --model "$S" --prompt "$STORY She" -n 60 --threads 1 && same_ids specp greedyp "--spec ngram --spec-tokens 2"
 fi
+# --spec-model: the model as its own draft proposes what greedy verification picks
+if json_ok specm spec --model "$S" --prompt-ids 1 -n 120 --threads 1 --spec-model "$S"; then
+  [ -f "$TMP/greedy120.ids" ] && same_ids specm greedy120 "--spec-model (itself)"
+  d=$(field specm draft_tokens) a=$(field specm accepted_tokens) c=$(field specm draft_computed_tokens)
+  [ "${d:-0}" -gt 0 ] && [ $((${a:-0} * 10)) -gt $((d * 9)) ] || fail "--spec-model (itself): $a of $d drafts accepted"
+  [ "${c:-0}" -ge 119 ] || fail "--spec-model: draft_computed_tokens '$c'"
+fi
+if json_ok specm2 spec --model "$S" --prompt "$STORY She" -n 60 --threads 2 --spec-model "$S" --spec-tokens 2; then
+  [ -f "$TMP/greedyp.ids" ] && same_ids specm2 greedyp "--spec-model --spec-tokens 2"
+fi
 
 # ---- --prompts: text and JSON lines, per-request options -------------------------------------
 cat >"$TMP/mixed.txt" <<EOF
@@ -437,7 +447,10 @@ for ov in "n 0" "n 16777217" "n x" "temp -1" "temp 101" "temp nan" "top-k -1" "t
 done
 expect_error "--n 0" "--n: '0'" -- "${P[@]}" --n 0
 expect_error "--n 65" "--n: '65'" -- "${P[@]}" --n 65
-expect_error "--spec-model" "--spec-model: a draft model is not supported" -- "${P[@]}" --spec-model "$S"
+expect_error "--spec-model vocabulary" "--spec-model: the draft model's vocabulary has 32000 tokens" -- "${P[@]}" --spec-model "$DATA/models/llama-2-tiny-random.gguf"
+expect_error "--spec-model missing" "--spec-model $TMP/nope.gguf: " -- "${P[@]}" --spec-model "$TMP/nope.gguf"
+expect_error "--spec and --spec-model" "--spec ngram and --spec-model" -- "${P[@]}" --spec ngram --spec-model "$S"
+expect_error "--spec-model without a cache" "--spec and --no-kv-cache" -- "${P[@]}" --spec-model "$S" --no-kv-cache
 expect_error "--chat without a template" "--chat: the model has no chat template" -- --model "$S" --prompt Once --chat
 expect_error "--chat-template unknown" "--chat-template: 'nope'" -- "${P[@]}" --chat-template nope
 expect_error "--chat with ids" "--chat takes text" -- --model "$S" --prompt-ids 1 --chat-template chatml
