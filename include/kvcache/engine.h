@@ -82,6 +82,9 @@ typedef struct {
     bool no_prefix_cache;            /* true: no prefix reuse across requests */
     bool no_kv_cache;                /* true: recompute the whole sequence for every token (the
                                         quadratic baseline); same outputs */
+    bool no_batch_invariance;        /* attention tiles of several query rows (K/V loads shared):
+                                        faster attention, but a request's logits may then differ in
+                                        the last bits with the batch it runs in (docs/engine.md) */
     uint32_t spec_tokens;            /* prompt-lookup (n-gram) drafts per decode step (0: none) */
     uint32_t spec_ngram;             /* the n-gram length the lookup matches (default 3) */
     const kvc_llm_t *draft_model;    /* speculation by a draft model (borrowed; it must outlive
@@ -239,11 +242,11 @@ KVC_API kvc_sched_t *kvc_engine_sched(const kvc_engine_t *e);
  *     no live beam's best cumulative log-probability / len^length_penalty beats the worst
  *     of them; or at max_tokens, where every live beam becomes a hypothesis ("length"). */
 typedef struct {
-    uint32_t n_beams;     /* 1..64 (and 2 * n_beams <= the vocabulary) */
-    uint32_t max_tokens;  /* tokens generated per hypothesis at most (>= 1) */
-    float length_penalty; /* alpha in sum logprob / len^alpha; finite (default 1) */
-    bool early_stopping;  /* stop as soon as n_beams hypotheses are finished */
-    bool ignore_eos;      /* EOS is a token like any other */
+    uint32_t n_beams;                   /* 1..64 (and 2 * n_beams <= the vocabulary) */
+    uint32_t max_tokens;                /* tokens generated per hypothesis at most (>= 1) */
+    float length_penalty;               /* alpha in sum logprob / len^alpha; finite (default 1) */
+    bool early_stopping;                /* stop as soon as n_beams hypotheses are finished */
+    bool ignore_eos;                    /* EOS is a token like any other */
     kvc_token_t stop_ids[KVC_MAX_STOP]; /* more ids that end a hypothesis as EOS does
                                            (ignore_eos or not) */
     uint32_t n_stop_ids;

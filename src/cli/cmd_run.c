@@ -74,6 +74,8 @@ static void usage(FILE *f)
            "  --batch-tokens N      tokens computed per step (default 512)\n"
            "  --chunk N             prompt tokens per request per step (default: the budget)\n"
            "  --no-prefix-cache     never reuse a prefix across requests\n"
+           "  --no-batch-invariance attention tiles of several query rows: faster, but outputs\n"
+           "                        may then depend in the last bits on the batch\n"
            "  --preemption P        when the pool is full: recompute (default), swap (the\n"
            "                        victim's K/V to host memory and back) or backpressure\n"
            "  --no-kv-cache         recompute the whole sequence for every token (the quadratic\n"
@@ -124,7 +126,8 @@ enum {
     O_ISA,
     O_TOKENIZER,
     O_SYSTEM,
-    O_PREEMPT
+    O_PREEMPT,
+    O_NO_BI
 };
 
 static const struct option options[] = {
@@ -167,6 +170,7 @@ static const struct option options[] = {
     {"tokenizer", required_argument, 0, O_TOKENIZER},
     {"system", required_argument, 0, O_SYSTEM},
     {"preemption", required_argument, 0, O_PREEMPT},
+    {"no-batch-invariance", no_argument, 0, O_NO_BI},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -778,6 +782,9 @@ int kvc_cmd_run(int argc, char **argv)
                     "--chat-template: '%s' is not llama2, llama3, chatml, mistral, "
                     "gemma, phi3 or zephyr",
                     optarg);
+            break;
+        case O_NO_BI:
+            ep.no_batch_invariance = true;
             break;
         case O_PREEMPT:
             if (kvc_preemption_parse(optarg, &ep.preemption))

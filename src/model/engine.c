@@ -561,6 +561,7 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
     if ((rc = kvc__fwd_init(&e->fwd, m, e->pool, p.max_num_batched_tokens, p.max_num_seqs,
                             ctx_blocks, e->max_sel, e->tp, p.isa)))
         goto fail;
+    e->fwd.fast_attn = e->nfwd.fast_attn = p.no_batch_invariance;
     *out = e;
     return 0;
 fail:

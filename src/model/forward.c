@@ -299,7 +299,7 @@ int kvc__fwd_run(kvc__fwd_t *f, kvc_seqs_t *seqs, const kvc__seg_t *segs, uint32
         if (h->arch == KVC_ARCH_GEMMA2 && h->n_layers == 46)
             ap.sm_scale = 1.0f / sqrtf((float)(dim / h->n_heads));
         ap.isa = f->isa;
-        ap.batch_invariant = true;
+        ap.batch_invariant = !f->fast_attn;
         attn_job_t job = {.f = f, .ap = &ap, .kv = kv, .batch = &batch[L->group]};
         job.n_items = kvc_attn_n_items(&ap, kv, &batch[L->group]);
         if (!job.n_items) return KVC_EINVAL;

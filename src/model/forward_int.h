@@ -34,6 +34,8 @@ typedef struct {
     void **attn_ws; /* one per thread */
     size_t attn_ws_bytes;
     kvc_kv_view_t *views; /* per model layer */
+    bool fast_attn;       /* attention tiles share K/V across query rows: faster, but a row's
+                             result then depends on its batch (kvc_engine_params_t) */
 } kvc__fwd_t;
 
 /* 0, KVC_ENOMEM, or a view error. kvc__fwd_free releases whatever was set up. */

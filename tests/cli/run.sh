@@ -335,6 +335,14 @@ if json_ok together plain --model "$S" --prompts "$TMP/shared.txt" -n 8 --thread
   [ "$(field together peak_kv_blocks)" -le "$want" ] ||
     fail "shared, all at once: peak_kv_blocks $(field together peak_kv_blocks), want at most $want (the prompt's blocks once)"
 fi
+# --no-batch-invariance: runs (the ids may differ in principle; stories260K's head dim 8 takes
+# the scalar kernel, whose rows are independent anyway, so here they do not)
+if run_ok "nobi" --model "$S" --prompt-ids 1 -n 40 --threads 1 --no-batch-invariance; then
+  case "$(head -c ${#STORY} "$TMP/out")" in
+  "$STORY") ;;
+  *) fail "--no-batch-invariance: stdout starts '$(head -c 80 "$TMP/out")'" ;;
+  esac
+fi
 # --n 2: two samples of one request, each on its own line (no interleaved stream)
 if run_ok "n2" --model "$S" --prompt "Once upon a time" --n 2 --temp 0.8 -n 12 --threads 1; then
   [ "$(grep -c '^\[0\] (5 prompt tokens, ' "$TMP/out")" -eq 2 ] || fail "--n 2: want two lines for request 0: $(head -c 300 "$TMP/out")"
