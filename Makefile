@@ -50,6 +50,10 @@ demo: build
 	@./$(BUILD)/kvcache sim --scenario examples/scenarios/multiturn.json
 	@echo "== kvcache model info: a real model file (stories260K, llama2.c's tiny story model) =="
 	@./$(BUILD)/kvcache model info tests/data/models/stories260K.gguf
+	@echo "== kvcache run: the engine on stories260K, greedy from BOS: its story =="
+	@./$(BUILD)/kvcache run --model tests/data/models/stories260K.gguf --prompt-ids 1 -n 120
+	@echo "== kvcache run: four requests sharing a 40-token prompt, run together =="
+	@./$(BUILD)/kvcache run --model tests/data/models/stories260K.gguf --prompts examples/story_prompts.txt -n 40
 
 bench: build
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b; done

@@ -995,7 +995,8 @@ int kvc_cmd_run(int argc, char **argv)
                 printf(", \"draft_computed_tokens\": %llu",
                        (unsigned long long)st.draft_computed_tokens);
             printf("}\n");
-        } else
+        } else {
+            fflush(stdout); /* the text first, then the account */
             fprintf(stderr,
                     "kvcache run: %u request(s), prefill %llu tokens at %.1f tok/s, decode %llu "
                     "tokens at %.1f tok/s, %llu prompt tokens from the prefix cache, peak %u of "
@@ -1006,6 +1007,7 @@ int kvc_cmd_run(int argc, char **argv)
                     st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0.0,
                     (unsigned long long)st.hit_tokens, st.peak_blocks, st.n_blocks,
                     (unsigned long long)st.preemptions);
+        }
     }
     kvc_engine_destroy(e);
     creqs_free(&q);
