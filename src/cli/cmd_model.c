@@ -1,6 +1,8 @@
 /* cmd_model.c - `kvcache model info FILE`: what a GGUF model file holds (its container,
  * the model's hyperparameters as the engine and the planner read them, its tokenizer, its
- * tensors by type) and the KV bytes per token the planner computes for it. */
+ * tensors by type) and the KV bytes per token the planner computes for it; a llama2.c
+ * checkpoint is described as the GGUF it becomes.  `kvcache model convert` writes a GGUF
+ * as a llama2.c checkpoint, `kvcache model synth` a random-weight model. */
 #include "cli.h"
 #include "kvcache/kvcache.h"
 #include "util/fmt.h"
@@ -15,26 +17,28 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvcache model info FILE.gguf [--tensors]\n"
-               "       kvcache model info FILE.bin [--tokenizer TOKENIZER.bin] [--tensors]\n"
-               "       kvcache model convert IN.gguf -o OUT.bin [--tokenizer-out TOKENIZER.bin]\n"
-               "       kvcache model synth --vocab VOCAB.gguf -o OUT.gguf [options]\n\n"
-               "What a GGUF model file holds: its format, the model's hyperparameters (read from\n"
-               "the metadata alone), its tokenizer, its tensors by type and size, and the KV\n"
-               "bytes per token `kvcache plan` computes for it.  Every count, length, offset\n"
-               "and shape in the file is checked against the file before use.\n\n"
-               "  --tensors    also list every tensor: name, type, shape, bytes\n"
-               "  --tokenizer TOKENIZER.bin\n"
-               "               a llama2.c checkpoint's tokenizer (FILE.bin is read as a llama2.c\n"
-               "               checkpoint, the legacy layout, and shown as the GGUF it becomes)\n\n"
-               "convert writes a llama GGUF (any weight type, dequantized to f32) as a llama2.c\n"
-               "checkpoint in the legacy layout (a negative vocab size when output.weight is\n"
-               "not the embedding), and its vocabulary as a llama2.c tokenizer.bin.\n\n"
-               "synth writes a random-weight model (weights uniform in +-1/sqrt(fan-in) from\n"
-               "--seed, norms 1) with llama.cpp's tensor names, its tokenizer copied from\n"
-               "VOCAB.gguf; defaults: llama, dim 512, 8 layers, 8 heads, 4 KV heads, FFN 1536,\n"
-               "context 2048, q8_0, seed 1.  The same options write the same file.\n\n"
-               "  -h, --help   this help\n");
+    fprintf(f,
+            "usage: kvcache model info FILE.gguf [--tensors]\n"
+            "       kvcache model info FILE.bin [--tokenizer TOKENIZER.bin] [--tensors]\n"
+            "       kvcache model convert IN.gguf -o OUT.bin [--tokenizer-out TOKENIZER.bin]\n"
+            "       kvcache model synth --vocab VOCAB.gguf -o OUT.gguf [options]\n\n"
+            "What a GGUF model file holds: its format, the model's hyperparameters (read from\n"
+            "the metadata alone), its tokenizer, its tensors by type and size, and the KV\n"
+            "bytes per token `kvcache plan` computes for it.  Every count, length, offset\n"
+            "and shape in the file is checked against the file before use.\n\n"
+            "  --tensors    also list every tensor: name, type, shape, bytes\n"
+            "  --tokenizer TOKENIZER.bin\n"
+            "               a llama2.c checkpoint's tokenizer (a FILE.bin that is not a GGUF is\n"
+            "               read as a llama2.c checkpoint, the legacy layout, and shown as the\n"
+            "               GGUF it becomes)\n\n"
+            "convert writes a llama GGUF (any weight type, dequantized to f32) as a llama2.c\n"
+            "checkpoint in the legacy layout (a negative vocab size when output.weight is\n"
+            "not the embedding), and its vocabulary as a llama2.c tokenizer.bin.\n\n"
+            "synth writes a random-weight model (weights uniform in +-1/sqrt(fan-in) from\n"
+            "--seed, norms 1) with llama.cpp's tensor names, its tokenizer copied from\n"
+            "VOCAB.gguf; defaults: llama, dim 512, 8 layers, 8 heads, 4 KV heads, FFN 1536,\n"
+            "context 2048, q8_0, seed 1.  The same options write the same file.\n\n"
+            "  -h, --help   this help\n");
 }
 
 /* s as printable text, at most `max` bytes (control bytes and invalid UTF-8 escaped). */
@@ -158,10 +162,18 @@ static void print_kv(const kvc_model_hparams_t *h)
            bf16, fp8, h->n_layers, h->n_kv_heads, h->head_dim, h->ctx, full);
 }
 
+/* A llama2.c checkpoint: named .bin and not a GGUF (the format has no magic of its own). */
 static bool is_llama2c(const char *path)
 {
     size_t n = strlen(path);
-    return n >= 4 && !strcmp(path + n - 4, ".bin");
+    if (n < 4 || strcmp(path + n - 4, ".bin")) return false;
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        if (fread(magic, 1, 4, f) != 4) magic[0] = 0;
+        fclose(f);
+    }
+    return memcmp(magic, "GGUF", 4) != 0;
 }
 
 static int info(const char *path, const char *tokenizer, bool each)
