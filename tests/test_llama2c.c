@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kvcache/llama2c.h"
+#include "ref_llama.h"
 
 static const char *data_dir(void)
 {
@@ -460,6 +461,53 @@ static void the_memory_sink_writes_the_file_sinks_bytes(void **state)
     unlink(path);
 }
 
+/* Greedy from BOS through the tests' reference forward pass: the checkpoint read back gives
+ * the original's ids, and its tokenizer decodes them to the story llama2.c documents. */
+static uint32_t greedy(const kvc_gguf_t *g, uint32_t *ids, uint32_t n)
+{
+    ref_llama_t m;
+    assert_int_equal(ref_llama_init(&m, g, n + 1), 0);
+    uint32_t t = 1; /* BOS */
+    for (uint32_t pos = 0; pos < n; pos++) {
+        ref_llama_step(&m, t, pos);
+        ids[pos] = t = ref_argmax(m.logits, m.h.vocab);
+    }
+    ref_llama_free(&m);
+    return n;
+}
+
+static void the_checkpoint_tells_the_same_story(void **state)
+{
+    (void)state;
+    kvc_gguf_t *g = open_gguf("models/stories260K.gguf");
+    char bin[512], tok[512], err[256];
+    tmp_path(bin, sizeof bin, "story.bin");
+    tmp_path(tok, sizeof tok, "story.tok");
+    assert_int_equal(kvc_llama2c_write(g, bin, tok, err, sizeof err), 0);
+    kvc_gguf_t *r;
+    assert_int_equal(kvc_llama2c_open(bin, tok, NULL, &r, err, sizeof err), 0);
+    enum { N = 40 };
+    uint32_t a[N], b[N];
+    greedy(g, a, N);
+    greedy(r, b, N);
+    assert_memory_equal(a, b, sizeof a);
+    kvc_tokenizer_t *t;
+    assert_int_equal(kvc_tokenizer_create_gguf(r, NULL, &t, err, sizeof err), 0);
+    kvc_token_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (kvc_token_t)b[i];
+    char text[1024];
+    size_t len;
+    assert_int_equal(kvc_tokenizer_decode(t, ids, N, 0, text, sizeof text, &len), 0);
+    const char *want = "Once upon a time, there was a little girl named Lily. She loved to play "
+                       "outside in the park.";
+    if (strncmp(text, want, strlen(want))) fail_msg("the story went: '%s'", text);
+    kvc_tokenizer_destroy(t);
+    kvc_gguf_close(r);
+    kvc_gguf_close(g);
+    unlink(bin);
+    unlink(tok);
+}
+
 /* ---- refusals ---------------------------------------------------------------------------- */
 
 static uint8_t *stories_bin(size_t *n, uint8_t **tok, size_t *nt)
@@ -744,6 +792,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stories260k_round_trips_bit_for_bit),
         cmocka_unit_test(the_memory_sink_writes_the_file_sinks_bytes),
+        cmocka_unit_test(the_checkpoint_tells_the_same_story),
         cmocka_unit_test(shared_and_unshared_classifiers_round_trip),
         cmocka_unit_test(a_quantized_model_is_written_dequantized),
         cmocka_unit_test(truncated_oversized_and_lying_checkpoints_are_refused),
