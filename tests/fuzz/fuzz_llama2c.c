@@ -40,8 +40,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const kvc_gguf_tensor_t *t = kvc_gguf_tensor(g, i);
         CHECK(t->type == KVC_GGML_F32 && t->bytes == 4 * t->n_elems, "tensor %llu",
               (unsigned long long)i);
-        volatile uint8_t sink = ((const uint8_t *)t->data)[0] ^
-                                ((const uint8_t *)t->data)[t->bytes - 1];
+        volatile uint8_t sink =
+            ((const uint8_t *)t->data)[0] ^ ((const uint8_t *)t->data)[t->bytes - 1];
         (void)sink;
         if (!kvc_gguf_str_eq(t->name, "output.weight")) floats += t->n_elems;
     }
