@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kvcache/llama2c.h"
+#include "ref_llama.h"
 
 static const char *data_dir(void)
 {
@@ -265,6 +266,10 @@ static int copy_fill(void *ctx, uint64_t i, void *dst, uint64_t bytes)
     return 0;
 }
 
+/* Keys copy_gguf sets besides its float one (NULL: none); the tests run one at a time. */
+static const char *set_u32_key, *set_str_key, *set_str_val;
+static uint32_t set_u32_val;
+
 static void copy_gguf(const kvc_gguf_t *g, const char *drop, const char *drop_key,
                       const char *f32_key, float f32_val, const char *path)
 {
@@ -276,6 +281,10 @@ static void copy_gguf(const kvc_gguf_t *g, const char *drop, const char *drop_ke
         assert_int_equal(kvc_gguf_writer_copy_kv(w, g, i), 0);
     }
     if (f32_key) assert_int_equal(kvc_gguf_writer_set_f32(w, f32_key, f32_val), 0);
+    if (set_u32_key) assert_int_equal(kvc_gguf_writer_set_u32(w, set_u32_key, set_u32_val), 0);
+    if (set_str_key)
+        assert_int_equal(kvc_gguf_writer_set_str(w, set_str_key, set_str_val, strlen(set_str_val)),
+                         0);
     copy_t c = {g, calloc(kvc_gguf_n_tensors(g), sizeof(uint64_t)),
                 drop && !strcmp(drop, "-output")}; /* "-output": negate it, drop nothing */
     uint64_t n = 0;
@@ -458,6 +467,53 @@ static void the_memory_sink_writes_the_file_sinks_bytes(void **state)
     free(file);
     kvc_gguf_close(g);
     unlink(path);
+}
+
+/* Greedy from BOS through the tests' reference forward pass: the checkpoint read back gives
+ * the original's ids, and its tokenizer decodes them to the story llama2.c documents. */
+static uint32_t greedy(const kvc_gguf_t *g, uint32_t *ids, uint32_t n)
+{
+    ref_llama_t m;
+    assert_int_equal(ref_llama_init(&m, g, n + 1), 0);
+    uint32_t t = 1; /* BOS */
+    for (uint32_t pos = 0; pos < n; pos++) {
+        ref_llama_step(&m, t, pos);
+        ids[pos] = t = ref_argmax(m.logits, m.h.vocab);
+    }
+    ref_llama_free(&m);
+    return n;
+}
+
+static void the_checkpoint_tells_the_same_story(void **state)
+{
+    (void)state;
+    kvc_gguf_t *g = open_gguf("models/stories260K.gguf");
+    char bin[512], tok[512], err[256];
+    tmp_path(bin, sizeof bin, "story.bin");
+    tmp_path(tok, sizeof tok, "story.tok");
+    assert_int_equal(kvc_llama2c_write(g, bin, tok, err, sizeof err), 0);
+    kvc_gguf_t *r;
+    assert_int_equal(kvc_llama2c_open(bin, tok, NULL, &r, err, sizeof err), 0);
+    enum { N = 40 };
+    uint32_t a[N], b[N];
+    greedy(g, a, N);
+    greedy(r, b, N);
+    assert_memory_equal(a, b, sizeof a);
+    kvc_tokenizer_t *t;
+    assert_int_equal(kvc_tokenizer_create_gguf(r, NULL, &t, err, sizeof err), 0);
+    kvc_token_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (kvc_token_t)b[i];
+    char text[1024];
+    size_t len;
+    assert_int_equal(kvc_tokenizer_decode(t, ids, N, 0, text, sizeof text, &len), 0);
+    const char *want = "Once upon a time, there was a little girl named Lily. She loved to play "
+                       "outside in the park.";
+    if (strncmp(text, want, strlen(want))) fail_msg("the story went: '%s'", text);
+    kvc_tokenizer_destroy(t);
+    kvc_gguf_close(r);
+    kvc_gguf_close(g);
+    unlink(bin);
+    unlink(tok);
 }
 
 /* ---- refusals ---------------------------------------------------------------------------- */
@@ -676,20 +732,43 @@ static void models_the_format_cannot_hold_are_refused(void **state)
     tmp_path(bin, sizeof bin, "refused.bin");
     tmp_path(tok, sizeof tok, "refused.tok");
     static const struct {
-        const char *drop_key, *key;
-        float v;
+        const char *drop_key, *f32_key;
+        float f;
+        const char *u32_key;
+        uint32_t u;
+        const char *str_key, *str;
+        int rc;
         const char *want;
     } cases[] = {
-        {NULL, "llama.rope.freq_base", 500000.0f, "only RoPE theta 10000"},
+        {NULL, "llama.rope.freq_base", 500000.0f, NULL, 0, NULL, NULL, KVC_ENOTSUP,
+         "only RoPE theta 10000"},
         {"llama.attention.layer_norm_rms_epsilon", "llama.attention.layer_norm_rms_epsilon", 1e-6f,
-         "only RMSNorm eps 1e-5"},
+         NULL, 0, NULL, NULL, KVC_ENOTSUP, "only RMSNorm eps 1e-5"},
+        {"llama.rope.dimension_count", NULL, 0, "llama.rope.dimension_count", 4, NULL, NULL,
+         KVC_ENOTSUP, "only RoPE over the whole head"},
+        {NULL, NULL, 0, "llama.attention.key_length", 16, NULL, NULL, KVC_ENOTSUP,
+         "only head_dim x heads = dim"},
+        {NULL, NULL, 0, "llama.attention.sliding_window", 64, NULL, NULL, KVC_ENOTSUP,
+         "no sliding window"},
+        {NULL, NULL, 0, NULL, 0, "llama.rope.scaling.type", "linear", KVC_EPARSE,
+         "llama.rope.scaling.factor: missing"},
+        {"llama.feed_forward_length", NULL, 0, "llama.feed_forward_length", 170, NULL, NULL,
+         KVC_EPARSE,
+         "tensor blk.0.ffn_gate.weight: shape [64, 172], the hyperparameters say [64, 170]"},
+        {"tokenizer.ggml.model", NULL, 0, NULL, 0, "tokenizer.ggml.model", "gpt2", KVC_ENOTSUP,
+         "tokenizer.bin holds SentencePiece vocabularies"},
     };
-    for (size_t i = 0; i < 2; i++) {
-        copy_gguf(g, NULL, cases[i].drop_key, cases[i].key, cases[i].v, path);
+    for (size_t i = 0; i < KVC_ARRAY_LEN(cases); i++) {
+        set_u32_key = cases[i].u32_key, set_u32_val = cases[i].u;
+        set_str_key = cases[i].str_key, set_str_val = cases[i].str;
+        copy_gguf(g, NULL, cases[i].drop_key, cases[i].f32_key, cases[i].f, path);
+        set_u32_key = set_str_key = NULL;
         kvc_gguf_t *c;
         assert_int_equal(kvc_gguf_open(path, NULL, &c, err, sizeof err), 0);
-        assert_int_equal(kvc_llama2c_write(c, bin, tok, err, sizeof err), KVC_ENOTSUP);
-        assert_non_null(strstr(err, cases[i].want));
+        const int rc = kvc_llama2c_write(c, bin, tok, err, sizeof err);
+        if (rc != cases[i].rc || !strstr(err, cases[i].want))
+            fail_msg("case %zu: want %s '%s', got %s '%s'", i, kvc_errname(cases[i].rc),
+                     cases[i].want, kvc_errname(rc), err);
         assert_int_equal(access(bin, F_OK), -1);
         kvc_gguf_close(c);
     }
@@ -744,6 +823,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stories260k_round_trips_bit_for_bit),
         cmocka_unit_test(the_memory_sink_writes_the_file_sinks_bytes),
+        cmocka_unit_test(the_checkpoint_tells_the_same_story),
         cmocka_unit_test(shared_and_unshared_classifiers_round_trip),
         cmocka_unit_test(a_quantized_model_is_written_dequantized),
         cmocka_unit_test(truncated_oversized_and_lying_checkpoints_are_refused),

@@ -1,6 +1,8 @@
 /* cmd_model.c - `kvcache model info FILE`: what a GGUF model file holds (its container,
  * the model's hyperparameters as the engine and the planner read them, its tokenizer, its
- * tensors by type) and the KV bytes per token the planner computes for it. */
+ * tensors by type) and the KV bytes per token the planner computes for it; a llama2.c
+ * checkpoint is described as the GGUF it becomes.  `kvcache model convert` writes a GGUF
+ * as a llama2.c checkpoint, `kvcache model synth` a random-weight model. */
 #include "cli.h"
 #include "kvcache/kvcache.h"
 #include "util/fmt.h"
@@ -173,10 +175,18 @@ static void print_kv(const kvc_model_hparams_t *h)
            bf16, fp8, h->n_layers, h->n_kv_heads, h->head_dim, h->ctx, full);
 }
 
+/* A llama2.c checkpoint: named .bin and not a GGUF (the format has no magic of its own). */
 static bool is_llama2c(const char *path)
 {
     size_t n = strlen(path);
-    return n >= 4 && !strcmp(path + n - 4, ".bin");
+    if (n < 4 || strcmp(path + n - 4, ".bin")) return false;
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        if (fread(magic, 1, 4, f) != 4) magic[0] = 0;
+        fclose(f);
+    }
+    return memcmp(magic, "GGUF", 4) != 0;
 }
 
 static int info(const char *path, const char *tokenizer, bool each)

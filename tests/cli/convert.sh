@@ -54,6 +54,11 @@ T=$DATA/models/llama-2-tiny-random.gguf
 "$KVC" model info "$TMP/q.bin" --tensors >"$TMP/out" 2>&1 || fail "info q4_0 bin: exit $?"
 grep -Eq '^  blk\.0\.attn_k\.weight  f32 \[64, 32\]  8192 bytes$' "$TMP/out" || fail "q4_0 bin: attn_k not f32 [64, 32]"
 
+# a GGUF named .bin is still read as a GGUF
+cp "$S" "$TMP/gguf.bin"
+"$KVC" model info "$TMP/gguf.bin" >"$TMP/out" 2>&1 || fail "info gguf.bin: exit $?"
+grep -Eq '^file +GGUF v3, ' "$TMP/out" || fail "gguf.bin not read as a GGUF: $(head -1 "$TMP/out")"
+
 # bad input
 head -c 100 "$TMP/s.bin" >"$TMP/trunc.bin"
 head -c 1000 "$TMP/tok.bin" >"$TMP/trunc_tok.bin"
