@@ -183,7 +183,8 @@ KVC_API size_t kvc_tokenizer_max_piece_bytes(const kvc_tokenizer_t *t);
  * BOS or EOS is asked for and the vocabulary has none, KVC_EINVAL (NULL t or
  * n_out, NULL text with len > 0, NULL out with cap > 0, unknown flags, len
  * over 64 MiB), KVC_ENOMEM (the workspace, or the regex engine out of memory
- * or past its match limits). */
+ * or past its match limits; out's contents are then unspecified and *n_out
+ * untouched). */
 KVC_API KVC_NODISCARD int kvc_tokenizer_encode(const kvc_tokenizer_t *t, const char *text,
                                                size_t len, unsigned flags, kvc_token_t *out,
                                                size_t cap, size_t *n_out);
