@@ -66,6 +66,8 @@ struct kvc_engine {
     kvc__seg_t *segs;
     kvc_sched_result_t *results;
     bool *live;
+    kvc_seq_t *rows;   /* the step's rows, as launched and completed */
+    uint32_t *n_emit;  /* per entry: tokens emitted this step */
     kvc_token_t *emit; /* per entry: tokens emitted this step */
     float *emit_lp;
     req_t *reqs;
@@ -174,6 +176,7 @@ void kvc_engine_destroy(kvc_engine_t *e)
     free(e->reqs), free(e->free_reqs), free(e->done), free(e->done_slot), free(e->queue),
         free(e->pend);
     free(e->logits), free(e->sel), free(e->segs), free(e->results), free(e->live);
+    free(e->rows), free(e->n_emit);
     free(e->emit), free(e->emit_lp);
     free(e);
 }
@@ -187,10 +190,8 @@ static void ngram_draft(void *ctx, kvc_req_id_t id, uint64_t tag, uint32_t n, kv
     (void)id;
     const kvc_token_t *t;
     size_t len;
-    req_t *r = &e->reqs[tag];
-    kvc_seq_t seq = {0};
-    (void)seq;
-    /* the sequence's committed tokens: prompt + outputs, kept here as well */
+    const req_t *r = &e->reqs[tag];
+    /* the request's committed tokens: prompt + outputs, kept here as well */
     t = r->all;
     len = r->n_all;
     for (uint32_t i = 0; i < n; i++) out[i] = len ? t[len - 1] : 0;
@@ -496,9 +497,12 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
     e->segs = malloc(p.max_num_seqs * sizeof *e->segs);
     e->results = malloc(p.max_num_seqs * sizeof *e->results);
     e->live = malloc(p.max_num_seqs * sizeof *e->live);
+    e->rows = malloc(p.max_num_seqs * sizeof *e->rows);
+    e->n_emit = malloc(p.max_num_seqs * sizeof *e->n_emit);
     e->emit = malloc((size_t)p.max_num_seqs * (p.spec_tokens + 1) * sizeof *e->emit);
     e->emit_lp = malloc((size_t)p.max_num_seqs * (p.spec_tokens + 1) * sizeof *e->emit_lp);
-    if (!e->logits || !e->sel || !e->segs || !e->results || !e->live || !e->emit || !e->emit_lp) {
+    if (!e->logits || !e->sel || !e->segs || !e->results || !e->live || !e->rows || !e->n_emit ||
+        !e->emit || !e->emit_lp) {
         rc = KVC_ENOMEM;
         goto fail;
     }
@@ -1062,17 +1066,15 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
         const kvc_sched_entry_t *en = &plan->entries[i];
         e->segs[i] =
             (kvc__seg_t){.seq = en->seq, .first_pos = en->first_pos, .n_tokens = en->n_tokens};
-        e->fwd.rows[i] = en->seq;
+        e->rows[i] = en->seq;
+        e->n_emit[i] = 0;
         e->reqs[en->tag].computed = en->first_pos + en->n_tokens;
         e->results[i] = (kvc_sched_result_t){.id = en->id};
     }
     kvc_step_id_t step = 0;
     if (n) {
         /* rows in flight from here: an abort meanwhile keeps the blocks until completion */
-        kvc_seq_t *rows = malloc(n * sizeof *rows);
-        if (!rows) return KVC_ENOMEM;
-        for (uint32_t i = 0; i < n; i++) rows[i] = plan->entries[i].seq;
-        rc = kvc_step_launch(e->seqs, rows, n, &step);
+        rc = kvc_step_launch(e->seqs, e->rows, n, &step);
         if (!rc) {
             uint32_t row = 0;
             for (uint32_t i = 0; i < n; i++) {
@@ -1082,18 +1084,16 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
                 for (uint32_t j = en->n_drafts + 1; j-- > 0;) e->sel[n_sel++] = row - 1 - j;
             }
             rc = kvc__fwd_run(&e->fwd, e->seqs, e->segs, n, e->sel, n_sel, e->logits);
-            int rc2 = kvc_step_complete(e->seqs, step, rows, n, e->live);
+            int rc2 = kvc_step_complete(e->seqs, step, e->rows, n, e->live);
             if (!rc) rc = rc2;
         }
-        free(rows);
         if (rc) return rc;
     }
 
     /* Sample, verify drafts, decide finishes. */
     uint32_t sel_i = 0;
     const uint32_t vocab = e->m->h.vocab;
-    uint32_t *n_emit = calloc(n ? n : 1, sizeof *n_emit);
-    if (!n_emit) return KVC_ENOMEM;
+    uint32_t *n_emit = e->n_emit;
     for (uint32_t i = 0; i < n; i++) {
         const kvc_sched_entry_t *en = &plan->entries[i];
         req_t *r = &e->reqs[en->tag];
@@ -1142,10 +1142,7 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
         e->st.draft_tokens += en->n_drafts;
         e->st.accepted_tokens += n_emit[i] - 1;
     }
-    if (rc) {
-        free(n_emit);
-        return rc;
-    }
+    if (rc) return rc;
     const double t1 = wall_s();
     if (n) {
         e->st.steps++;
@@ -1157,17 +1154,11 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
             for (uint32_t i = 0; i < n; i++) e->st.decode_tokens += n_emit[i];
         }
     }
-    if ((rc = kvc_sched_complete(e->sched, e->results, n, now))) {
-        free(n_emit);
-        return rc;
-    }
+    if ((rc = kvc_sched_complete(e->sched, e->results, n, now))) return rc;
     kvc_pool_stats_t ps;
     kvc_pool_stats(e->pool, &ps);
     e->st.peak_blocks = KVC_MAX(e->st.peak_blocks, ps.n_used);
-    if ((rc = forks_done(e, plan, fn, ctx))) {
-        free(n_emit);
-        return rc;
-    }
+    if ((rc = forks_done(e, plan, fn, ctx))) return rc;
 
     for (uint32_t i = 0; i < n; i++) {
         const kvc_sched_entry_t *en = &plan->entries[i];
@@ -1177,7 +1168,6 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
                    e->emit_lp + (size_t)i * (e->p.spec_tokens + 1), n_emit[i], (uint32_t)en->tag,
                    fn, ctx);
     }
-    free(n_emit);
 
     const kvc_sched_done_t *done;
     uint32_t n_done;
