@@ -22,28 +22,16 @@
 
 #include "kvcache/kvcache.h"
 #include "kvcache/engine.h"
+#define HARNESS_MAX_OUT 48
+#include "engine_harness.h"
 #include "test_helpers.h"
 
 #define VOCAB      KVC_DATA_DIR "/models/vocab/ggml-vocab-llama-spm.gguf"
 #define VOCAB_GPT2 KVC_DATA_DIR "/models/vocab/ggml-vocab-gpt-2.gguf"
 
-#define MAX_OUT 48
-#define TOP     KVC_MAX_LOGPROBS
+#define MAX_OUT HARNESS_MAX_OUT
+#define TOP     HARNESS_TOP
 #define N_REQ   4
-
-typedef struct {
-    kvc_token_t ids[MAX_OUT];
-    float lp[MAX_OUT];
-    kvc_token_t top[MAX_OUT * TOP];
-    float top_lp[MAX_OUT * TOP];
-    uint32_t n, drafts, accepted;
-    char text[4096];
-} out_t;
-
-typedef struct {
-    const kvc_token_t *ids;
-    uint32_t n;
-} prompt_t;
 
 static char target_path[64], draft_path[64], near_path[64], gpt2_path[64];
 
@@ -87,74 +75,12 @@ static int teardown(void **state)
     return 0;
 }
 
-static kvc_llm_t *load(const char *path)
-{
-    char msg[256];
-    kvc_llm_t *m;
-    if (kvc_llm_load(path, &m, msg, sizeof msg)) fail_msg("%s: %s", path, msg);
-    return m;
-}
-
-/* Run the prompts together (all submitted at once) to the end; checks the scheduler's
- * invariants every step. */
-static void run_all(const kvc_llm_t *m, const kvc_engine_params_t *ep, const prompt_t *pr,
+/* run_all (engine_harness.h), every request ending at its length (ignore_eos) */
+static void run_len(const kvc_llm_t *m, const kvc_engine_params_t *ep, const prompt_t *pr,
                     uint32_t n, const kvc_gen_params_t *gp, out_t *out, kvc_engine_stats_t *st)
 {
-    char msg[256];
-    kvc_engine_t *e;
-    if (kvc_engine_create(m, ep, &e, msg, sizeof msg)) fail_msg("engine: %s", msg);
-    for (uint32_t i = 0; i < n; i++) {
-        kvc_gen_params_t g = *gp;
-        g.tag = i;
-        kvc_gen_id_t id;
-        if (kvc_engine_submit(e, pr[i].ids, pr[i].n, &g, &id, msg, sizeof msg))
-            fail_msg("submit: %s", msg);
-    }
-    uint32_t left = n;
-    for (int step = 0; left; step++) {
-        assert_true(step < 100000);
-        bool idle;
-        assert_ok(kvc_engine_step(e, step * 1e-3, NULL, NULL, &idle));
-        if (kvc_sched_check(kvc_engine_sched(e), msg, sizeof msg))
-            fail_msg("step %d: %s", step, msg);
-        if (kvc_seqs_check(kvc_engine_seqs(e), msg, sizeof msg)) fail_msg("step %d: %s", step, msg);
-        const kvc_gen_done_t *d;
-        uint32_t nd;
-        kvc_engine_finished(e, &d, &nd);
-        for (uint32_t i = 0; i < nd; i++) {
-            out_t *o = &out[d[i].tag];
-            memset(o, 0, sizeof *o);
-            assert_int_equal(d[i].finish, KVC_FINISH_LENGTH);
-            o->n = d[i].completion_tokens;
-            assert_true(o->n <= MAX_OUT);
-            o->drafts = d[i].draft_tokens;
-            o->accepted = d[i].accepted_tokens;
-            memcpy(o->ids, d[i].output, o->n * sizeof *o->ids);
-            memcpy(o->lp, d[i].logprobs, o->n * sizeof *o->lp);
-            memcpy(o->top, d[i].top_ids, (size_t)o->n * d[i].n_logprobs * sizeof *o->top);
-            memcpy(o->top_lp, d[i].top_logprobs,
-                   (size_t)o->n * d[i].n_logprobs * sizeof *o->top_lp);
-            snprintf(o->text, sizeof o->text, "%s", d[i].text);
-            left--;
-        }
-        assert_true(!idle || nd || left == 0);
-    }
-    if (st) kvc_engine_stats(e, st);
-    kvc_engine_destroy(e);
-}
-
-static void assert_same(const out_t *a, const out_t *b, const char *what)
-{
-    if (a->n != b->n) fail_msg("%s: %u vs %u tokens", what, a->n, b->n);
-    for (uint32_t i = 0; i < a->n; i++) {
-        if (a->ids[i] != b->ids[i])
-            fail_msg("%s: token %u: %d vs %d", what, i, a->ids[i], b->ids[i]);
-        if (memcmp(&a->lp[i], &b->lp[i], sizeof(float)))
-            fail_msg("%s: logprob %u: %.9g vs %.9g", what, i, a->lp[i], b->lp[i]);
-    }
-    if (memcmp(a->top, b->top, sizeof a->top) || memcmp(a->top_lp, b->top_lp, sizeof a->top_lp))
-        fail_msg("%s: top logprobs differ", what);
-    assert_string_equal(a->text, b->text);
+    run_all(m, ep, pr, n, gp, out, st);
+    for (uint32_t i = 0; i < n; i++) assert_int_equal(out[i].finish, KVC_FINISH_LENGTH);
 }
 
 static kvc_token_t pr_ids[N_REQ][160];
@@ -190,7 +116,7 @@ static void plain(const kvc_llm_t *m, const kvc_gen_params_t *gp, out_t *alone)
     kvc_engine_params_t ep = kvc_engine_params_default();
     ep.n_threads = 1;
     ep.max_num_seqs = 1;
-    for (int i = 0; i < N_REQ; i++) run_all(m, &ep, &prs[i], 1, gp, &alone[i], NULL);
+    for (int i = 0; i < N_REQ; i++) run_len(m, &ep, &prs[i], 1, gp, &alone[i], NULL);
 }
 
 static uint64_t prompt_total(void)
@@ -216,7 +142,7 @@ static void same_model_accepts_almost_all(void **state)
         ep.spec_tokens = k;
         ep.draft_model = d;
         kvc_engine_stats_t st;
-        run_all(m, &ep, prs, N_REQ, &gp, got, &st);
+        run_len(m, &ep, prs, N_REQ, &gp, got, &st);
         uint64_t drafts = 0, acc = 0;
         for (int i = 0; i < N_REQ; i++) {
             assert_same(&alone[i], &got[i], "target = draft");
@@ -274,7 +200,7 @@ static void other_draft_case(const char *draft, bool near, bool sampled)
             ep.kv_memory = 16 * bb;
         }
         kvc_engine_stats_t st;
-        run_all(m, &ep, prs, N_REQ, &gp, got, &st);
+        run_len(m, &ep, prs, N_REQ, &gp, got, &st);
         for (int i = 0; i < N_REQ; i++) {
             char what[160];
             snprintf(what, sizeof what, "%s%s (%s), request %d",
