@@ -828,7 +828,7 @@ static size_t text_ready(const req_t *r)
 }
 
 static void send_event(req_t *r, const kvc_token_t *toks, const float *lps, uint32_t n,
-                       uint32_t tag, kvc_gen_event_fn fn, void *ctx)
+                       kvc_gen_event_fn fn, void *ctx)
 {
     if (r->finish) {
         char tail[1024];
@@ -855,7 +855,6 @@ static void send_event(req_t *r, const kvc_token_t *toks, const float *lps, uint
     if (r->text && ready < r->text_len) saved = r->text[ready], r->text[ready] = 0;
     fn(ctx, &ev);
     if (saved) r->text[ready] = saved;
-    (void)tag;
     r->text_sent = KVC_MAX(r->text_sent, ready);
 }
 
@@ -948,7 +947,7 @@ static int fork_samples(kvc_engine_t *e, req_t *r, const float *row, kvc_sched_r
         c->finish = emit_token(e, c, sr.token, sr.logprob, &sr);
         c->computed = r->computed;
         if (c->finish) { /* done at its first token: no fork needed */
-            send_event(c, &c->out[0], &c->lp[0], 1, cs, fn, ctx);
+            send_event(c, &c->out[0], &c->lp[0], 1, fn, ctx);
             if ((rc = done_push(e, cs, 0, 0, wall_s()))) return rc;
             continue;
         }
@@ -965,9 +964,8 @@ static int fork_samples(kvc_engine_t *e, req_t *r, const float *row, kvc_sched_r
 }
 
 /* After kvc_sched_complete: the forked children run on their own from here. */
-static int forks_done(kvc_engine_t *e, const kvc_sched_plan_t *plan, kvc_gen_event_fn fn, void *ctx)
+static int forks_done(kvc_engine_t *e, kvc_gen_event_fn fn, void *ctx)
 {
-    (void)plan;
     for (uint32_t k = 0; k < e->fork_n; k++) {
         const uint32_t cs = (uint32_t)e->fork_tag[k];
         req_t *c = &e->reqs[cs];
@@ -977,7 +975,7 @@ static int forks_done(kvc_engine_t *e, const kvc_sched_plan_t *plan, kvc_gen_eve
         } else {
             c->finish = KVC_FINISH_ERROR; /* could not fork: no room to run it */
         }
-        send_event(c, &c->out[0], &c->lp[0], 1, cs, fn, ctx);
+        send_event(c, &c->out[0], &c->lp[0], 1, fn, ctx);
         if (!e->fork_id[k]) {
             int rc = done_push(e, cs, 0, 0, wall_s());
             if (rc) return rc;
@@ -1042,7 +1040,7 @@ static int admit_pending(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void 
             e->pend[kept++] = slot;
             continue;
         }
-        send_event(r, NULL, NULL, 0, slot, fn, ctx);
+        send_event(r, NULL, NULL, 0, fn, ctx);
         if ((rc = done_push(e, slot, 0, 0, wall_s()))) e->pend[kept++] = slot;
     }
     e->n_pend = kept;
@@ -1158,15 +1156,14 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
     kvc_pool_stats_t ps;
     kvc_pool_stats(e->pool, &ps);
     e->st.peak_blocks = KVC_MAX(e->st.peak_blocks, ps.n_used);
-    if ((rc = forks_done(e, plan, fn, ctx))) return rc;
+    if ((rc = forks_done(e, fn, ctx))) return rc;
 
     for (uint32_t i = 0; i < n; i++) {
         const kvc_sched_entry_t *en = &plan->entries[i];
         if (!n_emit[i]) continue;
         req_t *r = &e->reqs[en->tag];
         send_event(r, e->emit + (size_t)i * (e->p.spec_tokens + 1),
-                   e->emit_lp + (size_t)i * (e->p.spec_tokens + 1), n_emit[i], (uint32_t)en->tag,
-                   fn, ctx);
+                   e->emit_lp + (size_t)i * (e->p.spec_tokens + 1), n_emit[i], fn, ctx);
     }
 
     const kvc_sched_done_t *done;
@@ -1179,7 +1176,7 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
             r->finish = done[i].aborted ? KVC_FINISH_ABORT
                         : done[i].error ? KVC_FINISH_ERROR
                                         : KVC_FINISH_LENGTH;
-            send_event(r, NULL, NULL, 0, slot, fn, ctx);
+            send_event(r, NULL, NULL, 0, fn, ctx);
         }
         if ((rc = done_push(e, slot, done[i].n_hit_tokens, done[i].n_preemptions, wall_s())))
             return rc;
@@ -1189,7 +1186,7 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
             if (!c->used || !c->fork_wait) continue;
             c->fork_wait = false;
             c->finish = r->finish == KVC_FINISH_ABORT ? KVC_FINISH_ABORT : KVC_FINISH_ERROR;
-            send_event(c, NULL, NULL, 0, r->children[k], fn, ctx);
+            send_event(c, NULL, NULL, 0, fn, ctx);
             if ((rc = done_push(e, r->children[k], 0, 0, wall_s()))) return rc;
         }
     }
@@ -1236,9 +1233,9 @@ static int step_nocache(kvc_engine_t *e, kvc_gen_event_fn fn, void *ctx, bool *i
         else
             e->st.decode_s += t1 - t0;
         e->st.steps++;
-        send_event(r, &r->out[r->n_out - 1], &r->lp[r->n_out - 1], 1, slot, fn, ctx);
+        send_event(r, &r->out[r->n_out - 1], &r->lp[r->n_out - 1], 1, fn, ctx);
     } else
-        send_event(r, NULL, NULL, 0, slot, fn, ctx);
+        send_event(r, NULL, NULL, 0, fn, ctx);
     if (r->finish) {
         e->q_head = (e->q_head + 1) % 4096;
         e->q_len--;
