@@ -86,7 +86,7 @@ static double bandwidth(int n_threads, int runs)
 }
 
 static int bench_type(uint32_t type, uint32_t n_out, uint32_t n_in, kvc_isa_t isa,
-                      kvc_threadpool_t *tp, bool quick, double bw)
+                      kvc_threadpool_t *tp, bool quick, double bw, bool pack)
 {
     uint32_t be, bb;
     if (kvc_ggml_type_size(type, &be, &bb)) return 1;
@@ -106,6 +106,15 @@ static int bench_type(uint32_t type, uint32_t n_out, uint32_t n_in, kvc_isa_t is
         if (kvc_ggml_quantize_row(type, src, w + o * row, n_in)) return 1;
     }
     for (size_t c = 1; c < copies; c++) memcpy(w + c * bytes, w, bytes);
+    /* packed: one packed copy per copy of the rows, the GEMV walking through those */
+    const kvc_mat_t m0 = {.type = type, .data = w, .n_in = n_in, .n_out = n_out, .row_bytes = row};
+    const size_t pbytes = pack ? kvc_mat_pack_bytes(&m0) : 0;
+    uint8_t *pk = pbytes ? aligned_alloc(64, pbytes * copies) : NULL;
+    if (pbytes) {
+        kvc_mat_t t = m0;
+        if (!pk || kvc_mat_pack(&t, pk, pbytes)) return 1;
+        for (size_t c = 1; c < copies; c++) memcpy(pk + c * pbytes, pk, pbytes);
+    }
     for (size_t i = 0; i < (size_t)n_in * n_rows; i++) x[i] = (float)(kvc_rng_double(&rng) - 0.5);
     const size_t wsb = kvc_matmul_workspace_bytes(
         &(kvc_mat_t){.type = type, .data = w, .n_in = n_in, .n_out = n_out, .row_bytes = row},
@@ -124,14 +133,16 @@ static int bench_type(uint32_t type, uint32_t n_out, uint32_t n_in, kvc_isa_t is
                                  .data = w + c % copies * bytes,
                                  .n_in = n_in,
                                  .n_out = n_out,
-                                 .row_bytes = row};
+                                 .row_bytes = row,
+                                 .packed = pk ? pk + c % copies * pbytes : NULL};
             if (kvc_matmul(&m, x, 1, y, isa, tp, ws, wsb)) return 1;
         }
         v[run] = (double)(bytes * (hot ? 64 : copies)) / (double)(now(tp) - t0);
     }
     const double gbs = kvc_bench_median(v, gemv_runs);
     /* GEMM: 512 rows */
-    const kvc_mat_t m = {.type = type, .data = w, .n_in = n_in, .n_out = n_out, .row_bytes = row};
+    const kvc_mat_t m = {
+        .type = type, .data = w, .n_in = n_in, .n_out = n_out, .row_bytes = row, .packed = pk};
     const int gemm_runs = quick ? 1 : 3;
     for (int run = 0; run < gemm_runs; run++) {
         const uint64_t t0 = now(tp);
@@ -139,12 +150,14 @@ static int bench_type(uint32_t type, uint32_t n_out, uint32_t n_in, kvc_isa_t is
         v[run] = 2.0 * n_rows * n_in * n_out / (double)(now(tp) - t0);
     }
     const double gflops = kvc_bench_median(v, gemm_runs);
-    printf("%-5s %4u x %-4u  threads %u  %-6s  gemv %6.2f GB/s (%3.0f%% of %5.2f)  gemm(512) "
+    if (pack && !pbytes) return 0;
+    printf("%-5s%s %4u x %-4u  threads %u  %-6s  gemv %6.2f GB/s (%3.0f%% of %5.2f)  gemm(512) "
            "%7.2f GFLOP/s\n",
-           kvc_ggml_type_name(type), n_out, n_in, kvc_threadpool_size(tp),
+           kvc_ggml_type_name(type), pack ? "+pk" : "", n_out, n_in, kvc_threadpool_size(tp),
            kvc_matmul_kernel_name(type, isa), gbs, 100 * gbs / bw, bw, gflops);
     fflush(stdout);
     free(ws);
+    free(pk);
     free(w);
     free(src);
     free(x);
@@ -191,7 +204,9 @@ int main(int argc, char **argv)
         for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
             if (type_only && strcmp(type_only, kvc_ggml_type_name(types[t]))) continue;
             for (size_t s = 0; s < 2; s++)
-                if (bench_type(types[t], shapes[s][0], shapes[s][1], isa, tp, quick, bw)) return 1;
+                for (int pack = 0; pack < 2; pack++)
+                    if (bench_type(types[t], shapes[s][0], shapes[s][1], isa, tp, quick, bw, pack))
+                        return 1;
         }
         kvc_threadpool_destroy(tp);
     }

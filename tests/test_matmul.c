@@ -28,6 +28,7 @@
 
 static const kvc_test_variant_t *variant;
 static kvc_isa_t ISA = KVC_ISA_SCALAR;
+static bool PACK; /* make_mat packs the matrices that have a packed form */
 
 static const uint32_t TYPES[] = {KVC_GGML_F32,  KVC_GGML_F16,  KVC_GGML_BF16, KVC_GGML_Q8_0,
                                  KVC_GGML_Q4_0, KVC_GGML_Q4_K, KVC_GGML_Q6_K};
@@ -56,8 +57,9 @@ static uint32_t block_of(uint32_t type)
 typedef struct {
     kvc_mat_t m;
     uint8_t *buf;
-    double *ref; /* (n_out, n_in) the weights, from the blocks' fields in double */
-    double *mag; /* |each weight's terms| (for Q4_K: |d sc q| + |dmin m|), for the bounds */
+    void *packed; /* kvc_mat_pack's copy, when PACK */
+    double *ref;  /* (n_out, n_in) the weights, from the blocks' fields in double */
+    double *mag;  /* |each weight's terms| (for Q4_K: |d sc q| + |dmin m|), for the bounds */
 } tmat_t;
 
 static double h2d(const uint8_t *p)
@@ -156,6 +158,14 @@ static tmat_t make_mat(uint32_t type, uint32_t n_in, uint32_t n_out, size_t pad,
         }
     }
     t.m.data = t.buf;
+    const size_t pb = kvc_mat_pack_bytes(&t.m);
+    assert_int_equal(pb != 0,
+                     type == KVC_GGML_Q8_0 || type == KVC_GGML_Q4_0 || type == KVC_GGML_Q4_K);
+    if (PACK && pb) {
+        t.packed = aligned_alloc(64, pb);
+        assert_ok(kvc_mat_pack(&t.m, t.packed, pb));
+        assert_ptr_equal(t.m.packed, t.packed);
+    }
     free(f);
     free(back);
     return t;
@@ -164,6 +174,7 @@ static tmat_t make_mat(uint32_t type, uint32_t n_in, uint32_t n_out, size_t pad,
 static void free_mat(tmat_t *t)
 {
     free(t->buf);
+    free(t->packed);
     free(t->ref);
     free(t->mag);
 }
@@ -419,6 +430,191 @@ static void a_nan_stays_in_its_row(void **state)
             }
         free_mat(&m);
     }
+}
+
+/* ---- packed matrices ---------------------------------------------------------------- */
+/* The reference and batch-invariance tests again, on packed matrices. */
+static void packed_matches_the_reference(void **state)
+{
+    PACK = true;
+    every_type_matches_the_reference(state);
+    PACK = false;
+}
+static void packed_rows_do_not_depend_on_the_batch(void **state)
+{
+    PACK = true;
+    rows_do_not_depend_on_the_batch(state);
+    PACK = false;
+}
+static void packed_nan_stays_in_its_row(void **state)
+{
+    PACK = true;
+    a_nan_stays_in_its_row(state);
+    PACK = false;
+}
+
+/* A packed matrix gives the scalar kernel's outputs bit for bit, for every output count
+ * around the groups of 8, every row count around the tiles of 4, padded rows, and on pools
+ * of threads; and the scalar kernel ignores the packed copy. */
+static void packed_equals_scalar_bit_for_bit(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 88);
+    static const uint32_t packable[] = {KVC_GGML_Q8_0, KVC_GGML_Q4_0, KVC_GGML_Q4_K};
+    static const uint32_t n_outs[] = {1, 7, 8, 9, 16, 37, 67, 100, 401};
+    kvc_threadpool_t *tp = NULL;
+    assert_ok(kvc_threadpool_create(2, NULL, &tp));
+    for (size_t t = 0; t < KVC_ARRAY_LEN(packable); t++)
+        for (size_t a = 0; a < KVC_ARRAY_LEN(n_outs); a++) {
+            const uint32_t type = packable[t], n_out = n_outs[a];
+            const uint32_t n_in =
+                block_of(type) == 32 ? 32 * (1 + (uint32_t)a * 5) : 256 * (1 + (uint32_t)a % 3);
+            const uint32_t n_rows = 1 + (uint32_t)kvc_rng_below(&rng, 9);
+            PACK = true;
+            tmat_t m = make_mat(type, n_in, n_out, a % 2 ? 6 : 0, &rng);
+            PACK = false;
+            kvc_mat_t plain = m.m;
+            plain.packed = NULL;
+            float *x = malloc(sizeof(float) * n_in * n_rows);
+            float *ys = malloc(sizeof(float) * n_out * n_rows),
+                  *yp = malloc(sizeof(float) * n_out * n_rows);
+            fill(&rng, x, (size_t)n_in * n_rows);
+            size_t wsb;
+            void *ws = ws_for(&m.m, n_rows, &wsb);
+            assert_ok(kvc_matmul(&plain, x, n_rows, ys, KVC_ISA_SCALAR, NULL, ws, wsb));
+            assert_ok(kvc_matmul(&m.m, x, n_rows, yp, ISA, a % 2 ? tp : NULL, ws, wsb));
+            for (uint32_t r = 0; r < n_rows; r++)
+                assert_rows_identical(yp + (size_t)r * n_out, ys + (size_t)r * n_out, n_out,
+                                      "packed vs scalar", type, r);
+            /* the scalar kernel reads the rows, not the packed copy */
+            memset(m.packed, 0x5a, kvc_mat_pack_bytes(&m.m));
+            assert_ok(kvc_matmul(&m.m, x, n_rows, yp, KVC_ISA_SCALAR, NULL, ws, wsb));
+            assert_memory_equal(yp, ys, sizeof(float) * n_out * n_rows);
+            free(ws);
+            free(x);
+            free(ys);
+            free(yp);
+            free_mat(&m);
+        }
+    kvc_threadpool_destroy(tp);
+}
+
+/* The activations this ISA quantises are the scalar quantiser's, byte for byte, on the edge
+ * cases too: an all-zero block, a subnormal maximum (1 / d overflows to infinity), halfway
+ * values (round to nearest even), the clamp at 127, and a NaN or an infinity in a block. */
+static void quantised_activations_equal_scalar(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 5);
+    static const uint32_t types[] = {KVC_GGML_Q8_0, KVC_GGML_Q4_0, KVC_GGML_Q4_K, KVC_GGML_Q6_K};
+    const uint32_t n_in = 512, n_rows = 9;
+    float x[9 * 512];
+    for (size_t t = 0; t < KVC_ARRAY_LEN(types); t++) {
+        fill(&rng, x, KVC_ARRAY_LEN(x));
+        for (uint32_t i = 0; i < 32; i++) x[i] = 0.0f; /* row 0, block 0 */
+        for (uint32_t i = 256; i < 512; i++)           /* subnormal, with zeros: 0 * inf */
+            x[i] = i % 7 == 3 ? 0.0f : 1e-40f * (float)(i % 7) - 3e-40f;
+        for (uint32_t i = 0; i < n_in; i++) x[n_in + i] = (float)((int)i % 255 - 127) + 0.5f;
+        x[2 * n_in + 5] = NAN;
+        x[3 * n_in + 300] = INFINITY;
+        x[4 * n_in + 40] = -INFINITY;
+        for (uint32_t i = 0; i < n_in; i++) x[5 * n_in + i] = i % 2 ? -0.0f : 0.0f;
+        x[6 * n_in + 7] = 3e38f;
+        const kvc_mat_t m = {.type = types[t], .data = x, .n_in = n_in, .n_out = 1, .row_bytes = 1};
+        kvc_mat_t mm_ = m;
+        mm_.row_bytes = n_in / block_of(types[t]) * 300;
+        size_t wsb;
+        uint8_t *a = ws_for(&mm_, n_rows, &wsb), *b = malloc(wsb);
+        memset(a, 0x11, wsb);
+        memset(b, 0x11, wsb);
+        assert_ok(kvc_matmul_prepare(&mm_, x, n_rows, KVC_ISA_SCALAR, a, wsb));
+        assert_ok(kvc_matmul_prepare(&mm_, x, n_rows, ISA, b, wsb));
+        assert_memory_equal(a, b, wsb);
+        free(a);
+        free(b);
+    }
+}
+
+/* kvc_matmul_multi: each output bit-identical to kvc_matmul's, for mixes of types that share an
+ * activation layout (Q4_K, Q6_K) and that do not (Q8_0, Q4_0, F16), packed or not, on a pool;
+ * and its argument checks. */
+static void multi_equals_single(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 31);
+    static const uint32_t mixes[][5] = {
+        /* count, types */
+        {3, KVC_GGML_Q4_K, KVC_GGML_Q6_K, KVC_GGML_Q4_K},
+        {4, KVC_GGML_Q8_0, KVC_GGML_Q4_0, KVC_GGML_F16, KVC_GGML_Q8_0},
+        {2, KVC_GGML_Q4_0, KVC_GGML_Q4_0},
+        {2, KVC_GGML_F32, KVC_GGML_F32},
+    };
+    kvc_threadpool_t *tp = NULL;
+    assert_ok(kvc_threadpool_create(3, NULL, &tp));
+    const uint32_t n_in = 512, n_rows = 6;
+    float *x = malloc(sizeof(float) * n_in * n_rows);
+    fill(&rng, x, (size_t)n_in * n_rows);
+    for (int pack = 0; pack < 2; pack++)
+        for (size_t k = 0; k < KVC_ARRAY_LEN(mixes); k++) {
+            PACK = pack;
+            tmat_t t[4];
+            const kvc_mat_t *w[4];
+            float *y[4], *ref[4];
+            uint32_t n = 0;
+            for (; n < mixes[k][0]; n++) {
+                t[n] = make_mat(mixes[k][n + 1], n_in, 9 + 31 * n, 0, &rng);
+                w[n] = &t[n].m;
+                y[n] = calloc((size_t)t[n].m.n_out * n_rows, sizeof(float));
+                ref[n] = malloc(sizeof(float) * t[n].m.n_out * n_rows);
+                mm(&t[n].m, x, n_rows, ref[n], NULL);
+            }
+            PACK = false;
+            const size_t wsb = kvc_matmul_multi_workspace_bytes(w, n, n_rows);
+            size_t sum = 0;
+            for (uint32_t i = 0; i < n; i++) sum += kvc_matmul_workspace_bytes(w[i], n_rows);
+            assert_true(wsb <= sum);
+            if (k == 0) assert_int_equal(wsb, kvc_matmul_workspace_bytes(w[0], n_rows));
+            void *ws = wsb ? aligned_alloc(64, wsb) : NULL;
+            assert_ok(kvc_matmul_multi(w, y, n, x, n_rows, ISA, k % 2 ? tp : NULL, ws, wsb));
+            for (uint32_t i = 0; i < n; i++) {
+                for (uint32_t r = 0; r < n_rows; r++)
+                    assert_rows_identical(y[i] + (size_t)r * w[i]->n_out,
+                                          ref[i] + (size_t)r * w[i]->n_out, w[i]->n_out, "multi",
+                                          w[i]->type, r);
+                free(y[i]);
+                free(ref[i]);
+                free_mat(&t[i]);
+            }
+            free(ws);
+        }
+    /* arguments */
+    tmat_t a = make_mat(KVC_GGML_Q8_0, 512, 8, 0, &rng),
+           b = make_mat(KVC_GGML_Q8_0, 256, 8, 0, &rng);
+    const kvc_mat_t *ab[] = {&a.m, &b.m, &a.m, &a.m, &a.m};
+    float out[8 * 6], *ys[] = {out, out, out, out, out};
+    uint8_t ws[8192] __attribute__((aligned(64)));
+    assert_int_equal(kvc_matmul_multi(ab, ys, 2, x, n_rows, ISA, NULL, ws, sizeof ws), KVC_EINVAL);
+    assert_int_equal(kvc_matmul_multi_workspace_bytes(ab, 2, n_rows), 0);
+    assert_int_equal(kvc_matmul_multi(ab + 2, ys, 0, x, n_rows, ISA, NULL, ws, sizeof ws),
+                     KVC_EINVAL);
+    assert_int_equal(kvc_matmul_multi(ab + 2, ys, 3, x, n_rows, ISA, NULL, ws, sizeof ws), 0);
+    assert_int_equal(kvc_matmul_multi(ab, ys, 5, x, n_rows, ISA, NULL, ws, sizeof ws), KVC_EINVAL);
+    assert_int_equal(kvc_matmul_multi(ab + 2, ys, 1, x, n_rows, ISA, NULL, ws, 64), KVC_EINVAL);
+    assert_int_equal(kvc_matmul_multi(ab + 2, ys, 1, NULL, n_rows, ISA, NULL, ws, sizeof ws),
+                     KVC_EINVAL);
+    assert_int_equal(kvc_matmul_multi(ab + 2, NULL, 1, x, n_rows, ISA, NULL, ws, sizeof ws),
+                     KVC_EINVAL);
+    kvc_mat_t bad = a.m;
+    bad.type = KVC_GGML_Q5_0;
+    const kvc_mat_t *bb[] = {&a.m, &bad};
+    assert_int_equal(kvc_matmul_multi(bb, ys, 2, x, n_rows, ISA, NULL, ws, sizeof ws), KVC_ENOTSUP);
+    free_mat(&a);
+    free_mat(&b);
+    free(x);
+    kvc_threadpool_destroy(tp);
 }
 
 /* The kernel that runs is the variant's own. */
@@ -690,6 +886,12 @@ int main(int argc, char **argv)
         cmocka_unit_test(every_type_matches_the_reference),
         cmocka_unit_test(rows_do_not_depend_on_the_batch),
         cmocka_unit_test(a_nan_stays_in_its_row),
+        cmocka_unit_test(packed_equals_scalar_bit_for_bit),
+        cmocka_unit_test(quantised_activations_equal_scalar),
+        cmocka_unit_test(multi_equals_single),
+        cmocka_unit_test(packed_matches_the_reference),
+        cmocka_unit_test(packed_rows_do_not_depend_on_the_batch),
+        cmocka_unit_test(packed_nan_stays_in_its_row),
     };
     return cmocka_run_group_tests_name(group, tests, NULL, NULL);
 }

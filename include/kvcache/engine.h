@@ -65,6 +65,10 @@ KVC_API const kvc_gguf_t *kvc_llm_gguf(const kvc_llm_t *m);
 /* Bytes of weights read per decoded token (the matrices and norms, one
  * embedding row): the numerator of the weight-streaming bound. */
 KVC_API uint64_t kvc_llm_weight_bytes_per_token(const kvc_llm_t *m);
+/* Bytes of the packed copies of the matrices (kvc_mat_pack) the load made: on a CPU with AVX2,
+ * every Q8_0, Q4_0 and Q4_K matrix is repacked once at load for the SIMD kernels (about the
+ * matrices' own size, in memory the model owns); 0 when none is. */
+KVC_API size_t kvc_llm_packed_bytes(const kvc_llm_t *m);
 
 /* ---- the engine ------------------------------------------------------------ */
 typedef struct {

@@ -97,6 +97,8 @@ int kvc__fwd_init(kvc__fwd_t *f, const kvc_llm_t *m, kvc_pool_t *pool, uint32_t 
         mats[0] = &L->wq, mats[1] = &L->wk, mats[2] = &L->wv, mats[3] = &L->wo;
         mats[4] = &L->w_gate, mats[5] = &L->w_up, mats[6] = &L->w_down;
         for (int i = 0; i < 7; i++) ws = KVC_MAX(ws, kvc_matmul_workspace_bytes(mats[i], max_rows));
+        ws = KVC_MAX(ws, kvc_matmul_multi_workspace_bytes(mats, 3, max_rows));     /* q, k, v */
+        ws = KVC_MAX(ws, kvc_matmul_multi_workspace_bytes(mats + 4, 2, max_rows)); /* gate, up */
     }
     ws = KVC_MAX(ws, kvc_matmul_workspace_bytes(&m->out, max_sel));
     f->mm_ws_bytes = ws;
@@ -200,6 +202,13 @@ static int matmul(kvc__fwd_t *f, const kvc_mat_t *w, const float *x, uint32_t n,
     return kvc_matmul(w, x, n, y, f->isa, f->tp, f->mm_ws, f->mm_ws_bytes);
 }
 
+/* Several matrices over one x in one parallel region (x quantised once). */
+static int matmul_n(kvc__fwd_t *f, const kvc_mat_t *const *w, float *const *y, uint32_t n_mats,
+                    const float *x, uint32_t n)
+{
+    return kvc_matmul_multi(w, y, n_mats, x, n, f->isa, f->tp, f->mm_ws, f->mm_ws_bytes);
+}
+
 int kvc__fwd_run(kvc__fwd_t *f, kvc_seqs_t *seqs, const kvc__seg_t *segs, uint32_t n_segs,
                  const uint32_t *sel, uint32_t n_sel, float *logits)
 {
@@ -265,9 +274,9 @@ int kvc__fwd_run(kvc__fwd_t *f, kvc_seqs_t *seqs, const kvc__seg_t *segs, uint32
         int rc;
         for (uint32_t r = 0; r < R; r++)
             rmsnorm(f->xn + (size_t)r * dim, f->x + (size_t)r * dim, L->attn_norm, dim, h->rms_eps);
-        if ((rc = matmul(f, &L->wq, f->xn, R, f->q)) || (rc = matmul(f, &L->wk, f->xn, R, f->k)) ||
-            (rc = matmul(f, &L->wv, f->xn, R, f->v)))
-            return rc;
+        const kvc_mat_t *qkv[] = {&L->wq, &L->wk, &L->wv};
+        float *const qkv_out[] = {f->q, f->k, f->v};
+        if ((rc = matmul_n(f, qkv, qkv_out, 3, f->xn, R))) return rc;
         for (uint32_t r = 0; r < R; r++) {
             float *q = f->q + (size_t)r * q_dim, *k = f->k + (size_t)r * kv_dim,
                   *v = f->v + (size_t)r * kv_dim;
@@ -316,9 +325,9 @@ int kvc__fwd_run(kvc__fwd_t *f, kvc_seqs_t *seqs, const kvc__seg_t *segs, uint32
             for (uint32_t i = 0; i < dim; i++) x[i] += o[i];
             rmsnorm(f->xn + (size_t)r * dim, x, L->ffn_norm, dim, h->rms_eps);
         }
-        if ((rc = matmul(f, &L->w_gate, f->xn, R, f->g)) ||
-            (rc = matmul(f, &L->w_up, f->xn, R, f->u)))
-            return rc;
+        const kvc_mat_t *gu[] = {&L->w_gate, &L->w_up};
+        float *const gu_out[] = {f->g, f->u};
+        if ((rc = matmul_n(f, gu, gu_out, 2, f->xn, R))) return rc;
         const bool gelu = h->arch == KVC_ARCH_GEMMA2;
         for (size_t i = 0, n = (size_t)R * ff; i < n; i++) {
             const float gv = f->g[i];

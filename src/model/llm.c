@@ -39,6 +39,7 @@ void kvc_llm_free(kvc_llm_t *m)
             free(L->bq), free(L->bk), free(L->bv), free(L->q_norm), free(L->k_norm);
         }
     free(m->layer);
+    free(m->packed);
     free(m->out_norm);
     free(m->rope_freqs);
     kvc_tokenizer_destroy(m->tok);
@@ -217,6 +218,46 @@ static int bind(kvc_llm_t *m, char *msg, size_t cap)
     return 0;
 }
 
+/* Every matrix of a type with a packed form gets its packed copy (kvc_mat_pack), in one
+ * allocation, when this CPU runs the kernels that read it (AVX2 and up); the rows stay in the
+ * mapping for the scalar kernels and the embedding lookup. */
+/* Matrix i of the model (0: the LM head, then 7 per layer), NULL past the last. */
+static kvc_mat_t *nth_mat(kvc_llm_t *m, uint32_t i)
+{
+    if (i == 0) return &m->out;
+    const uint32_t l = (i - 1) / 7;
+    if (l >= m->h.n_layers) return NULL;
+    kvc__llm_layer_t *L = &m->layer[l];
+    kvc_mat_t *ls[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return ls[(i - 1) % 7];
+}
+
+static int pack(kvc_llm_t *m, char *msg, size_t cap)
+{
+    if (!kvc_isa_supported(KVC_ISA_AVX2)) return 0;
+    size_t total = 0;
+    for (uint32_t i = 0; nth_mat(m, i); i++) total += kvc_mat_pack_bytes(nth_mat(m, i));
+    if (total == 0) return 0;
+    if (!(m->packed = aligned_alloc(64, total)))
+        return kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory packing the weights");
+    m->packed_bytes = total;
+    uint8_t *p = m->packed;
+    kvc_mat_t *w;
+    for (uint32_t i = 0; (w = nth_mat(m, i)); i++) {
+        const size_t b = kvc_mat_pack_bytes(w);
+        if (!b) continue;
+        const int rc = kvc_mat_pack(w, p, b);
+        if (rc) return kvc__msgf(rc, msg, cap, "packing the weights: %s", kvc_strerror(rc));
+        p += b;
+    }
+    return 0;
+}
+
+size_t kvc_llm_packed_bytes(const kvc_llm_t *m)
+{
+    return m ? m->packed_bytes : 0;
+}
+
 int kvc_llm_load_gguf(kvc_gguf_t *g, kvc_llm_t **out, char *msg, size_t cap)
 {
     if (!g || !out) {
@@ -237,6 +278,7 @@ int kvc_llm_load_gguf(kvc_gguf_t *g, kvc_llm_t **out, char *msg, size_t cap)
         rc = kvc__msgf(KVC_EPARSE, msg, cap, "the tokenizer has %u tokens, the model %u",
                        kvc_tokenizer_n_vocab(m->tok), m->h.vocab);
     if (!rc) rc = bind(m, msg, cap);
+    if (!rc) rc = pack(m, msg, cap);
     if (rc) {
         kvc_llm_free(m);
         return rc;

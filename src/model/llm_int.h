@@ -30,6 +30,8 @@ struct kvc_llm {
     uint32_t storage_layers; /* layers each pool block holds */
     bool neox;               /* RoPE on (i, i + d/2) pairs; false: adjacent pairs */
     uint64_t weight_bytes_per_token;
+    void *packed; /* the packed copies of the matrices (kvc_mat_pack), packed_bytes in all */
+    size_t packed_bytes;
 };
 
 #endif

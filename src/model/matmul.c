@@ -89,9 +89,11 @@ static size_t act_row_bytes(const kvc_mat_t *w)
     if (act == ACT_Q8_0)
         n += sizeof(float) * (w->n_in / KVC__QK);
     else if (act == ACT_Q4_0)
-        n += sizeof(float) * (w->n_in / KVC__QK) + sizeof(int32_t) * (w->n_in / 4);
+        n += sizeof(float) * (w->n_in / KVC__QK) + sizeof(int32_t) * (w->n_in / 4) +
+             sizeof(int32_t) * (w->n_in / KVC__QK);
     else
-        n += sizeof(float) * (w->n_in / KVC__QK_K) + sizeof(int16_t) * (w->n_in / 16);
+        n += sizeof(float) * (w->n_in / KVC__QK_K) + sizeof(int16_t) * (w->n_in / 16) +
+             sizeof(int16_t) * (w->n_in / 32);
     return (n + 63) & ~(size_t)63;
 }
 
@@ -127,8 +129,11 @@ static float quant_block(const float *x, int8_t *q, uint32_t n)
     return d;
 }
 
-static void quantize_rows(const kvc_mat_t *w, const float *x, uint32_t n_rows, uint8_t *ws)
+static void quantize_rows(const kvc_mat_t *w, const float *x, uint32_t n_rows, uint8_t *ws,
+                          kvc_isa_t use)
 {
+    float (*quant)(const float *, int8_t *, uint32_t) =
+        use == KVC_ISA_SCALAR ? quant_block : kvc__mm_quant_block_avx2;
     const act_t act = types[type_index(w->type)].act;
     const size_t stride = act_row_bytes(w);
     const uint32_t n = w->n_in, qb = act == ACT_Q8_K ? KVC__QK_K : KVC__QK;
@@ -137,7 +142,7 @@ static void quantize_rows(const kvc_mat_t *w, const float *x, uint32_t n_rows, u
         uint8_t *row = ws + (size_t)r * stride;
         int8_t *q = (int8_t *)row;
         float *d = (float *)(row + n);
-        for (uint32_t b = 0; b < n / qb; b++) d[b] = quant_block(xr + b * qb, q + b * qb, qb);
+        for (uint32_t b = 0; b < n / qb; b++) d[b] = quant(xr + b * qb, q + b * qb, qb);
         if (act == ACT_Q8_K) {
             int16_t *bs = (int16_t *)(row + n + sizeof(float) * (n / KVC__QK_K));
             for (uint32_t g = 0; g < n / 16; g++) {
@@ -145,11 +150,18 @@ static void quantize_rows(const kvc_mat_t *w, const float *x, uint32_t n_rows, u
                 for (int i = 0; i < 16; i++) s += q[16 * g + i];
                 bs[g] = (int16_t)s;
             }
+            for (uint32_t g = 0; g < n / 32; g++)
+                bs[n / 16 + g] = (int16_t)(bs[2 * g] + bs[2 * g + 1]);
         }
         if (act == ACT_Q4_0) {
             int32_t *off = (int32_t *)(row + n + sizeof(float) * (n / KVC__QK));
             for (uint32_t g = 0; g < n / 4; g++)
                 off[g] = 8 * (q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3]);
+            for (uint32_t b = 0; b < n / KVC__QK; b++) {
+                int32_t s = 0;
+                for (int g = 0; g < 8; g++) s += off[8 * b + (uint32_t)g];
+                off[n / 4 + b] = s;
+            }
         }
     }
 }
@@ -187,13 +199,87 @@ int kvc_matmul_prepare(const kvc_mat_t *w, const float *x, uint32_t n_rows, kvc_
     kvc_isa_t use;
     int rc = check_call(w, x, n_rows, isa, ws, ws_bytes, &use);
     if (rc) return rc;
-    if (act_row_bytes(w)) quantize_rows(w, x, n_rows, ws);
+    if (act_row_bytes(w)) quantize_rows(w, x, n_rows, ws, use);
+    return 0;
+}
+
+/* ---- packing ------------------------------------------------------------------------ */
+/* The unit size of a packable type (matmul_int.h), 0 for the others. */
+static size_t pack_unit(uint32_t type)
+{
+    return type == KVC_GGML_Q8_0   ? KVC__PK_Q8_0_U
+           : type == KVC_GGML_Q4_0 ? KVC__PK_Q4_0_U
+           : type == KVC_GGML_Q4_K ? KVC__PK_Q4_K_U
+                                   : 0;
+}
+
+size_t kvc_mat_pack_bytes(const kvc_mat_t *w)
+{
+    if (mat_check(w) || !pack_unit(w->type)) return 0;
+    const uint32_t qb = w->type == KVC_GGML_Q4_K ? KVC__QK_K : KVC__QK;
+    const size_t groups = ((size_t)w->n_out + KVC__PK_ROWS - 1) / KVC__PK_ROWS;
+    return (groups * (w->n_in / qb) * pack_unit(w->type) + 63) & ~(size_t)63;
+}
+
+/* One unit: block b of rows 8g.. (rows from n_out on are zero). */
+static void pack_unit_at(const kvc_mat_t *w, uint32_t g, uint32_t b, uint8_t *u)
+{
+    const size_t unit = pack_unit(w->type);
+    memset(u, 0, unit);
+    for (uint32_t k = 0; k < KVC__PK_ROWS; k++) {
+        const uint32_t o = g * KVC__PK_ROWS + k;
+        if (o >= w->n_out) break;
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
+        if (w->type == KVC_GGML_Q8_0) {
+            const uint8_t *blk = row + (size_t)b * KVC__Q8_0_B;
+            memcpy(u + 2 * k, blk, 2);
+            for (int c = 0; c < 8; c++) memcpy(u + 16 + 32 * c + 4 * k, blk + 2 + 4 * c, 4);
+        } else if (w->type == KVC_GGML_Q4_0) {
+            const uint8_t *blk = row + (size_t)b * KVC__Q4_0_B;
+            memcpy(u + 2 * k, blk, 2);
+            for (int c = 0; c < 4; c++) memcpy(u + 16 + 32 * c + 4 * k, blk + 2 + 4 * c, 4);
+        } else {
+            const uint8_t *blk = row + (size_t)b * KVC__Q4_K_B;
+            memcpy(u + 2 * k, blk, 2);
+            memcpy(u + 16 + 2 * k, blk + 2, 2);
+            for (int p = 0; p < 4; p++) {
+                uint8_t s0, m0, s1, m1;
+                kvc__q4k_scale_min(2 * p, blk + 4, &s0, &m0);
+                kvc__q4k_scale_min(2 * p + 1, blk + 4, &s1, &m1);
+                u[32 + 16 * p + 2 * k] = s0;
+                u[32 + 16 * p + 2 * k + 1] = s1;
+                u[96 + 16 * p + 2 * k] = m0;
+                u[96 + 16 * p + 2 * k + 1] = m1;
+                for (int c = 0; c < 8; c++)
+                    memcpy(u + 160 + 32 * (8 * p + c) + 4 * k, blk + 16 + 32 * p + 4 * c, 4);
+            }
+        }
+    }
+}
+
+int kvc_mat_pack(kvc_mat_t *w, void *dst, size_t bytes)
+{
+    if (!w || !dst || mat_check(w)) return KVC_EINVAL;
+    if (!pack_unit(w->type)) return KVC_ENOTSUP;
+    const size_t need = kvc_mat_pack_bytes(w);
+    if (bytes < need || (uintptr_t)dst % 64) return KVC_EINVAL;
+    const uint32_t nb = w->n_in / (w->type == KVC_GGML_Q4_K ? KVC__QK_K : KVC__QK);
+    const uint32_t groups = (w->n_out + KVC__PK_ROWS - 1) / KVC__PK_ROWS;
+    uint8_t *out = dst;
+    for (uint32_t g = 0; g < groups; g++)
+        for (uint32_t b = 0; b < nb; b++)
+            pack_unit_at(w, g, b, out + ((size_t)g * nb + b) * pack_unit(w->type));
+    memset(out + (size_t)groups * nb * pack_unit(w->type), 0,
+           need - (size_t)groups * nb * pack_unit(w->type));
+    w->packed = dst;
     return 0;
 }
 
 static void run_job(kvc_isa_t use, const kvc__mm_job_t *j)
 {
-    if (use == KVC_ISA_AVX512)
+    if (use != KVC_ISA_SCALAR && j->w->packed && pack_unit(j->w->type))
+        kvc__mm_avx2_packed(j);
+    else if (use == KVC_ISA_AVX512)
         kvc__mm_avx512(j);
     else if (use == KVC_ISA_AVX2)
         kvc__mm_avx2(j);
@@ -246,6 +332,90 @@ int kvc_matmul(const kvc_mat_t *w, const float *x, uint32_t n_rows, float *y, kv
     (void)kvc__isa_resolve(isa, &use);
     call_t c = {.w = w, .x = x, .n_rows = n_rows, .y = y, .isa = use, .ws = ws};
     kvc_threadpool_run(tp, call_task, &c, kvc_matmul_n_tasks(w, n_rows));
+    return 0;
+}
+
+/* ---- several matrices over one x ------------------------------------------------------- */
+/* For each matrix, the offset of its quantised activations in the workspace (matrices with the
+ * same activation layout share them); the total through *total.  -1 for invalid arguments. */
+static int multi_layout(const kvc_mat_t *const *w, uint32_t n, uint32_t n_rows, size_t off[],
+                        size_t *total)
+{
+    if (!w || n == 0 || n > KVC_MATMUL_MULTI_MAX || n_rows == 0) return -1;
+    size_t t = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!w[i] || mat_check(w[i]) || w[i]->n_in != w[0]->n_in) return -1;
+        const act_t act = types[type_index(w[i]->type)].act;
+        off[i] = SIZE_MAX;
+        for (uint32_t k = 0; k < i; k++)
+            if (types[type_index(w[k]->type)].act == act) off[i] = off[k];
+        if (off[i] != SIZE_MAX) continue;
+        const size_t b = kvc_matmul_workspace_bytes(w[i], n_rows);
+        if (b == SIZE_MAX || t > SIZE_MAX - b) return -2;
+        off[i] = t;
+        t += b;
+    }
+    *total = t;
+    return 0;
+}
+
+size_t kvc_matmul_multi_workspace_bytes(const kvc_mat_t *const *w, uint32_t n_mats, uint32_t n_rows)
+{
+    size_t off[KVC_MATMUL_MULTI_MAX], total;
+    const int rc = multi_layout(w, n_mats, n_rows, off, &total);
+    return rc == -2 ? SIZE_MAX : rc ? 0 : total;
+}
+
+typedef struct {
+    const kvc_mat_t *const *w;
+    float *const *y;
+    const uint8_t *ws[KVC_MATMUL_MULTI_MAX];
+    uint32_t first[KVC_MATMUL_MULTI_MAX + 1]; /* matrix i has tasks [first[i], first[i + 1]) */
+    uint32_t n;
+    const float *x;
+    uint32_t n_rows;
+    kvc_isa_t isa;
+} multi_t;
+
+static void multi_task(void *ctx, uint32_t task, uint32_t thread)
+{
+    (void)thread;
+    const multi_t *c = ctx;
+    uint32_t i = 0;
+    while (task >= c->first[i + 1]) i++;
+    kvc_matmul_task(c->w[i], c->x, c->n_rows, c->y[i], c->isa, c->ws[i], task - c->first[i]);
+}
+
+int kvc_matmul_multi(const kvc_mat_t *const *w, float *const *y, uint32_t n_mats, const float *x,
+                     uint32_t n_rows, kvc_isa_t isa, kvc_threadpool_t *tp, void *ws,
+                     size_t ws_bytes)
+{
+    size_t off[KVC_MATMUL_MULTI_MAX], total;
+    const int lr = multi_layout(w, n_mats, n_rows, off, &total);
+    if (lr || !y || !x) {
+        /* a type the kernels do not take is KVC_ENOTSUP, as kvc_matmul has it */
+        if (w && n_mats && n_mats <= KVC_MATMUL_MULTI_MAX && x && n_rows)
+            for (uint32_t i = 0; i < n_mats; i++)
+                if (w[i] && mat_check(w[i]) == KVC_ENOTSUP) return KVC_ENOTSUP;
+        return KVC_EINVAL;
+    }
+    if (total && (!ws || ws_bytes < total || (uintptr_t)ws % 4)) return KVC_EINVAL;
+    kvc_isa_t use;
+    int rc = kvc__isa_resolve(isa, &use);
+    if (rc) return rc;
+    for (uint32_t i = 0; i < n_mats; i++)
+        if (!y[i]) return KVC_EINVAL;
+    multi_t c = {.w = w, .y = y, .n = n_mats, .x = x, .n_rows = n_rows, .isa = use};
+    c.first[0] = 0;
+    for (uint32_t i = 0; i < n_mats; i++) {
+        uint8_t *wi = (uint8_t *)ws + off[i];
+        c.ws[i] = wi;
+        bool done = false; /* the same layout as an earlier matrix: quantised already */
+        for (uint32_t k = 0; k < i; k++) done |= off[k] == off[i];
+        if (!done && act_row_bytes(w[i])) quantize_rows(w[i], x, n_rows, wi, use);
+        c.first[i + 1] = c.first[i] + kvc_matmul_n_tasks(w[i], n_rows);
+    }
+    kvc_threadpool_run(tp, multi_task, &c, c.first[n_mats]);
     return 0;
 }
 
