@@ -234,40 +234,55 @@ static inline __attribute__((always_inline)) void qk(const float *qt, uint32_t n
     for (int j = 0; j < rt; j++) out[j] = acc[j];
 }
 
+/* o[r][c .. c + 8 NV) += sum over the groups' tokens, in order, of p[t][r] v[t][..] for rb rows
+ * at a time: NV independent accumulators per row, so that the FMA chains of one row (a
+ * dependent FMA per token) overlap; each element is accumulated in token order whatever NV. */
+static inline __attribute__((always_inline)) void pv_cols(float *o, uint32_t dv, const group_t *g,
+                                                          uint32_t ng, const float *s, int rt,
+                                                          int rb, uint32_t c, int NV)
+{
+    for (int r0 = 0; r0 < rt; r0 += rb) {
+        __m256 a[4][8];
+#pragma GCC unroll 16
+        for (int r = 0; r < rb; r++)
+#pragma GCC unroll 8
+            for (int k = 0; k < NV; k++)
+                a[r][k] = _mm256_load_ps(o + (size_t)(r0 + r) * dv + c + 8 * k);
+        for (uint32_t gi = 0; gi < ng; gi++) {
+            const uint8_t *v = g[gi].v + (size_t)c * 4;
+            const size_t vst = g[gi].vst;
+            const float *p = s + (size_t)gi * GT * rt + r0;
+#pragma GCC unroll 16
+            for (int t = 0; t < GT; t++) {
+                __m256 vk[8];
+#pragma GCC unroll 8
+                for (int k = 0; k < NV; k++)
+                    vk[k] = _mm256_loadu_ps((const float *)(const void *)(v + t * vst + 32 * k));
+#pragma GCC unroll 16
+                for (int r = 0; r < rb; r++) {
+                    const __m256 w = _mm256_broadcast_ss(p + t * rt + r);
+#pragma GCC unroll 8
+                    for (int k = 0; k < NV; k++) a[r][k] = _mm256_fmadd_ps(w, vk[k], a[r][k]);
+                }
+            }
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < rb; r++)
+#pragma GCC unroll 8
+            for (int k = 0; k < NV; k++)
+                _mm256_store_ps(o + (size_t)(r0 + r) * dv + c + 8 * k, a[r][k]);
+    }
+}
+
 static inline __attribute__((always_inline)) void pv(float *o, uint32_t dv, const group_t *g,
                                                      uint32_t ng, const float *s, int rt, int rb)
 {
-    for (uint32_t c = 0; c < dv; c += 16) {
-        for (int r0 = 0; r0 < rt; r0 += rb) {
-            __m256 a0[4], a1[4];
-#pragma GCC unroll 16
-            for (int r = 0; r < rb; r++) {
-                a0[r] = _mm256_load_ps(o + (size_t)(r0 + r) * dv + c);
-                a1[r] = _mm256_load_ps(o + (size_t)(r0 + r) * dv + c + 8);
-            }
-            for (uint32_t gi = 0; gi < ng; gi++) {
-                const uint8_t *v = g[gi].v + (size_t)c * 4;
-                const size_t vst = g[gi].vst;
-                const float *p = s + (size_t)gi * GT * rt + r0;
-#pragma GCC unroll 16
-                for (int t = 0; t < GT; t++) {
-                    __m256 v0 = _mm256_loadu_ps((const float *)(const void *)(v + t * vst));
-                    __m256 v1 = _mm256_loadu_ps((const float *)(const void *)(v + t * vst + 32));
-#pragma GCC unroll 16
-                    for (int r = 0; r < rb; r++) {
-                        __m256 w = _mm256_broadcast_ss(p + t * rt + r);
-                        a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
-                        a1[r] = _mm256_fmadd_ps(w, v1, a1[r]);
-                    }
-                }
-            }
-#pragma GCC unroll 16
-            for (int r = 0; r < rb; r++) {
-                _mm256_store_ps(o + (size_t)(r0 + r) * dv + c, a0[r]);
-                _mm256_store_ps(o + (size_t)(r0 + r) * dv + c + 8, a1[r]);
-            }
-        }
-    }
+    /* 8 accumulators per column pass: 64 columns for one row, 32 for two, 16 for four */
+    const int NV = rb == 1 ? 8 : rb == 2 ? 4 : 2;
+    uint32_t c = 0;
+    for (; c + 8 * (uint32_t)NV <= dv; c += 8 * (uint32_t)NV)
+        pv_cols(o, dv, g, ng, s, rt, rb, c, NV);
+    for (; c < dv; c += 16) pv_cols(o, dv, g, ng, s, rt, rb, c, 2); /* dv is a multiple of 32 */
 }
 
 static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint32_t t,
