@@ -733,6 +733,83 @@ static void packing_and_work_split_do_not_change_results(void **state)
     cache_free(&c);
 }
 
+/* batch_invariant: a query row's output is the same bits whatever else the call holds.  One
+ * sequence of S keys, its last T positions queried at once (heads of 8 rows and more: the
+ * kernels' 8-row tiles), against the same rows split over two calls at shorter lengths, and the
+ * last row alone as a decode step (a head of fewer than 8 rows: 1-row tiles), for several
+ * dtypes, block sizes, head dims and GQA ratios; with a softcap, a window and wide logits too
+ * (rows that rescale while their tile-mates do not). */
+static void batch_invariant_rows_do_not_depend_on_the_batch(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 77);
+    for (int i = 0; i < (KVC_TEST_SANITIZED ? 4 : 12); i++) {
+        const uint32_t S = 150 + 37 * (uint32_t)i, T = 20 + 9 * (uint32_t)i % 50, cut = T / 3;
+        kvc_dtype_t dt = DTYPES[i % 3];
+        uint32_t lens[1] = {S}, Ts[1] = {T};
+        cache_cfg_t cf = {.dtype = dt,
+                          .layout = layout_for(dt, (uint32_t)i),
+                          .n_kv_heads = 2,
+                          .head_dim = i % 2 ? 64 : 128,
+                          .block_size = i % 3 == 0 ? 4 : 16,
+                          .n_seqs = 1,
+                          .lens = lens,
+                          .T = Ts,
+                          .paged = true,
+                          .k_spread = i % 4 == 3 ? 12.0f : 1.5f};
+        cache_t c;
+        cache_make(&c, &cf, &rng);
+        kvc_attn_params_t p = kvc_attn_params_default();
+        p.n_q_heads = i % 2 ? 6 : 4; /* 3 or 2 rows per KV head in a decode step */
+        p.batch_invariant = true;
+        if (i % 5 == 4) p.softcap = 30.0f;
+        if (i % 6 == 5) p.window = 50;
+        const kvc_attn_kernel_t k = use_variant(&p, &c.view);
+        (void)k;
+        const uint32_t d = cf.head_dim, hq = p.n_q_heads;
+        const size_t rowf = (size_t)hq * d;
+        float *q = make_q(T, hq, d, &rng);
+        float *full = malloc(sizeof(float) * T * rowf), *part = malloc(sizeof(float) * T * rowf);
+        assert_ok(run(&p, &c, q, full));
+        /* the same rows in two calls: the first `cut` with the sequence cut short after them */
+        const uint32_t bs = cf.block_size;
+        for (int half = 0; half < 2; half++) {
+            const uint32_t len = half ? S : S - (T - cut), nq = half ? T - cut : cut;
+            const uint32_t nb = (len + bs - 1) / bs;
+            uint32_t kv_indptr[2] = {0, nb}, last[1] = {len - (nb - 1) * bs}, qo[2] = {0, nq};
+            kvc_attn_batch_t b = {.n_seqs = 1,
+                                  .kv_indptr = kv_indptr,
+                                  .kv_indices = c.kv_indices,
+                                  .kv_last_len = last,
+                                  .qo_indptr = qo};
+            size_t wb = kvc_attn_workspace_bytes(&c.view, NULL);
+            void *ws = xalloc(wb);
+            const size_t r0 = half ? cut : 0;
+            assert_ok(kvc_attn_forward(&p, &c.view, &b, q + r0 * rowf, part + r0 * rowf, ws, wb, 0,
+                                       kvc_attn_n_items(&p, &c.view, &b)));
+            /* the last row alone: a decode step */
+            if (half) {
+                float *one = malloc(sizeof(float) * rowf);
+                b.qo_indptr = NULL;
+                assert_ok(kvc_attn_forward(&p, &c.view, &b, q + (size_t)(T - 1) * rowf, one, ws, wb,
+                                           0, kvc_attn_n_items(&p, &c.view, &b)));
+                if (memcmp(one, full + (size_t)(T - 1) * rowf, sizeof(float) * rowf))
+                    fail_msg("case %d (%s d %u bs %u): decode row differs from the prefill row", i,
+                             kvc_dtype_name(dt), d, bs);
+                free(one);
+            }
+            free(ws);
+        }
+        for (uint32_t r = 0; r < T; r++)
+            if (memcmp(part + r * rowf, full + r * rowf, sizeof(float) * rowf))
+                fail_msg("case %d (%s d %u bs %u): row %u differs when the batch is split", i,
+                         kvc_dtype_name(dt), d, bs, r);
+        free(q), free(full), free(part);
+        cache_free(&c);
+    }
+}
+
 /* S = 1, T = S = 1, a single partial block, odd head counts. */
 static void tiny_sequences(void **state)
 {
@@ -1138,6 +1215,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(online_softmax_handles_wide_logit_ranges),
         cmocka_unit_test(paged_equals_contiguous_bitwise),
         cmocka_unit_test(packing_and_work_split_do_not_change_results),
+        cmocka_unit_test(batch_invariant_rows_do_not_depend_on_the_batch),
         cmocka_unit_test(tiny_sequences),
         cmocka_unit_test(odd_head_dims_fall_back_to_scalar),
     };

@@ -96,6 +96,42 @@ static inline __m256 fold(__m256 a, __m256 b)
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(a, b)), 0xd8));
 }
 
+/* An 8 x 8 transpose: v[i] lane j <- v[j] lane i. */
+static inline __attribute__((always_inline)) void transpose8(__m256 v[8])
+{
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        v[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* A group's 8 probabilities summed as ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)), the
+ * one order of the softmax denominator's terms within a group for every tile shape: across the
+ * 8 lanes of one row's vector (1-row tiles), into every lane ... */
+static inline __m256 tree8_lanes(__m256 p)
+{
+    p = _mm256_add_ps(p, _mm256_permute_ps(p, 0xb1)); /* (0+1) (0+1) (2+3) (2+3) ... */
+    p = _mm256_add_ps(p, _mm256_permute_ps(p, 0x4e)); /* ((0+1)+(2+3)) x4, ((4+5)+(6+7)) x4 */
+    return _mm256_add_ps(p, _mm256_permute2f128_ps(p, p, 0x01));
+}
+/* ... and across 8 token vectors whose lanes are rows (8-row tiles). */
+static inline __m256 tree8_vecs(const __m256 p[8])
+{
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3])),
+                         _mm256_add_ps(_mm256_add_ps(p[4], p[5]), _mm256_add_ps(p[6], p[7])));
+}
+
 static inline __attribute__((always_inline)) __m256 bcast(const uint8_t *p, int P)
 {
     switch (P) {
@@ -201,6 +237,7 @@ typedef struct {
     ws_t w;
     uint32_t rt, n_tiles, nc;
     uint32_t tph; /* tiles per KV head (tile t belongs to head t / tph) */
+    bool inv8;    /* batch-invariant 8-row tiles: each row's logits by qk1, as a 1-row tile's */
     kvc__pf_t pf; /* prefetches of the next key tile */
 } job_t;
 
@@ -211,9 +248,43 @@ static inline uint32_t tile_row(const job_t *j, uint32_t t, uint32_t r)
     return head * rph + KVC_MIN(local, rph - 1);
 }
 
+/* One row (rt = 1): the 8 tokens' dot products in two passes of 4, fewer live pointers than
+ * one pass of 8 (which spilled them); each token's lanes accumulate over c in order, then the
+ * same fold as qk's, so the results are qk's for rt = 1. */
+static inline __attribute__((always_inline)) __m256 qk1(const float *qt, uint32_t nc,
+                                                        const uint8_t *k, size_t kst, kvc__pf_t *pf)
+{
+    __m256 acc[GT];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *k0 = k + (size_t)(4 * h) * kst, *k1 = k0 + kst, *k2 = k1 + kst,
+                      *k3 = k2 + kst;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (uint32_t c = 0; c < nc; c++) {
+            const __m256 qv = _mm256_load_ps(qt + 8 * (size_t)c);
+            const size_t o = (size_t)c * 32;
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(const void *)(k0 + o)), qv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(const void *)(k1 + o)), qv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(const void *)(k2 + o)), qv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(const void *)(k3 + o)), qv, a3);
+            if (pf && h == 0) kvc__pf_step(pf);
+        }
+        acc[4 * h] = a0, acc[4 * h + 1] = a1, acc[4 * h + 2] = a2, acc[4 * h + 3] = a3;
+    }
+#pragma GCC unroll 16
+    for (int n = GT; n > 1; n /= 2)
+#pragma GCC unroll 16
+        for (int i = 0; i < n / 2; i++) acc[i] = fold(acc[2 * i], acc[2 * i + 1]);
+    return acc[0];
+}
+
 static inline __attribute__((always_inline)) void qk(const float *qt, uint32_t nc, const uint8_t *k,
                                                      size_t kst, int rt, kvc__pf_t *pf, __m256 *out)
 {
+    if (rt == 1) {
+        out[0] = qk1(qt, nc, k, kst, pf);
+        return;
+    }
     const int P = GT / rt;
     __m256 acc[GT];
 #pragma GCC unroll 16
@@ -301,7 +372,18 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
     __m256 mx = _mm256_set1_ps(-INFINITY);
     for (uint32_t gi = 0; gi < ng; gi++) {
         __m256 sv[GT];
-        qk(qt, j->nc, g[gi].k, g[gi].kst, rt, t % j->tph == 0 ? (kvc__pf_t *)&j->pf : NULL, sv);
+        kvc__pf_t *pf = t % j->tph == 0 ? (kvc__pf_t *)&j->pf : NULL;
+        if (rt == 8 && j->inv8) {
+            /* each row's 8 logits exactly as a 1-row tile computes them, then turned into
+             * token vectors whose lanes are the rows */
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++)
+                sv[r] = qk1(qt + (size_t)r * cfg->dk, cfg->dk / GT, g[gi].k, g[gi].kst,
+                            r == 0 ? pf : NULL);
+            transpose8(sv);
+        } else {
+            qk(qt, j->nc, g[gi].k, g[gi].kst, rt, pf, sv);
+        }
         const bool need_mask = g[gi].t0 < lo_max || g[gi].t0 + GT - 1 > hi_min;
         const __m256 ksv = _mm256_loadu_ps(w->ks + gi * GT);
 #pragma GCC unroll 16
@@ -325,10 +407,12 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
     __m256 m = _mm256_load_ps(w->mv + 8 * t);
     __m256 grow = _mm256_cmp_ps(mx, _mm256_add_ps(m, _mm256_set1_ps(RESCALE_GAP)), _CMP_GT_OQ);
     if (_mm256_movemask_ps(grow)) {
-        __m256 mn = _mm256_max_ps(m, mx);
+        /* each row decides for itself (a row's steps must not depend on its tile-mates): the
+         * rows that do not grow keep their max and scale by exactly 1 */
+        __m256 mn = _mm256_blendv_ps(m, _mm256_max_ps(m, mx), grow);
         __m256 diff = _mm256_sub_ps(m, mn);
         diff = _mm256_andnot_ps(_mm256_cmp_ps(mn, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ), diff);
-        __m256 alpha = exp256(diff);
+        __m256 alpha = _mm256_blendv_ps(_mm256_set1_ps(1.0f), exp256(diff), grow);
         _mm256_store_ps(w->lv + 8 * t, _mm256_mul_ps(_mm256_load_ps(w->lv + 8 * t), alpha));
         float al[8];
         _mm256_storeu_ps(al, alpha);
@@ -344,20 +428,31 @@ static inline __attribute__((always_inline)) void row_tile(const job_t *j, uint3
         _mm256_store_ps(w->mv + 8 * t, m);
     }
     const __m256 mu = _mm256_andnot_ps(_mm256_cmp_ps(m, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ), m);
-    __m256 lsum = _mm256_setzero_ps();
+    /* the denominator: 1-row and 8-row tiles add each group's terms in one tree order (see
+     * tree8_lanes), groups in order, so a row's sum is the same in either; 2- and 4-row
+     * tiles (never batch-invariant) keep lane sums folded at the end */
+    __m256 lv = _mm256_load_ps(w->lv + 8 * t), lsum = _mm256_setzero_ps();
     for (uint32_t gi = 0; gi < ng; gi++) {
         const __m256 vsv = _mm256_loadu_ps(w->vs + gi * GT);
+        __m256 pg[GT];
 #pragma GCC unroll 16
         for (int v = 0; v < rt; v++) {
             float *sp = w->s + ((size_t)gi * rt + v) * 8;
             __m256 p = exp256(_mm256_sub_ps(_mm256_load_ps(sp), mu));
-            lsum = _mm256_add_ps(lsum, p);
+            pg[v] = p;
             if (g[gi].vscaled)
                 p = _mm256_mul_ps(p, _mm256_permutevar8x32_ps(vsv, tok_index(v, rt)));
             _mm256_store_ps(sp, p);
         }
+        if (rt == 1)
+            lv = _mm256_add_ps(lv, tree8_lanes(pg[0]));
+        else if (rt == 8)
+            lv = _mm256_add_ps(lv, tree8_vecs(pg));
+        else
+#pragma GCC unroll 16
+            for (int v = 0; v < rt; v++) lsum = _mm256_add_ps(lsum, pg[v]);
     }
-    _mm256_store_ps(w->lv + 8 * t, _mm256_add_ps(_mm256_load_ps(w->lv + 8 * t), lsum));
+    _mm256_store_ps(w->lv + 8 * t, _mm256_add_ps(lv, lsum));
     pv(w->o + (size_t)t * rt * cfg->dv, cfg->dv, g, ng, w->s, rt, rt < 4 ? rt : 4);
 }
 
@@ -387,6 +482,11 @@ static void build_qt(const job_t *j, uint32_t t)
     for (int r = 0; r < rt; r++) {
         uint32_t row = tile_row(j, t, (uint32_t)r);
         const float *q = j->it->q[row];
+        if (j->inv8) { /* row by row, as a 1-row tile has it (qk1) */
+            for (uint32_t u = 0; u < cfg->dk; u++)
+                dst[(size_t)r * cfg->dk + u] = q[u] * cfg->sm_scale;
+            continue;
+        }
         for (uint32_t u = 0; u < cfg->dk; u++)
             dst[(size_t)(u / (uint32_t)P) * 8 + (size_t)r * P + u % (uint32_t)P] =
                 q[u] * cfg->sm_scale;
@@ -510,6 +610,10 @@ void kvc__attn_item_avx2(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it,
     job_t j = {.cfg = cfg, .it = it, .w = carve(ws, cfg->dk, cfg->dv, tt)};
     j.rt = 1;
     while (!cfg->invariant && j.rt < it->rows_per_head && j.rt < GT) j.rt *= 2;
+    /* batch-invariant: 8-row tiles whose rows each compute what a 1-row tile would (the
+     * logits by qk1, per-row rescaling, one order of the denominator), for heads of 8 rows
+     * and more (prefill); 1-row tiles for fewer (decode) */
+    if (cfg->invariant && it->rows_per_head >= GT) j.rt = GT, j.inv8 = true;
     j.tph = (it->rows_per_head + j.rt - 1) / j.rt;
     j.n_tiles = it->n_heads * j.tph;
     j.nc = cfg->dk * j.rt / GT;
@@ -526,7 +630,8 @@ void kvc__attn_item_avx2(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it,
         te = (tb / tt + 1) * tt;
         uint32_t ngn = 0;
         for (int64_t t0 = te; t0 < te + tt && t0 <= it->hi_max; t0 += GT) ngn++;
-        kvc__pf_plan(&j.pf, it, cfg->kv, te, tt, GT, it->n_heads * (ngn ? ngn : 1) * j.nc);
+        kvc__pf_plan(&j.pf, it, cfg->kv, te, tt, GT,
+                     it->n_heads * (ngn ? ngn : 1) * (j.inv8 ? cfg->dk / GT : j.nc));
         for (uint32_t h = 0; h < it->n_heads; h++) {
             uint32_t ng = build_groups(&j, it->kv_head + h, tb, (uint32_t)(te - tb));
             for (uint32_t t = h * j.tph; t < (h + 1) * j.tph; t++) row_tile_any(&j, t, j.w.grp, ng);
@@ -534,7 +639,9 @@ void kvc__attn_item_avx2(const kvc__attn_cfg_t *cfg, const kvc__attn_item_t *it,
     }
     for (uint32_t t = 0; t < j.n_tiles; t++) {
         float l[8];
-        _mm256_storeu_ps(l, allsum(_mm256_load_ps(j.w.lv + 8 * t), (int)j.rt));
+        /* 1- and 8-row tiles hold each row's sum in its lanes already (tree order) */
+        const __m256 lt = _mm256_load_ps(j.w.lv + 8 * t);
+        _mm256_storeu_ps(l, j.rt == 1 || j.rt == 8 ? lt : allsum(lt, (int)j.rt));
         const uint32_t head = t / j.tph, local0 = (t % j.tph) * j.rt;
         for (uint32_t r = 0; r < j.rt && local0 + r < it->rows_per_head; r++) {
             const float *o = j.w.o + (size_t)(t * j.rt + r) * cfg->dv;
