@@ -931,6 +931,53 @@ static void every_writer_allocation_can_fail_cleanly(void **state)
     unlink(path);
 }
 
+/* kvc_gguf_release drops mapped pages and nothing else: every tensor reads back the same
+ * bytes (the pages come back from the file), and over a GGUF in memory it is a no-op (it must
+ * never zero anonymous memory); out-of-range and NULL arguments are ignored. */
+static void released_pages_read_back_the_same(void **state)
+{
+    (void)state;
+    char err[256];
+    kvc_gguf_t *g = NULL;
+    assert_ok(kvc_gguf_open(STORIES, NULL, &g, err, sizeof err));
+    const uint64_t n = kvc_gguf_n_tensors(g);
+    uint8_t **copy = calloc(n, sizeof *copy);
+    for (uint64_t i = 0; i < n; i++) {
+        const kvc_gguf_tensor_t *t = kvc_gguf_tensor(g, i);
+        copy[i] = malloc(t->bytes + 1);
+        memcpy(copy[i], t->data, t->bytes);
+        kvc_gguf_release(g, t->data, t->bytes);
+    }
+    kvc_gguf_release(g, NULL, 10);
+    kvc_gguf_release(g, (const uint8_t *)kvc_gguf_tensor(g, 0)->data, SIZE_MAX);
+    int x;
+    kvc_gguf_release(g, &x, sizeof x);
+    kvc_gguf_release(NULL, &x, sizeof x);
+    for (uint64_t i = 0; i < n; i++) {
+        const kvc_gguf_tensor_t *t = kvc_gguf_tensor(g, i);
+        assert_memory_equal(copy[i], t->data, t->bytes);
+    }
+    /* in memory: untouched */
+    const size_t bytes = kvc_gguf_file_bytes(g);
+    uint8_t *buf = malloc(bytes);
+    FILE *f = fopen(STORIES, "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(buf, 1, bytes, f), bytes);
+    fclose(f);
+    kvc_gguf_t *m = NULL;
+    assert_ok(kvc_gguf_open_memory(buf, bytes, NULL, &m, err, sizeof err));
+    for (uint64_t i = 0; i < n; i++) {
+        const kvc_gguf_tensor_t *t = kvc_gguf_tensor(m, i);
+        kvc_gguf_release(m, t->data, t->bytes);
+        assert_memory_equal(copy[i], t->data, t->bytes);
+    }
+    kvc_gguf_close(m);
+    free(buf);
+    for (uint64_t i = 0; i < n; i++) free(copy[i]);
+    free(copy);
+    kvc_gguf_close(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -949,6 +996,7 @@ int main(void)
         cmocka_unit_test(copying_a_real_file_keeps_every_value),
         cmocka_unit_test(the_writer_refuses_what_the_reader_would),
         cmocka_unit_test(every_writer_allocation_can_fail_cleanly),
+        cmocka_unit_test(released_pages_read_back_the_same),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -156,6 +156,11 @@ KVC_API KVC_NODISCARD int kvc_gguf_open_memory_owned(void *data, size_t bytes,
                                                      char *err, size_t cap);
 /* Unmap and free; NULL is a no-op. */
 KVC_API void kvc_gguf_close(kvc_gguf_t *g);
+/* Tell the OS that the whole pages within [p, p + n) of a mapped file will not be read soon
+ * (madvise MADV_DONTNEED): they leave this process's memory and, read again, come back from
+ * the file.  For weights the caller has copied (packed) elsewhere.  A no-op for a GGUF in
+ * memory (kvc_gguf_open_memory), for NULL and for a range outside the file. */
+KVC_API void kvc_gguf_release(const kvc_gguf_t *g, const void *p, size_t n);
 
 KVC_API uint32_t kvc_gguf_version(const kvc_gguf_t *g);
 KVC_API uint64_t kvc_gguf_file_bytes(const kvc_gguf_t *g);

@@ -503,6 +503,16 @@ int kvc_gguf_open(const char *path, const kvc_allocator_t *a, kvc_gguf_t **out, 
     return rc;
 }
 
+void kvc_gguf_release(const kvc_gguf_t *g, const void *p, size_t n)
+{
+    if (!g || !g->mapped || !p) return;
+    const uintptr_t lo = (uintptr_t)g->base, hi = lo + (uintptr_t)g->size, a = (uintptr_t)p;
+    if (a < lo || a > hi || n > hi - a) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t b = (a + page - 1) & ~(page - 1), e = (a + n) & ~(page - 1);
+    if (e > b) (void)madvise((void *)b, e - b, MADV_DONTNEED);
+}
+
 void kvc_gguf_close(kvc_gguf_t *g)
 {
     if (!g) return;

@@ -249,6 +249,10 @@ static int pack(kvc_llm_t *m, char *msg, size_t cap)
         const int rc = kvc_mat_pack(w, p, b);
         if (rc) return kvc__msgf(rc, msg, cap, "packing the weights: %s", kvc_strerror(rc));
         p += b;
+        /* the rows stay mapped for the scalar kernels, out of memory until read; the tied
+         * embedding's rows are still looked up every step */
+        if (w->data != m->embd->data)
+            kvc_gguf_release(m->g, w->data, (size_t)w->n_out * w->row_bytes);
     }
     return 0;
 }
