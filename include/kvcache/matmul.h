@@ -2,7 +2,9 @@
  *
  * A weight matrix is a GGUF tensor used in place: n_out rows of n_in
  * elements, each row encoded in ggml's block layout for its type (F32, F16,
- * BF16, Q8_0, Q4_0, Q4_K, Q6_K), rows row_bytes apart.  The kernels compute
+ * BF16, Q8_0, Q4_0, Q4_K, Q6_K), rows row_bytes apart, plus, for Q8_0, Q4_0
+ * and Q4_K, an optional packed copy that the SIMD kernels read instead (see
+ * kvc_mat_pack below).  The kernels compute
  *
  *     y[r][o] = sum_i W[o][i] * x[r][i]     for r < n_rows, o < n_out
  *
