@@ -714,6 +714,45 @@ static void bad_arguments_are_refused(void **state)
     free_mat(&f);
 }
 
+/* kvc_mat_pack: what has a packed form, and every refusal leaving the matrix unchanged. */
+static void pack_arguments_are_refused(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 6);
+    for (size_t t = 0; t < KVC_ARRAY_LEN(TYPES); t++) {
+        tmat_t m = make_mat(TYPES[t], 256, 9, 0, &rng);
+        const size_t b = kvc_mat_pack_bytes(&m.m);
+        const bool packable =
+            TYPES[t] == KVC_GGML_Q8_0 || TYPES[t] == KVC_GGML_Q4_0 || TYPES[t] == KVC_GGML_Q4_K;
+        assert_int_equal(b != 0, packable);
+        uint8_t *buf = aligned_alloc(64, b + 128);
+        if (!packable) {
+            assert_int_equal(kvc_mat_pack(&m.m, buf, 4096), KVC_ENOTSUP);
+        } else {
+            /* 2 groups of 8 rows (the second padded), 64-byte multiple */
+            assert_int_equal(b % 64, 0);
+            assert_true(b >= 2 * (TYPES[t] == KVC_GGML_Q4_K   ? 1184
+                                  : TYPES[t] == KVC_GGML_Q8_0 ? 8 * 272
+                                                              : 8 * 144));
+            assert_int_equal(kvc_mat_pack(&m.m, buf, b - 1), KVC_EINVAL);
+            assert_int_equal(kvc_mat_pack(&m.m, buf + 32, b), KVC_EINVAL);
+            assert_int_equal(kvc_mat_pack(&m.m, NULL, b), KVC_EINVAL);
+            assert_int_equal(kvc_mat_pack(NULL, buf, b), KVC_EINVAL);
+            kvc_mat_t bad = m.m;
+            bad.row_bytes = 1;
+            assert_int_equal(kvc_mat_pack(&bad, buf, b), KVC_EINVAL);
+            assert_int_equal(kvc_mat_pack_bytes(&bad), 0);
+            assert_null(m.m.packed);
+            assert_ok(kvc_mat_pack(&m.m, buf, b));
+            assert_ptr_equal(m.m.packed, buf);
+        }
+        free(buf);
+        free_mat(&m);
+    }
+    assert_int_equal(kvc_mat_pack_bytes(NULL), 0);
+}
+
 static void matrices_come_from_2d_tensors(void **state)
 {
     (void)state;
@@ -867,6 +906,7 @@ int main(int argc, char **argv)
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(bad_arguments_are_refused),
             cmocka_unit_test(matrices_come_from_2d_tensors),
+            cmocka_unit_test(pack_arguments_are_refused),
             cmocka_unit_test(pool_runs_every_task_once),
             cmocka_unit_test(no_task_returns_at_once),
             cmocka_unit_test(pool_arguments_and_allocation_failures),

@@ -218,7 +218,11 @@ size_t kvc_mat_pack_bytes(const kvc_mat_t *w)
     if (mat_check(w) || !pack_unit(w->type)) return 0;
     const uint32_t qb = w->type == KVC_GGML_Q4_K ? KVC__QK_K : KVC__QK;
     const size_t groups = ((size_t)w->n_out + KVC__PK_ROWS - 1) / KVC__PK_ROWS;
-    return (groups * (w->n_in / qb) * pack_unit(w->type) + 63) & ~(size_t)63;
+    size_t units, bytes;
+    if (__builtin_mul_overflow(groups, (size_t)(w->n_in / qb), &units) ||
+        __builtin_mul_overflow(units, pack_unit(w->type), &bytes) || bytes > SIZE_MAX - 63)
+        return 0; /* no such matrix fits in memory */
+    return (bytes + 63) & ~(size_t)63;
 }
 
 /* One unit: block b of rows 8g.. (rows from n_out on are zero). */
@@ -428,12 +432,18 @@ const char *kvc_matmul_kernel_name(uint32_t type, kvc_isa_t isa)
 }
 
 /* ---- the thread pool -------------------------------------------------------------
- * A job is published by bumping `gen` after its fields are written; every worker takes part
- * in every job (it may find no task left) and checks out by decrementing `pending`, so that
- * the fields of a job are never overwritten while a worker may still read them.  Workers spin
- * a while on `gen` and then sleep on a condition variable; the publisher only takes the mutex
- * when someone sleeps (sleepers are counted under the mutex, and both sides use sequentially
- * consistent accesses, so that one of them always sees the other). */
+ * A job is published in three moves: `claim` is closed (the new generation's number with
+ * no task claimable), the job's fields are written, `claim` opens at task 0, and `gen` is
+ * bumped to wake the workers.  Tasks are taken by compare-and-swap on `claim`, which holds
+ * the generation next to the task index, so a worker that slept through a job (or several)
+ * can never take a task of a job it did not read the fields of: its swap fails as soon as
+ * the generation moved.  The caller waits for the job's tasks to be done, never for the
+ * workers to check in: a worker the OS has not scheduled costs the job nothing (the caller
+ * and the others take its share), which matters on a machine with more threads than free
+ * cores.  Workers spin a while on `gen` and then sleep on a condition variable; the
+ * publisher only takes the mutex when someone sleeps (sleepers are counted under the mutex,
+ * and both sides use sequentially consistent accesses, so that one of them always sees the
+ * other; the same holds for `done` and `waiter`). */
 #define SPIN_ITERS 20000 /* pause loops before sleeping: some 100 us */
 
 /* One step of a spin-wait; now and then it yields, so that a pool with more threads than free
@@ -451,28 +461,46 @@ struct kvc_threadpool {
     uint32_t n_threads;
     pthread_t *threads; /* n_threads - 1 */
     pthread_mutex_t mu;
-    pthread_cond_t wake, done;
+    pthread_cond_t wake, done_cv;
     atomic_uint_fast64_t gen;
-    atomic_uint pending;  /* workers still in the current job */
-    atomic_uint next;     /* next task to hand out */
-    atomic_uint sleepers; /* workers waiting on `wake` */
-    atomic_bool waiter;   /* the caller waits on `done` */
+    _Atomic uint64_t claim; /* (generation << 32) | next task; task CLOSED: none to take */
+    atomic_uint done;       /* tasks of the current job finished */
+    atomic_uint sleepers;   /* workers waiting on `wake` */
+    atomic_bool waiter;     /* the caller waits on `done_cv` */
     atomic_bool stop;
-    kvc_task_fn fn;
-    void *ctx;
-    uint32_t n_tasks;
+    _Atomic(kvc_task_fn) fn;
+    _Atomic(void *) ctx;
+    atomic_uint n_tasks;
     struct worker {
         kvc_threadpool_t *tp;
         uint32_t id;
     } * workers;
 };
 
-static void run_tasks(kvc_threadpool_t *tp, uint32_t thread)
+#define CLOSED 0xFFFFFFFFu
+
+/* Take and run tasks of generation g until none is left (or the pool moved on). */
+static void run_tasks(kvc_threadpool_t *tp, uint32_t thread, uint64_t g)
 {
+    const uint64_t tag = (g & 0xFFFFFFFFu) << 32;
+    uint64_t c = atomic_load(&tp->claim);
     for (;;) {
-        const uint32_t t = atomic_fetch_add_explicit(&tp->next, 1, memory_order_relaxed);
-        if (t >= tp->n_tasks) break;
-        tp->fn(tp->ctx, t, thread);
+        if ((c & ~(uint64_t)0xFFFFFFFFu) != tag) return;
+        const uint32_t t = (uint32_t)c,
+                       n = atomic_load_explicit(&tp->n_tasks, memory_order_relaxed);
+        if (t == CLOSED || t >= n) return;
+        /* the fields are this generation's: `claim` opened after they were written, and the
+         * next job closes it before writing its own, which makes the swap below fail */
+        const kvc_task_fn fn = atomic_load_explicit(&tp->fn, memory_order_relaxed);
+        void *const ctx = atomic_load_explicit(&tp->ctx, memory_order_relaxed);
+        if (!atomic_compare_exchange_weak(&tp->claim, &c, c + 1)) continue;
+        fn(ctx, t, thread);
+        if (atomic_fetch_add(&tp->done, 1) + 1 == n && atomic_load(&tp->waiter)) {
+            pthread_mutex_lock(&tp->mu);
+            pthread_cond_signal(&tp->done_cv);
+            pthread_mutex_unlock(&tp->mu);
+        }
+        c = atomic_load(&tp->claim);
     }
 }
 
@@ -496,31 +524,38 @@ static void *worker_main(void *arg)
         }
         seen = g;
         if (atomic_load(&tp->stop)) return NULL;
-        run_tasks(tp, wk->id);
-        if (atomic_fetch_sub(&tp->pending, 1) == 1 && atomic_load(&tp->waiter)) {
-            pthread_mutex_lock(&tp->mu);
-            pthread_cond_signal(&tp->done);
-            pthread_mutex_unlock(&tp->mu);
-        }
+        run_tasks(tp, wk->id, g);
     }
 }
 
-/* Publish a new generation (a job or the stop) and wake sleepers. */
-static void publish(kvc_threadpool_t *tp)
+/* Publish a new generation (a job, its fields written under a closed claim, or the stop) and
+ * wake sleepers; returns the generation. */
+static uint64_t publish(kvc_threadpool_t *tp)
 {
-    atomic_store(&tp->pending, tp->n_threads - 1);
-    atomic_fetch_add(&tp->gen, 1);
+    const uint64_t g = atomic_load(&tp->gen) + 1;
+    atomic_store(&tp->claim, ((g & 0xFFFFFFFFu) << 32) | 0u);
+    atomic_store(&tp->gen, g);
     if (atomic_load(&tp->sleepers)) {
         pthread_mutex_lock(&tp->mu);
         pthread_cond_broadcast(&tp->wake);
         pthread_mutex_unlock(&tp->mu);
     }
+    return g;
+}
+
+/* Close the claim for the next generation before its fields change. */
+static void close_claim(kvc_threadpool_t *tp)
+{
+    const uint64_t g = atomic_load(&tp->gen) + 1;
+    atomic_store(&tp->claim, ((g & 0xFFFFFFFFu) << 32) | CLOSED);
 }
 
 static void stop_workers(kvc_threadpool_t *tp, uint32_t n_started)
 {
     atomic_store(&tp->stop, true);
-    publish(tp);
+    close_claim(tp);
+    atomic_store(&tp->n_tasks, 0);
+    (void)publish(tp);
     for (uint32_t i = 0; i < n_started; i++) pthread_join(tp->threads[i], NULL);
 }
 
@@ -534,8 +569,11 @@ int kvc_threadpool_create(uint32_t n_threads, const kvc_allocator_t *a, kvc_thre
     if (a) tp->alloc = *a;
     tp->n_threads = n_threads;
     atomic_init(&tp->gen, 0);
-    atomic_init(&tp->pending, 0);
-    atomic_init(&tp->next, 0);
+    atomic_init(&tp->claim, CLOSED);
+    atomic_init(&tp->done, 0);
+    atomic_init(&tp->n_tasks, 0);
+    atomic_init(&tp->fn, NULL);
+    atomic_init(&tp->ctx, NULL);
     atomic_init(&tp->sleepers, 0);
     atomic_init(&tp->waiter, false);
     atomic_init(&tp->stop, false);
@@ -553,12 +591,12 @@ int kvc_threadpool_create(uint32_t n_threads, const kvc_allocator_t *a, kvc_thre
     }
     if (pthread_mutex_init(&tp->mu, NULL)) goto fail_mu;
     if (pthread_cond_init(&tp->wake, NULL)) goto fail_wake;
-    if (pthread_cond_init(&tp->done, NULL)) goto fail_done;
+    if (pthread_cond_init(&tp->done_cv, NULL)) goto fail_done;
     for (uint32_t i = 0; i < n_threads - 1; i++) {
         tp->workers[i] = (struct worker){.tp = tp, .id = i + 1};
         if (pthread_create(&tp->threads[i], NULL, worker_main, &tp->workers[i])) {
             stop_workers(tp, i);
-            pthread_cond_destroy(&tp->done);
+            pthread_cond_destroy(&tp->done_cv);
             goto fail_done;
         }
     }
@@ -580,7 +618,7 @@ void kvc_threadpool_destroy(kvc_threadpool_t *tp)
     if (!tp) return;
     if (tp->n_threads > 1) {
         stop_workers(tp, tp->n_threads - 1);
-        pthread_cond_destroy(&tp->done);
+        pthread_cond_destroy(&tp->done_cv);
         pthread_cond_destroy(&tp->wake);
         pthread_mutex_destroy(&tp->mu);
     }
@@ -602,17 +640,18 @@ void kvc_threadpool_run(kvc_threadpool_t *tp, kvc_task_fn fn, void *ctx, uint32_
         for (uint32_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
-    tp->fn = fn;
-    tp->ctx = ctx;
-    tp->n_tasks = n_tasks;
-    atomic_store_explicit(&tp->next, 0, memory_order_relaxed);
-    publish(tp);
-    run_tasks(tp, 0);
-    for (int i = 0; atomic_load(&tp->pending) && i < SPIN_ITERS; i++) spin(i);
-    if (atomic_load(&tp->pending)) {
+    close_claim(tp);
+    atomic_store_explicit(&tp->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&tp->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&tp->n_tasks, n_tasks, memory_order_relaxed);
+    atomic_store(&tp->done, 0);
+    const uint64_t g = publish(tp);
+    run_tasks(tp, 0, g);
+    for (int i = 0; atomic_load(&tp->done) < n_tasks && i < SPIN_ITERS; i++) spin(i);
+    if (atomic_load(&tp->done) < n_tasks) {
         pthread_mutex_lock(&tp->mu);
         atomic_store(&tp->waiter, true);
-        while (atomic_load(&tp->pending)) pthread_cond_wait(&tp->done, &tp->mu);
+        while (atomic_load(&tp->done) < n_tasks) pthread_cond_wait(&tp->done_cv, &tp->mu);
         atomic_store(&tp->waiter, false);
         pthread_mutex_unlock(&tp->mu);
     }
