@@ -412,7 +412,7 @@ int kvc_matmul_multi(const kvc_mat_t *const *w, float *const *y, uint32_t n_mats
     multi_t c = {.w = w, .y = y, .n = n_mats, .x = x, .n_rows = n_rows, .isa = use};
     c.first[0] = 0;
     for (uint32_t i = 0; i < n_mats; i++) {
-        uint8_t *wi = (uint8_t *)ws + off[i];
+        uint8_t *wi = ws ? (uint8_t *)ws + off[i] : NULL; /* NULL: no type here needs one */
         c.ws[i] = wi;
         bool done = false; /* the same layout as an earlier matrix: quantised already */
         for (uint32_t k = 0; k < i; k++) done |= off[k] == off[i];

@@ -14,9 +14,10 @@
  *
  * so that a packed matrix gives the scalar kernel's outputs bit for bit, on any tile, in any
  * batch (tests/test_matmul.c checks both). */
-#pragma GCC optimize("fp-contract=off")
-#ifdef __clang__
+#if defined(__clang__)
 #pragma clang fp contract(off)
+#else
+#pragma GCC optimize("fp-contract=off")
 #endif
 #include "model/matmul_int.h"
 
