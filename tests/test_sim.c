@@ -114,10 +114,13 @@ static void the_cost_model_matches_hand_arithmetic(void **state)
     assert_true(cm.attn_flops_per_pair == 524288.0);
     /* KV per token: 2 x 32 layers x 8 heads x 128 x 2 B = 131,072 */
     assert_true(cm.kv_bytes_per_token == 131072.0);
-    /* linear: 2 FLOPs per active parameter except the embedding table */
+    /* linear: 2 FLOPs per active parameter except the (untied) input embedding table */
     double linear = 2.0 * (double)(pr->counts.active - pr->counts.embedding);
     assert_true(fabs(cm.linear_flops_per_token - linear) < 1);
     assert_true(cm.n_allreduce == 0); /* TP 1 */
+    /* weights read per step: 16,060,522,496 B less the input table a step only looks rows up
+     * in, 128,256 x 4,096 x 2 B = 1,050,673,152: 15,009,849,344 B (15.01 GB, not 16.06) */
+    assert_true(cm.dense_weight_bytes == 15009849344.0);
     /* One decode row at position 999 and one 4-token prefill chunk at 100..103:
      * pairs = 1 x 1000 + (4 x 100 + 4 x 5 / 2) = 1410; context read = 1000 + 104. */
     kvc_sched_entry_t e[2] = {{.first_pos = 999, .n_tokens = 1, .n_context = 1000},
@@ -160,6 +163,17 @@ static void the_cost_model_matches_hand_arithmetic(void **state)
     (void)kvc_sim_step_time(&cm, &p1, &d);
     assert_true(d.bytes_read > b1 + 0.9 * 0.75 * cm.expert_weight_bytes); /* nearly all read */
     assert_int_equal(kvc_sim_cost_model(NULL, &c.gpu, &c.plan, pr, 0, 0, &cm), KVC_EINVAL);
+    /* A tied table is the LM head: multiplied every step (2 x 256,000 x 4,608 FLOP per token on
+     * Gemma-2-27B) and read whole, so nothing is left out of the weights */
+    kvc_sim_config_t tm = config(0);
+    assert_ok(kvc_plan_model_preset("gemma-2-27b", &tm.model));
+    tm.plan.tp = 2;
+    assert_ok(kvc_plan_compute(&tm.model, &tm.gpu, &tm.plan, pr, msg, sizeof msg));
+    assert_ok(kvc_sim_cost_model(&tm.model, &tm.gpu, &tm.plan, pr, 0, 0, &cm));
+    assert_int_equal(pr->embedding_bytes_not_read, 0);
+    assert_true(cm.dense_weight_bytes == (double)pr->weight_bytes_per_gpu);
+    assert_true(fabs(cm.linear_flops_per_token - 2.0 * (double)pr->counts.active / 2) <
+                1); /* the table counted once more */
     free(pr);
 }
 

@@ -264,6 +264,11 @@ typedef struct {
     uint32_t block_size;           /* tokens per KV block: a power of two, 1..1024 */
     double gpu_memory_utilization; /* (0, 1]: the share of memory the engine budgets */
     uint64_t max_model_len;        /* 0: the model's max_position_embeddings */
+    /* 0 (the default): vLLM's own default for this GPU (EngineArgs.get_batch_defaults, the
+     * OpenAI server's: 1,024 sequences and 8,192 tokens on a GPU of 70 GiB or more that is
+     * not an A100, else 256 and 2,048; then max_num_seqs <= max_num_batched_tokens and
+     * max_num_batched_tokens <= max_num_seqs x max_model_len).  The result's params hold
+     * the values used. */
     uint32_t max_num_seqs;
     uint32_t max_num_batched_tokens; /* the step's token budget (chunked prefill) */
     /* the typical request */
@@ -297,14 +302,17 @@ typedef struct {
     double ssd_endurance_bytes;   /* the drive's rated write volume (TBW) */
     double ssd_write_bytes_per_s; /* 0: the KV a prefill GPU emits */
     /* speculative decoding */
-    uint32_t spec_tokens;   /* draft tokens per sequence per step */
-    double spec_acceptance; /* per-token acceptance rate, [0, 1) */
+    uint32_t spec_tokens;       /* draft tokens per sequence per step */
+    double spec_acceptance;     /* per-token acceptance rate, [0, 1] */
+    uint64_t spec_draft_params; /* the draft model's parameters; 0: drafts cost nothing
+                                   (prompt lookup / n-gram) */
     /* tenancy */
     uint64_t tenant_tokens; /* one more request length to price; 0: none */
 } kvc_plan_params_t;
 
 /* TP/PP/DP 1, bf16 weights and KV, block 16, utilization 0.9, max_model_len
- * from the model, 256 sequences, 8192 batched tokens, 1000-token prompts with
+ * from the model, max_num_seqs and max_num_batched_tokens 0 (vLLM's defaults for
+ * the GPU, see above), 1000-token prompts with
  * 200-token outputs, window freeing on, every byte estimated, graphs inside
  * the budget, 4 samples, 4 beams, MFU 0.5, MBU 0.8, a 50 GB/s
  * disaggregation link, host link from the GPU, 7 GB/s NVMe, 12.5 GB/s network,
@@ -376,11 +384,14 @@ typedef enum {
 /* "kv_memory", "compute", "max_num_seqs", "max_num_batched_tokens". */
 KVC_API const char *kvc_plan_ceiling_name(kvc_plan_ceiling_id_t id);
 
-#define KVC_PLAN_LEDGER_MAX 8
-#define KVC_PLAN_SWEEP_MAX  8
-#define KVC_PLAN_TIERS      4
-#define KVC_PLAN_SPEC_ROWS  5
-#define KVC_PLAN_TENANT_MAX 3
+#define KVC_PLAN_LEDGER_MAX     8
+#define KVC_PLAN_SWEEP_MAX      8
+#define KVC_PLAN_TIERS          4
+#define KVC_PLAN_SPEC_ROWS      5
+#define KVC_PLAN_TENANT_MAX     3
+#define KVC_PLAN_SPEC_BEST_ROWS 7
+#define KVC_PLAN_SPEC_MAX_BATCH 16384
+#define KVC_PLAN_RECOMPUTE_ROWS 5
 
 typedef struct {
     uint32_t tp;
@@ -404,9 +415,32 @@ typedef struct {
     uint32_t spec_tokens;
     uint32_t max_batch_by_tokens; /* floor(max_num_batched_tokens / (1 + k)) */
     uint64_t compute_bound_batch; /* batch above which verification is compute-bound */
-    double tokens_per_step;       /* expected tokens per sequence per step */
+    double tokens_per_step;       /* expected tokens per sequence per step: 1 + a + ... + a^k */
     uint32_t kv_slots_per_seq;    /* lookahead slots reserved for drafts */
+    /* Tokens/s with speculation over tokens/s without, under the same roofline: a step
+     * verifying k drafts costs max((weights + KV) / bandwidth, (1 + k) x B x FLOP per token
+     * / peak) plus the draft's k steps of max(its weights / bandwidth, B x its FLOP / peak). */
+    double speedup_at_batch_1;
+    /* The smallest batch from which speculation is slower than plain decode, up to
+     * KVC_PLAN_SPEC_MAX_BATCH; UNBOUNDED: it never loses there. */
+    uint64_t loses_from_batch;
 } kvc_plan_spec_row_t;
+
+/* The best draft count at one batch size (k 0: speculation does not pay). */
+typedef struct {
+    uint32_t batch;
+    uint32_t best_k; /* 0..8 */
+    double speedup;  /* tokens/s at best_k over tokens/s at k 0 */
+} kvc_plan_spec_best_t;
+
+/* Recomputing a cached prefix of n tokens: linear FLOPs per token plus attention FLOPs,
+ * which grow with the prefix (each token attends to those before it). */
+typedef struct {
+    uint64_t prefix_tokens;
+    double recompute_s_per_token;  /* per GPU at the achieved FLOP/s, attention included */
+    double attention_extra;        /* attention time / linear time */
+    double break_even_bytes_per_s; /* per GPU: faster links fetch */
+} kvc_plan_recompute_row_t;
 
 typedef struct {
     uint64_t tokens;
@@ -423,8 +457,10 @@ typedef struct {
     kvc_plan_param_count_t counts;
     uint64_t max_model_len;  /* resolved */
     uint64_t context_tokens; /* resolved */
-    uint32_t n_gpus;         /* tp x pp x dp */
-    double peak_flops;       /* the rate used: fp8 when weights are fp8 and the GPU has it */
+    bool max_num_seqs_auto;  /* params.max_num_seqs was 0: vLLM's default for the GPU */
+    bool max_num_batched_tokens_auto;
+    uint32_t n_gpus;   /* tp x pp x dp */
+    double peak_flops; /* the rate used: fp8 when weights are fp8 and the GPU has it */
     bool fp8_compute;
 
     /* 1. KV bytes per token */
@@ -483,11 +519,16 @@ typedef struct {
     double ridge_flops_per_byte;   /* peak FLOP/s / peak bytes/s */
     uint64_t decode_context;       /* prompt + output / 2: the average context while decoding */
     double decode_flops_per_seq;   /* per GPU per step, linear + attention */
-    double decode_attention_flops_per_seq;   /* the attention part, run at the bf16 rate */
-    double decode_bytes_per_seq;             /* KV read per GPU per step */
-    double weight_read_bytes;                /* per GPU per step at batch 1 */
+    double decode_attention_flops_per_seq; /* the attention part, run at the bf16 rate */
+    double decode_bytes_per_seq;           /* KV read per GPU per step */
+    double weight_read_bytes;              /* per GPU per step at batch 1 */
+    /* the input embedding table on the binding stage: a step reads one row per token, not
+     * the table (a tied table is read whole, as the LM head, and is not counted here) */
+    uint64_t embedding_bytes_not_read;
     uint64_t ceilings[KVC_PLAN_CEIL__COUNT]; /* UNBOUNDED where none */
     uint64_t compute_weights_only;           /* the ridge batch ignoring KV reads */
+    double compute_weights_only_exact;       /* the real-valued crossover (dense models;
+                                                0 for MoE, whose reads grow with the batch) */
     kvc_plan_ceiling_id_t binding_ceiling;
 
     /* 5. sliding windows */
@@ -522,7 +563,10 @@ typedef struct {
     double link_limited_tokens_per_s;          /* per replica */
 
     /* 9. recompute vs fetch */
-    double recompute_s_per_token;  /* per GPU at the achieved FLOP/s */
+    double recompute_s_per_token; /* per GPU at the achieved FLOP/s, linear layers only
+                                     (a short prefix) */
+    kvc_plan_recompute_row_t recompute[KVC_PLAN_RECOMPUTE_ROWS]; /* by prefix length */
+    uint32_t n_recompute;
     double break_even_bytes_per_s; /* per GPU */
     kvc_plan_tier_t tiers[KVC_PLAN_TIERS];
     double ssd_write_bytes_per_s;
@@ -546,11 +590,17 @@ typedef struct {
     /* 11. speculative decoding */
     kvc_plan_spec_row_t spec[KVC_PLAN_SPEC_ROWS];
     uint32_t n_spec;
+    uint64_t spec_context;             /* the decode context the rows are priced at */
+    uint64_t spec_draft_bytes_per_gpu; /* the draft model's weights, read every draft step */
+    kvc_plan_spec_best_t spec_best[KVC_PLAN_SPEC_BEST_ROWS];
+    uint32_t n_spec_best;
 
     /* 12. tenancy */
     kvc_plan_tenant_row_t tenants[KVC_PLAN_TENANT_MAX];
     uint32_t n_tenants;
-    uint64_t tokens_per_percent;  /* KV tokens in 1% of the pool */
+    uint64_t tokens_per_percent;    /* KV tokens in 1% of the pool */
+    bool tenant_over_max_model_len; /* params.tenant_tokens > max_model_len: the engine would
+                                       refuse such a request; it is priced anyway */
     uint64_t image_bytes_per_gpu; /* KV one image adds (image_tokens x bytes per token); 0: none */
 } kvc_plan_result_t;
 

@@ -368,7 +368,8 @@ KVC_API void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t tota
  *
  *   compute = linear FLOPs of the step's tokens / (peak x mfu)
  *           + attention FLOPs of its (query, key) pairs / (bf16 peak x mfu)
- *   memory  = (weights read once + KV read by attention + KV written)
+ *   memory  = (weights read once, the input embedding table aside: a step
+ *             reads one row of it per token; + KV read by attention + KV written)
  *             / (HBM bandwidth x mbu)
  *   comm    = TP: 2 all-reduces per layer of the step's activations over the
  *             GPU link, ring algorithm, plus a latency per all-reduce

@@ -643,6 +643,8 @@ static bool metric(const kvc_report_t *r, const kvc_sim_result_t *res, const kvc
         *out = (double)(res->swapped_out_bytes + res->swapped_in_bytes);
     else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_kv_blocks"))
         *out = res->peak_kv_blocks;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "kv_blocks_total"))
+        *out = res->num_blocks; /* the report's key: KV blocks per replica */
     else if (scope == KVC_REPORT_ALL && !strcmp(key, "simulated_seconds"))
         *out = res->simulated_s;
     else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_running"))

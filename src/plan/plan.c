@@ -15,6 +15,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
 /* The estimates (rules of thumb, with their sources) live in plan_int.h so that
  * the renderers can quote them. */
@@ -30,8 +31,8 @@ kvc_plan_params_t kvc_plan_params_default(void)
         .block_size = 16,
         .gpu_memory_utilization = 0.9,
         .max_model_len = 0,
-        .max_num_seqs = 256,
-        .max_num_batched_tokens = 8192,
+        .max_num_seqs = 0,           /* vLLM's default for the GPU */
+        .max_num_batched_tokens = 0, /* likewise */
         .prompt_tokens = 1000,
         .output_tokens = 200,
         .context_tokens = 0,
@@ -58,6 +59,7 @@ kvc_plan_params_t kvc_plan_params_default(void)
         .ssd_write_bytes_per_s = 0,
         .spec_tokens = 0,
         .spec_acceptance = 0.7,
+        .spec_draft_params = 0,
         .tenant_tokens = 0,
     };
 }
@@ -183,6 +185,7 @@ typedef struct {
     double flop_params;    /* decode, per token, LM head included on the last stage */
     uint64_t weight_bytes; /* estimated */
     uint64_t expert_bytes; /* routed-expert part of weight_bytes */
+    uint64_t embed_bytes;  /* the input table, when a decode step does not read it whole */
     uint64_t act_elems;    /* per token, the widest layer */
     uint64_t act_fwd, act_sampler, act, graphs, non_torch, ctx; /* bytes */
     uint64_t kv_per_layer; /* KV bytes per token per layer on this GPU */
@@ -219,6 +222,9 @@ static void stage_weights(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype
     }
     const uint64_t vocab_shard = kvc__ceil_div(m->vocab_size, tp) * m->hidden_size;
     if (first_stage) s->wide += vocab_shard; /* the input embedding (vocab-parallel) */
+    /* A decode step looks up one row per token of the input table; only a table that is
+     * also this stage's LM head (tied, one stage) is read whole every step. */
+    s->embed_bytes = first_stage && !(m->tie_embeddings && last_stage && !pp) ? 2 * vocab_shard : 0;
     if (last_stage) {
         /* The LM head: its own matrix, or the tied table copied to the last stage. */
         if (!m->tie_embeddings || pp) s->wide += vocab_shard;
@@ -417,8 +423,8 @@ static int validate_engine(const kvc_plan_params_t *p, char *msg, size_t len)
         BAD("--max-num-batched-tokens %u is less than --max-num-seqs %u: a decode step could not "
             "give every sequence its token",
             p->max_num_batched_tokens, p->max_num_seqs);
-    if (p->prompt_tokens < 1 || p->output_tokens < 1)
-        BAD("--prompt and --output must be at least 1 token");
+    /* --output 0 is a prefill-only request, as a disaggregated prefill node runs */
+    if (p->prompt_tokens < 1) BAD("--prompt must be at least 1 token");
     if (p->n_samples < 1 || p->beams < 1) BAD("--n and --beams must be at least 1");
     if (p->n_samples > KVC_PLAN_MAX_FORKS || p->beams > KVC_PLAN_MAX_FORKS)
         BAD("--n %u, --beams %u: each at most %u", p->n_samples, p->beams, KVC_PLAN_MAX_FORKS);
@@ -426,8 +432,11 @@ static int validate_engine(const kvc_plan_params_t *p, char *msg, size_t len)
         BAD("--arrival-rate must be a non-negative number (0: half the sustainable rate)");
     if (!(p->mfu > 0 && p->mfu <= 1)) BAD("--mfu %g: expected a fraction in (0, 1]", p->mfu);
     if (!(p->mbu > 0 && p->mbu <= 1)) BAD("--mbu %g: expected a fraction in (0, 1]", p->mbu);
-    if (!(p->spec_acceptance >= 0 && p->spec_acceptance < 1))
-        BAD("--spec-acceptance %g: expected a fraction in [0, 1)", p->spec_acceptance);
+    if (!(p->spec_acceptance >= 0 && p->spec_acceptance <= 1))
+        BAD("--spec-acceptance %g: expected a fraction in [0, 1]", p->spec_acceptance);
+    if (p->spec_draft_params > KVC_PLAN_MAX_PARAMS)
+        BAD("--spec-draft-params %llu is out of range: at most %llu",
+            (unsigned long long)p->spec_draft_params, (unsigned long long)KVC_PLAN_MAX_PARAMS);
     if (p->spec_tokens > 64) BAD("--spec-tokens %u: expected 0..64", p->spec_tokens);
     if ((uint64_t)p->spec_tokens + 1 > p->max_num_batched_tokens)
         BAD("--spec-tokens %u leaves no room in --max-num-batched-tokens %u", p->spec_tokens,
@@ -886,8 +895,9 @@ static void compute_concurrency(calc_t *c)
         .kv_read = (double)st->kv_per_layer *
                    ((st->n_layers - st->n_sliding) * c_dec +
                     st->n_sliding * (m->sliding_window ? fmin(c_dec, m->sliding_window) : c_dec)),
-        .w_dense =
-            (double)(st->weight_bytes - (p->weight_bytes != KVC_PLAN_AUTO ? 0 : st->expert_bytes)),
+        .w_dense = fmax(0, (double)st->weight_bytes -
+                               (double)(p->weight_bytes != KVC_PLAN_AUTO ? 0 : st->expert_bytes) -
+                               (double)st->embed_bytes),
         .w_expert = p->weight_bytes != KVC_PLAN_AUTO ? 0 : (double)st->expert_bytes,
         .k_over_e = m->n_experts ? (double)m->n_experts_active / m->n_experts : 0,
         .bw = g->hbm_bytes_per_s,
@@ -897,6 +907,7 @@ static void compute_concurrency(calc_t *c)
     r->decode_attention_flops_per_seq = roof->attn_tok;
     r->decode_bytes_per_seq = roof->kv_read;
     r->weight_read_bytes = weight_read(roof, 1);
+    r->embedding_bytes_not_read = st->embed_bytes;
     r->ceilings[KVC_PLAN_CEIL_KV_MEMORY] = r->max_concurrency;
     r->ceilings[KVC_PLAN_CEIL_COMPUTE] = ridge_batch(roof, 1, true);
     r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS] = p->max_num_seqs;
@@ -905,6 +916,10 @@ static void compute_concurrency(calc_t *c)
     roof_t w_only = *roof;
     w_only.attn_tok = 0;
     r->compute_weights_only = ridge_batch(&w_only, 1, false);
+    /* Dense: B x 2 x params / peak = weight bytes / bandwidth, so B* = ridge x weight bytes /
+     * (2 x params): the ridge point itself for 16-bit weights (2 FLOP per 2-byte weight). */
+    r->compute_weights_only_exact =
+        w_only.w_expert > 0 ? 0 : (w_only.w_dense / w_only.bw) / token_time(&w_only);
     r->binding_ceiling = KVC_PLAN_CEIL_KV_MEMORY;
     for (int i = 1; i < KVC_PLAN_CEIL__COUNT; i++)
         if (r->ceilings[i] < r->ceilings[r->binding_ceiling])
@@ -1017,6 +1032,22 @@ static void compute_tiers(calc_t *c)
     r->recompute_s_per_token = 2 * c->linear_params / (gpus_replica * f_eff);
     const double kv_gpu = (double)c->st->kv_per_token;
     r->break_even_bytes_per_s = kv_gpu / r->recompute_s_per_token;
+    /* Recomputing a prefix of n tokens also pays its causal attention, on average
+     * attention(n) / n FLOPs per token at the bf16 rate: it grows with n. */
+    static const uint64_t prefixes[] = {1024, 4096, 32768, 131072, 1048576};
+    r->n_recompute = 0;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(prefixes) && r->n_recompute < KVC_PLAN_RECOMPUTE_ROWS;
+         i++) {
+        if (prefixes[i] > r->max_model_len) break;
+        const double n = (double)prefixes[i];
+        const double attn_s =
+            prefill_attention(c->m, n) / n / (gpus_replica * g->bf16_flops * p->mfu);
+        kvc_plan_recompute_row_t *x = &r->recompute[r->n_recompute++];
+        x->prefix_tokens = prefixes[i];
+        x->recompute_s_per_token = r->recompute_s_per_token + attn_s;
+        x->attention_extra = attn_s / r->recompute_s_per_token;
+        x->break_even_bytes_per_s = kv_gpu / x->recompute_s_per_token;
+    }
     const struct {
         const char *name;
         double bw, lat;
@@ -1106,6 +1137,40 @@ static void compute_little(calc_t *c)
 }
 
 /* 11. Speculative decoding: k drafts per sequence ride in the step's token budget. */
+typedef struct {
+    const roof_t *f;
+    double draft_bytes; /* the draft model's weights per GPU, read once per draft step */
+    double draft_flops; /* its FLOPs per token per GPU */
+    double a;           /* per-token acceptance */
+} spec_t;
+
+/* Expected tokens per sequence and step: the target's own token plus each draft i, accepted
+ * with the i drafts before it, a^i: 1 + a + ... + a^k. */
+static double spec_tokens_per_step(double a, uint32_t k)
+{
+    double t = 0, ai = 1;
+    for (uint32_t i = 0; i <= k; i++, ai *= a) t += ai;
+    return t;
+}
+
+/* Seconds of one step of b sequences verifying k drafts each, at peak (the roofline of
+ * section 4): the verification reads the weights and the KV once and multiplies (1 + k)
+ * tokens per sequence; the draft runs k steps of its own. */
+static double spec_step_s(const spec_t *s, double b, uint32_t k)
+{
+    const roof_t *f = s->f;
+    const double verify =
+        fmax((weight_read(f, b * (1 + k)) + b * f->kv_read) / f->bw, b * (1 + k) * token_time(f));
+    const double draft = k * fmax(s->draft_bytes / f->bw, b * s->draft_flops / f->f_lin);
+    return verify + draft;
+}
+
+/* Tokens/s with k drafts over tokens/s without, at batch b. */
+static double spec_speedup(const spec_t *s, double b, uint32_t k)
+{
+    return spec_tokens_per_step(s->a, k) * spec_step_s(s, b, 0) / spec_step_s(s, b, k);
+}
+
 static void compute_spec(calc_t *c)
 {
     const kvc_plan_params_t *p = c->p;
@@ -1116,18 +1181,48 @@ static void compute_spec(calc_t *c)
     for (size_t i = 0; i < KVC_ARRAY_LEN(defaults) && n < KVC_PLAN_SPEC_ROWS; i++)
         if (defaults[i] != p->spec_tokens && defaults[i] + 1 <= p->max_num_batched_tokens)
             ks[n++] = defaults[i];
-    const double a = p->spec_acceptance;
+    const spec_t sp = {
+        .f = &c->roof,
+        .draft_bytes = (double)linear_bytes(p->spec_draft_params, p->weight_dtype) / p->tp,
+        .draft_flops = 2.0 * (double)p->spec_draft_params / p->tp,
+        .a = p->spec_acceptance,
+    };
+    r->spec_context = r->decode_context;
+    r->spec_draft_bytes_per_gpu = (uint64_t)sp.draft_bytes;
     for (uint32_t i = 0; i < n; i++) {
         const uint32_t k = ks[i];
+        /* The first batch from which speculation loses and keeps losing up to the bound:
+         * scanned down from the top, as the sign can change more than once when the draft
+         * has a cost of its own. */
+        uint64_t loses = KVC_PLAN_UNBOUNDED;
+        for (uint64_t b = KVC_PLAN_SPEC_MAX_BATCH; b >= 1 && spec_speedup(&sp, (double)b, k) < 1;
+             b--)
+            loses = b;
         r->spec[i] = (kvc_plan_spec_row_t){
             .spec_tokens = k,
             .max_batch_by_tokens = p->max_num_batched_tokens / (1 + k),
             .compute_bound_batch = ridge_batch(&c->roof, 1.0 + k, true),
-            .tokens_per_step = (1 - pow(a, k + 1)) / (1 - a),
+            .tokens_per_step = spec_tokens_per_step(sp.a, k),
             .kv_slots_per_seq = k,
+            .speedup_at_batch_1 = spec_speedup(&sp, 1, k),
+            .loses_from_batch = loses,
         };
     }
     r->n_spec = n;
+    static const uint32_t batches[KVC_PLAN_SPEC_BEST_ROWS] = {1, 4, 16, 64, 256, 1024, 4096};
+    r->n_spec_best = 0;
+    for (int i = 0; i < KVC_PLAN_SPEC_BEST_ROWS; i++) {
+        kvc_plan_spec_best_t *b = &r->spec_best[r->n_spec_best++];
+        *b = (kvc_plan_spec_best_t){.batch = batches[i], .best_k = 0, .speedup = 1};
+        for (uint32_t k = 1; k <= 8; k++) {
+            if ((uint64_t)batches[i] * (1 + k) > p->max_num_batched_tokens) break;
+            const double x = spec_speedup(&sp, batches[i], k);
+            if (x > b->speedup) {
+                b->speedup = x;
+                b->best_k = k;
+            }
+        }
+    }
 }
 
 /* 12. Tenancy: what one request costs in the pool, in KV tokens. */
@@ -1147,18 +1242,53 @@ static void compute_tenancy(calc_t *c)
         t->per_pool = t->bytes_per_gpu ? r->kv_pool_bytes_per_gpu / t->bytes_per_gpu : 0;
     }
     r->tokens_per_percent = r->pool_tokens / 100;
+    r->tenant_over_max_model_len = c->p->tenant_tokens > r->max_model_len;
     r->image_bytes_per_gpu = (uint64_t)c->m->image_tokens * c->st->kv_per_token;
+}
+
+/* Whether the GPU's name (at most its 32 bytes) holds `needle`, case-insensitively. */
+static bool name_has(const char name[32], const char *needle)
+{
+    const size_t n = strlen(needle), len = strnlen(name, 32);
+    for (size_t i = 0; i + n <= len; i++)
+        if (!strncasecmp(name + i, needle, n)) return true;
+    return false;
+}
+
+/* vLLM's batch defaults (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults and
+ * _set_default_max_num_seqs_and_batched_tokens_args, for the OpenAI server): a GPU with
+ * 70 GiB or more that is not an A100 gets 1,024 sequences and 8,192 batched tokens, any
+ * other 256 and 2,048; a defaulted token budget is at most max_num_seqs x max_model_len, and
+ * a defaulted max_num_seqs at most the token budget. */
+static void resolve_batch_defaults(kvc_plan_params_t *q, const kvc_plan_model_t *m,
+                                   const kvc_plan_gpu_t *g)
+{
+    const bool large = g->memory_bytes >= 70 * KVC__GIB && !name_has(g->name, "a100");
+    const bool seqs_auto = q->max_num_seqs == 0, tokens_auto = q->max_num_batched_tokens == 0;
+    if (seqs_auto) q->max_num_seqs = large ? 1024 : 256;
+    if (tokens_auto) {
+        uint64_t t = large ? 8192 : 2048;
+        const uint64_t max_len = q->max_model_len ? q->max_model_len : m->max_position_embeddings;
+        if (max_len) t = KVC_MIN(t, kvc__mul_sat(q->max_num_seqs, max_len));
+        q->max_num_batched_tokens = (uint32_t)t;
+    }
+    if (seqs_auto) q->max_num_seqs = KVC_MIN(q->max_num_seqs, q->max_num_batched_tokens);
 }
 
 /* The whole plan, or (startup_only) just sections 1-3: whether it starts, which
  * is all that the re-plans behind the suggestions read. */
 static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
-                        const kvc_plan_params_t *p, kvc_plan_result_t *r, bool startup_only,
+                        const kvc_plan_params_t *p_in, kvc_plan_result_t *r, bool startup_only,
                         char *msg, size_t len)
 {
+    kvc_plan_params_t q = *p_in;
+    resolve_batch_defaults(&q, m, g);
+    const kvc_plan_params_t *p = &q;
     calc_t c = {.m = m, .g = g, .p = p, .r = r};
     int rc = compute_inputs(&c, msg, len);
     if (rc) return rc;
+    r->max_num_seqs_auto = p_in->max_num_seqs == 0;
+    r->max_num_batched_tokens_auto = p_in->max_num_batched_tokens == 0;
     compute_kv(&c);
     if ((rc = compute_ledger(&c, msg, len))) return rc;
     compute_phases(&c);

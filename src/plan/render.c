@@ -156,6 +156,13 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
       "max_num_batched_tokens %s\n",
       I(c, p->prompt_tokens), I(c, p->output_tokens), I(c, r->max_model_len), p->max_num_seqs,
       I(c, p->max_num_batched_tokens));
+    if (r->max_num_seqs_auto || r->max_num_batched_tokens_auto)
+        P("           (%s vLLM's default for this GPU: EngineArgs.get_batch_defaults gives 1,024 "
+          "and 8,192\n"
+          "           on 70 GiB or more unless an A100, else 256 and 2,048)\n",
+          r->max_num_seqs_auto && r->max_num_batched_tokens_auto ? "both are"
+          : r->max_num_seqs_auto                                 ? "max_num_seqs is"
+                                                                 : "max_num_batched_tokens is");
     P("  kinds    [configured] you or a preset gave it; [estimated] our formula, an engine "
       "measures it;\n"
       "           [measured] an engine's number you passed in; [ceiling] an upper bound, not a "
@@ -489,7 +496,12 @@ static void sec_phases(rc_t *c, const kvc_plan_result_t *r)
           G(c, (double)r->weight_bytes_per_gpu), x->stage, G(c, (double)x->have_bytes),
           G(c, short_by));
         P("   engine   a CUDA out-of-memory error while loading the weights\n");
-        P("   fixes    more GPUs per replica, or a smaller weight dtype (fp8, int4)\n");
+        if (kvc_plan_dtype_bits(p->weight_dtype) > 8)
+            P("   fixes    more GPUs per replica, or a smaller weight dtype (fp8, int4, nvfp4)\n");
+        else if (kvc_plan_dtype_bits(p->weight_dtype) > 4)
+            P("   fixes    more GPUs per replica, or a 4-bit weight dtype (int4, nvfp4)\n");
+        else
+            P("   fixes    more GPUs per replica (the weights are already 4-bit)\n");
         fixes(c, r);
         P("\n");
         return;
@@ -587,8 +599,8 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
       r->ceilings[KVC_PLAN_CEIL_COMPUTE] == KVC_PLAN_UNBOUNDED
           ? "never"
           : I(c, r->ceilings[KVC_PLAN_CEIL_COMPUTE]));
-    P("     max_num_seqs            %-12s configured\n",
-      I(c, r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS]));
+    P("     max_num_seqs            %-12s %s\n", I(c, r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS]),
+      r->max_num_seqs_auto ? "vLLM's default for the GPU" : "configured");
     P("     max_num_batched_tokens  %-12s configured: floor(%s / (1 + %u draft tokens))\n",
       I(c, r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]), I(c, p->max_num_batched_tokens),
       p->spec_tokens);
@@ -614,6 +626,22 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
         P("B >= %s\n", I(c, r->ceilings[KVC_PLAN_CEIL_COMPUTE]));
     P("            ignoring the KV reads (the textbook ridge batch): B >= %s\n",
       I(c, r->compute_weights_only));
+    if (r->compute_weights_only_exact > 0 && kvc_plan_dtype_bits(p->weight_dtype) == 16)
+        P("            B* = %.1f exactly: with 2 FLOP per 2-byte weight a sequence does 1 FLOP per "
+          "weight byte,\n"
+          "            so the batch at which decode turns compute-bound is the ridge point itself "
+          "(%s FLOP/byte)\n",
+          r->compute_weights_only_exact, N(c, r->ridge_flops_per_byte));
+    else if (r->compute_weights_only_exact > 0)
+        P("            B* = %.1f exactly: 2 FLOP per weight of %s B, so B* = the ridge point %s x "
+          "%s "
+          "B / 2 FLOP\n",
+          r->compute_weights_only_exact,
+          kvc_plan_dtype_bits(p->weight_dtype) == 8 ? "1" : "about 0.5",
+          N(c, r->ridge_flops_per_byte), kvc_plan_dtype_bits(p->weight_dtype) == 8 ? "1" : "0.5");
+    if (r->embedding_bytes_not_read)
+        P("            (the input embedding table, %s, is not read per step: one row per token)\n",
+          G(c, (double)r->embedding_bytes_not_read));
     if (r->weight_read_bytes > 4.0 * (double)r->gpu.l2_bytes)
         P("            the %s L2 holds %s of a step's weight reads: weights and KV stream from "
           "HBM every step\n\n",
@@ -686,10 +714,16 @@ static void sec_forks(rc_t *c, const kvc_plan_result_t *r)
     P("   parallel sampling, --n %u\n", p->n_samples);
     P("     unshared   %u x %s blocks = %s\n", p->n_samples, I(c, all),
       BY(c, r->fork_unshared_bytes_samples));
-    P("     shared     the prompt's %s full blocks once + %u x %s blocks each (the partial prompt "
-      "block copied\n"
-      "                on write, then the outputs) = %s\n",
-      I(c, pf), p->n_samples, I(c, all - pf), BY(c, r->fork_shared_bytes_samples));
+    if (p->prompt_tokens % p->block_size)
+        P("     shared     the prompt's %s full blocks once + %u x %s blocks each (the partial "
+          "prompt block copied\n"
+          "                on write, then the outputs) = %s\n",
+          I(c, pf), p->n_samples, I(c, all - pf), BY(c, r->fork_shared_bytes_samples));
+    else
+        P("     shared     the prompt's %s blocks once (block-aligned: nothing to copy) + %u x %s "
+          "output blocks\n"
+          "                each = %s\n",
+          I(c, pf), p->n_samples, I(c, all - pf), BY(c, r->fork_shared_bytes_samples));
     P("   beam search, --beams %u\n", p->beams);
     P("     unshared   %u x %s blocks = %s\n", p->beams, I(c, all),
       BY(c, r->fork_unshared_bytes_beams));
@@ -769,9 +803,16 @@ static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
       "parameter),\n"
       "   for copies under the smallest size above (setup latency dominates), and on links that "
       "others\n"
-      "   share beyond the last column; recompute also pays attention FLOPs, left out here, so "
-      "fetch\n"
-      "   wins a little more than shown.\n");
+      "   share beyond the last column.  The rows above are for a short prefix; recompute also "
+      "pays the\n"
+      "   prefix's attention, attention(n) / n FLOP per token at the bf16 rate, which grows with "
+      "it:\n");
+    P("   prefix tokens   recompute/token   attention extra   break-even bandwidth\n");
+    for (uint32_t i = 0; i < r->n_recompute; i++) {
+        const kvc_plan_recompute_row_t *x = &r->recompute[i];
+        P("   %-15s %-17s %-17s %s\n", I(c, x->prefix_tokens), TIME(c, x->recompute_s_per_token),
+          PCT(c, x->attention_extra), RT(c, x->break_even_bytes_per_s));
+    }
     P("   SSD tier    endurance %s TB rated / %s written = %.1f days (%.2f years)%s\n\n",
       ID(c, round(p->ssd_endurance_bytes / 1e12)), RT(c, r->ssd_write_bytes_per_s),
       r->ssd_endurance_days, r->ssd_endurance_days / 365.25,
@@ -832,19 +873,41 @@ static void sec_spec(rc_t *c, const kvc_plan_result_t *r)
       "acceptance]\n");
     P("   drafts count against the step's token budget (batch <= %s / (1 + k)), reserve k KV slots "
       "per\n"
-      "   sequence, and are verified in one pass; above the compute-bound batch the rejected "
-      "drafts cost\n"
-      "   real time and speculation stops paying.  Acceptance %s per token.\n",
-      I(c, p->max_num_batched_tokens), N(c, p->spec_acceptance));
-    P("   k    batch by budget   compute-bound above   tokens/step   extra KV slots/seq\n");
+      "   sequence, and are verified in one pass.  Acceptance a = %s per token; context %s.\n",
+      I(c, p->max_num_batched_tokens), N(c, p->spec_acceptance), I(c, r->spec_context));
+    P("   tokens/s with k drafts over tokens/s without, under the roofline of section 4 (peak "
+      "rates):\n"
+      "     step(B, k) = max((weights + B x KV read) / bandwidth, (1 + k) x B x FLOP per token / "
+      "peak)\n"
+      "                + k x max(draft weights / bandwidth, B x draft FLOP per token / peak)\n"
+      "     tokens per sequence and step = 1 + a + a^2 + ... + a^k\n");
+    if (p->spec_draft_params)
+        P("   draft model: %s parameters (%s per GPU per draft step)\n",
+          BIL(c, (double)p->spec_draft_params), BY(c, r->spec_draft_bytes_per_gpu));
+    else
+        P("   drafts by prompt lookup (n-gram): they cost nothing to make; set --spec-draft-params "
+          "for a draft model\n");
+    P("   k    batch by budget   tokens/step   speedup at batch 1   loses from batch   "
+      "compute-bound above\n");
     for (uint32_t i = 0; i < r->n_spec; i++) {
         const kvc_plan_spec_row_t *s = &r->spec[i];
-        P("   %-4u %-17s %-21s %-13.2f %u%s\n", s->spec_tokens, I(c, s->max_batch_by_tokens),
+        P("   %-4u %-17s %-13.2f %-20s %-18s %s%s\n", s->spec_tokens, I(c, s->max_batch_by_tokens),
+          s->tokens_per_step, N(c, s->speedup_at_batch_1),
+          s->loses_from_batch == KVC_PLAN_UNBOUNDED ? "never (to 16,384)"
+                                                    : I(c, s->loses_from_batch),
           s->compute_bound_batch == KVC_PLAN_UNBOUNDED ? "never" : I(c, s->compute_bound_batch),
-          s->tokens_per_step, s->kv_slots_per_seq,
           s->spec_tokens == p->spec_tokens ? "   <- configured" : "");
     }
-    P("   tokens/step = (1 - a^(k+1)) / (1 - a) with a = %s\n\n", N(c, p->spec_acceptance));
+    P("   a compute-bound verification is not yet a loss: speculation loses only once the extra "
+      "(1 + k)\n"
+      "   tokens cost more time than the accepted drafts save.  Best k per batch (0: do not "
+      "speculate):\n   batch ");
+    for (uint32_t i = 0; i < r->n_spec_best; i++) P(" %7s", I(c, r->spec_best[i].batch));
+    P("\n   best k");
+    for (uint32_t i = 0; i < r->n_spec_best; i++) P(" %7u", r->spec_best[i].best_k);
+    P("\n   speedup");
+    for (uint32_t i = 0; i < r->n_spec_best; i++) P("%8s", N(c, r->spec_best[i].speedup));
+    P("\n\n");
 }
 
 static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
@@ -862,6 +925,10 @@ static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
           PCT(c, r->kv_pool_bytes_per_gpu
                      ? (double)r->image_bytes_per_gpu / (double)r->kv_pool_bytes_per_gpu
                      : INFINITY));
+    if (r->tenant_over_max_model_len)
+        P("   warning: --tenant-tokens %s is over max_model_len %s: the engine refuses such a "
+          "request; it is\n   priced here anyway\n",
+          I(c, r->params.tenant_tokens), I(c, r->max_model_len));
     P("   1%% of the pool is %s KV tokens: price quotas in KV tokens (or blocks), not requests; "
       "one\n"
       "   max_model_len request costs as much as %s typical ones.\n\n",
@@ -1043,6 +1110,8 @@ static cJSON *json_config(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, o, "max_model_len", r->max_model_len);
     add_u64(j, o, "max_num_seqs", p->max_num_seqs);
     add_u64(j, o, "max_num_batched_tokens", p->max_num_batched_tokens);
+    add_bool(j, o, "max_num_seqs_default", r->max_num_seqs_auto);
+    add_bool(j, o, "max_num_batched_tokens_default", r->max_num_batched_tokens_auto);
     add_u64(j, o, "prompt_tokens", p->prompt_tokens);
     add_u64(j, o, "output_tokens", p->output_tokens);
     add_u64(j, o, "context_tokens", r->context_tokens);
@@ -1144,12 +1213,14 @@ static void json_concurrency(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
         add_u64(j, ceil_o, kvc_plan_ceiling_name((kvc_plan_ceiling_id_t)i), r->ceilings[i]);
     add_str(j, ceil_o, "binding", kvc_plan_ceiling_name(r->binding_ceiling));
     add_u64(j, ceil_o, "compute_weights_only", r->compute_weights_only);
+    add_num(j, ceil_o, "compute_weights_only_exact", r->compute_weights_only_exact);
     add_num(j, o, "ridge_flops_per_byte", r->ridge_flops_per_byte);
     cJSON *dec = chk(j, cJSON_AddObjectToObject(o, "decode"));
     add_u64(j, dec, "context_tokens", r->decode_context);
     add_num(j, dec, "flops_per_seq", r->decode_flops_per_seq);
     add_num(j, dec, "kv_bytes_read_per_seq", r->decode_bytes_per_seq);
     add_num(j, dec, "weight_bytes_read", r->weight_read_bytes);
+    add_u64(j, dec, "embedding_bytes_not_read", r->embedding_bytes_not_read);
     add_num(j, dec, "peak_flops", r->peak_flops);
 }
 
@@ -1226,6 +1297,16 @@ static void json_tiers(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
         add_num(j, x, "max_shared_fraction", t->max_shared_fraction);
         attach(j, tiers, NULL, x);
     }
+    cJSON *byp = chk(j, cJSON_AddArrayToObject(rf, "by_prefix"));
+    for (uint32_t i = 0; i < r->n_recompute; i++) {
+        const kvc_plan_recompute_row_t *x = &r->recompute[i];
+        cJSON *e = chk(j, cJSON_CreateObject());
+        add_u64(j, e, "prefix_tokens", x->prefix_tokens);
+        add_num(j, e, "recompute_s_per_token", x->recompute_s_per_token);
+        add_num(j, e, "attention_extra", x->attention_extra);
+        add_num(j, e, "break_even_bytes_per_s", x->break_even_bytes_per_s);
+        attach(j, byp, NULL, e);
+    }
     cJSON *ssd = chk(j, cJSON_AddObjectToObject(rf, "ssd"));
     add_num(j, ssd, "endurance_bytes", p->ssd_endurance_bytes);
     add_num(j, ssd, "write_bytes_per_s", r->ssd_write_bytes_per_s);
@@ -1267,7 +1348,20 @@ static void json_spec(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
         add_u64(j, x, "compute_bound_batch", s->compute_bound_batch);
         add_num(j, x, "tokens_per_step", s->tokens_per_step);
         add_u64(j, x, "kv_slots_per_seq", s->kv_slots_per_seq);
+        add_num(j, x, "speedup_at_batch_1", s->speedup_at_batch_1);
+        add_u64(j, x, "loses_from_batch", s->loses_from_batch);
         attach(j, rows, NULL, x);
+    }
+    add_u64(j, sp, "context_tokens", r->spec_context);
+    add_u64(j, sp, "draft_params", p->spec_draft_params);
+    add_u64(j, sp, "draft_bytes_per_gpu", r->spec_draft_bytes_per_gpu);
+    cJSON *best = chk(j, cJSON_AddArrayToObject(sp, "best_k"));
+    for (uint32_t i = 0; i < r->n_spec_best; i++) {
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_u64(j, x, "batch", r->spec_best[i].batch);
+        add_u64(j, x, "k", r->spec_best[i].best_k);
+        add_num(j, x, "speedup", r->spec_best[i].speedup);
+        attach(j, best, NULL, x);
     }
 }
 
@@ -1276,6 +1370,7 @@ static void json_tenancy(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
 {
     cJSON *tn = chk(j, cJSON_AddObjectToObject(o, "tenancy"));
     add_u64(j, tn, "tokens_per_percent", r->tokens_per_percent);
+    add_bool(j, tn, "tenant_tokens_over_max_model_len", r->tenant_over_max_model_len);
     add_u64(j, tn, "image_tokens", r->model.image_tokens);
     add_u64(j, tn, "image_bytes_per_gpu", r->image_bytes_per_gpu);
     cJSON *req = chk(j, cJSON_AddArrayToObject(tn, "requests"));

@@ -37,8 +37,10 @@ int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu,
     const double tp = p->tp, pp = p->pp, parts = tp * pp;
     const double mfu = p->mfu > 0 ? p->mfu : 1.0, mbu = p->mbu > 0 ? p->mbu : 1.0;
     const kvc_plan_param_count_t *c = &r->counts;
-    /* Linear layers: every active parameter but the embedding lookup is one multiply-add. */
-    double linear_params = (double)(c->active - c->embedding);
+    /* Linear layers: every active parameter but the embedding lookup is one multiply-add; a
+     * tied table is multiplied once more, as the LM head. */
+    double linear_params =
+        (double)(c->active - c->embedding) + (m->tie_embeddings ? (double)c->embedding : 0);
     /* Attention per (query, key) pair and layer: QK^T over the key width, PV over the value width,
      * 2 FLOPs a multiply-add, for every query head.  MLA (absorbed): keys are the latent plus the
      * rope part, values the latent. */
@@ -53,7 +55,10 @@ int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu,
         .bytes_per_s = gpu->hbm_bytes_per_s * mbu,
         .linear_flops_per_token = 2.0 * linear_params / parts,
         .attn_flops_per_pair = 2.0 * (d_qk + d_v) * heads_per_gpu * r->layers_per_gpu,
-        .dense_weight_bytes = KVC_MAX(0.0, (double)r->weight_bytes_per_gpu - expert_bytes),
+        /* a step reads one row of the input embedding per token, not the table (the planner's
+         * embedding_bytes_not_read; a tied table is read whole as the LM head) */
+        .dense_weight_bytes = KVC_MAX(0.0, (double)r->weight_bytes_per_gpu - expert_bytes -
+                                               (double)r->embedding_bytes_not_read),
         .expert_weight_bytes = expert_bytes,
         .experts_per_token_share = m->n_experts ? (double)m->n_experts_active / m->n_experts : 0,
         .kv_bytes_per_token = (double)r->kv_bytes_per_token_per_gpu,

@@ -971,6 +971,12 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     uint32_t window[KVC_MAX_GROUPS];
     int rc = plan_run(cfg, w, out, window, err, cap);
     if (rc) return rc;
+    /* The engine limits as the planner resolved them (0 in the config: vLLM's default for the
+     * GPU), so the scheduler and the report use the values the plan priced. */
+    kvc_sim_config_t resolved = *cfg;
+    resolved.plan.max_num_seqs = out->planned.params.max_num_seqs;
+    resolved.plan.max_num_batched_tokens = out->planned.params.max_num_batched_tokens;
+    cfg = &resolved;
 
     const size_t n = kvc_workload_size(w);
     const bool limit_given = cfg->max_memory_bytes != 0;

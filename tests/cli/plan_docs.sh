@@ -53,7 +53,7 @@ check() {
 }
 
 check 1 --model llama-3.1-8b --gpu h100-sxm
-check 2 --model llama-3.1-70b --gpu h100-sxm --tp 2
+check 2 --model llama-3.1-70b --gpu h100-sxm --tp 2 --max-num-seqs 256
 check 3 --model deepseek-v3 --gpu h200 --tp 8 --weight-dtype fp8
 
 # the JSON excerpt: every line shown (indented two spaces per level) appears in the output
