@@ -125,7 +125,19 @@ static void dtypes_have_names_bits_and_aliases(void **state)
     assert_int_equal(dt, KVC_PLAN_FP8);
     assert_ok(kvc_plan_dtype_parse("half", &dt));
     assert_int_equal(dt, KVC_PLAN_FP16);
-    assert_int_equal(kvc_plan_dtype_parse("fp4", &dt), KVC_EINVAL);
+    assert_ok(kvc_plan_dtype_parse("fp4", &dt));
+    assert_int_equal(dt, KVC_PLAN_NVFP4);
+    assert_ok(kvc_plan_dtype_parse("INT8", &dt));
+    assert_int_equal(dt, KVC_PLAN_INT8);
+    assert_string_equal(kvc_plan_dtype_name(KVC_PLAN_NVFP4), "nvfp4");
+    assert_int_equal(kvc_plan_dtype_parse("fp3", &dt), KVC_EINVAL);
+    /* bytes with block scales: nvfp4 9 B per 16 (rounded up), int4 0.5 B + 4 B per 128 */
+    assert_int_equal(kvc_plan_dtype_bytes(KVC_PLAN_NVFP4, 4096), 4096 / 16 * 9);
+    assert_int_equal(kvc_plan_dtype_bytes(KVC_PLAN_NVFP4, 17), 18);
+    assert_int_equal(kvc_plan_dtype_bytes(KVC_PLAN_INT8, 4096), 4096);
+    assert_int_equal(kvc_plan_dtype_bytes(KVC_PLAN_INT4, 256), 128 + 8);
+    assert_int_equal(kvc_plan_dtype_bytes(KVC_PLAN_BF16, 3), 6);
+    assert_int_equal(kvc_plan_dtype_bytes((kvc_plan_dtype_t)99, 3), 0);
     assert_int_equal(kvc_plan_dtype_parse(NULL, &dt), KVC_EINVAL);
 }
 
@@ -164,18 +176,22 @@ static void presets_are_found_case_insensitively(void **state)
     (void)state;
     kvc_plan_gpu_t g;
     kvc_plan_model_t m;
-    assert_int_equal(kvc_plan_gpu_preset_count(), 7);
-    const char *want[] = {"a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200",
-                          "b200",          "l40s",     "mi300x"};
+    assert_int_equal(kvc_plan_gpu_preset_count(), 8);
+    const char *want[] = {"a100-80gb-sxm", "a100-40gb", "h100-sxm", "h100-pcie",
+                          "h200",          "b200",      "l40s",     "mi300x"};
     for (size_t i = 0; i < KVC_ARRAY_LEN(want); i++) {
         assert_string_equal(kvc_plan_gpu_preset_name(i), want[i]);
         assert_ok(kvc_plan_gpu_preset(want[i], &g));
         assert_ok(kvc_plan_gpu_check(&g, NULL, 0));
         /* Runtime totals sit below the nominal capacity and above 90% of it. */
-        assert_true(g.memory_bytes > 40 * GIB && g.memory_bytes < 200 * GIB);
+        assert_true(g.memory_bytes > 39 * GIB && g.memory_bytes < 200 * GIB);
         assert_true(g.hbm_bytes_per_s > 0.5e12 && g.bf16_flops > 300e12);
     }
-    assert_null(kvc_plan_gpu_preset_name(7));
+    assert_null(kvc_plan_gpu_preset_name(8));
+    /* A100 40GB: 39.59 GiB as PyTorch reports it, 1,555 GB/s, no fp8 */
+    assert_ok(kvc_plan_gpu_preset("A100-SXM4-40GB", &g));
+    assert_int_equal(g.memory_bytes, (uint64_t)3959 * GIB / 100);
+    assert_true(g.hbm_bytes_per_s == 1555e9 && g.fp8_flops == 0);
     assert_ok(kvc_plan_gpu_preset("H100", &g));
     assert_string_equal(g.name, "H100 SXM");
     assert_ok(kvc_plan_gpu_preset("A100", &g));
@@ -896,6 +912,39 @@ static void prefill_only_requests_and_long_tenants_are_priced(void **state)
     assert_non_null(strstr(text, "warning: --tenant-tokens 5,000 is over max_model_len 4,096"));
     kvc_plan_string_free(text);
     free(r);
+}
+
+static void quantized_kv_and_weights_price_their_scales(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("b200");
+    kvc_plan_params_t p = defaults();
+    /* int8 KV: 1 B per element, 2 x 32 x 8 x 128 = 65,536 B per token */
+    p.kv_dtype = KVC_PLAN_INT8;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->kv_bytes_per_token, 65536);
+    free(r);
+    /* nvfp4 KV: per layer 2 x 8 x 128 = 2,048 elements in 2,048 / 16 x 9 = 1,152 B; x 32 layers
+     * = 36,864 B per token (0.5625 B per element) */
+    p.kv_dtype = KVC_PLAN_NVFP4;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->kv_bytes_per_token, 36864);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 36864);
+    assert_int_equal(kvc_plan_kv_bytes_per_token(&m, KVC_PLAN_NVFP4), 36864);
+    free(r);
+    /* nvfp4 weights: the 6,979,321,856 projection params (and LM head) in 9 B per 16, the
+     * 1,050,939,392 embedding and norm params in 16 bits: 3,925,868,544 + 2,101,878,784 =
+     * 6,027,747,328 B; they multiply at the fp8 rate */
+    p.weight_dtype = KVC_PLAN_NVFP4;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->weight_linear_params_per_gpu, 6979321856u);
+    assert_int_equal(r->weight_bytes_per_gpu, 6979321856u / 16 * 9 + 2 * 1050939392u);
+    assert_true(r->fp8_compute && r->peak_flops == g.fp8_flops);
+    free(r);
+    /* int4 KV stays refused: it is a weight format */
+    p.kv_dtype = KVC_PLAN_INT4;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "int4 is a weight format");
 }
 
 static void texts_say_what_is_true(void **state)
@@ -2440,6 +2489,7 @@ int main(void)
         cmocka_unit_test(vllm_batch_defaults_follow_the_gpu),
         cmocka_unit_test(prefill_only_requests_and_long_tenants_are_priced),
         cmocka_unit_test(texts_say_what_is_true),
+        cmocka_unit_test(quantized_kv_and_weights_price_their_scales),
         cmocka_unit_test(config_reads_what_the_math_needs),
         cmocka_unit_test(config_errors_name_the_field),
         cmocka_unit_test(config_reads_moe_mla_windows_and_images),

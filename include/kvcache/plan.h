@@ -38,19 +38,28 @@ extern "C" {
 typedef enum {
     KVC_PLAN_BF16 = 0,
     KVC_PLAN_FP16,
-    KVC_PLAN_FP8,  /* weights: 1 byte per parameter (scales neglected); KV: 1 byte per element */
-    KVC_PLAN_INT4, /* weights only: 4 bits plus one fp16 scale and one fp16 zero per 128 weights */
+    KVC_PLAN_FP8,   /* weights: 1 byte per parameter (scales neglected); KV: 1 byte per element */
+    KVC_PLAN_INT4,  /* weights only: 4 bits plus one fp16 scale and one fp16 zero per 128 weights */
+    KVC_PLAN_INT8,  /* 1 byte per element (per-channel or per-tensor scales neglected); int8
+                       weights compute at the fp8 tensor rate where the GPU has one (W8A8) */
+    KVC_PLAN_NVFP4, /* 4-bit e2m1 plus one fp8 scale per 16 elements: 9 bytes per 16 (weights
+                       and KV); computes at the fp8 tensor rate (a conservative stand-in for
+                       Blackwell's fp4 rate, which the GPU descriptor does not carry) */
     KVC_PLAN_DTYPE__COUNT
 } kvc_plan_dtype_t;
 
-/* "bf16", "fp16", "fp8", "int4"; "?" for an invalid value.  Never fails. */
+/* "bf16", "fp16", "fp8", "int4", "int8", "nvfp4"; "?" for an invalid value.  Never fails. */
 KVC_API const char *kvc_plan_dtype_name(kvc_plan_dtype_t dt);
-/* Parse a name (also "bfloat16", "float16", "half", "fp8_e4m3", "e4m3", "e5m2"),
+/* Parse a name (also "bfloat16", "float16", "half", "fp8_e4m3", "e4m3", "e5m2", "fp4"),
  * case-insensitively.  Returns 0, or KVC_EINVAL for an unknown name or a NULL
  * argument (*out is then untouched). */
 KVC_API int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out);
-/* Bits per element: 16, 16, 8, 4; 0 for an invalid value. */
+/* Bits per element, scales aside: 16, 16, 8, 4, 8, 4; 0 for an invalid value. */
 KVC_API uint32_t kvc_plan_dtype_bits(kvc_plan_dtype_t dt);
+/* Bytes n elements take in dt, block scales included (nvfp4: 9 per 16, rounded up; int4 as a
+ * weight format: 0.5 + 4 B of fp16 scale and zero per 128).  Saturates; 0 for an invalid
+ * dtype.  Never fails. */
+KVC_API uint64_t kvc_plan_dtype_bytes(kvc_plan_dtype_t dt, uint64_t n);
 
 /* ---- bounds ----------------------------------------------------------------
  * Every count a model, a GPU or a deployment carries is bounded by what a real
@@ -228,7 +237,7 @@ typedef struct {
     double pcie_bytes_per_s;         /* host link, per direction */
 } kvc_plan_gpu_t;
 
-/* Presets: "a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200", "b200", "l40s",
+/* Presets: "a100-80gb-sxm", "a100-40gb", "h100-sxm", "h100-pcie", "h200", "b200", "l40s",
  * "mi300x" (case-insensitive; also "a100", "h100").  Each value's public
  * source is named in the source.  Returns 0, KVC_ENOENT (no such preset, or
  * name NULL) or KVC_EINVAL (out NULL). */

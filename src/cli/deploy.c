@@ -255,12 +255,13 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const ch
         break;
     case KVC_CLI_WEIGHT_DTYPE:
         if (kvc_plan_dtype_parse(value, &pp->weight_dtype))
-            return -kvc_cli_error(CMD, "--weight-dtype: '%s' is not bf16, fp16, fp8 or int4",
-                                  value);
+            return -kvc_cli_error(
+                CMD, "--weight-dtype: '%s' is not bf16, fp16, fp8, int8, int4 or nvfp4", value);
         break;
     case KVC_CLI_KV_DTYPE:
         if (kvc_plan_dtype_parse(value, &pp->kv_dtype) || pp->kv_dtype == KVC_PLAN_INT4)
-            return -kvc_cli_error(CMD, "--kv-dtype: '%s' is not bf16, fp16 or fp8", value);
+            return -kvc_cli_error(CMD, "--kv-dtype: '%s' is not bf16, fp16, fp8, int8 or nvfp4",
+                                  value);
         break;
     case KVC_CLI_BLOCK_SIZE:
         U64(1, 1024, pp->block_size);

@@ -24,10 +24,8 @@ static const struct {
     const char *name;
     uint32_t bits;
 } dtypes[KVC_PLAN_DTYPE__COUNT] = {
-    [KVC_PLAN_BF16] = {"bf16", 16},
-    [KVC_PLAN_FP16] = {"fp16", 16},
-    [KVC_PLAN_FP8] = {"fp8", 8},
-    [KVC_PLAN_INT4] = {"int4", 4},
+    [KVC_PLAN_BF16] = {"bf16", 16}, [KVC_PLAN_FP16] = {"fp16", 16}, [KVC_PLAN_FP8] = {"fp8", 8},
+    [KVC_PLAN_INT4] = {"int4", 4},  [KVC_PLAN_INT8] = {"int8", 8},  [KVC_PLAN_NVFP4] = {"nvfp4", 4},
 };
 
 const char *kvc_plan_dtype_name(kvc_plan_dtype_t dt)
@@ -40,6 +38,31 @@ uint32_t kvc_plan_dtype_bits(kvc_plan_dtype_t dt)
     return (unsigned)dt < KVC_PLAN_DTYPE__COUNT ? dtypes[dt].bits : 0;
 }
 
+uint64_t kvc_plan_dtype_bytes(kvc_plan_dtype_t dt, uint64_t n)
+{
+    const kvc__u128 w = n;
+    kvc__u128 b;
+    switch (dt) {
+    case KVC_PLAN_BF16:
+    case KVC_PLAN_FP16:
+        b = 2 * w;
+        break;
+    case KVC_PLAN_FP8:
+    case KVC_PLAN_INT8:
+        b = w;
+        break;
+    case KVC_PLAN_INT4: /* fp16 scale + zero per 128 */
+        b = (w + 1) / 2 + (w + 127) / 128 * 4;
+        break;
+    case KVC_PLAN_NVFP4: /* 16 e2m1 values in 8 bytes and one fp8 scale */
+        b = (w + 15) / 16 * 9;
+        break;
+    default:
+        return 0;
+    }
+    return b > UINT64_MAX ? UINT64_MAX : (uint64_t)b;
+}
+
 int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out)
 {
     static const struct {
@@ -50,7 +73,9 @@ int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out)
         {"float16", KVC_PLAN_FP16}, {"half", KVC_PLAN_FP16},     {"fp8", KVC_PLAN_FP8},
         {"fp8_e4m3", KVC_PLAN_FP8}, {"fp8-e4m3", KVC_PLAN_FP8},  {"e4m3", KVC_PLAN_FP8},
         {"fp8_e5m2", KVC_PLAN_FP8}, {"fp8-e5m2", KVC_PLAN_FP8},  {"e5m2", KVC_PLAN_FP8},
-        {"int4", KVC_PLAN_INT4},    {"w4a16", KVC_PLAN_INT4},
+        {"int4", KVC_PLAN_INT4},    {"w4a16", KVC_PLAN_INT4},    {"int8", KVC_PLAN_INT8},
+        {"w8a8", KVC_PLAN_INT8},    {"nvfp4", KVC_PLAN_NVFP4},   {"fp4", KVC_PLAN_NVFP4},
+        {"e2m1", KVC_PLAN_NVFP4},
     };
     if (!name || !out) return KVC_EINVAL;
     for (size_t i = 0; i < KVC_ARRAY_LEN(aliases); i++)

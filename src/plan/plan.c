@@ -168,14 +168,7 @@ static void layer_shard(const kvc_plan_model_t *m, uint32_t tp, bool moe, shard_
 /* Bytes of `linear` quantizable weights in dtype dt. */
 static uint64_t linear_bytes(uint64_t n, kvc_plan_dtype_t dt)
 {
-    switch (dt) {
-    case KVC_PLAN_FP8:
-        return n;
-    case KVC_PLAN_INT4:
-        return kvc__ceil_div(n, 2) + kvc__ceil_div(n, 128) * 4; /* fp16 scale + zero */
-    default:
-        return 2 * n;
-    }
+    return kvc_plan_dtype_bytes(dt, n); /* int4: fp16 scale + zero per 128; nvfp4: 9 B per 16 */
 }
 
 /* One pipeline stage on one GPU. */
@@ -196,9 +189,8 @@ typedef struct {
 
 static uint64_t kv_per_layer(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype_t dt)
 {
-    const uint64_t bits = kvc_plan_dtype_bits(dt);
-    if (m->mla) return ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) * bits / 8;
-    return 2 * (uint64_t)kv_heads_per_gpu(m, tp) * m->head_dim * bits / 8;
+    if (m->mla) return kvc_plan_dtype_bytes(dt, (uint64_t)m->kv_lora_rank + m->qk_rope_head_dim);
+    return kvc_plan_dtype_bytes(dt, 2 * (uint64_t)kv_heads_per_gpu(m, tp) * m->head_dim);
 }
 
 /* Weight bytes of a stage of layers [first, first + n) on one GPU of a TP group. */
@@ -401,7 +393,8 @@ static int validate_deployment(const kvc_plan_model_t *m, const kvc_plan_params_
     if ((unsigned)p->weight_dtype >= KVC_PLAN_DTYPE__COUNT) BAD("invalid weight dtype");
     if ((unsigned)p->kv_dtype >= KVC_PLAN_DTYPE__COUNT) BAD("invalid KV dtype");
     if (p->kv_dtype == KVC_PLAN_INT4)
-        BAD("--kv-dtype int4: int4 is a weight format; the KV cache takes bf16, fp16 or fp8");
+        BAD("--kv-dtype int4: int4 is a weight format; the KV cache takes bf16, fp16, fp8, int8 "
+            "or nvfp4");
     if (p->block_size < 1 || p->block_size > 1024 || (p->block_size & (p->block_size - 1)))
         BAD("--block-size %u: expected a power of two in 1..1024", p->block_size);
     if (!(p->gpu_memory_utilization > 0 && p->gpu_memory_utilization <= 1))
@@ -613,7 +606,11 @@ static int compute_inputs(calc_t *c, char *msg, size_t len)
     r->request_tokens = req;
     r->n_gpus = p->tp * p->pp * p->dp;
     kvc_plan_model_params(m, &r->counts);
-    r->fp8_compute = p->weight_dtype == KVC_PLAN_FP8 && g->fp8_flops > 0;
+    /* fp8, int8 (W8A8) and nvfp4 weights multiply on the 8-bit tensor cores where there are
+     * some (nvfp4 on Blackwell's fp4 cores is faster still: not modelled, a conservative rate) */
+    r->fp8_compute = (p->weight_dtype == KVC_PLAN_FP8 || p->weight_dtype == KVC_PLAN_INT8 ||
+                      p->weight_dtype == KVC_PLAN_NVFP4) &&
+                     g->fp8_flops > 0;
     r->peak_flops = r->fp8_compute ? g->fp8_flops : g->bf16_flops;
     c->kv_explicit = p->kv_cache_bytes != KVC_PLAN_AUTO;
     return 0;
@@ -621,9 +618,7 @@ static int compute_inputs(calc_t *c, char *msg, size_t len)
 
 uint64_t kvc_plan_kv_bytes_per_token(const kvc_plan_model_t *m, kvc_plan_dtype_t kv_dtype)
 {
-    const uint64_t kv_bits = kvc_plan_dtype_bits(kv_dtype);
-    return m->mla ? ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) * m->n_layers * kv_bits / 8
-                  : 2 * (uint64_t)m->n_layers * m->n_kv_heads * m->head_dim * kv_bits / 8;
+    return kv_per_layer(m, 1, kv_dtype) * m->n_layers;
 }
 
 /* 1. KV bytes per token, and what TP does to them. */
@@ -932,10 +927,7 @@ static void compute_sliding(calc_t *c)
     const kvc_plan_model_t *m = c->m;
     const kvc_plan_params_t *p = c->p;
     kvc_plan_result_t *r = c->r;
-    const uint64_t kv_bits = kvc_plan_dtype_bits(p->kv_dtype);
-    const uint64_t per_layer_model = m->mla
-                                         ? r->kv_bytes_per_token / m->n_layers
-                                         : 2 * (uint64_t)m->n_kv_heads * m->head_dim * kv_bits / 8;
+    const uint64_t per_layer_model = kv_per_layer(m, 1, p->kv_dtype);
     r->swa_bytes_with_freeing =
         request_bytes(per_layer_model, m->n_layers, m->n_sliding_layers, m->sliding_window,
                       p->block_size, true, r->context_tokens);

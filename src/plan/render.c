@@ -176,17 +176,20 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_model_t *m = &r->model;
     const kvc_plan_params_t *p = &r->params;
-    const uint32_t eb = kvc_plan_dtype_bits(p->kv_dtype) / 8;
+    /* bytes per element: nvfp4 keeps 16 e2m1 values and an fp8 scale in 9 bytes */
+    const char *eb = p->kv_dtype == KVC_PLAN_NVFP4           ? "0.5625"
+                     : kvc_plan_dtype_bits(p->kv_dtype) == 8 ? "1"
+                                                             : "2";
     P("1. KV bytes per token\n");
     if (m->mla) {
         P("   formula  (kv_lora_rank + qk_rope_head_dim) x layers x bytes: one latent per token "
           "and layer, no factor 2\n");
-        P("   model    (%u + %u) x %u x %u B = %s B (%s) per token\n", m->kv_lora_rank,
+        P("   model    (%u + %u) x %u x %s B = %s B (%s) per token\n", m->kv_lora_rank,
           m->qk_rope_head_dim, m->n_layers, eb, I(c, r->kv_bytes_per_token),
           BY(c, r->kv_bytes_per_token));
     } else {
         P("   formula  2 (K and V) x layers x KV heads x head_dim x bytes per element\n");
-        P("   model    2 x %u x %u x %u x %u B = %s B (%s) per token\n", m->n_layers, m->n_kv_heads,
+        P("   model    2 x %u x %u x %u x %s B = %s B (%s) per token\n", m->n_layers, m->n_kv_heads,
           m->head_dim, eb, I(c, r->kv_bytes_per_token), BY(c, r->kv_bytes_per_token));
     }
     P("            1,048,576 tokens: %s; max_model_len %s: %s\n",
@@ -197,7 +200,7 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
         if (p->pp > 1)
             P("; PP %u: %u of %u layers on the binding stage", p->pp, r->layers_per_gpu,
               m->n_layers);
-        P("\n            (%u + %u) x %u x %u B = %s B (%s) per token per GPU\n", m->kv_lora_rank,
+        P("\n            (%u + %u) x %u x %s B = %s B (%s) per token per GPU\n", m->kv_lora_rank,
           m->qk_rope_head_dim, r->layers_per_gpu, eb, I(c, r->kv_bytes_per_token_per_gpu),
           BY(c, r->kv_bytes_per_token_per_gpu));
     } else {
@@ -213,7 +216,7 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
         if (p->pp > 1)
             P("; PP %u: %u of %u layers on the binding stage", p->pp, r->layers_per_gpu,
               m->n_layers);
-        P("\n            2 x %u x %u x %u x %u B = %s B (%s) per token per GPU\n",
+        P("\n            2 x %u x %u x %u x %s B = %s B (%s) per token per GPU\n",
           r->layers_per_gpu, r->kv_heads_per_gpu, m->head_dim, eb,
           I(c, r->kv_bytes_per_token_per_gpu), BY(c, r->kv_bytes_per_token_per_gpu));
     }
@@ -320,9 +323,10 @@ static void sec_ledger(rc_t *c, const kvc_plan_result_t *r)
         P("   weights          %s projection params x %s + %s params kept in 16 bits x 2 B "
           "(embeddings, norms%s) = %s\n",
           I(c, r->weight_linear_params_per_gpu),
-          wb == 4   ? "(0.5 B + a 4 B scale/zero per 128)"
-          : wb == 8 ? "1 B"
-                    : "2 B",
+          p->weight_dtype == KVC_PLAN_NVFP4 ? "(0.5 B + a 1 B fp8 scale per 16)"
+          : wb == 4                         ? "(0.5 B + a 4 B scale/zero per 128)"
+          : wb == 8                         ? "1 B"
+                                            : "2 B",
           I(c, r->weight_wide_params_per_gpu), m->n_experts ? ", router" : "",
           G(c, (double)r->weight_bytes_per_gpu));
     if (p->activation_bytes != KVC_PLAN_AUTO)

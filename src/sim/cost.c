@@ -47,7 +47,7 @@ int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu,
     double d_qk = m->mla ? (double)m->kv_lora_rank + m->qk_rope_head_dim : m->head_dim;
     double d_v = m->mla ? (double)m->kv_lora_rank : (m->v_head_dim ? m->v_head_dim : m->head_dim);
     double heads_per_gpu = ceil((double)m->n_heads / tp);
-    double wbytes = kvc_plan_dtype_bits(p->weight_dtype) / 8.0;
+    double wbytes = (double)kvc_plan_dtype_bytes(p->weight_dtype, 1u << 20) / (1u << 20);
     double expert_bytes = m->n_experts ? (double)c->experts_routed * wbytes / parts : 0;
     *out = (kvc_sim_cost_model_t){
         .flops_per_s = r->peak_flops * mfu,

@@ -48,7 +48,7 @@ has() {
 # ---- bad input: one clear line, exit 1 -------------------------------------
 expect_error "no --model" --gpu h100
 expect_error "--model 'nope': not a preset (llama-3.1-8b" --model nope --gpu h100
-expect_error "--gpu 'h999': unknown preset (presets: a100-80gb-sxm, h100-sxm" --model llama-3.1-8b --gpu h999
+expect_error "--gpu 'h999': unknown preset (presets: a100-80gb-sxm, a100-40gb, h100-sxm" --model llama-3.1-8b --gpu h999
 expect_error "no --gpu: give a preset" --model llama-3.1-8b
 expect_error "no --gpu: give a preset" --model llama-3.1-8b --gpu-memory 24GiB --gpu-bandwidth 1TB/s
 expect_error "cannot open $TMP/missing.json: No such file or directory" --model "$TMP/missing.json" --gpu h100
@@ -78,8 +78,8 @@ expect_error "--pp: '65' is not a whole number in 1..64" --model llama-3.1-8b --
 expect_error "--tp: 'x' is not a whole number in 1..1024" --model llama-3.1-8b --gpu h100 --tp x
 expect_error "--tp: '0' is not a whole number" --model llama-3.1-8b --gpu h100 --tp 0
 expect_error "--tp needs a value" --model llama-3.1-8b --gpu h100 --tp
-expect_error "--weight-dtype: 'fp4' is not bf16, fp16, fp8 or int4" --model llama-3.1-8b --gpu h100 --weight-dtype fp4
-expect_error "--kv-dtype: 'int4' is not bf16, fp16 or fp8" --model llama-3.1-8b --gpu h100 --kv-dtype int4
+expect_error "--weight-dtype: 'fp3' is not bf16, fp16, fp8, int8, int4 or nvfp4" --model llama-3.1-8b --gpu h100 --weight-dtype fp3
+expect_error "--kv-dtype: 'int4' is not bf16, fp16, fp8, int8 or nvfp4" --model llama-3.1-8b --gpu h100 --kv-dtype int4
 expect_error "--block-size: '24' is not a power of two" --model llama-3.1-8b --gpu h100 --block-size 24
 expect_error "--gpu-memory-utilization: '1.5' is not a number" --model llama-3.1-8b --gpu h100 --gpu-memory-utilization 1.5
 expect_error "--gpu-memory-utilization: 'abc' is not a number" --model llama-3.1-8b --gpu h100 --gpu-memory-utilization=abc
@@ -170,6 +170,31 @@ has '"kv_bytes_per_token":[[:space:]]*327680,'
 has '"kv_bytes_per_token_per_gpu":[[:space:]]*163840,'
 has '"kv_pool_bytes_per_gpu":[[:space:]]*2291281559,'
 has '"num_blocks":[[:space:]]*874,'
+
+# ---- token suffixes (vLLM's human_readable_int), prefill-only, full acceptance ----
+expect_status 0 --model llama-3.1-8b --gpu h100 --prompt 32K --output 0 --json
+has '"prompt_tokens":[[:space:]]*32768,'
+has '"output_tokens":[[:space:]]*0,'
+expect_status 0 --model llama-3.1-8b --gpu h100 --prompt 25.6k --output 1k --json
+has '"prompt_tokens":[[:space:]]*25600,'
+has '"output_tokens":[[:space:]]*1000,'
+expect_status 0 --model llama-3.1-8b --gpu h100 --max-model-len 64K --tenant-tokens 1M --spec-acceptance 1.0
+has '^  request  .*max_model_len 65,536'
+has 'warning: --tenant-tokens 1,048,576 is over max_model_len 65,536'
+has '^   1    4,096             2\.00 '
+expect_error "--prompt: '1.5K' is not a token count" --model llama-3.1-8b --gpu h100 --prompt 1.5K
+expect_error "--prompt: '32q' is not a token count" --model llama-3.1-8b --gpu h100 --prompt 32q
+expect_error "--prompt: 'k' is not a token count" --model llama-3.1-8b --gpu h100 --prompt k
+expect_error "--max-model-len: '99999999T' is not a token count" --model llama-3.1-8b --gpu h100 --max-model-len 99999999T
+expect_error "--spec-draft-params: 'x' is not a parameter count" --model llama-3.1-8b --gpu h100 --spec-draft-params x
+# vLLM's batch defaults: 1,024 sequences on an H100, 256 and 2,048 tokens on an A100
+expect_status 0 --model llama-3.1-8b --gpu h100 --json
+has '"max_num_seqs":[[:space:]]*1024,'
+has '"max_num_seqs_default":[[:space:]]*true'
+expect_status 0 --model llama-3.1-8b --gpu a100 --json
+has '"max_num_seqs":[[:space:]]*256,'
+has '"max_num_batched_tokens":[[:space:]]*2048,'
+"$KVC" plan --help | grep -q 'default: half the' || fail "--help gives the wrong --arrival-rate default"
 
 # ---- a deployment that starts ---------------------------------------------------
 expect_status 0 --model llama-3.1-8b --gpu h100
