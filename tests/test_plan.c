@@ -947,6 +947,75 @@ static void quantized_kv_and_weights_price_their_scales(void **state)
     expect_refused(&m, &g, &p, KVC_EINVAL, "int4 is a weight format");
 }
 
+static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    char msg[256];
+    /* Jamba-v0.1 (ai21labs/Jamba-v0.1 config.json, trimmed): one attention layer in 8, MoE on
+     * every other layer; sized as all-attention with MoE everywhere it came out 92 billion
+     * parameters instead of about 52, so it is refused, naming the field */
+    const char *jamba =
+        "{\"model_type\": \"jamba\", \"hidden_size\": 4096, \"num_hidden_layers\": 32,"
+        " \"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"vocab_size\":"
+        " 65536, \"intermediate_size\": 14336, \"num_experts\": 16,"
+        " \"num_experts_per_tok\": 2, \"attn_layer_period\": 8,"
+        " \"attn_layer_offset\": 4, \"expert_layer_period\": 2,"
+        " \"mamba_d_state\": 16, \"max_position_embeddings\": 262144}";
+    assert_int_equal(kvc_plan_model_from_json(jamba, strlen(jamba), "jamba", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "attn_layer_period: a recurrent or hybrid"));
+    /* a Qwen3-Next style layer list with linear attention */
+    const char *next = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                       " \"vocab_size\": 100, \"intermediate_size\": 128, \"layer_types\":"
+                       " [\"linear_attention\", \"full_attention\"]}";
+    assert_int_equal(kvc_plan_model_from_json(next, strlen(next), "next", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "layer_types: 'linear_attention' layers hold a recurrent state"));
+    const char *mamba =
+        "{\"model_type\": \"mamba2\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+        " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\": 1}";
+    assert_int_equal(kvc_plan_model_from_json(mamba, strlen(mamba), "m", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "model_type mamba2"));
+    /* LLaVA-1.5-7B (llava-hf/llava-1.5-7b-hf, trimmed): CLIP ViT-L/14 at 336 px.  Per layer
+     * 4 x 1024^2 + 4 x 1024 (q, k, v, o and biases) + 2 x 1024 x 4096 + 4096 + 1024 (MLP) +
+     * 4 x 1024 (two LayerNorms) = 12,596,224, x 24 = 302,309,376; patches 3 x 14 x 14 x 1024 +
+     * 1024, positions (24 x 24 + 1) x 1024, class 1024: 1,195,008; projector 1024 x 4096 + 4096 +
+     * 4096 x 4096 + 4096 = 20,979,712; final LayerNorm 2,048: 324,486,144 parameters */
+    const char *llava =
+        "{\"model_type\": \"llava\", \"text_config\": {\"model_type\": \"llama\","
+        " \"hidden_size\": 4096, \"num_hidden_layers\": 32, \"num_attention_heads\":"
+        " 32, \"num_key_value_heads\": 32, \"vocab_size\": 32064,"
+        " \"intermediate_size\": 11008, \"max_position_embeddings\": 4096,"
+        " \"tie_word_embeddings\": false}, \"vision_config\": {\"hidden_size\":"
+        " 1024, \"intermediate_size\": 4096, \"num_hidden_layers\": 24,"
+        " \"patch_size\": 14, \"image_size\": 336}}";
+    assert_ok(kvc_plan_model_from_json(llava, strlen(llava), "llava", &m, msg, sizeof msg));
+    assert_int_equal(m.vision_params, 324486144u);
+    assert_int_equal(m.image_tokens, 576);
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* in the weights (16 bits), not in a decode step's reads */
+    kvc_plan_model_t text = m;
+    text.vision_params = 0;
+    kvc_plan_result_t *t = plan(&text, &g, &p);
+    assert_int_equal(r->weight_bytes_per_gpu, t->weight_bytes_per_gpu + 2 * 324486144u);
+    assert_int_equal(r->vision_bytes_per_gpu, 2 * 324486144u);
+    assert_true(r->weight_read_bytes == t->weight_read_bytes);
+    assert_int_equal(r->counts.vision, 324486144u);
+    free(r);
+    free(t);
+    /* a vision_config with widths but not all of them: refused, naming the field */
+    const char *half = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                       " \"vocab_size\": 100, \"intermediate_size\": 128, \"vision_config\":"
+                       " {\"hidden_size\": 32, \"patch_size\": 4, \"image_size\": 16}}";
+    assert_int_equal(kvc_plan_model_from_json(half, strlen(half), "h", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "vision_config.intermediate_size is missing"));
+}
+
 static void texts_say_what_is_true(void **state)
 {
     (void)state;
@@ -1457,8 +1526,15 @@ static void config_reads_moe_mla_windows_and_images(void **state)
     assert_int_equal(m.head_dim, 256);
     assert_int_equal(m.image_tokens, 256);
     assert_string_equal(m.model_type, "gemma3_text");
+    /* a vision tower with no widths would be left out of the weights: refused */
+    assert_int_equal(parse("{\"text_config\": {" BASE "}, \"vision_config\": {\"image_size\": 336,"
+                           " \"patch_size\": 14}}",
+                           &m, msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "vision_config.hidden_size is missing"));
     assert_ok(parse("{\"text_config\": {" BASE "}, \"vision_config\": {\"image_size\": 336,"
-                    " \"patch_size\": 14}}",
+                    " \"patch_size\": 14, \"hidden_size\": 1024, \"intermediate_size\": 4096,"
+                    " \"num_hidden_layers\": 24}}",
                     &m, msg));
     assert_int_equal(m.image_tokens, 576); /* (336 / 14)^2, LLaVA-1.5 */
     /* Llama 4: chunked local attention on RoPE layers, every 4th layer global by default, or
@@ -2489,6 +2565,7 @@ int main(void)
         cmocka_unit_test(vllm_batch_defaults_follow_the_gpu),
         cmocka_unit_test(prefill_only_requests_and_long_tenants_are_priced),
         cmocka_unit_test(texts_say_what_is_true),
+        cmocka_unit_test(hybrid_configs_are_refused_and_vision_towers_counted),
         cmocka_unit_test(quantized_kv_and_weights_price_their_scales),
         cmocka_unit_test(config_reads_what_the_math_needs),
         cmocka_unit_test(config_errors_name_the_field),

@@ -152,7 +152,11 @@ typedef struct {
     bool chunked_attention;    /* those layers attend within chunks of sliding_window tokens
                                   (Llama 4): bounded like a window, planned as one */
     /* multimodal */
-    uint32_t image_tokens;            /* KV tokens one image takes; 0: text only or unknown */
+    uint32_t image_tokens;  /* KV tokens one image takes; 0: text only or unknown */
+    uint64_t vision_params; /* the vision tower and its projector (a config's vision_config:
+                               a ViT of its widths and a two-layer projector); 0: none.  Held
+                               in 16 bits on the first stage, split by TP, run only on images:
+                               never read by a decode step */
     uint64_t max_position_embeddings; /* 0: not given */
 } kvc_plan_model_t;
 
@@ -166,8 +170,9 @@ typedef struct {
     uint64_t experts_shared;
     uint64_t router;
     uint64_t norms;
-    uint64_t total;
+    uint64_t total;  /* the language model; the vision tower is counted apart */
     uint64_t active; /* what one token touches: total minus the routed experts it skips */
+    uint64_t vision; /* the vision tower and projector (model.vision_params) */
 } kvc_plan_param_count_t;
 
 /* Count parameters (gated MLPs, RMSNorm weights, no biases beyond qkv_bias).
@@ -204,7 +209,14 @@ KVC_API const char *kvc_plan_model_preset_name(size_t i);
 
 /* Read a Hugging Face config.json held in text[0..len).  Reads what the math
  * needs (see the field comments); a multimodal config's nested text_config
- * wins over its top level; unknown fields are ignored.  The text must be one
+ * wins over its top level; a vision_config is sized as a ViT of its widths (its
+ * hidden_size, intermediate_size, num_hidden_layers, patch_size and image_size
+ * are then required) plus a two-layer projector; unknown fields are ignored,
+ * except those of recurrent and hybrid models (Mamba, Jamba, Nemotron-H,
+ * Qwen3-Next, ...: attn_layer_period, layers_block_type, hybrid_override_pattern,
+ * full_attention_interval, an SSM state, a layer_types entry that is not
+ * attention), which change memory in ways the planner does not model and are
+ * refused (KVC_EINVAL, naming the field) rather than sized as attention.  The text must be one
  * JSON object and nothing else.  Fails, with one line in msg naming what and
  * where, and *out untouched, with
  *   KVC_EPARSE  malformed JSON; a NUL byte or a raw control byte anywhere;
@@ -534,6 +546,8 @@ typedef struct {
     /* the input embedding table on the binding stage: a step reads one row per token, not
      * the table (a tied table is read whole, as the LM head, and is not counted here) */
     uint64_t embedding_bytes_not_read;
+    uint64_t vision_bytes_per_gpu; /* the vision tower's shard on the binding stage (in the
+                                      weights, not read by a decode step) */
     uint64_t ceilings[KVC_PLAN_CEIL__COUNT]; /* UNBOUNDED where none */
     uint64_t compute_weights_only;           /* the ridge batch ignoring KV reads */
     double compute_weights_only_exact;       /* the real-valued crossover (dense models;

@@ -179,6 +179,7 @@ typedef struct {
     uint64_t weight_bytes; /* estimated */
     uint64_t expert_bytes; /* routed-expert part of weight_bytes */
     uint64_t embed_bytes;  /* the input table, when a decode step does not read it whole */
+    uint64_t vision_bytes; /* the vision tower's shard: runs on images, not on decode steps */
     uint64_t act_elems;    /* per token, the widest layer */
     uint64_t act_fwd, act_sampler, act, graphs, non_torch, ctx; /* bytes */
     uint64_t kv_per_layer; /* KV bytes per token per layer on this GPU */
@@ -217,6 +218,8 @@ static void stage_weights(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype
     /* A decode step looks up one row per token of the input table; only a table that is
      * also this stage's LM head (tied, one stage) is read whole every step. */
     s->embed_bytes = first_stage && !(m->tie_embeddings && last_stage && !pp) ? 2 * vocab_shard : 0;
+    s->vision_bytes = first_stage ? 2 * kvc__ceil_div(m->vision_params, tp) : 0;
+    s->wide += s->vision_bytes / 2;
     if (last_stage) {
         /* The LM head: its own matrix, or the tied table copied to the last stage. */
         if (!m->tie_embeddings || pp) s->wide += vocab_shard;
@@ -892,7 +895,7 @@ static void compute_concurrency(calc_t *c)
                     st->n_sliding * (m->sliding_window ? fmin(c_dec, m->sliding_window) : c_dec)),
         .w_dense = fmax(0, (double)st->weight_bytes -
                                (double)(p->weight_bytes != KVC_PLAN_AUTO ? 0 : st->expert_bytes) -
-                               (double)st->embed_bytes),
+                               (double)st->embed_bytes - (double)st->vision_bytes),
         .w_expert = p->weight_bytes != KVC_PLAN_AUTO ? 0 : (double)st->expert_bytes,
         .k_over_e = m->n_experts ? (double)m->n_experts_active / m->n_experts : 0,
         .bw = g->hbm_bytes_per_s,
@@ -903,6 +906,7 @@ static void compute_concurrency(calc_t *c)
     r->decode_bytes_per_seq = roof->kv_read;
     r->weight_read_bytes = weight_read(roof, 1);
     r->embedding_bytes_not_read = st->embed_bytes;
+    r->vision_bytes_per_gpu = st->vision_bytes;
     r->ceilings[KVC_PLAN_CEIL_KV_MEMORY] = r->max_concurrency;
     r->ceilings[KVC_PLAN_CEIL_COMPUTE] = ridge_batch(roof, 1, true);
     r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS] = p->max_num_seqs;

@@ -142,6 +142,10 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     if (m->image_tokens) P("           an image takes %s KV tokens\n", I(c, m->image_tokens));
     P("           %s parameters, %s active per token\n", BIL(c, (double)r->counts.total),
       BIL(c, (double)r->counts.active));
+    if (r->counts.vision)
+        P("           vision tower and projector: %s parameters (a ViT of vision_config's widths, "
+          "in 16 bits)\n",
+          BIL(c, (double)r->counts.vision));
     P("  gpu      %s: %s visible (%s B), %s HBM, %s TFLOP/s bf16", gpu_name,
       G(c, (double)g->memory_bytes), I(c, g->memory_bytes), RT(c, g->hbm_bytes_per_s),
       TF(c, g->bf16_flops));
@@ -327,7 +331,11 @@ static void sec_ledger(rc_t *c, const kvc_plan_result_t *r)
           : wb == 4                         ? "(0.5 B + a 4 B scale/zero per 128)"
           : wb == 8                         ? "1 B"
                                             : "2 B",
-          I(c, r->weight_wide_params_per_gpu), m->n_experts ? ", router" : "",
+          I(c, r->weight_wide_params_per_gpu),
+          m->n_experts && r->vision_bytes_per_gpu ? ", router, vision tower"
+          : m->n_experts                          ? ", router"
+          : r->vision_bytes_per_gpu               ? ", vision tower"
+                                                  : "",
           G(c, (double)r->weight_bytes_per_gpu));
     if (p->activation_bytes != KVC_PLAN_AUTO)
         P("   activation peak  measured: %s\n", G(c, (double)r->activation_bytes));
@@ -1082,6 +1090,7 @@ static cJSON *json_model(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, o, "max_position_embeddings", m->max_position_embeddings);
     add_u64(j, o, "params_total", r->counts.total);
     add_u64(j, o, "params_active", r->counts.active);
+    add_u64(j, o, "params_vision", r->counts.vision);
     return o;
 }
 
@@ -1225,6 +1234,7 @@ static void json_concurrency(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
     add_num(j, dec, "kv_bytes_read_per_seq", r->decode_bytes_per_seq);
     add_num(j, dec, "weight_bytes_read", r->weight_read_bytes);
     add_u64(j, dec, "embedding_bytes_not_read", r->embedding_bytes_not_read);
+    add_u64(j, dec, "vision_bytes_not_read", r->vision_bytes_per_gpu);
     add_num(j, dec, "peak_flops", r->peak_flops);
 }
 

@@ -57,8 +57,9 @@ int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu,
         .attn_flops_per_pair = 2.0 * (d_qk + d_v) * heads_per_gpu * r->layers_per_gpu,
         /* a step reads one row of the input embedding per token, not the table (the planner's
          * embedding_bytes_not_read; a tied table is read whole as the LM head) */
-        .dense_weight_bytes = KVC_MAX(0.0, (double)r->weight_bytes_per_gpu - expert_bytes -
-                                               (double)r->embedding_bytes_not_read),
+        .dense_weight_bytes =
+            KVC_MAX(0.0, (double)r->weight_bytes_per_gpu - expert_bytes -
+                             (double)r->embedding_bytes_not_read - (double)r->vision_bytes_per_gpu),
         .expert_weight_bytes = expert_bytes,
         .experts_per_token_share = m->n_experts ? (double)m->n_experts_active / m->n_experts : 0,
         .kv_bytes_per_token = (double)r->kv_bytes_per_token_per_gpu,
