@@ -1016,6 +1016,123 @@ static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
     assert_non_null(strstr(msg, "vision_config.intermediate_size is missing"));
 }
 
+static void a_million_tokens_on_eight_h100s(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.prompt_tokens = 1048576; /* 1M: one prefill-only request of the whole context */
+    p.output_tokens = 0;
+    p.max_model_len = 1048576;
+    p.tp = 8;
+    /* past max_position_embeddings without a scaling: refused, saying how to extend it */
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--rope-scaling yarn:FACTOR");
+    p.rope_scaling = KVC_PLAN_ROPE_YARN;
+    p.rope_factor = 4; /* 4 x 131,072 = 524,288 < 1M */
+    expect_refused(&m, &g, &p, KVC_EINVAL,
+                   "exceeds yarn:4 x max_position_embeddings 131072 = 524288");
+    p.rope_factor = 8;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->max_position_embeddings_scaled, 1048576);
+    /* 2 x 80 x 8 x 128 x 2 B = 327,680 B per token x 1,048,576 = 343,597,383,680 B = 320 GiB */
+    assert_int_equal(r->kv_bytes_per_request_context, UINT64_C(320) * GIB);
+    /* TP 8: one KV head per GPU, 40 GiB of it each; it starts */
+    assert_int_equal(r->kv_bytes_per_request_per_gpu, UINT64_C(40) * GIB);
+    assert_true(r->fits);
+    /* attention 2 x 64 heads x 256 x 80 layers x n(n+1)/2 = 1.441e18 FLOP against linear
+     * 2 x n x 68.45e9 = 1.436e17: 90.9% in attention */
+    const double n = 1048576.0, attn = 2.0 * 64 * 256 * 80 * n * (n + 1) / 2;
+    assert_true(fabs(r->prefill_attention_flops - attn) < 1e3);
+    assert_true(r->prefill_attention_flops_fraction > 0.90);
+    /* over 8 GPUs at MFU 0.5: (linear + attention) / 989.5e12 / 0.5 / 8 = 400.4 s */
+    assert_true(fabs(r->prefill_seconds - (r->prefill_linear_flops + attn) / 989.5e12 / 0.5 / 8) <
+                1e-6);
+    assert_true(r->prefill_seconds > 400 && r->prefill_seconds < 401);
+    /* the layouts of 8 GPUs: TP 1, 2, 4 (x CP 8, 4, 2) hold 40 GiB of KV per GPU too but their
+     * weights (131, 66, 33 GiB) leave no room; TP 8 starts */
+    assert_int_equal(r->n_layouts_same_gpus, 4);
+    assert_int_equal(r->n_layouts, 4);
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_int_equal(r->layouts[i].tp * r->layouts[i].cp, 8);
+        assert_int_equal(r->layouts[i].kv_bytes_per_request_per_gpu, UINT64_C(40) * GIB);
+        assert_int_equal(r->layouts[i].fits, r->layouts[i].tp == 8);
+    }
+    free(r);
+    /* TP 4 x CP 2: each GPU 524,288 tokens x 2 heads x 128 x 2 x 2 B x 80 = 40 GiB; the ring
+     * sends 524,288 x 1,024 B = 512 MiB per layer and step over NVLink (450 GB/s): 1.19 ms,
+     * behind an attention step of n^2 / (2 x 2^2) pairs x 2 x 256 x 16 heads / (989.5e12 x 0.5)
+     * = 2.276 s: hidden */
+    p.tp = 4;
+    p.cp = 2;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->n_gpus, 8);
+    assert_int_equal(r->kv_bytes_per_request_per_gpu, UINT64_C(40) * GIB);
+    assert_int_equal(r->ring_chunk_tokens, 524288);
+    assert_int_equal(r->ring_bytes_per_step, UINT64_C(536870912));
+    assert_false(r->ring_inter_node);
+    assert_true(r->ring_link_bytes_per_s == 450e9);
+    assert_true(fabs(r->ring_step_s - 536870912.0 / 450e9) < 1e-12);
+    assert_true(fabs(r->ring_attention_step_s - n * n / 8 * 2 * 256 * 16 / (989.5e12 * 0.5)) <
+                1e-9);
+    assert_true(r->ring_hidden);
+    assert_false(r->fits); /* the weights of TP 4 leave 40 GiB no room */
+    free(r);
+    /* Full multi-head attention (64 KV heads, 8x the KV: 2,560 GiB per request): no layout of
+     * 8 GPUs starts (320 GiB per GPU at TP 8); more CP ranks across nodes do: TP 8 x CP 8 = 64
+     * GPUs, 40 GiB each, the ring at the inter-node 50 GB/s (131,072 tokens x 8 heads x 128 x
+     * 2 x 2 B = 512 MiB per step) */
+    m.n_kv_heads = 64;
+    p.tp = 8;
+    p.cp = 1;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->kv_bytes_per_request_context, UINT64_C(2560) * GIB);
+    assert_int_equal(r->kv_bytes_per_request_per_gpu, UINT64_C(320) * GIB);
+    assert_false(r->fits);
+    assert_int_equal(r->n_layouts_same_gpus, 4);
+    bool found = false;
+    for (uint32_t i = r->n_layouts_same_gpus; i < r->n_layouts; i++) {
+        const kvc_plan_layout_t *x = &r->layouts[i];
+        if (x->fits && x->kv_dtype == KVC_PLAN_BF16) {
+            assert_int_equal(x->tp, 8);
+            assert_int_equal(x->cp, 8);
+            assert_true(x->inter_node);
+            assert_int_equal(x->kv_bytes_per_request_per_gpu, UINT64_C(40) * GIB);
+            assert_int_equal(x->ring_bytes_per_step, UINT64_C(536870912));
+            found = true;
+        }
+    }
+    assert_true(found);
+    /* and the last row prices fp8 KV on the 8 GPUs: 160 GiB per GPU, still too much */
+    assert_int_equal(r->layouts[r->n_layouts - 1].kv_dtype, KVC_PLAN_FP8);
+    assert_int_equal(r->layouts[r->n_layouts - 1].kv_bytes_per_request_per_gpu,
+                     UINT64_C(160) * GIB);
+    char *text = NULL;
+    assert_ok(kvc_plan_render_text(r, &text));
+    assert_non_null(strstr(text, "none starts on 8 GPUs; what replaces it"));
+    kvc_plan_string_free(text);
+    assert_ok(kvc_plan_render_json(r, &text));
+    assert_non_null(strstr(text, "\"context_parallel\""));
+    assert_non_null(strstr(text, "\"kv_bytes_per_request_per_gpu\""));
+    assert_non_null(strstr(text, "\"prefill_seconds\""));
+    assert_non_null(strstr(text, "\"ring_bytes_per_step\""));
+    kvc_plan_string_free(text);
+    free(r);
+    /* TYPE:FACTOR */
+    kvc_plan_rope_t rt;
+    double f;
+    assert_ok(kvc_plan_rope_parse("llama3:8", &rt, &f));
+    assert_true(rt == KVC_PLAN_ROPE_LLAMA3 && f == 8);
+    assert_ok(kvc_plan_rope_parse("LINEAR:2.5", &rt, &f));
+    assert_true(rt == KVC_PLAN_ROPE_LINEAR && f == 2.5);
+    assert_int_equal(kvc_plan_rope_parse("yarn", &rt, &f), KVC_EINVAL);
+    assert_int_equal(kvc_plan_rope_parse("yarn:1", &rt, &f), KVC_EINVAL);
+    assert_int_equal(kvc_plan_rope_parse("yarn:8x", &rt, &f), KVC_EINVAL);
+    assert_int_equal(kvc_plan_rope_parse("ntk:8", &rt, &f), KVC_EINVAL);
+    assert_int_equal(kvc_plan_rope_parse("yarn:inf", &rt, &f), KVC_EINVAL);
+    assert_string_equal(kvc_plan_rope_name(KVC_PLAN_ROPE_YARN), "yarn");
+}
+
 static void texts_say_what_is_true(void **state)
 {
     (void)state;
@@ -2565,6 +2682,7 @@ int main(void)
         cmocka_unit_test(vllm_batch_defaults_follow_the_gpu),
         cmocka_unit_test(prefill_only_requests_and_long_tenants_are_priced),
         cmocka_unit_test(texts_say_what_is_true),
+        cmocka_unit_test(a_million_tokens_on_eight_h100s),
         cmocka_unit_test(hybrid_configs_are_refused_and_vision_towers_counted),
         cmocka_unit_test(quantized_kv_and_weights_price_their_scales),
         cmocka_unit_test(config_reads_what_the_math_needs),

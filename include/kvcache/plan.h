@@ -278,8 +278,29 @@ KVC_API int kvc_plan_parse_bytes(const char *s, uint64_t *out);
 KVC_API int kvc_plan_parse_rate(const char *s, double *out);
 
 /* ---- the deployment -------------------------------------------------------- */
+/* How a deployment extends the context past the trained length (a config's rope_scaling). */
+typedef enum {
+    KVC_PLAN_ROPE_NONE = 0,
+    KVC_PLAN_ROPE_LINEAR, /* position interpolation */
+    KVC_PLAN_ROPE_YARN,
+    KVC_PLAN_ROPE_LLAMA3,
+    KVC_PLAN_ROPE__COUNT
+} kvc_plan_rope_t;
+/* "none", "linear", "yarn", "llama3"; "?" for an invalid value.  Never fails. */
+KVC_API const char *kvc_plan_rope_name(kvc_plan_rope_t r);
+/* Parse "TYPE:FACTOR" (linear, yarn, llama3; FACTOR a number > 1 and at most 1024).  Returns
+ * 0, or KVC_EINVAL (*type and *factor untouched) for anything else or an argument NULL. */
+KVC_API int kvc_plan_rope_parse(const char *s, kvc_plan_rope_t *type, double *factor);
+
 typedef struct {
     uint32_t tp, pp, dp; /* tensor, pipeline, data parallel sizes */
+    /* context parallelism (ring attention): each request's KV split over cp GPUs, each holding
+     * 1/cp of its tokens; the ring passes K/V blocks per layer.  1 (0 reads as 1): none */
+    uint32_t cp;
+    uint32_t gpus_per_node;       /* a TP x CP group larger than this rings over the inter-node
+                                     link (link_bytes_per_s); 0 reads as 8 */
+    kvc_plan_rope_t rope_scaling; /* NONE: max_model_len <= max_position_embeddings */
+    double rope_factor; /* > 1 with a scaling: max_model_len <= factor x max_position_embeddings */
     kvc_plan_dtype_t weight_dtype;
     kvc_plan_dtype_t kv_dtype;
     uint32_t block_size;           /* tokens per KV block: a power of two, 1..1024 */
@@ -413,6 +434,7 @@ KVC_API const char *kvc_plan_ceiling_name(kvc_plan_ceiling_id_t id);
 #define KVC_PLAN_SPEC_BEST_ROWS 7
 #define KVC_PLAN_SPEC_MAX_BATCH 16384
 #define KVC_PLAN_RECOMPUTE_ROWS 5
+#define KVC_PLAN_LAYOUT_ROWS    10
 
 typedef struct {
     uint32_t tp;
@@ -446,6 +468,19 @@ typedef struct {
      * KVC_PLAN_SPEC_MAX_BATCH; UNBOUNDED: it never loses there. */
     uint64_t loses_from_batch;
 } kvc_plan_spec_row_t;
+
+/* One TP x CP layout of a long-context deployment. */
+typedef struct {
+    uint32_t tp, cp, gpus;
+    kvc_plan_dtype_t kv_dtype;
+    bool fits;       /* every startup phase passes (one max_model_len request fits) */
+    bool inter_node; /* tp x cp > gpus_per_node: the ring crosses nodes */
+    uint64_t kv_bytes_per_request_per_gpu; /* at the context */
+    uint64_t weight_bytes_per_gpu;
+    double prefill_seconds;       /* one request at the context, over the tp x cp GPUs */
+    uint64_t ring_bytes_per_step; /* per GPU, per layer and ring step */
+    bool ring_hidden;             /* the transfer takes no longer than the step's attention */
+} kvc_plan_layout_t;
 
 /* The best draft count at one batch size (k 0: speculation does not pay). */
 typedef struct {
@@ -617,6 +652,26 @@ typedef struct {
     uint64_t spec_draft_bytes_per_gpu; /* the draft model's weights, read every draft step */
     kvc_plan_spec_best_t spec_best[KVC_PLAN_SPEC_BEST_ROWS];
     uint32_t n_spec_best;
+
+    /* 13. long context and context parallelism (the context of sections 5 and 6) */
+    uint64_t kv_bytes_per_request_context;   /* whole model, one copy, at the context */
+    uint64_t kv_bytes_per_request_per_gpu;   /* per GPU, 1/cp of the tokens, block-rounded */
+    uint64_t max_position_embeddings_scaled; /* the context rope scaling allows; 0: none */
+    double prefill_seconds;     /* one request at the context over tp x cp GPUs (PP stages in turn),
+                                   at the achieved rates */
+    uint64_t ring_chunk_tokens; /* ceil(context / cp): each GPU's share */
+    uint64_t ring_bytes_per_step; /* per GPU per layer per ring step: its chunk's K/V */
+    double ring_link_bytes_per_s; /* the GPU link, or the inter-node link past a node */
+    double ring_step_s;           /* one step's transfer */
+    double ring_attention_step_s; /* one step's attention, which the transfer hides behind */
+    bool ring_hidden;
+    bool ring_inter_node;
+    kvc_plan_layout_t layouts[KVC_PLAN_LAYOUT_ROWS]; /* computed for long contexts (>= 65,536
+                                                        tokens) or cp > 1 */
+    uint32_t n_layouts;
+    uint32_t n_layouts_same_gpus; /* the first rows keep the plan's GPU count; then what
+                                     replaces it when none fits: more CP ranks (across nodes),
+                                     fp8 KV */
 
     /* 12. tenancy */
     kvc_plan_tenant_row_t tenants[KVC_PLAN_TENANT_MAX];

@@ -37,6 +37,9 @@ enum {
     O_SSD_RATE,
     O_TENANT,
     O_DRAFT_PARAMS,
+    O_ROPE,
+    O_CP,
+    O_NODE,
     O_JSON,
     O_LIST,
 };
@@ -71,6 +74,11 @@ static void help(FILE *f)
         "  --gpu-pcie RATE            host link, per direction\n"
         "deployment:\n"
         "  --tp N, --pp N, --dp N     tensor, pipeline and data parallel sizes (default 1)\n"
+        "  --cp N                     context parallel ranks (ring attention): each holds 1/N of\n"
+        "                             a request's KV (default 1)\n"
+        "  --gpus-per-node N          a TP x CP group past it rings over --link-bandwidth (8)\n"
+        "  --rope-scaling TYPE:F      linear, yarn or llama3 by factor F: --max-model-len up to\n"
+        "                             F x max_position_embeddings\n"
         "  --weight-dtype T           bf16 (default), fp16, fp8, int8, int4, nvfp4\n"
         "  --kv-dtype T               bf16 (default), fp16, fp8, int8, nvfp4 (9 B per 16)\n"
         "  --block-size N             tokens per KV block, a power of two (default 16)\n"
@@ -139,6 +147,9 @@ static const struct option own_options[] = {
     {"ssd-write-rate", required_argument, NULL, O_SSD_RATE},
     {"tenant-tokens", required_argument, NULL, O_TENANT},
     {"spec-draft-params", required_argument, NULL, O_DRAFT_PARAMS},
+    {"rope-scaling", required_argument, NULL, O_ROPE},
+    {"cp", required_argument, NULL, O_CP},
+    {"gpus-per-node", required_argument, NULL, O_NODE},
     {"json", no_argument, NULL, O_JSON},
     {"list", no_argument, NULL, O_LIST},
     {"help", no_argument, NULL, 'h'},
@@ -229,6 +240,19 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
         break;
     case O_TENANT:
         TOK(1, KVC_PLAN_MAX_TOKENS, pp->tenant_tokens);
+        break;
+    case O_ROPE:
+        if (kvc_plan_rope_parse(arg, &pp->rope_scaling, &pp->rope_factor))
+            return kvc_cli_error(CMD,
+                                 "%s: '%s' is not TYPE:FACTOR (linear, yarn or llama3, a factor "
+                                 "above 1 and at most 1024; e.g. yarn:8)",
+                                 opt_name, arg);
+        break;
+    case O_CP:
+        U64(1, 1024, pp->cp);
+        break;
+    case O_NODE:
+        U64(1, 1024, pp->gpus_per_node);
         break;
     case O_DRAFT_PARAMS:
         if (kvc_cli_parse_double(arg, 0, (double)KVC_PLAN_MAX_PARAMS, &d)) {

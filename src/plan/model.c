@@ -63,6 +63,32 @@ uint64_t kvc_plan_dtype_bytes(kvc_plan_dtype_t dt, uint64_t n)
     return b > UINT64_MAX ? UINT64_MAX : (uint64_t)b;
 }
 
+static const char *const rope_names[KVC_PLAN_ROPE__COUNT] = {"none", "linear", "yarn", "llama3"};
+const char *kvc_plan_rope_name(kvc_plan_rope_t r)
+{
+    return (unsigned)r < KVC_PLAN_ROPE__COUNT ? rope_names[r] : "?";
+}
+
+int kvc_plan_rope_parse(const char *s, kvc_plan_rope_t *type, double *factor)
+{
+    if (!s || !type || !factor) return KVC_EINVAL;
+    const char *colon = strchr(s, ':');
+    if (!colon) return KVC_EINVAL;
+    for (int t = 1; t < KVC_PLAN_ROPE__COUNT; t++) {
+        if (strlen(rope_names[t]) != (size_t)(colon - s) ||
+            strncasecmp(s, rope_names[t], (size_t)(colon - s)))
+            continue;
+        char *end;
+        errno = 0;
+        const double f = strtod(colon + 1, &end);
+        if (end == colon + 1 || *end || errno || !(f > 1 && f <= 1024)) return KVC_EINVAL;
+        *type = (kvc_plan_rope_t)t;
+        *factor = f;
+        return 0;
+    }
+    return KVC_EINVAL;
+}
+
 int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out)
 {
     static const struct {

@@ -26,6 +26,10 @@ kvc_plan_params_t kvc_plan_params_default(void)
         .tp = 1,
         .pp = 1,
         .dp = 1,
+        .cp = 1,
+        .gpus_per_node = 8,
+        .rope_scaling = KVC_PLAN_ROPE_NONE,
+        .rope_factor = 0,
         .weight_dtype = KVC_PLAN_BF16,
         .kv_dtype = KVC_PLAN_BF16,
         .block_size = 16,
@@ -246,11 +250,19 @@ static uint64_t request_bytes(uint64_t per_layer, uint32_t n_layers, uint32_t n_
     return kvc__mul_sat(kvc__mul_sat(blocks, bs), per_layer);
 }
 
+/* Context parallelism: each of the cp GPUs holds ceil(n / cp) of the tokens (and as much of a
+ * window). */
+static uint64_t cp_share(uint64_t n, uint32_t cp)
+{
+    return cp > 1 ? kvc__ceil_div(n, cp) : n;
+}
+
 uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n)
 {
+    const uint32_t cp = r->params.cp;
     return request_bytes(r->kv_bytes_per_token_per_layer_per_gpu, r->layers_per_gpu,
-                         r->sliding_layers_per_gpu, r->model.sliding_window, r->params.block_size,
-                         r->params.window_freeing, n);
+                         r->sliding_layers_per_gpu, (uint32_t)cp_share(r->model.sliding_window, cp),
+                         r->params.block_size, r->params.window_freeing, cp_share(n, cp));
 }
 
 /* Attention FLOPs one token spends on keys at context c, summed over layers. */
@@ -383,10 +395,16 @@ static int validate_deployment(const kvc_plan_model_t *m, const kvc_plan_params_
     if (p->pp < 1 || p->pp > KVC__MAX_STAGES)
         BAD("--pp %u: expected 1..%d", p->pp, KVC__MAX_STAGES);
     if (p->dp < 1 || p->dp > 65536) BAD("--dp %u: expected 1..65536", p->dp);
-    if ((uint64_t)p->tp * p->pp * p->dp > KVC_PLAN_MAX_GPUS)
-        BAD("--tp %u x --pp %u x --dp %u = %llu GPUs is out of range: at most %llu", p->tp, p->pp,
-            p->dp, (unsigned long long)p->tp * p->pp * p->dp,
+    if (p->cp < 1 || p->cp > 1024) BAD("--cp %u: expected 1..1024", p->cp);
+    if (p->gpus_per_node < 1 || p->gpus_per_node > 1024)
+        BAD("--gpus-per-node %u: expected 1..1024", p->gpus_per_node);
+    if ((uint64_t)p->tp * p->pp * p->dp * p->cp > KVC_PLAN_MAX_GPUS)
+        BAD("--tp %u x --pp %u x --dp %u x --cp %u = %llu GPUs is out of range: at most %llu",
+            p->tp, p->pp, p->dp, p->cp, (unsigned long long)p->tp * p->pp * p->dp * p->cp,
             (unsigned long long)KVC_PLAN_MAX_GPUS);
+    if ((unsigned)p->rope_scaling >= KVC_PLAN_ROPE__COUNT) BAD("invalid rope scaling");
+    if (p->rope_scaling != KVC_PLAN_ROPE_NONE && !(p->rope_factor > 1 && p->rope_factor <= 1024))
+        BAD("--rope-scaling factor %g: expected more than 1 and at most 1024", p->rope_factor);
     if (m->n_heads % p->tp)
         BAD("--tp %u does not divide the %u attention heads", p->tp, m->n_heads);
     if (!m->mla && m->n_kv_heads % p->tp && p->tp % m->n_kv_heads)
@@ -583,11 +601,25 @@ static int compute_inputs(calc_t *c, char *msg, size_t len)
     if (!max_len)
         return kvc__msgf(KVC_EINVAL, msg, len,
                          "the model gives no max_position_embeddings: set --max-model-len");
-    if (m->max_position_embeddings && max_len > m->max_position_embeddings)
+    /* RoPE scaling (linear, YaRN, Llama 3) stretches the trained positions by its factor. */
+    const bool scaled = p->rope_scaling != KVC_PLAN_ROPE_NONE;
+    const double allowed_d = (double)m->max_position_embeddings * (scaled ? p->rope_factor : 1);
+    const uint64_t allowed =
+        allowed_d >= (double)KVC_PLAN_MAX_TOKENS ? KVC_PLAN_MAX_TOKENS : (uint64_t)allowed_d;
+    if (m->max_position_embeddings && max_len > allowed) {
+        if (scaled)
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "--max-model-len %llu exceeds %s:%g x max_position_embeddings %llu = "
+                             "%llu",
+                             (unsigned long long)max_len, kvc_plan_rope_name(p->rope_scaling),
+                             p->rope_factor, (unsigned long long)m->max_position_embeddings,
+                             (unsigned long long)allowed);
         return kvc__msgf(KVC_EINVAL, msg, len,
-                         "--max-model-len %llu exceeds the model's max_position_embeddings %llu",
+                         "--max-model-len %llu exceeds the model's max_position_embeddings %llu "
+                         "(a deployment extends it with --rope-scaling yarn:FACTOR)",
                          (unsigned long long)max_len,
                          (unsigned long long)m->max_position_embeddings);
+    }
     const uint64_t req = p->prompt_tokens + p->output_tokens;
     if (req > max_len)
         return kvc__msgf(KVC_EINVAL, msg, len,
@@ -606,8 +638,9 @@ static int compute_inputs(calc_t *c, char *msg, size_t len)
     r->params = *p;
     r->max_model_len = max_len;
     r->context_tokens = ctx_tokens;
+    r->max_position_embeddings_scaled = scaled && m->max_position_embeddings ? allowed : 0;
     r->request_tokens = req;
-    r->n_gpus = p->tp * p->pp * p->dp;
+    r->n_gpus = p->tp * p->pp * p->dp * p->cp;
     kvc_plan_model_params(m, &r->counts);
     /* fp8, int8 (W8A8) and nvfp4 weights multiply on the 8-bit tensor cores where there are
      * some (nvfp4 on Blackwell's fp4 cores is faster still: not modelled, a conservative rate) */
@@ -758,7 +791,7 @@ static int compute_ledger(calc_t *c, char *msg, size_t len)
     r->kv_pool_signed_bytes = st->pool;
     r->kv_pool_bytes_per_gpu = st->pool > 0 ? (uint64_t)st->pool : 0;
     r->num_blocks = r->kv_pool_bytes_per_gpu / (st->kv_per_token * bs);
-    r->pool_tokens = r->num_blocks * bs;
+    r->pool_tokens = r->num_blocks * bs * p->cp; /* per replica: cp GPUs share each request */
     if (c->kv_explicit) r->budget_bytes = visible > st->ctx ? visible - st->ctx : 0;
     fill_ledger(r, p, st);
     return 0;
@@ -793,8 +826,9 @@ static bool phase_need(const calc_t *c, kvc_plan_phase_id_t ph, const stage_t *s
         *have = kv_explicit ? (visible > s->ctx ? visible - s->ctx : 0) : r->budget_bytes;
         break;
     case KVC_PLAN_PHASE_CHECK_MAX_LEN:
-        *need = request_bytes(s->kv_per_layer, s->n_layers, s->n_sliding, c->m->sliding_window,
-                              p->block_size, p->window_freeing, r->max_model_len);
+        *need = request_bytes(s->kv_per_layer, s->n_layers, s->n_sliding,
+                              (uint32_t)cp_share(c->m->sliding_window, p->cp), p->block_size,
+                              p->window_freeing, cp_share(r->max_model_len, p->cp));
         *have = s->pool > 0 ? (uint64_t)s->pool : 0;
         break;
     case KVC_PLAN_PHASE_CAPTURE_GRAPHS:
@@ -886,13 +920,16 @@ static void compute_concurrency(calc_t *c)
     const double dv_dec = m->mla ? (double)m->kv_lora_rank : m->v_head_dim;
     c->roof = (roof_t){
         .lin_tok = 2 * st->flop_params,
+        /* with CP each GPU attends over, and reads, its 1/cp of the context */
         .attn_tok =
-            attn_flops_token(m, st->n_layers, st->n_sliding, heads_gpu, dqk_dec, dv_dec, c_dec),
+            attn_flops_token(m, st->n_layers, st->n_sliding, heads_gpu, dqk_dec, dv_dec, c_dec) /
+            p->cp,
         .f_lin = r->peak_flops,
         .f_attn = g->bf16_flops,
         .kv_read = (double)st->kv_per_layer *
                    ((st->n_layers - st->n_sliding) * c_dec +
-                    st->n_sliding * (m->sliding_window ? fmin(c_dec, m->sliding_window) : c_dec)),
+                    st->n_sliding * (m->sliding_window ? fmin(c_dec, m->sliding_window) : c_dec)) /
+                   p->cp,
         .w_dense = fmax(0, (double)st->weight_bytes -
                                (double)(p->weight_bytes != KVC_PLAN_AUTO ? 0 : st->expert_bytes) -
                                (double)st->embed_bytes - (double)st->vision_bytes),
@@ -993,7 +1030,7 @@ static void compute_disagg(calc_t *c)
     const kvc_plan_params_t *p = c->p;
     kvc_plan_result_t *r = c->r;
     const double f_eff = r->peak_flops * p->mfu;
-    const double gpus_replica = (double)p->tp * p->pp;
+    const double gpus_replica = (double)p->tp * p->pp * p->cp;
     const double n_p = (double)p->prompt_tokens;
     const double prompt_lin = 2 * n_p * c->linear_params;
     const double prompt_attn = prefill_attention(c->m, n_p);
@@ -1024,7 +1061,7 @@ static void compute_tiers(calc_t *c)
     const kvc_plan_params_t *p = c->p;
     kvc_plan_result_t *r = c->r;
     const double f_eff = r->peak_flops * p->mfu;
-    const double gpus_replica = (double)p->tp * p->pp;
+    const double gpus_replica = (double)p->tp * p->pp * p->cp;
     r->recompute_s_per_token = 2 * c->linear_params / (gpus_replica * f_eff);
     const double kv_gpu = (double)c->st->kv_per_token;
     r->break_even_bytes_per_s = kv_gpu / r->recompute_s_per_token;
@@ -1090,8 +1127,8 @@ static void compute_little(calc_t *c)
         .mbu = p->mbu,
         .out_tokens = (double)p->output_tokens,
         .prefill_work_s = c->prefill_work_s,
-        .replica_gpus = (double)p->tp * p->pp,
-        .tp = p->tp,
+        .replica_gpus = (double)p->tp * p->pp * p->cp,
+        .tp = p->tp * p->cp,
         .pp = p->pp,
     };
     /* The largest arrival rate whose resident count stays under the hard ceilings:
@@ -1188,12 +1225,15 @@ static void compute_spec(calc_t *c)
     for (uint32_t i = 0; i < n; i++) {
         const uint32_t k = ks[i];
         /* The first batch from which speculation loses and keeps losing up to the bound:
-         * scanned down from the top, as the sign can change more than once when the draft
-         * has a cost of its own. */
+         * scanned down from the top (the sign can change more than once when the draft has a
+         * cost of its own), 16 batches at a time, then batch by batch within the last stride. */
         uint64_t loses = KVC_PLAN_UNBOUNDED;
-        for (uint64_t b = KVC_PLAN_SPEC_MAX_BATCH; b >= 1 && spec_speedup(&sp, (double)b, k) < 1;
-             b--)
+        uint64_t b = KVC_PLAN_SPEC_MAX_BATCH;
+        while (b > 16 && spec_speedup(&sp, (double)(b - 16), k) < 1) b -= 16;
+        if (spec_speedup(&sp, (double)b, k) < 1) {
             loses = b;
+            while (loses > 1 && spec_speedup(&sp, (double)(loses - 1), k) < 1) loses--;
+        }
         r->spec[i] = (kvc_plan_spec_row_t){
             .spec_tokens = k,
             .max_batch_by_tokens = p->max_num_batched_tokens / (1 + k),
@@ -1242,6 +1282,38 @@ static void compute_tenancy(calc_t *c)
     r->image_bytes_per_gpu = (uint64_t)c->m->image_tokens * c->st->kv_per_token;
 }
 
+/* 13. Long context: one request at the context, its KV per GPU under context parallelism, its
+ * prefill time, and the ring's K/V traffic against the attention it hides behind.  Ring
+ * attention (load-balanced, zigzag): each of the cp GPUs holds ceil(n / cp) tokens; in each of
+ * cp steps per layer it sends its chunk's K/V to the next GPU while attending over the chunk it
+ * has, n^2 / (2 cp^2) causal pairs per GPU and step. */
+static void compute_longctx(calc_t *c)
+{
+    const kvc_plan_model_t *m = c->m;
+    const kvc_plan_gpu_t *g = c->g;
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const double n = (double)r->context_tokens, cp = p->cp;
+    r->kv_bytes_per_request_context = r->kv_bytes_per_request_model;
+    r->kv_bytes_per_request_per_gpu = kvc_plan_request_bytes(r, r->context_tokens);
+    r->prefill_seconds =
+        (r->prefill_linear_flops / r->peak_flops + r->prefill_attention_flops / g->bf16_flops) /
+        p->mfu / ((double)p->tp * p->cp);
+    r->ring_inter_node = (uint64_t)p->tp * p->cp > p->gpus_per_node;
+    r->ring_link_bytes_per_s = r->ring_inter_node                ? p->link_bytes_per_s
+                               : g->interconnect_bytes_per_s > 0 ? g->interconnect_bytes_per_s
+                                                                 : g->pcie_bytes_per_s;
+    if (p->cp <= 1) return;
+    r->ring_chunk_tokens = cp_share(r->context_tokens, p->cp);
+    r->ring_bytes_per_step =
+        kvc__mul_sat(r->ring_chunk_tokens, r->kv_bytes_per_token_per_layer_per_gpu);
+    r->ring_step_s = (double)r->ring_bytes_per_step / r->ring_link_bytes_per_s;
+    const double pair_flops =
+        2.0 * ((double)m->head_dim + m->v_head_dim) * ((double)m->n_heads / p->tp);
+    r->ring_attention_step_s = n * n / (2 * cp * cp) * pair_flops / (g->bf16_flops * p->mfu);
+    r->ring_hidden = r->ring_step_s <= r->ring_attention_step_s;
+}
+
 /* Whether the GPU's name (at most its 32 bytes) holds `needle`, case-insensitively. */
 static bool name_has(const char name[32], const char *needle)
 {
@@ -1278,6 +1350,8 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
                         char *msg, size_t len)
 {
     kvc_plan_params_t q = *p_in;
+    if (!q.cp) q.cp = 1;
+    if (!q.gpus_per_node) q.gpus_per_node = 8;
     resolve_batch_defaults(&q, m, g);
     const kvc_plan_params_t *p = &q;
     calc_t c = {.m = m, .g = g, .p = p, .r = r};
@@ -1298,6 +1372,7 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
     compute_little(&c);
     compute_spec(&c);
     compute_tenancy(&c);
+    compute_longctx(&c);
     return 0;
 }
 
@@ -1334,11 +1409,76 @@ static void suggest(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
     }
 }
 
+/* One layout row: the plan re-made with tp, cp and the KV dtype changed. */
+static bool layout_row(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
+                       const kvc_plan_params_t *base, uint32_t tp, uint32_t cp, kvc_plan_dtype_t kv,
+                       kvc_plan_layout_t *out)
+{
+    if (m->n_heads % tp || (!m->mla && m->n_kv_heads % tp && tp % m->n_kv_heads)) return false;
+    kvc_plan_params_t q = *base;
+    q.tp = tp;
+    q.cp = cp;
+    q.kv_dtype = kv;
+    kvc_plan_result_t res, *alt = &res; /* a few KB, as suggest() keeps one */
+    const bool ok = !compute_core(m, g, &q, alt, false, NULL, 0);
+    if (ok)
+        *out = (kvc_plan_layout_t){
+            .tp = tp,
+            .cp = cp,
+            .gpus = tp * cp,
+            .kv_dtype = kv,
+            .fits = alt->fits,
+            .inter_node = alt->ring_inter_node,
+            .kv_bytes_per_request_per_gpu = alt->kv_bytes_per_request_per_gpu,
+            .weight_bytes_per_gpu = alt->weight_bytes_per_gpu,
+            .prefill_seconds = alt->prefill_seconds,
+            .ring_bytes_per_step = alt->ring_bytes_per_step,
+            .ring_hidden = cp <= 1 || alt->ring_hidden,
+        };
+    return ok;
+}
+
+/* Long contexts: every TP x CP split of the replica's GPUs (TP within a node), and when none
+ * starts, what replaces it: more CP ranks, across nodes at the inter-node link, or fp8 KV. */
+static void layouts(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    r->n_layouts = r->n_layouts_same_gpus = 0;
+    if (p->pp != 1 || (r->context_tokens < 65536 && p->cp <= 1)) return;
+    const uint32_t n = p->tp * p->cp;
+    bool any = false;
+    uint32_t best_tp = 1;
+    for (uint32_t t = 1; t <= n && t <= p->gpus_per_node && r->n_layouts < KVC_PLAN_LAYOUT_ROWS;
+         t *= 2) {
+        if (n % t) continue;
+        kvc_plan_layout_t *x = &r->layouts[r->n_layouts];
+        if (!layout_row(m, g, p, t, n / t, p->kv_dtype, x)) continue;
+        r->n_layouts++;
+        any |= x->fits;
+        best_tp = t;
+    }
+    r->n_layouts_same_gpus = r->n_layouts;
+    if (any) return;
+    /* more CP ranks at the largest TP that fits a node, until one starts (64 times the GPUs) */
+    for (uint32_t cp = n / best_tp * 2; (uint64_t)best_tp * cp <= (uint64_t)n * 64 && cp <= 1024 &&
+                                        r->n_layouts < KVC_PLAN_LAYOUT_ROWS - 1;
+         cp *= 2) {
+        kvc_plan_layout_t *x = &r->layouts[r->n_layouts];
+        if (!layout_row(m, g, p, best_tp, cp, p->kv_dtype, x)) break;
+        r->n_layouts++;
+        if (x->fits) break;
+    }
+    if (kvc_plan_dtype_bits(p->kv_dtype) > 8 && r->n_layouts < KVC_PLAN_LAYOUT_ROWS &&
+        layout_row(m, g, p, best_tp, n / best_tp, KVC_PLAN_FP8, &r->layouts[r->n_layouts]))
+        r->n_layouts++;
+}
+
 int kvc_plan_compute(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kvc_plan_params_t *p,
                      kvc_plan_result_t *r, char *msg, size_t len)
 {
     if (!m || !g || !p || !r) return kvc__msgf(KVC_EINVAL, msg, len, "missing argument");
     int rc = compute_core(m, g, p, r, false, msg, len);
     if (!rc && !r->fits) suggest(m, g, p, r);
+    if (!rc) layouts(m, g, r);
     return rc;
 }

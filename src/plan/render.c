@@ -950,6 +950,68 @@ static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
           : "?");
 }
 
+static void sec_longctx(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    const kvc_plan_model_t *m = &r->model;
+    P("13. Long context: one request of %s tokens, context parallelism %u  [estimated: MFU %s]\n",
+      I(c, r->context_tokens), p->cp, N(c, p->mfu));
+    if (r->max_position_embeddings_scaled)
+        P("   positions  %s:%s x max_position_embeddings %s = %s tokens allowed\n",
+          kvc_plan_rope_name(p->rope_scaling), N(c, p->rope_factor),
+          I(c, m->max_position_embeddings), I(c, r->max_position_embeddings_scaled));
+    P("   KV         %s B per token x %s tokens = %s per request (whole model, one copy)\n",
+      I(c, r->kv_bytes_per_token), I(c, r->context_tokens),
+      G(c, (double)r->kv_bytes_per_request_context));
+    P("   per GPU    TP %u x CP %u: each GPU holds %s of it (%s of the tokens)\n", p->tp, p->cp,
+      G(c, (double)r->kv_bytes_per_request_per_gpu), I(c, kvc__ceil_div(r->context_tokens, p->cp)));
+    P("   prefill    (%s linear FLOP / %s TFLOP/s + %s attention FLOP / %s TFLOP/s) / MFU %s / %u "
+      "GPUs\n              = %s; %s of the FLOPs in attention\n",
+      FL(c, r->prefill_linear_flops), TF(c, r->peak_flops), FL(c, r->prefill_attention_flops),
+      TF(c, r->gpu.bf16_flops), N(c, p->mfu), p->tp * p->cp, TIME(c, r->prefill_seconds),
+      PCT(c, r->prefill_attention_flops_fraction));
+    if (p->cp > 1)
+        P("   ring       each step a GPU sends its %s-token chunk's K/V per layer: %s over %s "
+          "(%s)\n"
+          "              = %s, against the step's attention, %s tokens^2 / 2 / %u^2 pairs: %s: "
+          "%s\n",
+          I(c, r->ring_chunk_tokens), BY(c, r->ring_bytes_per_step),
+          RT(c, r->ring_link_bytes_per_s), r->ring_inter_node ? "between nodes" : "within a node",
+          TIME(c, r->ring_step_s), I(c, r->context_tokens), p->cp,
+          TIME(c, r->ring_attention_step_s),
+          r->ring_hidden ? "the transfer hides behind compute" : "the transfer is exposed");
+    else
+        P("   ring       CP 1: no ring; --cp N splits each request's KV over N GPUs\n");
+    if (!r->n_layouts) {
+        P("\n");
+        return;
+    }
+    P("   layouts of %u GPU%s (TP within a node of %u, the rest CP):\n", p->tp * p->cp,
+      p->tp * p->cp == 1 ? "" : "s", p->gpus_per_node);
+    P("   TP    CP    GPUs  KV       KV/GPU/request  weights/GPU  starts  prefill     ring/step    "
+      "ring\n");
+    bool any = false;
+    for (uint32_t i = 0; i < r->n_layouts; i++) {
+        const kvc_plan_layout_t *x = &r->layouts[i];
+        if (i == r->n_layouts_same_gpus)
+            P("   none starts on %u GPUs; what replaces it (more CP ranks%s, or fp8 KV):\n",
+              p->tp * p->cp, x->inter_node ? " across nodes at the inter-node link" : "");
+        if (i < r->n_layouts_same_gpus) any |= x->fits;
+        P("   %-5u %-5u %-5u %-8s %-15s %-12s %-7s %-11s %-12s %s%s\n", x->tp, x->cp, x->gpus,
+          kvc_plan_dtype_name(x->kv_dtype), G(c, (double)x->kv_bytes_per_request_per_gpu),
+          G(c, (double)x->weight_bytes_per_gpu), x->fits ? "yes" : "no",
+          TIME(c, x->prefill_seconds), x->cp > 1 ? BY(c, x->ring_bytes_per_step) : "-",
+          x->cp <= 1       ? "-"
+          : x->ring_hidden ? "hidden"
+                           : "exposed",
+          x->inter_node ? " (between nodes)" : "");
+    }
+    if (!any)
+        P("   a sliding window or sparse attention bounds the KV per layer instead (not modelled "
+          "here)\n");
+    P("\n");
+}
+
 int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
 {
     if (!r || !out) return KVC_EINVAL;
@@ -968,6 +1030,7 @@ int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
     sec_little(c, r);
     sec_spec(c, r);
     sec_tenancy(c, r);
+    if (r->params.cp > 1 || r->n_layouts || r->max_position_embeddings_scaled) sec_longctx(c, r);
     if (r->fits)
         P("verdict: starts; the KV pool holds %s sequences of %s tokens per replica, and the "
           "running batch\n         stops at %s (%s)\n",
@@ -1399,6 +1462,52 @@ static void json_tenancy(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
     }
 }
 
+/* 13. long context and context parallelism */
+static void json_longctx(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    add_u64(j, o, "kv_bytes_per_request_per_gpu", r->kv_bytes_per_request_per_gpu);
+    add_num(j, o, "prefill_seconds", r->prefill_seconds);
+    add_u64(j, o, "ring_bytes_per_step", r->ring_bytes_per_step);
+    cJSON *cp = chk(j, cJSON_AddObjectToObject(o, "context_parallel"));
+    add_u64(j, cp, "cp", p->cp);
+    add_u64(j, cp, "tp", p->tp);
+    add_u64(j, cp, "gpus_per_node", p->gpus_per_node);
+    add_str(j, cp, "rope_scaling", kvc_plan_rope_name(p->rope_scaling));
+    add_num(j, cp, "rope_factor", p->rope_factor);
+    add_u64(j, cp, "max_position_embeddings_scaled", r->max_position_embeddings_scaled);
+    add_u64(j, cp, "context_tokens", r->context_tokens);
+    add_u64(j, cp, "kv_bytes_per_request", r->kv_bytes_per_request_context);
+    add_u64(j, cp, "kv_bytes_per_request_per_gpu", r->kv_bytes_per_request_per_gpu);
+    add_num(j, cp, "prefill_seconds", r->prefill_seconds);
+    add_num(j, cp, "prefill_attention_flops_fraction", r->prefill_attention_flops_fraction);
+    add_u64(j, cp, "ring_chunk_tokens", r->ring_chunk_tokens);
+    add_u64(j, cp, "ring_bytes_per_step", r->ring_bytes_per_step);
+    add_num(j, cp, "ring_link_bytes_per_s", r->ring_link_bytes_per_s);
+    add_num(j, cp, "ring_step_s", r->ring_step_s);
+    add_num(j, cp, "ring_attention_step_s", r->ring_attention_step_s);
+    add_bool(j, cp, "ring_hidden", p->cp <= 1 || r->ring_hidden);
+    add_bool(j, cp, "ring_inter_node", r->ring_inter_node);
+    cJSON *rows = chk(j, cJSON_AddArrayToObject(cp, "layouts"));
+    for (uint32_t i = 0; i < r->n_layouts; i++) {
+        const kvc_plan_layout_t *x = &r->layouts[i];
+        cJSON *e = chk(j, cJSON_CreateObject());
+        add_u64(j, e, "tp", x->tp);
+        add_u64(j, e, "cp", x->cp);
+        add_u64(j, e, "gpus", x->gpus);
+        add_str(j, e, "kv_dtype", kvc_plan_dtype_name(x->kv_dtype));
+        add_bool(j, e, "fits", x->fits);
+        add_bool(j, e, "same_gpus", i < r->n_layouts_same_gpus);
+        add_bool(j, e, "inter_node", x->inter_node);
+        add_u64(j, e, "kv_bytes_per_request_per_gpu", x->kv_bytes_per_request_per_gpu);
+        add_u64(j, e, "weight_bytes_per_gpu", x->weight_bytes_per_gpu);
+        add_num(j, e, "prefill_seconds", x->prefill_seconds);
+        add_u64(j, e, "ring_bytes_per_step", x->ring_bytes_per_step);
+        add_bool(j, e, "ring_hidden", x->ring_hidden);
+        attach(j, rows, NULL, e);
+    }
+}
+
 static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
 {
     cJSON *o = chk(j, cJSON_CreateObject());
@@ -1419,6 +1528,7 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     json_little(j, o, r);
     json_spec(j, o, r);
     json_tenancy(j, o, r);
+    json_longctx(j, o, r);
     return o;
 }
 

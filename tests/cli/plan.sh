@@ -196,6 +196,31 @@ has '"max_num_seqs":[[:space:]]*256,'
 has '"max_num_batched_tokens":[[:space:]]*2048,'
 "$KVC" plan --help | grep -q 'default: half the' || fail "--help gives the wrong --arrival-rate default"
 
+# ---- long context: Llama-3.1-70B at 1M tokens on eight H100s ------------------------
+expect_error "exceeds the model's max_position_embeddings 131072 (a deployment extends it with --rope-scaling yarn:FACTOR)" \
+  --model llama-3.1-70b --gpu h100 --tp 8 --max-model-len 1M --prompt 1M --output 0
+expect_error "--rope-scaling: 'yarn' is not TYPE:FACTOR" --model llama-3.1-70b --gpu h100 --rope-scaling yarn
+expect_error "--rope-scaling: 'ntk:4' is not TYPE:FACTOR" --model llama-3.1-70b --gpu h100 --rope-scaling ntk:4
+expect_error "--cp: '0' is not a whole number in 1..1024" --model llama-3.1-70b --gpu h100 --cp 0
+expect_status 0 --model llama-3.1-70b --gpu h100 --tp 8 --rope-scaling yarn:8 --max-model-len 1M --prompt 1M --output 0
+has '^13\. Long context: one request of 1,048,576 tokens'
+has '327,680 B per token x 1,048,576 tokens = 320\.00 GiB per request'
+has 'TP 8 x CP 1: each GPU holds 40\.00 GiB of it'
+has '= 400\.38 s; 90\.9% of the FLOPs in attention'
+has '^   8     1     8     bf16     40\.00 GiB       16\.43 GiB    yes'
+expect_status 0 --model llama-3.1-70b --gpu h100 --tp 8 --rope-scaling yarn:8 --max-model-len 1M --prompt 1M --output 0 --json
+has '"context_parallel":'
+has '"kv_bytes_per_request_per_gpu":[[:space:]]*42949672960,'
+has '"ring_bytes_per_step":[[:space:]]*0,'
+has '"prefill_seconds":'
+# the same model with full multi-head attention (8x the KV) no longer fits 8 GPUs
+expect_status 3 --model "$CONFIGS/llama-3.1-70b-mha.json" --gpu h100 --tp 8 --rope-scaling yarn:8 --max-model-len 1M --prompt 1M --output 0
+has 'none starts on 8 GPUs; what replaces it'
+has '^   8     8     64    bf16     40\.00 GiB       18\.62 GiB    yes .* \(between nodes\)'
+expect_status 3 --model llama-3.1-70b --gpu h100 --tp 4 --cp 2 --rope-scaling yarn:8 --max-model-len 1M --prompt 1M --output 0 --json
+has '"ring_bytes_per_step":[[:space:]]*536870912,'
+has '"ring_hidden":[[:space:]]*true'
+
 # ---- a deployment that starts ---------------------------------------------------
 expect_status 0 --model llama-3.1-8b --gpu h100
 has '^1\. KV bytes per token'
