@@ -130,11 +130,25 @@ static void the_cost_model_matches_hand_arithmetic(void **state)
     double t = kvc_sim_step_time(&cm, &plan, &d);
     double compute =
         5 * cm.linear_flops_per_token / cm.flops_per_s + 1410 * 524288.0 / cm.attn_flops_per_s;
-    double memory = (cm.dense_weight_bytes + 131072.0 * (1104 + 5)) / cm.bytes_per_s;
+    /* KV reads at the paged blocks' efficiency: 16 / (16 + 4.5) = 0.78049 at block 16 */
+    assert_true(fabs(cm.kv_block_efficiency - 16 / 20.5) < 1e-15);
+    double memory = (cm.dense_weight_bytes + 131072.0 * (1104 / (16 / 20.5) + 5)) / cm.bytes_per_s;
     assert_true(fabs(d.compute_s - compute) < 1e-12);
     assert_true(fabs(d.memory_s - memory) < 1e-12);
     assert_true(fabs(t - (KVC_MAX(compute, memory) + 0.002)) < 1e-12);
     assert_true(memory > compute); /* a small batch is bandwidth-bound */
+    /* No KV cache: each row recomputes its whole context from position 0: the decode row 1,000
+     * tokens (pairs 1000 x 1001 / 2 = 500,500), the chunk 104 (104 x 105 / 2 = 5,460): 1,104
+     * tokens, 505,960 pairs, and their K/V written and read once */
+    cm.no_kv_cache = true;
+    kvc_sim_step_cost_t dn;
+    (void)kvc_sim_step_time(&cm, &plan, &dn);
+    assert_true(fabs(dn.linear_flops - 1104 * cm.linear_flops_per_token) < 1);
+    assert_true(fabs(dn.attn_flops - 505960 * 524288.0) < 1);
+    assert_true(fabs(dn.bytes_read - (cm.dense_weight_bytes +
+                                      131072.0 * (1104 / cm.kv_block_efficiency + 1104))) < 1);
+    assert_true(dn.compute_s > 100 * d.compute_s); /* the quadratic baseline */
+    cm.no_kv_cache = false;
     /* swap traffic adds bytes / host link */
     plan.swap_out_bytes = 64000000000ULL;
     t = kvc_sim_step_time(&cm, &plan, &d);
@@ -175,6 +189,64 @@ static void the_cost_model_matches_hand_arithmetic(void **state)
     assert_true(fabs(cm.linear_flops_per_token - 2.0 * (double)pr->counts.active / 2) <
                 1); /* the table counted once more */
     free(pr);
+}
+
+/* The pre-paging baseline: each request reserves max_model_len of KV.  max_model_len 1,024 at
+ * block 16 is 64 blocks, so a pool of 640 blocks runs at most 10 requests; each uses at most
+ * ceil((100 + 20) / 16) = 8 of its 64 blocks, so at least 1 - 8 / 64 = 87.5% of what is
+ * reserved is fragmentation.  The paged pool of the same size runs far more. */
+static void contiguous_allocation_reserves_max_model_len(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=1000,n=60,prompt=100,output=20", 0);
+    kvc_sim_config_t c = config(640);
+    c.plan.max_model_len = 1024;
+    c.plan.prompt_tokens = 100; /* the planner's typical request, within max_model_len */
+    c.plan.output_tokens = 20;
+    c.allocation = KVC_SIM_ALLOC_CONTIGUOUS;
+    c.check_every_step = true;
+    kvc_sim_result_t res;
+    kvc_report_summary_t s = run(&c, w, NULL, NULL, &res);
+    assert_int_equal(s.completed, 60);
+    assert_int_equal(res.peak_running, 10);
+    assert_int_equal(res.peak_reserved_blocks, 640);
+    assert_true(res.fragmentation_peak >= 0.875 && res.fragmentation_peak < 1);
+    assert_true(res.fragmentation_mean >= 0.875 && res.fragmentation_mean < 1);
+    assert_true(res.hit_tokens == 0); /* no sharing between private regions */
+    c.allocation = KVC_SIM_ALLOC_PAGED;
+    kvc_sim_result_t paged;
+    (void)run(&c, w, NULL, NULL, &paged);
+    assert_true(paged.peak_running > 40);
+    assert_true(paged.fragmentation_mean == 0);
+    assert_true(paged.simulated_s < res.simulated_s);
+    c.allocation = (kvc_sim_allocation_t)7;
+    kvc_report_t *r = new_report(w);
+    char err[256];
+    assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_EINVAL);
+    assert_non_null(strstr(err, "not paged or contiguous"));
+    kvc_report_destroy(r);
+    assert_string_equal(kvc_sim_allocation_name(KVC_SIM_ALLOC_CONTIGUOUS), "contiguous");
+    assert_int_equal(kvc_sim_allocation_parse("paged"), KVC_SIM_ALLOC_PAGED);
+    assert_int_equal(kvc_sim_allocation_parse("buddy"), -1);
+    kvc_workload_destroy(w);
+}
+
+/* Without a KV cache every decode step recomputes the context: the same workload takes far
+ * longer, and nothing hits. */
+static void no_kv_cache_recomputes_every_step(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=50,n=20,prompt=200,output=30", 0);
+    kvc_sim_config_t c = config(2000);
+    kvc_sim_result_t with, without;
+    (void)run(&c, w, NULL, NULL, &with);
+    c.no_kv_cache = true;
+    kvc_report_summary_t s = run(&c, w, NULL, NULL, &without);
+    assert_int_equal(s.completed, 20);
+    assert_true(without.cost.no_kv_cache);
+    assert_int_equal(without.hit_tokens, 0);
+    assert_true(without.simulated_s > 2 * with.simulated_s);
+    kvc_workload_destroy(w);
 }
 
 /* ---- whole runs ------------------------------------------------------------------------------ */
@@ -899,6 +971,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(the_cost_model_matches_hand_arithmetic),
         cmocka_unit_test(every_policy_keeps_the_invariants_at_every_step),
+        cmocka_unit_test(contiguous_allocation_reserves_max_model_len),
+        cmocka_unit_test(no_kv_cache_recomputes_every_step),
         cmocka_unit_test(every_eviction_policy_keeps_the_invariants_and_naive_lru_strands_nothing),
         cmocka_unit_test(same_seed_same_report_byte_for_byte),
         cmocka_unit_test(a_plan_given_is_used_instead_of_planning_again),

@@ -22,6 +22,7 @@ static bool cost_model_usable(const kvc_sim_cost_model_t *c)
            isfinite(c->attn_flops_per_s) && c->bytes_per_s > 0 && isfinite(c->bytes_per_s) &&
            c->host_link_bytes_per_s > 0 && isfinite(c->host_link_bytes_per_s) &&
            c->kv_bytes_per_token > 0 && c->kv_bytes_per_token <= 1e12 &&
+           c->kv_block_efficiency > 0 && c->kv_block_efficiency <= 1 &&
            c->experts_per_token_share >= 0 && c->experts_per_token_share <= 1 && c->tp >= 1 &&
            c->pp >= 1;
 }
@@ -72,6 +73,8 @@ int kvc_sim_cost_model(const kvc_plan_model_t *m, const kvc_plan_gpu_t *gpu,
         .pp = p->pp,
         .step_overhead_s = step_overhead_s,
         .host_link_bytes_per_s = gpu->pcie_bytes_per_s > 0 ? gpu->pcie_bytes_per_s : 32e9,
+        .kv_block_efficiency =
+            (double)p->block_size / ((double)p->block_size + KVC_SIM_BLOCK_OVERHEAD_TOKENS),
     };
     return cost_model_usable(out) ? 0 : KVC_EINVAL;
 }
@@ -83,6 +86,10 @@ double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t 
     for (uint32_t i = 0; i < plan->n_entries; i++) {
         const kvc_sched_entry_t *e = &plan->entries[i];
         double n = e->n_tokens, first = e->first_pos;
+        if (cm->no_kv_cache) { /* nothing is cached: the whole context again, from position 0 */
+            n += first;
+            first = 0;
+        }
         tokens += n;
         pairs += n * first + n * (n + 1) / 2; /* query i sees first + i + 1 keys (causal) */
         context += first + n;
@@ -95,8 +102,10 @@ double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t 
             cm->expert_weight_bytes > 0
                 ? cm->expert_weight_bytes * (1.0 - pow(1.0 - cm->experts_per_token_share, tokens))
                 : 0;
-        d.bytes_read =
-            cm->dense_weight_bytes + experts_read + cm->kv_bytes_per_token * (context + tokens);
+        /* KV read by attention (context) at the paged blocks' efficiency, and written (tokens) */
+        const double eff = cm->kv_block_efficiency > 0 ? cm->kv_block_efficiency : 1;
+        d.bytes_read = cm->dense_weight_bytes + experts_read +
+                       cm->kv_bytes_per_token * (context / eff + tokens);
         d.compute_s = d.linear_flops / cm->flops_per_s + d.attn_flops / cm->attn_flops_per_s;
         d.memory_s = d.bytes_read / cm->bytes_per_s;
         if (cm->n_allreduce && cm->link_bytes_per_s > 0)
