@@ -1133,6 +1133,50 @@ static void a_million_tokens_on_eight_h100s(void **state)
     assert_string_equal(kvc_plan_rope_name(KVC_PLAN_ROPE_YARN), "yarn");
 }
 
+static void the_dtype_grid_replans_every_pair(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default(); /* vLLM's H100 defaults: 1,024 sequences */
+    p.tp = 2;
+    p.grid_dtypes = true;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->n_dtype_grid, 20); /* 5 weight dtypes x 4 KV dtypes */
+    /* bf16 weights (65.71 GiB per GPU) leave no block; every other weight dtype starts */
+    for (uint32_t i = 0; i < r->n_dtype_grid; i++) {
+        const kvc_plan_grid_row_t *x = &r->dtype_grid[i];
+        if (x->weight_dtype == KVC_PLAN_BF16) {
+            assert_false(x->fits);
+            assert_int_equal(x->failed_phase, KVC_PLAN_PHASE_ALLOCATE_KV);
+        } else {
+            assert_true(x->fits);
+        }
+        /* one 1,200-token request is 75 blocks x 16 tokens x its bytes per token per GPU (TP 2:
+         * 4 KV heads x 128 x 2 x 80 layers): 163,840 B in bf16, 81,920 in fp8 or int8, 46,080
+         * in nvfp4 (1,024 elements per layer in 576 B) */
+        const uint64_t per_token = x->kv_dtype == KVC_PLAN_BF16    ? 163840
+                                   : x->kv_dtype == KVC_PLAN_NVFP4 ? 46080
+                                                                   : 81920;
+        if (x->fits)
+            assert_int_equal(x->max_concurrency, x->kv_pool_bytes_per_gpu / (75 * 16 * per_token));
+    }
+    /* the KV dtype does not move the pool; the weights do: fp8 weights x bf16 KV is row 4 */
+    assert_int_equal(r->dtype_grid[4].weight_dtype, KVC_PLAN_FP8);
+    assert_int_equal(r->dtype_grid[4].kv_dtype, KVC_PLAN_BF16);
+    assert_int_equal(r->dtype_grid[5].kv_pool_bytes_per_gpu,
+                     r->dtype_grid[4].kv_pool_bytes_per_gpu);
+    char *text = NULL;
+    assert_ok(kvc_plan_render_json(r, &text));
+    assert_non_null(strstr(text, "\"dtype_grid\""));
+    kvc_plan_string_free(text);
+    free(r);
+    p.grid_dtypes = false;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->n_dtype_grid, 0);
+    free(r);
+}
+
 static void texts_say_what_is_true(void **state)
 {
     (void)state;
@@ -2682,6 +2726,7 @@ int main(void)
         cmocka_unit_test(vllm_batch_defaults_follow_the_gpu),
         cmocka_unit_test(prefill_only_requests_and_long_tenants_are_priced),
         cmocka_unit_test(texts_say_what_is_true),
+        cmocka_unit_test(the_dtype_grid_replans_every_pair),
         cmocka_unit_test(a_million_tokens_on_eight_h100s),
         cmocka_unit_test(hybrid_configs_are_refused_and_vision_towers_counted),
         cmocka_unit_test(quantized_kv_and_weights_price_their_scales),

@@ -350,6 +350,8 @@ typedef struct {
                                    (prompt lookup / n-gram) */
     /* tenancy */
     uint64_t tenant_tokens; /* one more request length to price; 0: none */
+    /* comparisons: re-plan for every weight dtype x KV dtype pair (the result's dtype_grid) */
+    bool grid_dtypes;
 } kvc_plan_params_t;
 
 /* TP/PP/DP 1, bf16 weights and KV, block 16, utilization 0.9, max_model_len
@@ -435,6 +437,7 @@ KVC_API const char *kvc_plan_ceiling_name(kvc_plan_ceiling_id_t id);
 #define KVC_PLAN_SPEC_MAX_BATCH 16384
 #define KVC_PLAN_RECOMPUTE_ROWS 5
 #define KVC_PLAN_LAYOUT_ROWS    10
+#define KVC_PLAN_GRID_ROWS      20
 
 typedef struct {
     uint32_t tp;
@@ -468,6 +471,17 @@ typedef struct {
      * KVC_PLAN_SPEC_MAX_BATCH; UNBOUNDED: it never loses there. */
     uint64_t loses_from_batch;
 } kvc_plan_spec_row_t;
+
+/* One weight dtype x KV dtype pair of the same deployment. */
+typedef struct {
+    kvc_plan_dtype_t weight_dtype, kv_dtype;
+    bool fits;
+    int failed_phase; /* a kvc_plan_phase_id_t, or -1 */
+    uint64_t weight_bytes_per_gpu;
+    uint64_t kv_pool_bytes_per_gpu;
+    uint64_t max_concurrency; /* typical requests resident at once (ceiling) */
+    uint64_t max_model_len_that_fits;
+} kvc_plan_grid_row_t;
 
 /* One TP x CP layout of a long-context deployment. */
 typedef struct {
@@ -672,6 +686,11 @@ typedef struct {
     uint32_t n_layouts_same_gpus; /* the first rows keep the plan's GPU count; then what
                                      replaces it when none fits: more CP ranks (across nodes),
                                      fp8 KV */
+
+    /* comparisons (params.grid_dtypes): weights bf16, fp8, int8, int4, nvfp4 x KV bf16, fp8,
+     * int8, nvfp4 */
+    kvc_plan_grid_row_t dtype_grid[KVC_PLAN_GRID_ROWS];
+    uint32_t n_dtype_grid;
 
     /* 12. tenancy */
     kvc_plan_tenant_row_t tenants[KVC_PLAN_TENANT_MAX];

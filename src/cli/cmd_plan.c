@@ -40,6 +40,7 @@ enum {
     O_ROPE,
     O_CP,
     O_NODE,
+    O_GRID,
     O_JSON,
     O_LIST,
 };
@@ -117,6 +118,8 @@ static void help(FILE *f)
            "  --spec-acceptance F        per-token acceptance rate, 0..1 (default 0.7)\n"
            "  --spec-draft-params N      the draft model's parameters (default 0: prompt lookup)\n"
            "  --tenant-tokens N          one more request length to price in section 12\n"
+           "  --grid dtypes              every weight dtype x KV dtype pair: starts, pool, "
+           "concurrency\n"
            "output:\n"
            "  --json                     one JSON object (keys in docs/plan.md)\n"
            "  --list                     the model and GPU presets\n"
@@ -150,6 +153,7 @@ static const struct option own_options[] = {
     {"rope-scaling", required_argument, NULL, O_ROPE},
     {"cp", required_argument, NULL, O_CP},
     {"gpus-per-node", required_argument, NULL, O_NODE},
+    {"grid", required_argument, NULL, O_GRID},
     {"json", no_argument, NULL, O_JSON},
     {"list", no_argument, NULL, O_LIST},
     {"help", no_argument, NULL, 'h'},
@@ -253,6 +257,12 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
         break;
     case O_NODE:
         U64(1, 1024, pp->gpus_per_node);
+        break;
+    case O_GRID:
+        if (strcmp(arg, "dtypes"))
+            return kvc_cli_error(CMD, "%s: '%s' is not a grid (the one there is: dtypes)", opt_name,
+                                 arg);
+        pp->grid_dtypes = true;
         break;
     case O_DRAFT_PARAMS:
         if (kvc_cli_parse_double(arg, 0, (double)KVC_PLAN_MAX_PARAMS, &d)) {

@@ -1473,6 +1473,35 @@ static void layouts(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, kvc_plan
         r->n_layouts++;
 }
 
+/* The weight dtype x KV dtype grid: the same deployment re-planned per pair. */
+static void dtype_grid(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, kvc_plan_result_t *r)
+{
+    static const kvc_plan_dtype_t w[] = {KVC_PLAN_BF16, KVC_PLAN_FP8, KVC_PLAN_INT8, KVC_PLAN_INT4,
+                                         KVC_PLAN_NVFP4};
+    static const kvc_plan_dtype_t kv[] = {KVC_PLAN_BF16, KVC_PLAN_FP8, KVC_PLAN_INT8,
+                                          KVC_PLAN_NVFP4};
+    r->n_dtype_grid = 0;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(w); i++)
+        for (size_t k = 0; k < KVC_ARRAY_LEN(kv) && r->n_dtype_grid < KVC_PLAN_GRID_ROWS; k++) {
+            kvc_plan_params_t q = r->params;
+            q.weight_dtype = w[i];
+            q.kv_dtype = kv[k];
+            q.weight_bytes = KVC_PLAN_AUTO; /* a measured size holds for one dtype only */
+            kvc_plan_result_t alt;
+            if (compute_core(m, g, &q, &alt, false, NULL, 0)) continue;
+            r->dtype_grid[r->n_dtype_grid++] = (kvc_plan_grid_row_t){
+                .weight_dtype = w[i],
+                .kv_dtype = kv[k],
+                .fits = alt.fits,
+                .failed_phase = alt.failed_phase,
+                .weight_bytes_per_gpu = alt.weight_bytes_per_gpu,
+                .kv_pool_bytes_per_gpu = alt.kv_pool_bytes_per_gpu,
+                .max_concurrency = alt.max_concurrency,
+                .max_model_len_that_fits = alt.max_model_len_that_fits,
+            };
+        }
+}
+
 int kvc_plan_compute(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kvc_plan_params_t *p,
                      kvc_plan_result_t *r, char *msg, size_t len)
 {
@@ -1480,5 +1509,6 @@ int kvc_plan_compute(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const k
     int rc = compute_core(m, g, p, r, false, msg, len);
     if (!rc && !r->fits) suggest(m, g, p, r);
     if (!rc) layouts(m, g, r);
+    if (!rc && p->grid_dtypes) dtype_grid(m, g, r);
     return rc;
 }

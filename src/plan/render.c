@@ -950,6 +950,27 @@ static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
           : "?");
 }
 
+static void sec_grid(rc_t *c, const kvc_plan_result_t *r)
+{
+    P("14. Weight dtype x KV dtype (--grid dtypes): the same deployment, re-planned per pair\n");
+    P("   weights  KV       starts                weights/GPU  KV pool/GPU  max concurrency  "
+      "max_model_len that fits\n");
+    for (uint32_t i = 0; i < r->n_dtype_grid; i++) {
+        const kvc_plan_grid_row_t *x = &r->dtype_grid[i];
+        char starts[40];
+        snprintf(starts, sizeof starts, "%s",
+                 x->fits ? "yes" : kvc_plan_phase_name((kvc_plan_phase_id_t)x->failed_phase));
+        P("   %-8s %-8s %-21s %-12s %-12s %-16s %s%s\n", kvc_plan_dtype_name(x->weight_dtype),
+          kvc_plan_dtype_name(x->kv_dtype), x->fits ? "yes" : starts,
+          G(c, (double)x->weight_bytes_per_gpu), G(c, (double)x->kv_pool_bytes_per_gpu),
+          I(c, x->max_concurrency), I(c, x->max_model_len_that_fits),
+          x->weight_dtype == r->params.weight_dtype && x->kv_dtype == r->params.kv_dtype
+              ? "   <- this plan"
+              : "");
+    }
+    P("\n");
+}
+
 static void sec_longctx(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_params_t *p = &r->params;
@@ -1031,6 +1052,7 @@ int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
     sec_spec(c, r);
     sec_tenancy(c, r);
     if (r->params.cp > 1 || r->n_layouts || r->max_position_embeddings_scaled) sec_longctx(c, r);
+    if (r->n_dtype_grid) sec_grid(c, r);
     if (r->fits)
         P("verdict: starts; the KV pool holds %s sequences of %s tokens per replica, and the "
           "running batch\n         stops at %s (%s)\n",
@@ -1529,6 +1551,26 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     json_spec(j, o, r);
     json_tenancy(j, o, r);
     json_longctx(j, o, r);
+    if (r->params.grid_dtypes) {
+        cJSON *grid = chk(j, cJSON_AddArrayToObject(o, "dtype_grid"));
+        for (uint32_t i = 0; i < r->n_dtype_grid; i++) {
+            const kvc_plan_grid_row_t *x = &r->dtype_grid[i];
+            cJSON *e = chk(j, cJSON_CreateObject());
+            add_str(j, e, "weight_dtype", kvc_plan_dtype_name(x->weight_dtype));
+            add_str(j, e, "kv_dtype", kvc_plan_dtype_name(x->kv_dtype));
+            add_bool(j, e, "fits", x->fits);
+            if (x->fits)
+                add_null(j, e, "failed_phase");
+            else
+                add_str(j, e, "failed_phase",
+                        kvc_plan_phase_name((kvc_plan_phase_id_t)x->failed_phase));
+            add_u64(j, e, "weight_bytes_per_gpu", x->weight_bytes_per_gpu);
+            add_u64(j, e, "kv_pool_bytes_per_gpu", x->kv_pool_bytes_per_gpu);
+            add_u64(j, e, "max_concurrency", x->max_concurrency);
+            add_u64(j, e, "max_model_len_that_fits", x->max_model_len_that_fits);
+            attach(j, grid, NULL, e);
+        }
+    }
     return o;
 }
 

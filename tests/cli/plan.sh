@@ -221,6 +221,12 @@ expect_status 3 --model llama-3.1-70b --gpu h100 --tp 4 --cp 2 --rope-scaling ya
 has '"ring_bytes_per_step":[[:space:]]*536870912,'
 has '"ring_hidden":[[:space:]]*true'
 
+# ---- the dtype grid ------------------------------------------------------------------
+expect_status 3 --model llama-3.1-70b --gpu h100 --tp 2 --grid dtypes
+has '^14\. Weight dtype x KV dtype'
+has '^   fp8      fp8      yes '
+expect_error "--grid: 'sizes' is not a grid (the one there is: dtypes)" --model llama-3.1-70b --gpu h100 --grid sizes
+
 # ---- a deployment that starts ---------------------------------------------------
 expect_status 0 --model llama-3.1-8b --gpu h100
 has '^1\. KV bytes per token'
