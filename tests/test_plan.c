@@ -1177,6 +1177,44 @@ static void the_dtype_grid_replans_every_pair(void **state)
     free(r);
 }
 
+static void lora_adapters_take_from_the_kv_pool(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    kvc_plan_result_t *base = plan(&m, &g, &p);
+    p.lora_rank = 16;
+    p.lora_adapters = 100;
+    p.lora_resident = 20;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* per layer and rank: q (4,096 + 4,096) + k, v 2 x (4,096 + 1,024) + o (4,096 + 4,096) +
+     * gate, up, down 3 x (4,096 + 14,336) = 81,920 values, x 2 B x 16 = 2,621,440 B; x 32
+     * layers = 83,886,080 B (80 MiB) per adapter */
+    assert_int_equal(r->lora_adapter_bytes, 83886080u);
+    assert_int_equal(r->lora_adapter_bytes_per_gpu, 83886080u);
+    /* 20 resident: 1,677,721,600 B out of the pool, 12,800 KV tokens of 131,072 B */
+    assert_int_equal(r->lora_resident_bytes_per_gpu, 1677721600u);
+    assert_int_equal(r->kv_pool_bytes_per_gpu, base->kv_pool_bytes_per_gpu - 1677721600u);
+    assert_int_equal(r->lora_pool_tokens_lost, 12800);
+    assert_int_equal(entry(r, "lora_adapters")->bytes, 1677721600u);
+    /* a 1,000-token prompt shared by requests of the 20 adapters: 63 blocks cached 20 times */
+    assert_int_equal(r->lora_prefix_blocks, 63 * 20);
+    free(r);
+    /* TP 2 halves each adapter's shard */
+    p.tp = 2;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->lora_adapter_bytes_per_gpu, 83886080u / 2);
+    free(r);
+    p.tp = 1;
+    p.lora_resident = 101;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--lora-resident 101 is more than the 100");
+    p.lora_rank = 0;
+    p.lora_resident = 0;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--lora-adapters needs --lora-rank");
+    free(base);
+}
+
 static void texts_say_what_is_true(void **state)
 {
     (void)state;
@@ -2726,6 +2764,7 @@ int main(void)
         cmocka_unit_test(vllm_batch_defaults_follow_the_gpu),
         cmocka_unit_test(prefill_only_requests_and_long_tenants_are_priced),
         cmocka_unit_test(texts_say_what_is_true),
+        cmocka_unit_test(lora_adapters_take_from_the_kv_pool),
         cmocka_unit_test(the_dtype_grid_replans_every_pair),
         cmocka_unit_test(a_million_tokens_on_eight_h100s),
         cmocka_unit_test(hybrid_configs_are_refused_and_vision_towers_counted),

@@ -352,6 +352,11 @@ typedef struct {
     uint64_t tenant_tokens; /* one more request length to price; 0: none */
     /* comparisons: re-plan for every weight dtype x KV dtype pair (the result's dtype_grid) */
     bool grid_dtypes;
+    /* LoRA adapters served S-LoRA style: rank, adapters in all, adapters resident in GPU memory
+     * (taken from the KV pool, as S-LoRA's unified paging does); 0: none */
+    uint32_t lora_rank;
+    uint32_t lora_adapters;
+    uint32_t lora_resident;
 } kvc_plan_params_t;
 
 /* TP/PP/DP 1, bf16 weights and KV, block 16, utilization 0.9, max_model_len
@@ -428,7 +433,7 @@ typedef enum {
 /* "kv_memory", "compute", "max_num_seqs", "max_num_batched_tokens". */
 KVC_API const char *kvc_plan_ceiling_name(kvc_plan_ceiling_id_t id);
 
-#define KVC_PLAN_LEDGER_MAX     8
+#define KVC_PLAN_LEDGER_MAX     9
 #define KVC_PLAN_SWEEP_MAX      8
 #define KVC_PLAN_TIERS          4
 #define KVC_PLAN_SPEC_ROWS      5
@@ -686,6 +691,16 @@ typedef struct {
     uint32_t n_layouts_same_gpus; /* the first rows keep the plan's GPU count; then what
                                      replaces it when none fits: more CP ranks (across nodes),
                                      fp8 KV */
+
+    /* LoRA (params.lora_rank): one adapter on q, k, v, o, gate, up and down of every layer, A
+     * (in x rank) and B (rank x out) in 16 bits; split by TP */
+    uint64_t lora_adapter_bytes;          /* one adapter, whole model */
+    uint64_t lora_adapter_bytes_per_gpu;  /* on the binding stage */
+    uint64_t lora_resident_bytes_per_gpu; /* lora_resident of them, out of the KV pool */
+    uint64_t lora_pool_tokens_lost;       /* KV tokens per replica those bytes would hold */
+    uint64_t lora_prefix_blocks;          /* a prompt shared by requests of every resident
+                                             adapter is cached once per adapter (KV depends on
+                                             the adapter: no reuse across adapters) */
 
     /* comparisons (params.grid_dtypes): weights bf16, fp8, int8, int4, nvfp4 x KV bf16, fp8,
      * int8, nvfp4 */

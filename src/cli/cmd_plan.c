@@ -41,6 +41,9 @@ enum {
     O_CP,
     O_NODE,
     O_GRID,
+    O_LORA_RANK,
+    O_LORA_ADAPTERS,
+    O_LORA_RESIDENT,
     O_JSON,
     O_LIST,
 };
@@ -118,6 +121,8 @@ static void help(FILE *f)
            "  --spec-acceptance F        per-token acceptance rate, 0..1 (default 0.7)\n"
            "  --spec-draft-params N      the draft model's parameters (default 0: prompt lookup)\n"
            "  --tenant-tokens N          one more request length to price in section 12\n"
+           "  --lora-rank R, --lora-adapters N, --lora-resident M\n"
+           "                             S-LoRA adapters: M of N resident, taken from the KV pool\n"
            "  --grid dtypes              every weight dtype x KV dtype pair: starts, pool, "
            "concurrency\n"
            "output:\n"
@@ -154,6 +159,9 @@ static const struct option own_options[] = {
     {"cp", required_argument, NULL, O_CP},
     {"gpus-per-node", required_argument, NULL, O_NODE},
     {"grid", required_argument, NULL, O_GRID},
+    {"lora-rank", required_argument, NULL, O_LORA_RANK},
+    {"lora-adapters", required_argument, NULL, O_LORA_ADAPTERS},
+    {"lora-resident", required_argument, NULL, O_LORA_RESIDENT},
     {"json", no_argument, NULL, O_JSON},
     {"list", no_argument, NULL, O_LIST},
     {"help", no_argument, NULL, 'h'},
@@ -257,6 +265,15 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
         break;
     case O_NODE:
         U64(1, 1024, pp->gpus_per_node);
+        break;
+    case O_LORA_RANK:
+        U64(1, KVC_PLAN_MAX_RANK, pp->lora_rank);
+        break;
+    case O_LORA_ADAPTERS:
+        U64(1, 1u << 20, pp->lora_adapters);
+        break;
+    case O_LORA_RESIDENT:
+        U64(0, 1u << 20, pp->lora_resident);
         break;
     case O_GRID:
         if (strcmp(arg, "dtypes"))

@@ -184,6 +184,7 @@ typedef struct {
     uint64_t expert_bytes; /* routed-expert part of weight_bytes */
     uint64_t embed_bytes;  /* the input table, when a decode step does not read it whole */
     uint64_t vision_bytes; /* the vision tower's shard: runs on images, not on decode steps */
+    uint64_t lora_bytes;   /* one LoRA adapter's shard on this stage's layers */
     uint64_t act_elems;    /* per token, the widest layer */
     uint64_t act_fwd, act_sampler, act, graphs, non_torch, ctx; /* bytes */
     uint64_t kv_per_layer; /* KV bytes per token per layer on this GPU */
@@ -448,6 +449,15 @@ static int validate_engine(const kvc_plan_params_t *p, char *msg, size_t len)
     if (!(p->mbu > 0 && p->mbu <= 1)) BAD("--mbu %g: expected a fraction in (0, 1]", p->mbu);
     if (!(p->spec_acceptance >= 0 && p->spec_acceptance <= 1))
         BAD("--spec-acceptance %g: expected a fraction in [0, 1]", p->spec_acceptance);
+    if (p->lora_rank > KVC_PLAN_MAX_RANK)
+        BAD("--lora-rank %u is out of range: at most %u", p->lora_rank, KVC_PLAN_MAX_RANK);
+    if (p->lora_resident > p->lora_adapters)
+        BAD("--lora-resident %u is more than the %u --lora-adapters", p->lora_resident,
+            p->lora_adapters);
+    if (p->lora_adapters > (1u << 20))
+        BAD("--lora-adapters %u is out of range: at most %u", p->lora_adapters, 1u << 20);
+    if ((p->lora_adapters || p->lora_resident) && !p->lora_rank)
+        BAD("--lora-adapters needs --lora-rank");
     if (p->spec_draft_params > KVC_PLAN_MAX_PARAMS)
         BAD("--spec-draft-params %llu is out of range: at most %llu",
             (unsigned long long)p->spec_draft_params, (unsigned long long)KVC_PLAN_MAX_PARAMS);
@@ -560,6 +570,9 @@ static void fill_ledger(kvc_plan_result_t *r, const kvc_plan_params_t *p, const 
     k = p->non_torch_bytes != KVC_PLAN_AUTO ? KVC_PLAN_MEASURED : KVC_PLAN_ESTIMATED;
     any_estimated |= k == KVC_PLAN_ESTIMATED;
     ADD("non_torch", s->non_torch, k, KVC_PLAN_MEASURED, KVC_PLAN_OP_SUBTRACT);
+    if (p->lora_resident)
+        ADD("lora_adapters", kvc__mul_sat(s->lora_bytes, p->lora_resident), KVC_PLAN_CONFIGURED,
+            KVC_PLAN_CONFIGURED, KVC_PLAN_OP_SUBTRACT);
     k = p->cuda_context_bytes != KVC_PLAN_AUTO ? KVC_PLAN_MEASURED : KVC_PLAN_ESTIMATED;
     ADD("cuda_context", s->ctx, k, KVC_PLAN_MEASURED, KVC_PLAN_OP_OUTSIDE);
     k = kv_explicit ? KVC_PLAN_CONFIGURED : any_estimated ? KVC_PLAN_ESTIMATED : KVC_PLAN_MEASURED;
@@ -688,6 +701,18 @@ static void compute_kv(calc_t *c)
     r->weight_bytes_total = whole.weight_bytes;
 }
 
+/* One LoRA adapter's bytes per layer on one GPU of a TP group: A (in x r) and B (r x out) in 16
+ * bits on q, k, v, o, gate, up and down (S-LoRA shards them as the base weights). */
+static uint64_t lora_layer_bytes(const kvc_plan_model_t *m, uint32_t tp, uint32_t rank)
+{
+    const uint64_t H = m->hidden_size, q = (uint64_t)m->n_heads * m->head_dim,
+                   kv = (uint64_t)m->n_kv_heads * m->head_dim,
+                   o = (uint64_t)m->n_heads * m->v_head_dim,
+                   I = m->intermediate_size ? m->intermediate_size : m->moe_intermediate_size;
+    const uint64_t per_rank = (H + q) + 2 * (H + kv) + (o + H) + 3 * (H + I);
+    return kvc__ceil_div(2 * per_rank * rank, tp);
+}
+
 /* One pipeline stage of section 2: layers [first, first + n), its weights,
  * activations, graphs and the pool its budget leaves. */
 static int plan_stage(calc_t *c, uint32_t i, uint32_t first, char *msg, size_t len)
@@ -733,13 +758,16 @@ static int plan_stage(calc_t *c, uint32_t i, uint32_t first, char *msg, size_t l
         p->cuda_context_bytes != KVC_PLAN_AUTO ? p->cuda_context_bytes : KVC__CUDA_CONTEXT_BYTES;
     s->kv_per_layer = r->kv_bytes_per_token_per_layer_per_gpu;
     s->kv_per_token = s->kv_per_layer * s->n_layers;
+    s->lora_bytes = p->lora_rank ? lora_layer_bytes(m, tp, p->lora_rank) * s->n_layers : 0;
     /* Every term is at most KVC_PLAN_MAX_BYTES (validate, and the checks above), so the
      * signed sum cannot overflow. */
     if (c->kv_explicit) {
         s->pool = (int64_t)KVC_MIN(p->kv_cache_bytes, (uint64_t)INT64_MAX);
     } else {
-        s->pool = (int64_t)r->budget_bytes - (int64_t)s->weight_bytes - (int64_t)s->act -
-                  (int64_t)(!p->graphs_outside_budget ? s->graphs : 0) - (int64_t)s->non_torch;
+        s->pool =
+            (int64_t)r->budget_bytes - (int64_t)s->weight_bytes - (int64_t)s->act -
+            (int64_t)(!p->graphs_outside_budget ? s->graphs : 0) - (int64_t)s->non_torch -
+            (int64_t)KVC_MIN(kvc__mul_sat(s->lora_bytes, p->lora_resident), KVC_PLAN_MAX_BYTES);
     }
     s->blocks = (double)s->pool / (double)(s->kv_per_token * p->block_size);
     return 0;
@@ -1279,6 +1307,16 @@ static void compute_tenancy(calc_t *c)
     }
     r->tokens_per_percent = r->pool_tokens / 100;
     r->tenant_over_max_model_len = c->p->tenant_tokens > r->max_model_len;
+    /* LoRA: adapters resident in the pool; prefixes shared only within one adapter */
+    const kvc_plan_params_t *p = c->p;
+    if (p->lora_rank) {
+        r->lora_adapter_bytes = lora_layer_bytes(c->m, 1, p->lora_rank) * c->m->n_layers;
+        r->lora_adapter_bytes_per_gpu = c->st->lora_bytes;
+        r->lora_resident_bytes_per_gpu = kvc__mul_sat(c->st->lora_bytes, p->lora_resident);
+        r->lora_pool_tokens_lost = r->lora_resident_bytes_per_gpu / c->st->kv_per_token * p->cp;
+        r->lora_prefix_blocks = kvc__mul_sat(kvc__ceil_div(p->prompt_tokens, p->block_size),
+                                             KVC_MAX(p->lora_resident, 1));
+    }
     r->image_bytes_per_gpu = (uint64_t)c->m->image_tokens * c->st->kv_per_token;
 }
 

@@ -282,6 +282,8 @@ static const char *ledger_label(const kvc_plan_ledger_entry_t *e, const kvc_plan
         snprintf(buf, len, "- non-torch memory");
     else if (!strcmp(e->name, "cuda_context"))
         snprintf(buf, len, "  CUDA context (outside)");
+    else if (!strcmp(e->name, "lora_adapters"))
+        snprintf(buf, len, "- resident LoRA adapters");
     else if (!strcmp(e->name, "kv_pool"))
         snprintf(buf, len, explicit_kv ? "= KV pool (configured)" : "= KV pool");
     else
@@ -299,6 +301,7 @@ static const char *ledger_engine(const kvc_plan_ledger_entry_t *e)
         return e->op == KVC_PLAN_OP_OUTSIDE ? "measured after capture" : "estimated before capture";
     if (!strcmp(e->name, "non_torch")) return "measured in the profile run";
     if (!strcmp(e->name, "cuda_context")) return "present before it measures";
+    if (!strcmp(e->name, "lora_adapters")) return "configured (S-LoRA: in the KV pool)";
     if (!strcmp(e->name, "kv_pool"))
         return e->engine == KVC_PLAN_CONFIGURED ? "configured" : "the remainder";
     return kvc_plan_kind_name(e->engine);
@@ -384,9 +387,12 @@ static void sec_ledger(rc_t *c, const kvc_plan_result_t *r)
           G(c, (double)r->kv_pool_bytes_per_gpu));
     } else {
         const bool gin = !p->graphs_outside_budget;
-        P("   KV pool          %s - %s - %s - %s - %s = %s%s\n", G(c, (double)r->budget_bytes),
+        char lora[80] = "";
+        if (r->lora_resident_bytes_per_gpu)
+            snprintf(lora, sizeof lora, " - %s", G(c, (double)r->lora_resident_bytes_per_gpu));
+        P("   KV pool          %s - %s - %s - %s - %s%s = %s%s\n", G(c, (double)r->budget_bytes),
           G(c, (double)r->weight_bytes_per_gpu), G(c, (double)r->activation_bytes),
-          G(c, gin ? (double)r->cuda_graph_bytes : 0), G(c, (double)r->non_torch_bytes),
+          G(c, gin ? (double)r->cuda_graph_bytes : 0), G(c, (double)r->non_torch_bytes), lora,
           G(c, (double)r->kv_pool_signed_bytes),
           r->kv_pool_signed_bytes < 0 ? "  (overdrawn: no pool)" : "");
     }
@@ -937,6 +943,17 @@ static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
           PCT(c, r->kv_pool_bytes_per_gpu
                      ? (double)r->image_bytes_per_gpu / (double)r->kv_pool_bytes_per_gpu
                      : INFINITY));
+    if (r->params.lora_rank)
+        P("   LoRA          rank %u on q, k, v, o, gate, up, down: %s per adapter (%s per GPU); %u "
+          "of %u\n"
+          "                 adapters resident take %s of the pool (%s KV tokens); a prompt "
+          "shared across\n"
+          "                 adapters is cached once per adapter (KV depends on it): %s blocks for "
+          "this prompt\n",
+          r->params.lora_rank, BY(c, r->lora_adapter_bytes), BY(c, r->lora_adapter_bytes_per_gpu),
+          r->params.lora_resident, r->params.lora_adapters,
+          G(c, (double)r->lora_resident_bytes_per_gpu), I(c, r->lora_pool_tokens_lost),
+          I(c, r->lora_prefix_blocks));
     if (r->tenant_over_max_model_len)
         P("   warning: --tenant-tokens %s is over max_model_len %s: the engine refuses such a "
           "request; it is\n   priced here anyway\n",
@@ -1470,6 +1487,19 @@ static void json_tenancy(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
     cJSON *tn = chk(j, cJSON_AddObjectToObject(o, "tenancy"));
     add_u64(j, tn, "tokens_per_percent", r->tokens_per_percent);
     add_bool(j, tn, "tenant_tokens_over_max_model_len", r->tenant_over_max_model_len);
+    if (r->params.lora_rank) {
+        cJSON *lo = chk(j, cJSON_AddObjectToObject(o, "lora"));
+        add_u64(j, lo, "rank", r->params.lora_rank);
+        add_u64(j, lo, "adapters", r->params.lora_adapters);
+        add_u64(j, lo, "resident", r->params.lora_resident);
+        add_u64(j, lo, "adapter_bytes", r->lora_adapter_bytes);
+        add_u64(j, lo, "adapter_bytes_per_gpu", r->lora_adapter_bytes_per_gpu);
+        add_u64(j, lo, "resident_bytes_per_gpu", r->lora_resident_bytes_per_gpu);
+        add_u64(j, lo, "pool_tokens_lost", r->lora_pool_tokens_lost);
+        add_u64(j, lo, "shared_prefix_blocks", r->lora_prefix_blocks);
+    } else {
+        add_null(j, o, "lora");
+    }
     add_u64(j, tn, "image_tokens", r->model.image_tokens);
     add_u64(j, tn, "image_bytes_per_gpu", r->image_bytes_per_gpu);
     cJSON *req = chk(j, cJSON_AddArrayToObject(tn, "requests"));

@@ -221,6 +221,13 @@ expect_status 3 --model llama-3.1-70b --gpu h100 --tp 4 --cp 2 --rope-scaling ya
 has '"ring_bytes_per_step":[[:space:]]*536870912,'
 has '"ring_hidden":[[:space:]]*true'
 
+# ---- LoRA adapters ---------------------------------------------------------------------
+expect_status 0 --model llama-3.1-8b --gpu h100 --lora-rank 16 --lora-adapters 100 --lora-resident 20 --json
+has '"adapter_bytes":[[:space:]]*83886080,'
+has '"resident_bytes_per_gpu":[[:space:]]*1677721600,'
+expect_error "--lora-resident 30 is more than the 10 --lora-adapters" --model llama-3.1-8b --gpu h100 \
+  --lora-rank 8 --lora-adapters 10 --lora-resident 30
+
 # ---- the dtype grid ------------------------------------------------------------------
 expect_status 3 --model llama-3.1-70b --gpu h100 --tp 2 --grid dtypes
 has '^14\. Weight dtype x KV dtype'
