@@ -1215,6 +1215,34 @@ static void lora_adapters_take_from_the_kv_pool(void **state)
     free(base);
 }
 
+static void small_copies_lose_and_short_recomputes_ride_free(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.tp = 8;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* TP 8: one KV head, 2 x 128 x 2 B = 512 B per token and layer; one layer of one block is
+     * 16 x 512 = 8,192 B: over PCIe at 64e9 B/s with 10 us of setup, 8,192 / (1.28e-7 + 1e-5) =
+     * 808.8 MB/s, below the break-even; a block of all 80 layers (655,360 B) moves at 32.4 GB/s */
+    assert_int_equal(r->copy_bytes[0], 8192);
+    assert_int_equal(r->copy_bytes[1], 655360);
+    assert_true(fabs(r->copy_bytes_per_s[0] - 8192 / (8192 / 64e9 + 1e-5)) < 1);
+    assert_true(r->copy_bytes_per_s[0] < r->break_even_bytes_per_s);
+    assert_true(r->copy_bytes_per_s[1] > r->break_even_bytes_per_s);
+    /* batch 1: the step reads W / bandwidth of weights while its token computes for
+     * lin / peak + attn / bf16; the idle compute holds floor((W / bw - that) / (lin / peak))
+     * short-prefix tokens, about the ridge point (295) */
+    const double lin = r->decode_flops_per_seq - r->decode_attention_flops_per_seq;
+    const double mem = (r->weight_read_bytes + r->decode_bytes_per_seq) / 3.35e12;
+    const double used = lin / 989.5e12 + r->decode_attention_flops_per_seq / 989.5e12;
+    assert_int_equal(r->recompute_free_tokens_batch_1,
+                     (uint64_t)floor((mem - used) / (lin / 989.5e12)));
+    assert_true(r->recompute_free_tokens_batch_1 > 250 && r->recompute_free_tokens_batch_1 < 320);
+    free(r);
+}
+
 static void texts_say_what_is_true(void **state)
 {
     (void)state;
@@ -2764,6 +2792,7 @@ int main(void)
         cmocka_unit_test(vllm_batch_defaults_follow_the_gpu),
         cmocka_unit_test(prefill_only_requests_and_long_tenants_are_priced),
         cmocka_unit_test(texts_say_what_is_true),
+        cmocka_unit_test(small_copies_lose_and_short_recomputes_ride_free),
         cmocka_unit_test(lora_adapters_take_from_the_kv_pool),
         cmocka_unit_test(the_dtype_grid_replans_every_pair),
         cmocka_unit_test(a_million_tokens_on_eight_h100s),

@@ -643,6 +643,17 @@ typedef struct {
     double recompute_s_per_token; /* per GPU at the achieved FLOP/s, linear layers only
                                      (a short prefix) */
     kvc_plan_recompute_row_t recompute[KVC_PLAN_RECOMPUTE_ROWS]; /* by prefix length */
+    /* Copy granularity over the host link: a copy of S bytes takes S / bandwidth + the tier's
+     * setup latency; per-layer and per-block copies are small and fall below the break-even
+     * bandwidth that larger copies meet.  Rows: one layer of one block, one block (all the
+     * stage's layers), the typical prompt's prefix at once. */
+    uint64_t copy_bytes[3];
+    double copy_bytes_per_s[3]; /* effective */
+    /* A memory-bound decode step streams the weights anyway: prefix tokens recomputed in it
+     * cost nothing until its compute catches up with its memory time.  Tokens that ride free
+     * per step at batch 1 and at Little's resident N (section 10). */
+    uint64_t recompute_free_tokens_batch_1;
+    uint64_t recompute_free_tokens_at_n;
     uint32_t n_recompute;
     double break_even_bytes_per_s; /* per GPU */
     kvc_plan_tier_t tiers[KVC_PLAN_TIERS];

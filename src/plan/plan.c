@@ -1139,6 +1139,20 @@ static void compute_tiers(calc_t *c)
         t->min_tokens_to_win = n_win < 0x1p64 ? (uint64_t)n_win : KVC_PLAN_UNBOUNDED;
         t->max_shared_fraction = fmax(0, 1 - r->break_even_bytes_per_s / t->bytes_per_s);
     }
+    const uint64_t sizes[3] = {
+        (uint64_t)p->block_size * c->st->kv_per_layer,
+        (uint64_t)p->block_size * c->st->kv_per_token,
+        kvc__mul_sat(kvc__ceil_div(p->prompt_tokens, p->block_size) * p->block_size,
+                     c->st->kv_per_token),
+    };
+    for (int i = 0; i < 3; i++) {
+        const kvc_plan_tier_t *host = &r->tiers[1];
+        r->copy_bytes[i] = sizes[i];
+        r->copy_bytes_per_s[i] =
+            host->bytes_per_s > 0
+                ? (double)sizes[i] / ((double)sizes[i] / host->bytes_per_s + host->latency_s)
+                : 0;
+    }
     r->ssd_write_bytes_per_s =
         p->ssd_write_bytes_per_s > 0 ? p->ssd_write_bytes_per_s : r->prefill_kv_bytes_per_s_per_gpu;
     r->ssd_endurance_days = p->ssd_endurance_bytes / r->ssd_write_bytes_per_s / 86400;
@@ -1186,6 +1200,22 @@ static void compute_little(calc_t *c)
     r->little_naive_resident = lam * time_in_system(&l, 1, 0);
     double n = 0;
     r->little_stable = little_solve(&l, lam, &n, &r->little_iterations);
+    /* Recompute riding on a memory-bound decode step: the compute it leaves idle, in tokens. */
+    {
+        const roof_t *f = &c->roof;
+        const double tok = f->lin_tok / f->f_lin; /* a short prefix: linear FLOPs only */
+        for (int i = 0; i < 2; i++) {
+            const double b = i == 0 ? 1 : (r->little_stable ? fmax(1, round(n)) : 1);
+            const double mem = (weight_read(f, b) + b * f->kv_read) / f->bw;
+            const double spare = mem - b * token_time(f);
+            const double free_tok = spare > 0 ? floor(spare / tok) : 0;
+            const uint64_t v = free_tok < 0x1p63 ? (uint64_t)free_tok : UINT64_MAX;
+            if (i == 0)
+                r->recompute_free_tokens_batch_1 = v;
+            else
+                r->recompute_free_tokens_at_n = v;
+        }
+    }
     if (r->little_stable) {
         r->little_resident = n;
         r->little_step_s = step_time(&l, n, lam);

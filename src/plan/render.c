@@ -831,6 +831,25 @@ static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
         P("   %-15s %-17s %-17s %s\n", I(c, x->prefix_tokens), TIME(c, x->recompute_s_per_token),
           PCT(c, x->attention_extra), RT(c, x->break_even_bytes_per_s));
     }
+    P("   copy size   a copy of S bytes over the host link takes S / %s + %s: one layer of one "
+      "block\n"
+      "               (%s) moves at %s, one block of every layer (%s) at %s, the %s-token prompt "
+      "(%s)\n"
+      "               at %s, against the break-even %s: %s\n",
+      RT(c, r->tiers[1].bytes_per_s), TIME(c, r->tiers[1].latency_s), BY(c, r->copy_bytes[0]),
+      RT(c, r->copy_bytes_per_s[0]), BY(c, r->copy_bytes[1]), RT(c, r->copy_bytes_per_s[1]),
+      I(c, r->params.prompt_tokens), BY(c, r->copy_bytes[2]), RT(c, r->copy_bytes_per_s[2]),
+      RT(c, r->break_even_bytes_per_s),
+      r->copy_bytes_per_s[0] < r->break_even_bytes_per_s
+          ? "per-layer copies of one block lose to recompute, whole blocks win"
+          : "every one of them beats recomputing here");
+    P("   riding      a decode step that is memory-bound streams the weights anyway: up to %s "
+      "prefix tokens\n"
+      "               recompute in its idle compute at batch 1 (%s at Little's N, section 10), so "
+      "a short\n"
+      "               prefix costs nearly nothing to recompute; a long one pays its attention "
+      "(table above)\n",
+      I(c, r->recompute_free_tokens_batch_1), I(c, r->recompute_free_tokens_at_n));
     P("   SSD tier    endurance %s TB rated / %s written = %.1f days (%.2f years)%s\n\n",
       ID(c, round(p->ssd_endurance_bytes / 1e12)), RT(c, r->ssd_write_bytes_per_s),
       r->ssd_endurance_days, r->ssd_endurance_days / 365.25,
@@ -1413,6 +1432,18 @@ static void json_tiers(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
         add_num(j, x, "max_shared_fraction", t->max_shared_fraction);
         attach(j, tiers, NULL, x);
     }
+    cJSON *cps = chk(j, cJSON_AddArrayToObject(rf, "copy_granularity"));
+    static const char *const copy_names[3] = {"layer_block", "block", "prompt"};
+    for (int i = 0; i < 3; i++) {
+        cJSON *e = chk(j, cJSON_CreateObject());
+        add_str(j, e, "copy", copy_names[i]);
+        add_u64(j, e, "bytes", r->copy_bytes[i]);
+        add_num(j, e, "effective_bytes_per_s", r->copy_bytes_per_s[i]);
+        add_bool(j, e, "beats_recompute", r->copy_bytes_per_s[i] > r->break_even_bytes_per_s);
+        attach(j, cps, NULL, e);
+    }
+    add_u64(j, rf, "recompute_free_tokens_batch_1", r->recompute_free_tokens_batch_1);
+    add_u64(j, rf, "recompute_free_tokens_at_n", r->recompute_free_tokens_at_n);
     cJSON *byp = chk(j, cJSON_AddArrayToObject(rf, "by_prefix"));
     for (uint32_t i = 0; i < r->n_recompute; i++) {
         const kvc_plan_recompute_row_t *x = &r->recompute[i];
