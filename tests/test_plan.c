@@ -1243,6 +1243,36 @@ static void small_copies_lose_and_short_recomputes_ride_free(void **state)
     free(r);
 }
 
+static void mla_intensity_and_dp_attention_against_tp(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("deepseek-v3");
+    kvc_plan_gpu_t g = preset_gpu("h200");
+    kvc_plan_params_t p = defaults();
+    p.tp = 8;
+    p.weight_dtype = KVC_PLAN_FP8;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* absorbed MLA: 128 / 8 = 16 heads per GPU x 2 x (576 + 512) FLOP per key over the 576 x
+     * 2 B latent every GPU reads: 34,816 / 1,152 = 30.22 FLOP per byte; DP attention keeps all
+     * 128 heads on one GPU's requests: 241.8, and the pool holds 8 x the tokens */
+    assert_true(fabs(r->attention_flops_per_kv_byte - 2.0 * 16 * 1088 / 1152) < 1e-9);
+    assert_true(fabs(r->dp_attention_flops_per_kv_byte - 2.0 * 128 * 1088 / 1152) < 1e-9);
+    assert_int_equal(r->dp_attention_pool_tokens, 8 * r->pool_tokens);
+    /* TP: 2 all-reduces of 7,168 x 2 B, ring 2 (8 - 1) / 8: 50,176 B per token and layer; the
+     * all-to-all of DP attention, dispatch and combine: 25,088 */
+    assert_true(r->tp_comm_bytes_per_token_layer == 50176);
+    assert_true(r->dp_attention_comm_bytes_per_token_layer == 25088);
+    free(r);
+    /* GQA: 2 x the query group (32 / 8 = 4) / 2 B = 4 FLOP per byte, whatever the TP */
+    m = preset_model("llama-3.1-8b");
+    g = preset_gpu("h100-sxm");
+    p = defaults();
+    r = plan(&m, &g, &p);
+    assert_true(fabs(r->attention_flops_per_kv_byte - 4) < 1e-12);
+    assert_int_equal(r->dp_attention_pool_tokens, 0);
+    free(r);
+}
+
 static void texts_say_what_is_true(void **state)
 {
     (void)state;
@@ -2792,6 +2822,7 @@ int main(void)
         cmocka_unit_test(vllm_batch_defaults_follow_the_gpu),
         cmocka_unit_test(prefill_only_requests_and_long_tenants_are_priced),
         cmocka_unit_test(texts_say_what_is_true),
+        cmocka_unit_test(mla_intensity_and_dp_attention_against_tp),
         cmocka_unit_test(small_copies_lose_and_short_recomputes_ride_free),
         cmocka_unit_test(lora_adapters_take_from_the_kv_pool),
         cmocka_unit_test(the_dtype_grid_replans_every_pair),

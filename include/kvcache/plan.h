@@ -652,6 +652,19 @@ typedef struct {
     /* A memory-bound decode step streams the weights anyway: prefix tokens recomputed in it
      * cost nothing until its compute catches up with its memory time.  Tokens that ride free
      * per step at batch 1 and at Little's resident N (section 10). */
+    /* Decode attention's arithmetic intensity: attention FLOPs per KV byte read, per GPU.
+     * GQA: 2 x group / bytes per element (each KV head serves its query group); MLA
+     * (absorbed): every query head reads the one latent, 2 x heads x (576 + 512) / 576 B per
+     * element at TP 1, divided by TP (each GPU reads the whole latent for its share of heads) */
+    double attention_flops_per_kv_byte;
+    /* MLA under TP against data-parallel attention (each GPU attends for its own requests
+     * with all heads: no latent copies, the pool holds tp x the tokens; the MoE or MLP part
+     * then needs an all-to-all, dispatch and combine, of each token's hidden state per layer
+     * in place of TP's two all-reduces).  Bytes per token per layer per GPU over the link. */
+    uint64_t dp_attention_pool_tokens;
+    double dp_attention_flops_per_kv_byte;
+    double dp_attention_comm_bytes_per_token_layer; /* 2 x hidden x 2 B x (tp - 1) / tp */
+    double tp_comm_bytes_per_token_layer; /* 2 all-reduces: 2 x 2 x hidden x 2 B x (tp - 1) / tp */
     uint64_t recompute_free_tokens_batch_1;
     uint64_t recompute_free_tokens_at_n;
     uint32_t n_recompute;

@@ -970,6 +970,17 @@ static void compute_concurrency(calc_t *c)
     r->decode_attention_flops_per_seq = roof->attn_tok;
     r->decode_bytes_per_seq = roof->kv_read;
     r->weight_read_bytes = weight_read(roof, 1);
+    r->attention_flops_per_kv_byte = roof->kv_read > 0 ? roof->attn_tok / roof->kv_read : 0;
+    {
+        const double tpd = p->tp, H = m->hidden_size;
+        r->tp_comm_bytes_per_token_layer = p->tp > 1 ? 2 * 2 * H * 2 * (tpd - 1) / tpd : 0;
+        if (m->mla) {
+            r->dp_attention_pool_tokens = r->pool_tokens * p->tp;
+            r->dp_attention_flops_per_kv_byte = r->attention_flops_per_kv_byte * p->tp;
+            r->dp_attention_comm_bytes_per_token_layer =
+                p->tp > 1 ? 2 * H * 2 * (tpd - 1) / tpd : 0;
+        }
+    }
     r->embedding_bytes_not_read = st->embed_bytes;
     r->vision_bytes_per_gpu = st->vision_bytes;
     r->ceilings[KVC_PLAN_CEIL_KV_MEMORY] = r->max_concurrency;

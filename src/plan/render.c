@@ -237,7 +237,16 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
             P("            what does not pay it: pipeline parallelism (splits the layers) or "
               "data-parallel attention\n"
               "            (each GPU attends for its own requests, e.g. SGLang's "
-              "--enable-dp-attention)\n");
+              "--enable-dp-attention): the pool\n"
+              "            then holds %s tokens per replica, not %s, and attention does %s FLOP "
+              "per KV byte,\n"
+              "            not %s; it trades TP's two all-reduces (%s per token and layer) for an "
+              "all-to-all\n"
+              "            of the hidden state to the experts and back (%s per token and layer)\n",
+              I(c, r->dp_attention_pool_tokens), I(c, r->pool_tokens),
+              N(c, r->dp_attention_flops_per_kv_byte), N(c, r->attention_flops_per_kv_byte),
+              BY(c, (uint64_t)r->tp_comm_bytes_per_token_layer),
+              BY(c, (uint64_t)r->dp_attention_comm_bytes_per_token_layer));
         else
             P("            what does not pay it: TP up to %u (the KV head count), then PP (splits "
               "the layers) or DP\n",
@@ -632,6 +641,10 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
       I(c, r->decode_context), FL(c, r->decode_flops_per_seq), m->mla ? ", absorbed MLA" : "",
       ID(c, r->decode_bytes_per_seq), G(c, r->weight_read_bytes));
     P(m->n_experts ? " at batch 1 (more experts as the batch grows)\n" : "\n");
+    P("            attention does %s FLOP per KV byte it reads (%s)\n",
+      N(c, r->attention_flops_per_kv_byte),
+      m->mla ? "MLA: every query head reads the one latent, so TP divides it"
+             : "GQA: 2 x the query group / bytes per element");
     if (r->fp8_compute)
         P("            (attention, %s FLOP of it, runs at the bf16 rate, %s TFLOP/s)\n",
           FL(c, r->decode_attention_flops_per_seq), TF(c, r->gpu.bf16_flops));
@@ -1349,6 +1362,18 @@ static void json_concurrency(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
     add_u64(j, ceil_o, "compute_weights_only", r->compute_weights_only);
     add_num(j, ceil_o, "compute_weights_only_exact", r->compute_weights_only_exact);
     add_num(j, o, "ridge_flops_per_byte", r->ridge_flops_per_byte);
+    add_num(j, o, "attention_flops_per_kv_byte", r->attention_flops_per_kv_byte);
+    if (r->model.mla) {
+        cJSON *dp = chk(j, cJSON_AddObjectToObject(o, "mla_dp_attention"));
+        add_u64(j, dp, "pool_tokens", r->dp_attention_pool_tokens);
+        add_u64(j, dp, "tp_pool_tokens", r->pool_tokens);
+        add_num(j, dp, "attention_flops_per_kv_byte", r->dp_attention_flops_per_kv_byte);
+        add_num(j, dp, "all_to_all_bytes_per_token_layer",
+                r->dp_attention_comm_bytes_per_token_layer);
+        add_num(j, dp, "tp_all_reduce_bytes_per_token_layer", r->tp_comm_bytes_per_token_layer);
+    } else {
+        add_null(j, o, "mla_dp_attention");
+    }
     cJSON *dec = chk(j, cJSON_AddObjectToObject(o, "decode"));
     add_u64(j, dec, "context_tokens", r->decode_context);
     add_num(j, dec, "flops_per_seq", r->decode_flops_per_seq);
