@@ -62,6 +62,17 @@ static kvc_plan_model_t preset_model(const char *name)
     return m;
 }
 
+/* The defaults with the engine limits these hand derivations were written for, 256
+ * sequences and 8,192 batched tokens (kvc_plan_params_default leaves them 0: vLLM's default for
+ * the GPU, tested in vllm_batch_defaults_follow_the_gpu). */
+static kvc_plan_params_t defaults(void)
+{
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.max_num_seqs = 256;
+    p.max_num_batched_tokens = 8192;
+    return p;
+}
+
 /* The result is a few kilobytes: keep it off the stack of every test. */
 static kvc_plan_result_t *plan(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
                                const kvc_plan_params_t *p)
@@ -114,7 +125,19 @@ static void dtypes_have_names_bits_and_aliases(void **state)
     assert_int_equal(dt, KVC_PLAN_FP8);
     assert_ok(kvc_plan_dtype_parse("half", &dt));
     assert_int_equal(dt, KVC_PLAN_FP16);
-    assert_int_equal(kvc_plan_dtype_parse("fp4", &dt), KVC_EINVAL);
+    assert_ok(kvc_plan_dtype_parse("fp4", &dt));
+    assert_int_equal(dt, KVC_PLAN_NVFP4);
+    assert_ok(kvc_plan_dtype_parse("INT8", &dt));
+    assert_int_equal(dt, KVC_PLAN_INT8);
+    assert_string_equal(kvc_plan_dtype_name(KVC_PLAN_NVFP4), "nvfp4");
+    assert_int_equal(kvc_plan_dtype_parse("fp3", &dt), KVC_EINVAL);
+    /* bytes with block scales: nvfp4 9 B per 16 (rounded up), int4 0.5 B + 4 B per 128 */
+    assert_int_equal(kvc_plan_dtype_bytes(KVC_PLAN_NVFP4, 4096), 4096 / 16 * 9);
+    assert_int_equal(kvc_plan_dtype_bytes(KVC_PLAN_NVFP4, 17), 18);
+    assert_int_equal(kvc_plan_dtype_bytes(KVC_PLAN_INT8, 4096), 4096);
+    assert_int_equal(kvc_plan_dtype_bytes(KVC_PLAN_INT4, 256), 128 + 8);
+    assert_int_equal(kvc_plan_dtype_bytes(KVC_PLAN_BF16, 3), 6);
+    assert_int_equal(kvc_plan_dtype_bytes((kvc_plan_dtype_t)99, 3), 0);
     assert_int_equal(kvc_plan_dtype_parse(NULL, &dt), KVC_EINVAL);
 }
 
@@ -153,18 +176,22 @@ static void presets_are_found_case_insensitively(void **state)
     (void)state;
     kvc_plan_gpu_t g;
     kvc_plan_model_t m;
-    assert_int_equal(kvc_plan_gpu_preset_count(), 7);
-    const char *want[] = {"a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200",
-                          "b200",          "l40s",     "mi300x"};
+    assert_int_equal(kvc_plan_gpu_preset_count(), 8);
+    const char *want[] = {"a100-80gb-sxm", "a100-40gb", "h100-sxm", "h100-pcie",
+                          "h200",          "b200",      "l40s",     "mi300x"};
     for (size_t i = 0; i < KVC_ARRAY_LEN(want); i++) {
         assert_string_equal(kvc_plan_gpu_preset_name(i), want[i]);
         assert_ok(kvc_plan_gpu_preset(want[i], &g));
         assert_ok(kvc_plan_gpu_check(&g, NULL, 0));
         /* Runtime totals sit below the nominal capacity and above 90% of it. */
-        assert_true(g.memory_bytes > 40 * GIB && g.memory_bytes < 200 * GIB);
+        assert_true(g.memory_bytes > 39 * GIB && g.memory_bytes < 200 * GIB);
         assert_true(g.hbm_bytes_per_s > 0.5e12 && g.bf16_flops > 300e12);
     }
-    assert_null(kvc_plan_gpu_preset_name(7));
+    assert_null(kvc_plan_gpu_preset_name(8));
+    /* A100 40GB: 39.59 GiB as PyTorch reports it, 1,555 GB/s, no fp8 */
+    assert_ok(kvc_plan_gpu_preset("A100-SXM4-40GB", &g));
+    assert_int_equal(g.memory_bytes, (uint64_t)3959 * GIB / 100);
+    assert_true(g.hbm_bytes_per_s == 1555e9 && g.fp8_flops == 0);
     assert_ok(kvc_plan_gpu_preset("H100", &g));
     assert_string_equal(g.name, "H100 SXM");
     assert_ok(kvc_plan_gpu_preset("A100", &g));
@@ -189,7 +216,7 @@ static void kv_bytes_per_token_is_2_layers_heads_dim_bytes(void **state)
     (void)state;
     kvc_plan_model_t m = tiny();
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.prompt_tokens = 100;
     p.output_tokens = 20;
     kvc_plan_result_t *r = plan(&m, &g, &p);
@@ -216,7 +243,7 @@ static void mla_caches_one_latent_without_the_factor_2(void **state)
     m.v_head_dim = 8;
     m.n_kv_heads = 8;
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.prompt_tokens = 100;
     p.output_tokens = 20;
     p.tp = 4;
@@ -243,7 +270,7 @@ static void tp_splits_kv_heads_then_replicates_them(void **state)
     (void)state;
     kvc_plan_model_t m = tiny(); /* 8 query heads, 2 KV heads */
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.prompt_tokens = 100;
     p.output_tokens = 20;
     const struct {
@@ -282,7 +309,7 @@ static void impossible_parallelism_is_one_clear_error(void **state)
     (void)state;
     kvc_plan_model_t m = tiny();
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.prompt_tokens = 100;
     p.output_tokens = 20;
     p.tp = 3;
@@ -325,7 +352,7 @@ static void impossible_parallelism_is_one_clear_error(void **state)
     p.mfu = 0;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--mfu");
     p.mfu = 0.5;
-    p.spec_acceptance = 1;
+    p.spec_acceptance = 1.5; /* 1 is allowed: every draft accepted */
     expect_refused(&m, &g, &p, KVC_EINVAL, "--spec-acceptance");
     p.spec_acceptance = 0.7;
     g.bf16_flops = 0;
@@ -376,7 +403,7 @@ static void weight_bytes_follow_the_dtype_and_the_tp_shard(void **state)
     (void)state;
     kvc_plan_model_t m = tiny();
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.prompt_tokens = 100;
     p.output_tokens = 20;
     /* bf16: 152,640 x 2 = 305,280; projections 139,264, 16-bit 13,376 */
@@ -412,7 +439,7 @@ static void ledger_runs_in_engine_order_and_leaves_the_pool(void **state)
     (void)state;
     kvc_plan_model_t m = tiny();
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.prompt_tokens = 100;
     p.output_tokens = 20;
     kvc_plan_result_t *r = plan(&m, &g, &p);
@@ -459,7 +486,7 @@ static void ledger_runs_in_engine_order_and_leaves_the_pool(void **state)
     free(r);
 
     /* An explicit KV budget is configured, and utilization no longer matters. */
-    p = kvc_plan_params_default();
+    p = defaults();
     p.prompt_tokens = 100;
     p.output_tokens = 20;
     p.kv_cache_bytes = 1 * GIB;
@@ -477,7 +504,7 @@ static void graphs_outside_the_budget_do_not_shrink_the_pool(void **state)
     (void)state;
     kvc_plan_model_t m = tiny();
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.prompt_tokens = 100;
     p.output_tokens = 20;
     p.cuda_graph_bytes = 1 * GIB;
@@ -489,7 +516,7 @@ static void graphs_outside_the_budget_do_not_shrink_the_pool(void **state)
     assert_int_equal(entry(in, "cuda_graphs")->op, KVC_PLAN_OP_SUBTRACT);
     free(in);
     free(out);
-    p = kvc_plan_params_default();
+    p = defaults();
     p.prompt_tokens = 100;
     p.output_tokens = 20;
     p.enforce_eager = true;
@@ -519,7 +546,7 @@ static void each_startup_phase_can_be_the_one_that_fails(void **state)
     (void)state;
     kvc_plan_gpu_t h100 = preset_gpu("h100-sxm");
     kvc_plan_model_t m8 = preset_model("llama-3.1-8b"), m70 = preset_model("llama-3.1-70b");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     kvc_plan_result_t *r;
 
     /* init: a budget of 100% leaves no room for the CUDA context that exists already */
@@ -529,7 +556,7 @@ static void each_startup_phase_can_be_the_one_that_fails(void **state)
     free(r);
 
     /* load_weights: 405B in bf16 is 756 GiB; one H100 has 79.22 */
-    p = kvc_plan_params_default();
+    p = defaults();
     kvc_plan_model_t m405 = preset_model("llama-3.1-405b");
     r = plan(&m405, &h100, &p);
     check_failed_at(r, KVC_PLAN_PHASE_LOAD_WEIGHTS);
@@ -540,7 +567,7 @@ static void each_startup_phase_can_be_the_one_that_fails(void **state)
     free(r);
 
     /* profile: a measured 70 GiB activation peak next to 14.96 GiB of weights */
-    p = kvc_plan_params_default();
+    p = defaults();
     p.activation_bytes = 70 * GIB;
     r = plan(&m8, &h100, &p);
     check_failed_at(r, KVC_PLAN_PHASE_PROFILE);
@@ -548,7 +575,7 @@ static void each_startup_phase_can_be_the_one_that_fails(void **state)
 
     /* allocate_kv_pool: 70B at TP 2 with utilization 0.5: budget 39.61 GiB < 65.71 GiB of
      * weights, though the weights themselves fit in the device */
-    p = kvc_plan_params_default();
+    p = defaults();
     p.tp = 2;
     p.gpu_memory_utilization = 0.5;
     r = plan(&m70, &h100, &p);
@@ -560,7 +587,7 @@ static void each_startup_phase_can_be_the_one_that_fails(void **state)
     free(r);
 
     /* check_max_model_len: 70B at TP 2 (the golden test derives the numbers) */
-    p = kvc_plan_params_default();
+    p = defaults();
     p.tp = 2;
     r = plan(&m70, &h100, &p);
     check_failed_at(r, KVC_PLAN_PHASE_CHECK_MAX_LEN);
@@ -568,7 +595,7 @@ static void each_startup_phase_can_be_the_one_that_fails(void **state)
 
     /* capture_cuda_graphs: graphs captured after the pool, in the slack: 79.22 - 0.5 - 71.30
      * = 7.42 GiB free, and the graphs take 10 GiB */
-    p = kvc_plan_params_default();
+    p = defaults();
     p.graphs_outside_budget = true;
     p.cuda_graph_bytes = 10 * GIB;
     r = plan(&m8, &h100, &p);
@@ -587,7 +614,7 @@ static void a_refusal_says_what_would_start(void **state)
     (void)state;
     kvc_plan_gpu_t h100 = preset_gpu("h100-sxm");
     kvc_plan_model_t m70 = preset_model("llama-3.1-70b");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 2;
     kvc_plan_result_t *r = plan(&m70, &h100, &p);
     /* TP 4 halves the weights (32.86 GiB) and the KV per token (80 KiB): a 131,072-token
@@ -634,7 +661,7 @@ static void concurrency_is_the_pool_over_a_block_rounded_request(void **state)
     (void)state;
     kvc_plan_model_t m = preset_model("llama-3.1-8b");
     kvc_plan_gpu_t g = preset_gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.prompt_tokens = 1000;
     p.output_tokens = 210; /* 1,210 tokens: 76 blocks, 6 tokens wasted in the last */
     kvc_plan_result_t *r = plan(&m, &g, &p);
@@ -671,28 +698,606 @@ static void compute_ridge_counts_weights_and_kv_reads(void **state)
     (void)state;
     kvc_plan_model_t m = preset_model("llama-3.1-70b");
     kvc_plan_gpu_t g = preset_gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 2;
     kvc_plan_result_t *r = plan(&m, &g, &p);
     /* ridge = 989.5e12 / 3.35e12 = 295.37 FLOP/B */
     assert_true(fabs(r->ridge_flops_per_byte - 989.5 / 3.35) < 1e-9);
-    /* weights only: W = 70,555,025,408 B read per step; a token multiplies 2 x (34,225,520,640
-     * projections + 525,336,576 LM-head shard) = 69,501,714,432 FLOP; compute-bound from
-     * B x 69,501,714,432 / 989.5e12 >= 70,555,025,408 / 3.35e12, B >= 299.85: 300 */
-    assert_int_equal(r->compute_weights_only, 300);
+    /* weights only: 70,555,025,408 B per GPU, of which the input embedding shard, 64,128 x
+     * 8,192 x 2 B = 1,050,673,152 B, is not read (one row per token): W = 69,504,352,256 B
+     * read per step; a token multiplies 2 x (34,225,520,640 projections + 525,336,576 LM-head
+     * shard) = 69,501,714,432 FLOP; compute-bound from B x 69,501,714,432 / 989.5e12 >=
+     * 69,504,352,256 / 3.35e12, B >= 295.38 (the ridge point, 295.37, within the norms): 296 */
+    assert_int_equal(r->embedding_bytes_not_read, 1050673152);
+    assert_true(fabs(r->weight_read_bytes - 69504352256.0) < 1);
+    assert_int_equal(r->compute_weights_only, 296);
+    assert_true(fabs(r->compute_weights_only_exact - 295.384) < 1e-3);
     /* with KV: attention at the mean decode context 1,100: 2 x 32 heads x (128 + 128) x 1,100 x
      * 80 layers = 1,441,792,000 FLOP, and 1,100 x 163,840 = 180,224,000 B of KV read per
-     * sequence: B >= W / (70,943,506,432 / 295.37 - 180,224,000) = 1,176.7: 1,177 */
+     * sequence: B >= W / (70,943,506,432 / 295.37 - 180,224,000) = 1,159.2: 1,160 */
     assert_true(fabs(r->decode_flops_per_seq - 70943506432.0) < 1);
     assert_true(fabs(r->decode_bytes_per_seq - 180224000.0) < 1);
-    assert_int_equal(r->ceilings[KVC_PLAN_CEIL_COMPUTE], 1177);
+    assert_int_equal(r->ceilings[KVC_PLAN_CEIL_COMPUTE], 1160);
     free(r);
     /* At a 4,000-token context each sequence reads more KV than its FLOPs can cover: decode
      * never turns compute-bound (4,100 x 163,840 B = 672 MB > 70.9e9 / 295 = 240 MB). */
     p.prompt_tokens = 4000;
     r = plan(&m, &g, &p);
     assert_int_equal(r->ceilings[KVC_PLAN_CEIL_COMPUTE], KVC_PLAN_UNBOUNDED);
-    assert_int_equal(r->compute_weights_only, 300); /* the textbook number does not move */
+    assert_int_equal(r->compute_weights_only, 296); /* the textbook number does not move */
+    free(r);
+}
+
+/* ---- issue 15: what the planner got wrong ---------------------------------------------- */
+static void embedding_is_not_read_per_decode_step(void **state)
+{
+    (void)state;
+    kvc_plan_gpu_t tg = tiny_gpu();
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* 8,030,261,248 params x 2 B = 16,060,522,496 B of weights (16.06 GB); the input table,
+     * 128,256 x 4,096 x 2 B = 1,050,673,152 B, is looked up one row per token: a step reads
+     * 15,009,849,344 B (15.01 GB) */
+    assert_int_equal(r->weight_bytes_per_gpu, 16060522496u);
+    assert_int_equal(r->embedding_bytes_not_read, 1050673152u);
+    assert_true(fabs(r->weight_read_bytes - 15009849344.0) < 1);
+    /* The textbook ridge batch: B x 2 x 7,504,924,672 FLOP (projections + LM head) / 989.5e12
+     * = 15,009,849,344 / 3.35e12 gives B* = 295.37 x (1 + 266,240 norm params / 7.50e9) =
+     * 295.38: the ridge point 989.5 / 3.35 = 295.37, 296 as a whole batch (317 before) */
+    assert_int_equal(r->compute_weights_only, 296);
+    assert_true(fabs(r->compute_weights_only_exact - r->ridge_flops_per_byte) < 0.02);
+    free(r);
+    /* A tied table is the LM head: read whole every step, nothing left out (one stage)... */
+    m = tiny();
+    m.tie_embeddings = true;
+    r = plan(&m, &tg, &p);
+    assert_int_equal(r->embedding_bytes_not_read, 0);
+    free(r);
+    /* ...but with PP 2 the first stage's table only serves lookups: 100 x 64 x 2 B = 12,800 */
+    p.pp = 2;
+    r = plan(&m, &tg, &p);
+    assert_int_equal(r->embedding_bytes_not_read, r->binding_stage == 0 ? 12800 : 0);
+    free(r);
+}
+
+static void speculation_loses_only_when_its_tokens_cost_more_than_they_save(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.prompt_tokens = 128;
+    p.output_tokens = 128;
+    p.spec_tokens = 4;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* Mean context 128 + 64 = 192: KV read 192 x 131,072 = 25,165,824 B per sequence, FLOP per
+     * token 15,109,980,160; W = 15,009,849,344 B.  Tokens per step at a = 0.7, k = 4: 1 + 0.7 +
+     * 0.49 + 0.343 + 0.2401 = 2.7731.  Verification turns compute-bound early (B >= 66), but
+     * speculation loses only when 5 x B x FLOP / peak > 2.7731 x (W + B x KV) / bandwidth:
+     * B x (7.635e-5 - 2.083e-5) > 2.7731 x 4.4805e-3, B > 223.8: from 224 (not 66 or 70) */
+    assert_int_equal(r->spec[0].spec_tokens, 4);
+    assert_true(fabs(r->spec[0].tokens_per_step - 2.7731) < 1e-9);
+    assert_int_equal(r->spec[0].compute_bound_batch, 66);
+    assert_int_equal(r->spec[0].loses_from_batch, 224);
+    /* at batch 1 the step is memory-bound either way: the speedup is the tokens per step */
+    assert_true(fabs(r->spec[0].speedup_at_batch_1 - 2.7731) < 1e-9);
+    /* best k: 8 at small batches (3.1988 = 1 + ... + 0.7^8), 4 at 64, 1 at 256, none at 1,024 */
+    assert_int_equal(r->spec_best[0].batch, 1);
+    assert_int_equal(r->spec_best[0].best_k, 8);
+    assert_true(fabs(r->spec_best[0].speedup - (1 - pow(0.7, 9)) / 0.3) < 1e-9);
+    assert_int_equal(r->spec_best[3].batch, 64);
+    assert_int_equal(r->spec_best[3].best_k, 4);
+    assert_int_equal(r->spec_best[4].best_k, 1);
+    assert_int_equal(r->spec_best[5].batch, 1024);
+    assert_int_equal(r->spec_best[5].best_k, 0);
+    free(r);
+    /* At 1,000 + 200 (context 1,100) the KV reads grow faster than the verification's FLOPs
+     * (144,179,200 B x 2.7731 / 3.35e12 = 1.19e-4 s per sequence > 5 x 1.56e10 / 989.5e12 =
+     * 7.9e-5): k = 4 never loses, though it turns compute-bound from 126 */
+    p.prompt_tokens = 1000;
+    p.output_tokens = 200;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->spec[0].compute_bound_batch, 126);
+    assert_int_equal(r->spec[0].loses_from_batch, KVC_PLAN_UNBOUNDED);
+    free(r);
+    /* Acceptance 1: every draft lands, k + 1 tokens a step, 5 at batch 1 */
+    p.spec_acceptance = 1;
+    r = plan(&m, &g, &p);
+    assert_true(r->spec[0].tokens_per_step == 5);
+    assert_true(fabs(r->spec[0].speedup_at_batch_1 - 5) < 1e-9);
+    free(r);
+    /* A 1e9-parameter draft in bf16 costs 4 steps x 2e9 B / 3.35e12 at batch 1: the plain step
+     * takes (15,009,849,344 + 144,179,200) / 3.35e12 = 4.5236 ms, the speculative one 4.5236 +
+     * 4 x 0.5970 = 6.9116 ms: 5 x 4.5236 / 6.9116 = 3.2725 */
+    p.spec_draft_params = 1000000000;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->spec_draft_bytes_per_gpu, 2000000000u);
+    const double t0 = (15009849344.0 + 144179200.0) / 3.35e12, td = 4 * 2e9 / 3.35e12;
+    assert_true(fabs(r->spec[0].speedup_at_batch_1 - 5 * t0 / (t0 + td)) < 1e-6);
+    free(r);
+}
+
+static void recompute_pays_the_prefix_attention(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* linear: 2 x 6,979,588,096 = 13,959,176,192 FLOP per token; attention over a prefix of n
+     * averages 2 x 32 heads x 256 x 32 layers x (n + 1) / 2 per token: at n = 32,768,
+     * 8,590,196,736 FLOP, 61.5% extra at the same bf16 rate */
+    assert_int_equal(r->n_recompute, 4); /* 1K, 4K, 32K, 128K: up to max_model_len 131,072 */
+    assert_int_equal(r->recompute[2].prefix_tokens, 32768);
+    assert_true(fabs(r->recompute[2].attention_extra - 8590196736.0 / 13959176192.0) < 1e-9);
+    assert_true(fabs(r->recompute[2].recompute_s_per_token -
+                     r->recompute_s_per_token * (1 + 8590196736.0 / 13959176192.0)) < 1e-15);
+    assert_true(fabs(r->recompute[2].break_even_bytes_per_s -
+                     131072.0 / r->recompute[2].recompute_s_per_token) < 1e-3);
+    for (uint32_t i = 1; i < r->n_recompute; i++)
+        assert_true(r->recompute[i].attention_extra > r->recompute[i - 1].attention_extra);
+    free(r);
+}
+
+static void vllm_batch_defaults_follow_the_gpu(void **state)
+{
+    (void)state;
+    kvc_plan_gpu_t tg = tiny_gpu();
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_params_t p = kvc_plan_params_default();
+    assert_int_equal(p.max_num_seqs, 0);
+    assert_int_equal(p.max_num_batched_tokens, 0);
+    /* vllm/engine/arg_utils.py get_batch_defaults: >= 70 GiB and not an A100: 1,024 and 8,192 */
+    static const struct {
+        const char *gpu;
+        uint32_t seqs, tokens;
+    } cases[] = {{"h100-sxm", 1024, 8192},
+                 {"h200", 1024, 8192},
+                 {"mi300x", 1024, 8192},
+                 {"a100-80gb-sxm", 256, 2048},
+                 {"l40s", 256, 2048}};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(cases); i++) {
+        kvc_plan_gpu_t g = preset_gpu(cases[i].gpu);
+        kvc_plan_result_t *r = plan(&m, &g, &p);
+        assert_int_equal(r->params.max_num_seqs, cases[i].seqs);
+        assert_int_equal(r->params.max_num_batched_tokens, cases[i].tokens);
+        assert_true(r->max_num_seqs_auto && r->max_num_batched_tokens_auto);
+        /* the sampler's profile runs max_num_seqs rows: 1,024 x 128,256 x 40 B on an H100 */
+        if (cases[i].seqs == 1024)
+            assert_int_equal(r->activation_sampler_bytes, UINT64_C(1024) * 128256 * 40);
+        free(r);
+    }
+    /* the token budget is at most max_num_seqs x max_model_len, and max_num_seqs at most the
+     * budget: tiny (10 GiB: 256 and 2,048) at max_model_len 4 gets 1,024 tokens, 256 seqs; an
+     * explicit max_num_seqs 2 makes the budget 2 x 4 = 8 */
+    kvc_plan_model_t t = tiny();
+    p.max_model_len = 4;
+    p.prompt_tokens = 2;
+    p.output_tokens = 2;
+    kvc_plan_result_t *r = plan(&t, &tg, &p);
+    assert_int_equal(r->params.max_num_batched_tokens, 1024);
+    assert_int_equal(r->params.max_num_seqs, 256);
+    free(r);
+    p.max_num_seqs = 2;
+    r = plan(&t, &tg, &p);
+    assert_int_equal(r->params.max_num_batched_tokens, 8);
+    assert_int_equal(r->params.max_num_seqs, 2);
+    assert_false(r->max_num_seqs_auto);
+    free(r);
+}
+
+static void prefill_only_requests_and_long_tenants_are_priced(void **state)
+{
+    (void)state;
+    kvc_plan_gpu_t tg = tiny_gpu();
+    kvc_plan_model_t m = tiny();
+    kvc_plan_params_t p = defaults();
+    p.prompt_tokens = 100;
+    p.output_tokens = 0; /* a disaggregated prefill node's request */
+    kvc_plan_result_t *r = plan(&m, &tg, &p);
+    /* ceil(100 / 16) = 7 blocks x 16 x 256 B = 28,672 B */
+    assert_int_equal(r->request_tokens, 100);
+    assert_int_equal(r->kv_bytes_per_request, 7 * 16 * 256);
+    assert_true(r->little_stable);
+    assert_false(r->tenant_over_max_model_len);
+    free(r);
+    p.tenant_tokens = 5000; /* over max_model_len 4,096: priced, and flagged */
+    r = plan(&m, &tg, &p);
+    assert_true(r->tenant_over_max_model_len);
+    assert_int_equal(r->tenants[2].tokens, 5000);
+    char *text = NULL;
+    assert_ok(kvc_plan_render_text(r, &text));
+    assert_non_null(strstr(text, "warning: --tenant-tokens 5,000 is over max_model_len 4,096"));
+    kvc_plan_string_free(text);
+    free(r);
+}
+
+static void quantized_kv_and_weights_price_their_scales(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("b200");
+    kvc_plan_params_t p = defaults();
+    /* int8 KV: 1 B per element, 2 x 32 x 8 x 128 = 65,536 B per token */
+    p.kv_dtype = KVC_PLAN_INT8;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->kv_bytes_per_token, 65536);
+    free(r);
+    /* nvfp4 KV: per layer 2 x 8 x 128 = 2,048 elements in 2,048 / 16 x 9 = 1,152 B; x 32 layers
+     * = 36,864 B per token (0.5625 B per element) */
+    p.kv_dtype = KVC_PLAN_NVFP4;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->kv_bytes_per_token, 36864);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 36864);
+    assert_int_equal(kvc_plan_kv_bytes_per_token(&m, KVC_PLAN_NVFP4), 36864);
+    free(r);
+    /* nvfp4 weights: the 6,979,321,856 projection params (and LM head) in 9 B per 16, the
+     * 1,050,939,392 embedding and norm params in 16 bits: 3,925,868,544 + 2,101,878,784 =
+     * 6,027,747,328 B; they multiply at the fp8 rate */
+    p.weight_dtype = KVC_PLAN_NVFP4;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->weight_linear_params_per_gpu, 6979321856u);
+    assert_int_equal(r->weight_bytes_per_gpu, 6979321856u / 16 * 9 + 2 * 1050939392u);
+    assert_true(r->fp8_compute && r->peak_flops == g.fp8_flops);
+    free(r);
+    /* int4 KV stays refused: it is a weight format */
+    p.kv_dtype = KVC_PLAN_INT4;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "int4 is a weight format");
+}
+
+static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    char msg[256];
+    /* Jamba-v0.1 (ai21labs/Jamba-v0.1 config.json, trimmed): one attention layer in 8, MoE on
+     * every other layer; sized as all-attention with MoE everywhere it came out 92 billion
+     * parameters instead of about 52, so it is refused, naming the field */
+    const char *jamba =
+        "{\"model_type\": \"jamba\", \"hidden_size\": 4096, \"num_hidden_layers\": 32,"
+        " \"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"vocab_size\":"
+        " 65536, \"intermediate_size\": 14336, \"num_experts\": 16,"
+        " \"num_experts_per_tok\": 2, \"attn_layer_period\": 8,"
+        " \"attn_layer_offset\": 4, \"expert_layer_period\": 2,"
+        " \"mamba_d_state\": 16, \"max_position_embeddings\": 262144}";
+    assert_int_equal(kvc_plan_model_from_json(jamba, strlen(jamba), "jamba", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "attn_layer_period: a recurrent or hybrid"));
+    /* a Qwen3-Next style layer list with linear attention */
+    const char *next = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                       " \"vocab_size\": 100, \"intermediate_size\": 128, \"layer_types\":"
+                       " [\"linear_attention\", \"full_attention\"]}";
+    assert_int_equal(kvc_plan_model_from_json(next, strlen(next), "next", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "layer_types: 'linear_attention' layers hold a recurrent state"));
+    const char *mamba =
+        "{\"model_type\": \"mamba2\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+        " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\": 1}";
+    assert_int_equal(kvc_plan_model_from_json(mamba, strlen(mamba), "m", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "model_type mamba2"));
+    /* LLaVA-1.5-7B (llava-hf/llava-1.5-7b-hf, trimmed): CLIP ViT-L/14 at 336 px.  Per layer
+     * 4 x 1024^2 + 4 x 1024 (q, k, v, o and biases) + 2 x 1024 x 4096 + 4096 + 1024 (MLP) +
+     * 4 x 1024 (two LayerNorms) = 12,596,224, x 24 = 302,309,376; patches 3 x 14 x 14 x 1024 +
+     * 1024, positions (24 x 24 + 1) x 1024, class 1024: 1,195,008; projector 1024 x 4096 + 4096 +
+     * 4096 x 4096 + 4096 = 20,979,712; final LayerNorm 2,048: 324,486,144 parameters */
+    const char *llava =
+        "{\"model_type\": \"llava\", \"text_config\": {\"model_type\": \"llama\","
+        " \"hidden_size\": 4096, \"num_hidden_layers\": 32, \"num_attention_heads\":"
+        " 32, \"num_key_value_heads\": 32, \"vocab_size\": 32064,"
+        " \"intermediate_size\": 11008, \"max_position_embeddings\": 4096,"
+        " \"tie_word_embeddings\": false}, \"vision_config\": {\"hidden_size\":"
+        " 1024, \"intermediate_size\": 4096, \"num_hidden_layers\": 24,"
+        " \"patch_size\": 14, \"image_size\": 336}}";
+    assert_ok(kvc_plan_model_from_json(llava, strlen(llava), "llava", &m, msg, sizeof msg));
+    assert_int_equal(m.vision_params, 324486144u);
+    assert_int_equal(m.image_tokens, 576);
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* in the weights (16 bits), not in a decode step's reads */
+    kvc_plan_model_t text = m;
+    text.vision_params = 0;
+    kvc_plan_result_t *t = plan(&text, &g, &p);
+    assert_int_equal(r->weight_bytes_per_gpu, t->weight_bytes_per_gpu + 2 * 324486144u);
+    assert_int_equal(r->vision_bytes_per_gpu, 2 * 324486144u);
+    assert_true(r->weight_read_bytes == t->weight_read_bytes);
+    assert_int_equal(r->counts.vision, 324486144u);
+    free(r);
+    free(t);
+    /* a vision_config with widths but not all of them: refused, naming the field */
+    const char *half = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                       " \"vocab_size\": 100, \"intermediate_size\": 128, \"vision_config\":"
+                       " {\"hidden_size\": 32, \"patch_size\": 4, \"image_size\": 16}}";
+    assert_int_equal(kvc_plan_model_from_json(half, strlen(half), "h", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "vision_config.intermediate_size is missing"));
+}
+
+static void a_million_tokens_on_eight_h100s(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.prompt_tokens = 1048576; /* 1M: one prefill-only request of the whole context */
+    p.output_tokens = 0;
+    p.max_model_len = 1048576;
+    p.tp = 8;
+    /* past max_position_embeddings without a scaling: refused, saying how to extend it */
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--rope-scaling yarn:FACTOR");
+    p.rope_scaling = KVC_PLAN_ROPE_YARN;
+    p.rope_factor = 4; /* 4 x 131,072 = 524,288 < 1M */
+    expect_refused(&m, &g, &p, KVC_EINVAL,
+                   "exceeds yarn:4 x max_position_embeddings 131072 = 524288");
+    p.rope_factor = 8;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->max_position_embeddings_scaled, 1048576);
+    /* 2 x 80 x 8 x 128 x 2 B = 327,680 B per token x 1,048,576 = 343,597,383,680 B = 320 GiB */
+    assert_int_equal(r->kv_bytes_per_request_context, UINT64_C(320) * GIB);
+    /* TP 8: one KV head per GPU, 40 GiB of it each; it starts */
+    assert_int_equal(r->kv_bytes_per_request_per_gpu, UINT64_C(40) * GIB);
+    assert_true(r->fits);
+    /* attention 2 x 64 heads x 256 x 80 layers x n(n+1)/2 = 1.441e18 FLOP against linear
+     * 2 x n x 68.45e9 = 1.436e17: 90.9% in attention */
+    const double n = 1048576.0, attn = 2.0 * 64 * 256 * 80 * n * (n + 1) / 2;
+    assert_true(fabs(r->prefill_attention_flops - attn) < 1e3);
+    assert_true(r->prefill_attention_flops_fraction > 0.90);
+    /* over 8 GPUs at MFU 0.5: (linear + attention) / 989.5e12 / 0.5 / 8 = 400.4 s */
+    assert_true(fabs(r->prefill_seconds - (r->prefill_linear_flops + attn) / 989.5e12 / 0.5 / 8) <
+                1e-6);
+    assert_true(r->prefill_seconds > 400 && r->prefill_seconds < 401);
+    /* the layouts of 8 GPUs: TP 1, 2, 4 (x CP 8, 4, 2) hold 40 GiB of KV per GPU too but their
+     * weights (131, 66, 33 GiB) leave no room; TP 8 starts */
+    assert_int_equal(r->n_layouts_same_gpus, 4);
+    assert_int_equal(r->n_layouts, 4);
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_int_equal(r->layouts[i].tp * r->layouts[i].cp, 8);
+        assert_int_equal(r->layouts[i].kv_bytes_per_request_per_gpu, UINT64_C(40) * GIB);
+        assert_int_equal(r->layouts[i].fits, r->layouts[i].tp == 8);
+    }
+    free(r);
+    /* TP 4 x CP 2: each GPU 524,288 tokens x 2 heads x 128 x 2 x 2 B x 80 = 40 GiB; the ring
+     * sends 524,288 x 1,024 B = 512 MiB per layer and step over NVLink (450 GB/s): 1.19 ms,
+     * behind an attention step of n^2 / (2 x 2^2) pairs x 2 x 256 x 16 heads / (989.5e12 x 0.5)
+     * = 2.276 s: hidden */
+    p.tp = 4;
+    p.cp = 2;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->n_gpus, 8);
+    assert_int_equal(r->kv_bytes_per_request_per_gpu, UINT64_C(40) * GIB);
+    assert_int_equal(r->ring_chunk_tokens, 524288);
+    assert_int_equal(r->ring_bytes_per_step, UINT64_C(536870912));
+    assert_false(r->ring_inter_node);
+    assert_true(r->ring_link_bytes_per_s == 450e9);
+    assert_true(fabs(r->ring_step_s - 536870912.0 / 450e9) < 1e-12);
+    assert_true(fabs(r->ring_attention_step_s - n * n / 8 * 2 * 256 * 16 / (989.5e12 * 0.5)) <
+                1e-9);
+    assert_true(r->ring_hidden);
+    assert_false(r->fits); /* the weights of TP 4 leave 40 GiB no room */
+    free(r);
+    /* Full multi-head attention (64 KV heads, 8x the KV: 2,560 GiB per request): no layout of
+     * 8 GPUs starts (320 GiB per GPU at TP 8); more CP ranks across nodes do: TP 8 x CP 8 = 64
+     * GPUs, 40 GiB each, the ring at the inter-node 50 GB/s (131,072 tokens x 8 heads x 128 x
+     * 2 x 2 B = 512 MiB per step) */
+    m.n_kv_heads = 64;
+    p.tp = 8;
+    p.cp = 1;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->kv_bytes_per_request_context, UINT64_C(2560) * GIB);
+    assert_int_equal(r->kv_bytes_per_request_per_gpu, UINT64_C(320) * GIB);
+    assert_false(r->fits);
+    assert_int_equal(r->n_layouts_same_gpus, 4);
+    bool found = false;
+    for (uint32_t i = r->n_layouts_same_gpus; i < r->n_layouts; i++) {
+        const kvc_plan_layout_t *x = &r->layouts[i];
+        if (x->fits && x->kv_dtype == KVC_PLAN_BF16) {
+            assert_int_equal(x->tp, 8);
+            assert_int_equal(x->cp, 8);
+            assert_true(x->inter_node);
+            assert_int_equal(x->kv_bytes_per_request_per_gpu, UINT64_C(40) * GIB);
+            assert_int_equal(x->ring_bytes_per_step, UINT64_C(536870912));
+            found = true;
+        }
+    }
+    assert_true(found);
+    /* and the last row prices fp8 KV on the 8 GPUs: 160 GiB per GPU, still too much */
+    assert_int_equal(r->layouts[r->n_layouts - 1].kv_dtype, KVC_PLAN_FP8);
+    assert_int_equal(r->layouts[r->n_layouts - 1].kv_bytes_per_request_per_gpu,
+                     UINT64_C(160) * GIB);
+    char *text = NULL;
+    assert_ok(kvc_plan_render_text(r, &text));
+    assert_non_null(strstr(text, "none starts on 8 GPUs; what replaces it"));
+    kvc_plan_string_free(text);
+    assert_ok(kvc_plan_render_json(r, &text));
+    assert_non_null(strstr(text, "\"context_parallel\""));
+    assert_non_null(strstr(text, "\"kv_bytes_per_request_per_gpu\""));
+    assert_non_null(strstr(text, "\"prefill_seconds\""));
+    assert_non_null(strstr(text, "\"ring_bytes_per_step\""));
+    kvc_plan_string_free(text);
+    free(r);
+    /* TYPE:FACTOR */
+    kvc_plan_rope_t rt;
+    double f;
+    assert_ok(kvc_plan_rope_parse("llama3:8", &rt, &f));
+    assert_true(rt == KVC_PLAN_ROPE_LLAMA3 && f == 8);
+    assert_ok(kvc_plan_rope_parse("LINEAR:2.5", &rt, &f));
+    assert_true(rt == KVC_PLAN_ROPE_LINEAR && f == 2.5);
+    assert_int_equal(kvc_plan_rope_parse("yarn", &rt, &f), KVC_EINVAL);
+    assert_int_equal(kvc_plan_rope_parse("yarn:1", &rt, &f), KVC_EINVAL);
+    assert_int_equal(kvc_plan_rope_parse("yarn:8x", &rt, &f), KVC_EINVAL);
+    assert_int_equal(kvc_plan_rope_parse("ntk:8", &rt, &f), KVC_EINVAL);
+    assert_int_equal(kvc_plan_rope_parse("yarn:inf", &rt, &f), KVC_EINVAL);
+    assert_string_equal(kvc_plan_rope_name(KVC_PLAN_ROPE_YARN), "yarn");
+}
+
+static void the_dtype_grid_replans_every_pair(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = kvc_plan_params_default(); /* vLLM's H100 defaults: 1,024 sequences */
+    p.tp = 2;
+    p.grid_dtypes = true;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    assert_int_equal(r->n_dtype_grid, 20); /* 5 weight dtypes x 4 KV dtypes */
+    /* bf16 weights (65.71 GiB per GPU) leave no block; every other weight dtype starts */
+    for (uint32_t i = 0; i < r->n_dtype_grid; i++) {
+        const kvc_plan_grid_row_t *x = &r->dtype_grid[i];
+        if (x->weight_dtype == KVC_PLAN_BF16) {
+            assert_false(x->fits);
+            assert_int_equal(x->failed_phase, KVC_PLAN_PHASE_ALLOCATE_KV);
+        } else {
+            assert_true(x->fits);
+        }
+        /* one 1,200-token request is 75 blocks x 16 tokens x its bytes per token per GPU (TP 2:
+         * 4 KV heads x 128 x 2 x 80 layers): 163,840 B in bf16, 81,920 in fp8 or int8, 46,080
+         * in nvfp4 (1,024 elements per layer in 576 B) */
+        const uint64_t per_token = x->kv_dtype == KVC_PLAN_BF16    ? 163840
+                                   : x->kv_dtype == KVC_PLAN_NVFP4 ? 46080
+                                                                   : 81920;
+        if (x->fits)
+            assert_int_equal(x->max_concurrency, x->kv_pool_bytes_per_gpu / (75 * 16 * per_token));
+    }
+    /* the KV dtype does not move the pool; the weights do: fp8 weights x bf16 KV is row 4 */
+    assert_int_equal(r->dtype_grid[4].weight_dtype, KVC_PLAN_FP8);
+    assert_int_equal(r->dtype_grid[4].kv_dtype, KVC_PLAN_BF16);
+    assert_int_equal(r->dtype_grid[5].kv_pool_bytes_per_gpu,
+                     r->dtype_grid[4].kv_pool_bytes_per_gpu);
+    char *text = NULL;
+    assert_ok(kvc_plan_render_json(r, &text));
+    assert_non_null(strstr(text, "\"dtype_grid\""));
+    kvc_plan_string_free(text);
+    free(r);
+    p.grid_dtypes = false;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->n_dtype_grid, 0);
+    free(r);
+}
+
+static void lora_adapters_take_from_the_kv_pool(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    kvc_plan_result_t *base = plan(&m, &g, &p);
+    p.lora_rank = 16;
+    p.lora_adapters = 100;
+    p.lora_resident = 20;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* per layer and rank: q (4,096 + 4,096) + k, v 2 x (4,096 + 1,024) + o (4,096 + 4,096) +
+     * gate, up, down 3 x (4,096 + 14,336) = 81,920 values, x 2 B x 16 = 2,621,440 B; x 32
+     * layers = 83,886,080 B (80 MiB) per adapter */
+    assert_int_equal(r->lora_adapter_bytes, 83886080u);
+    assert_int_equal(r->lora_adapter_bytes_per_gpu, 83886080u);
+    /* 20 resident: 1,677,721,600 B out of the pool, 12,800 KV tokens of 131,072 B */
+    assert_int_equal(r->lora_resident_bytes_per_gpu, 1677721600u);
+    assert_int_equal(r->kv_pool_bytes_per_gpu, base->kv_pool_bytes_per_gpu - 1677721600u);
+    assert_int_equal(r->lora_pool_tokens_lost, 12800);
+    assert_int_equal(entry(r, "lora_adapters")->bytes, 1677721600u);
+    /* a 1,000-token prompt shared by requests of the 20 adapters: 63 blocks cached 20 times */
+    assert_int_equal(r->lora_prefix_blocks, 63 * 20);
+    free(r);
+    /* TP 2 halves each adapter's shard */
+    p.tp = 2;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->lora_adapter_bytes_per_gpu, 83886080u / 2);
+    free(r);
+    p.tp = 1;
+    p.lora_resident = 101;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--lora-resident 101 is more than the 100");
+    p.lora_rank = 0;
+    p.lora_resident = 0;
+    expect_refused(&m, &g, &p, KVC_EINVAL, "--lora-adapters needs --lora-rank");
+    free(base);
+}
+
+static void small_copies_lose_and_short_recomputes_ride_free(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-70b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.tp = 8;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* TP 8: one KV head, 2 x 128 x 2 B = 512 B per token and layer; one layer of one block is
+     * 16 x 512 = 8,192 B: over PCIe at 64e9 B/s with 10 us of setup, 8,192 / (1.28e-7 + 1e-5) =
+     * 808.8 MB/s, below the break-even; a block of all 80 layers (655,360 B) moves at 32.4 GB/s */
+    assert_int_equal(r->copy_bytes[0], 8192);
+    assert_int_equal(r->copy_bytes[1], 655360);
+    assert_true(fabs(r->copy_bytes_per_s[0] - 8192 / (8192 / 64e9 + 1e-5)) < 1);
+    assert_true(r->copy_bytes_per_s[0] < r->break_even_bytes_per_s);
+    assert_true(r->copy_bytes_per_s[1] > r->break_even_bytes_per_s);
+    /* batch 1: the step reads W / bandwidth of weights while its token computes for
+     * lin / peak + attn / bf16; the idle compute holds floor((W / bw - that) / (lin / peak))
+     * short-prefix tokens, about the ridge point (295) */
+    const double lin = r->decode_flops_per_seq - r->decode_attention_flops_per_seq;
+    const double mem = (r->weight_read_bytes + r->decode_bytes_per_seq) / 3.35e12;
+    const double used = lin / 989.5e12 + r->decode_attention_flops_per_seq / 989.5e12;
+    assert_int_equal(r->recompute_free_tokens_batch_1,
+                     (uint64_t)floor((mem - used) / (lin / 989.5e12)));
+    assert_true(r->recompute_free_tokens_batch_1 > 250 && r->recompute_free_tokens_batch_1 < 320);
+    free(r);
+}
+
+static void mla_intensity_and_dp_attention_against_tp(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("deepseek-v3");
+    kvc_plan_gpu_t g = preset_gpu("h200");
+    kvc_plan_params_t p = defaults();
+    p.tp = 8;
+    p.weight_dtype = KVC_PLAN_FP8;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* absorbed MLA: 128 / 8 = 16 heads per GPU x 2 x (576 + 512) FLOP per key over the 576 x
+     * 2 B latent every GPU reads: 34,816 / 1,152 = 30.22 FLOP per byte; DP attention keeps all
+     * 128 heads on one GPU's requests: 241.8, and the pool holds 8 x the tokens */
+    assert_true(fabs(r->attention_flops_per_kv_byte - 2.0 * 16 * 1088 / 1152) < 1e-9);
+    assert_true(fabs(r->dp_attention_flops_per_kv_byte - 2.0 * 128 * 1088 / 1152) < 1e-9);
+    assert_int_equal(r->dp_attention_pool_tokens, 8 * r->pool_tokens);
+    /* TP: 2 all-reduces of 7,168 x 2 B, ring 2 (8 - 1) / 8: 50,176 B per token and layer; the
+     * all-to-all of DP attention, dispatch and combine: 25,088 */
+    assert_true(r->tp_comm_bytes_per_token_layer == 50176);
+    assert_true(r->dp_attention_comm_bytes_per_token_layer == 25088);
+    free(r);
+    /* GQA: 2 x the query group (32 / 8 = 4) / 2 B = 4 FLOP per byte, whatever the TP */
+    m = preset_model("llama-3.1-8b");
+    g = preset_gpu("h100-sxm");
+    p = defaults();
+    r = plan(&m, &g, &p);
+    assert_true(fabs(r->attention_flops_per_kv_byte - 4) < 1e-12);
+    assert_int_equal(r->dp_attention_pool_tokens, 0);
+    free(r);
+}
+
+static void texts_say_what_is_true(void **state)
+{
+    (void)state;
+    kvc_plan_gpu_t tg = tiny_gpu();
+    kvc_plan_model_t m = tiny();
+    kvc_plan_params_t p = defaults();
+    p.prompt_tokens = 96; /* 6 whole blocks of 16: no partial block to copy on a fork */
+    kvc_plan_result_t *r = plan(&m, &tg, &p);
+    char *text = NULL;
+    assert_ok(kvc_plan_render_text(r, &text));
+    assert_non_null(strstr(text, "block-aligned: nothing to copy"));
+    assert_null(strstr(text, "the partial prompt block copied"));
+    kvc_plan_string_free(text);
+    free(r);
+    /* fp8 weights that do not load are not told to try fp8 */
+    kvc_plan_model_t big = preset_model("llama-3.1-405b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    p = defaults();
+    p.weight_dtype = KVC_PLAN_FP8;
+    r = plan(&big, &g, &p);
+    assert_int_equal(r->failed_phase, KVC_PLAN_PHASE_LOAD_WEIGHTS);
+    assert_ok(kvc_plan_render_text(r, &text));
+    assert_null(strstr(text, "(fp8, int4"));
+    assert_non_null(strstr(text, "a 4-bit weight dtype"));
+    kvc_plan_string_free(text);
     free(r);
 }
 
@@ -704,7 +1309,7 @@ static void window_freeing_saves_by_the_share_of_windowed_layers(void **state)
     m.sliding_window = 24;
     m.n_sliding_layers = 2; /* 2 of 4 layers */
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.prompt_tokens = 80;
     p.output_tokens = 20;
     /* context 100, block 16: full layers keep ceil(100/16) = 7 blocks; a windowed layer keeps
@@ -744,7 +1349,7 @@ static void prefill_counts_causal_pairs_once(void **state)
     (void)state;
     kvc_plan_model_t m = tiny();
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.prompt_tokens = 80;
     p.output_tokens = 20;
     kvc_plan_result_t *r = plan(&m, &g, &p);
@@ -781,7 +1386,7 @@ static void forks_share_prompt_blocks_and_beam_history(void **state)
      * copy-on-write block each for the other 3: 78 blocks = 156 MiB. */
     kvc_plan_model_t m = preset_model("llama-3.1-8b");
     kvc_plan_gpu_t g = preset_gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.beams = 4;
     p.prompt_tokens = 1000;
     p.output_tokens = 200;
@@ -810,7 +1415,7 @@ static void prefill_kv_rate_cancels_the_prompt_length(void **state)
     (void)state;
     kvc_plan_model_t m = preset_model("llama-3.1-70b");
     kvc_plan_gpu_t g = preset_gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 4;
     p.prompt_tokens = 1000;
     kvc_plan_result_t *a = plan(&m, &g, &p);
@@ -844,7 +1449,7 @@ static void fetch_beats_recompute_above_the_break_even_bandwidth(void **state)
     (void)state;
     kvc_plan_model_t m = preset_model("llama-3.1-70b");
     kvc_plan_gpu_t g = preset_gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 2;
     p.nvme_bytes_per_s = 7e9;
     p.network_bytes_per_s = 0.5e9; /* slower than the break-even */
@@ -917,7 +1522,7 @@ static void littles_law_solves_the_fixed_point(void **state)
     (void)state;
     kvc_plan_model_t m = preset_model("llama-3.1-8b");
     kvc_plan_gpu_t g = preset_gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     kvc_plan_result_t *r = plan(&m, &g, &p); /* default: half the sustainable rate */
     assert_true(r->arrival_rate_auto);
     assert_true(fabs(r->arrival_rate - 0.5 * r->little_max_arrival_rate) < 1e-9);
@@ -968,7 +1573,7 @@ static void drafts_take_budget_and_turn_the_step_compute_bound(void **state)
     (void)state;
     kvc_plan_model_t m = preset_model("llama-3.1-70b");
     kvc_plan_gpu_t g = preset_gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 2;
     p.spec_tokens = 3;
     p.spec_acceptance = 0.7;
@@ -980,9 +1585,9 @@ static void drafts_take_budget_and_turn_the_step_compute_bound(void **state)
     /* (1 - 0.7^4) / 0.3 = 2.533 */
     assert_true(fabs(r->spec[0].tokens_per_step - (1 - pow(0.7, 4)) / 0.3) < 1e-12);
     /* with 1 draft each sequence brings 2 queries: B >= W / (2 x 70.94e9 / 295.37 - 180.2e6)
-     * = 235.1: 236; more drafts, a smaller batch turns compute-bound */
+     * = 69.504e9 / 300.15e6 = 231.6: 232; more drafts, a smaller batch turns compute-bound */
     assert_int_equal(r->spec[1].spec_tokens, 1);
-    assert_int_equal(r->spec[1].compute_bound_batch, 236);
+    assert_int_equal(r->spec[1].compute_bound_batch, 232);
     uint64_t prev = UINT64_MAX;
     for (uint32_t i = 1; i < r->n_spec; i++) {
         assert_true(r->spec[i].compute_bound_batch < prev);
@@ -998,7 +1603,7 @@ static void tenancy_prices_requests_in_pool_share(void **state)
     (void)state;
     kvc_plan_model_t m = preset_model("llama-3.1-8b");
     kvc_plan_gpu_t g = preset_gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tenant_tokens = 32768;
     kvc_plan_result_t *r = plan(&m, &g, &p);
     assert_int_equal(r->n_tenants, 3);
@@ -1178,8 +1783,15 @@ static void config_reads_moe_mla_windows_and_images(void **state)
     assert_int_equal(m.head_dim, 256);
     assert_int_equal(m.image_tokens, 256);
     assert_string_equal(m.model_type, "gemma3_text");
+    /* a vision tower with no widths would be left out of the weights: refused */
+    assert_int_equal(parse("{\"text_config\": {" BASE "}, \"vision_config\": {\"image_size\": 336,"
+                           " \"patch_size\": 14}}",
+                           &m, msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "vision_config.hidden_size is missing"));
     assert_ok(parse("{\"text_config\": {" BASE "}, \"vision_config\": {\"image_size\": 336,"
-                    " \"patch_size\": 14}}",
+                    " \"patch_size\": 14, \"hidden_size\": 1024, \"intermediate_size\": 4096,"
+                    " \"num_hidden_layers\": 24}}",
                     &m, msg));
     assert_int_equal(m.image_tokens, 576); /* (336 / 14)^2, LLaVA-1.5 */
     /* Llama 4: chunked local attention on RoPE layers, every 4th layer global by default, or
@@ -1282,7 +1894,7 @@ static void json_has_every_required_key(void **state)
     (void)state;
     kvc_plan_model_t m = preset_model("llama-3.1-70b");
     kvc_plan_gpu_t g = preset_gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     for (int refused = 0; refused < 2; refused++) {
         p.tp = refused ? 2 : 4;
         kvc_plan_result_t *r = plan(&m, &g, &p);
@@ -1359,7 +1971,7 @@ static void json_rendering_fails_whole_under_oom(void **state)
     (void)state;
     kvc_plan_model_t m = preset_model("deepseek-v3");
     kvc_plan_gpu_t g = preset_gpu("h200");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 8;
     p.weight_dtype = KVC_PLAN_FP8;
     kvc_plan_result_t *r = plan(&m, &g, &p);
@@ -1394,7 +2006,7 @@ static void text_has_twelve_sections_and_names_the_refusal(void **state)
     (void)state;
     kvc_plan_model_t m = preset_model("llama-3.1-70b");
     kvc_plan_gpu_t g = preset_gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 2;
     kvc_plan_result_t *r = plan(&m, &g, &p);
     char *s = NULL;
@@ -1499,7 +2111,7 @@ static void random_deployments_keep_the_invariants(void **state)
         size_t gi = kvc_rng_below(&rng, kvc_plan_gpu_preset_count());
         assert_ok(kvc_plan_model_preset(kvc_plan_model_preset_name(mi), &m));
         assert_ok(kvc_plan_gpu_preset(kvc_plan_gpu_preset_name(gi), &g));
-        kvc_plan_params_t p = kvc_plan_params_default();
+        kvc_plan_params_t p = defaults();
         p.tp = 1u << kvc_rng_below(&rng, 6);
         p.pp = 1 + (uint32_t)kvc_rng_below(&rng, 4);
         p.dp = 1 + (uint32_t)kvc_rng_below(&rng, 3);
@@ -1612,7 +2224,7 @@ static void expect_model_refused(const kvc_plan_model_t *m, const char *field, c
     if (!strstr(msg, field) || !strstr(msg, bound) || strchr(msg, '\n'))
         fail_msg("model_check: '%s' lacks '%s' or '%s'", msg, field, bound);
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     expect_refused(m, &g, &p, KVC_EINVAL, field);
 }
 
@@ -1802,18 +2414,18 @@ static void byte_overrides_and_deployment_sizes_are_bounded(void **state)
     (void)state;
     kvc_plan_model_t m = tiny();
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     /* the issue's signed overflow: budget - 9.2e18 - 9.2e18 */
     p.weight_bytes = p.activation_bytes = UINT64_C(9200000000000000000);
     expect_refused(&m, &g, &p, KVC_EINVAL, "--weight-memory 9200000000000000000");
-    p = kvc_plan_params_default();
+    p = defaults();
     p.activation_bytes = KVC_PLAN_MAX_BYTES + 1;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--activation-memory");
-    p = kvc_plan_params_default();
+    p = defaults();
     p.kv_cache_bytes = KVC_PLAN_MAX_BYTES + 1;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--kv-cache-memory");
     /* at the bound every override plans: nothing fits, and the ledger still adds up */
-    p = kvc_plan_params_default();
+    p = defaults();
     p.weight_bytes = p.activation_bytes = p.cuda_graph_bytes = p.non_torch_bytes =
         KVC_PLAN_MAX_BYTES;
     kvc_plan_result_t *r = plan(&m, &g, &p);
@@ -1836,38 +2448,38 @@ static void byte_overrides_and_deployment_sizes_are_bounded(void **state)
     assert_int_equal(kvc_plan_gpu_check(&g, msg, sizeof msg), KVC_EINVAL);
     g = tiny_gpu();
     /* an infinite host link was accepted and printed "inf TB/s" */
-    p = kvc_plan_params_default();
+    p = defaults();
     p.host_bytes_per_s = INFINITY;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--host-bandwidth");
-    p = kvc_plan_params_default();
+    p = defaults();
     p.ssd_write_bytes_per_s = INFINITY;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--ssd-write-rate");
-    p = kvc_plan_params_default();
+    p = defaults();
     p.prefill_tokens_per_s = 1e300;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--prefill-tokens-per-s");
     /* token counts and engine limits (1024 x 64 x 65536 GPUs wrapped the 32-bit count to 0) */
-    p = kvc_plan_params_default();
+    p = defaults();
     p.max_model_len = KVC_PLAN_MAX_TOKENS + 1;
     m.max_position_embeddings = 0;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--max-model-len");
     m = tiny();
-    p = kvc_plan_params_default();
+    p = defaults();
     p.tenant_tokens = KVC_PLAN_MAX_TOKENS + 1;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--tenant-tokens");
-    p = kvc_plan_params_default();
+    p = defaults();
     p.max_num_batched_tokens = UINT32_MAX;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--max-num-batched-tokens");
-    p = kvc_plan_params_default();
+    p = defaults();
     p.max_num_seqs = p.max_num_batched_tokens = (1u << 24) + 1;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--max-num-seqs");
-    p = kvc_plan_params_default();
+    p = defaults();
     p.n_samples = 1025;
     expect_refused(&m, &g, &p, KVC_EINVAL, "--n");
     m.n_heads = m.n_kv_heads = 1024;
     m.hidden_size = 1024;
     m.head_dim = m.v_head_dim = 1;
     m.n_layers = 64;
-    p = kvc_plan_params_default();
+    p = defaults();
     p.tp = 1024;
     p.pp = 64;
     p.dp = 65536;
@@ -1947,7 +2559,7 @@ static void reports_and_messages_escape_control_bytes(void **state)
     kvc_plan_model_t m = tiny();
     snprintf(m.name, sizeof m.name, "evil\033[31mred\x7f\x01");
     kvc_plan_gpu_t g = tiny_gpu();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     kvc_plan_result_t *r = plan(&m, &g, &p);
     char *s = NULL;
     assert_ok(kvc_plan_render_text(r, &s));
@@ -1984,7 +2596,7 @@ static void extreme_inputs_plan_exactly_or_are_refused(void **state)
 #define PICK(bound) pick(&rng, (bound))
     for (int it = 0; it < n; it++) {
         kvc_plan_model_t m = {.name = "extreme"};
-        kvc_plan_params_t p = kvc_plan_params_default();
+        kvc_plan_params_t p = defaults();
         p.tp = 1u << kvc_rng_below(&rng, 11); /* a TP that divides the heads */
         m.hidden_size = (uint32_t)PICK(KVC_PLAN_MAX_HIDDEN);
         m.n_layers = (uint32_t)PICK(KVC_PLAN_MAX_LAYERS);
@@ -2093,7 +2705,7 @@ static void null_arguments_are_errors(void **state)
     assert_int_equal(kvc_plan_model_load("/nonexistent", NULL, msg, sizeof msg), KVC_EINVAL);
     g = tiny_gpu();
     m = tiny();
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     assert_int_equal(kvc_plan_compute(&m, &g, &p, NULL, msg, sizeof msg), KVC_EINVAL);
     assert_int_equal(kvc_plan_compute(NULL, &g, &p, NULL, NULL, 0), KVC_EINVAL);
     char *s = NULL;
@@ -2114,7 +2726,7 @@ static void deployment_totals_do_not_wrap_in_the_text(void **state)
     kvc_plan_model_t m = tiny();
     kvc_plan_gpu_t g = tiny_gpu();
     g.memory_bytes = KVC_PLAN_MAX_BYTES;
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.dp = 65536;
     p.prompt_tokens = p.output_tokens = 1;
     p.block_size = 1;
@@ -2204,6 +2816,19 @@ int main(void)
         cmocka_unit_test(littles_law_solves_the_fixed_point),
         cmocka_unit_test(drafts_take_budget_and_turn_the_step_compute_bound),
         cmocka_unit_test(tenancy_prices_requests_in_pool_share),
+        cmocka_unit_test(embedding_is_not_read_per_decode_step),
+        cmocka_unit_test(speculation_loses_only_when_its_tokens_cost_more_than_they_save),
+        cmocka_unit_test(recompute_pays_the_prefix_attention),
+        cmocka_unit_test(vllm_batch_defaults_follow_the_gpu),
+        cmocka_unit_test(prefill_only_requests_and_long_tenants_are_priced),
+        cmocka_unit_test(texts_say_what_is_true),
+        cmocka_unit_test(mla_intensity_and_dp_attention_against_tp),
+        cmocka_unit_test(small_copies_lose_and_short_recomputes_ride_free),
+        cmocka_unit_test(lora_adapters_take_from_the_kv_pool),
+        cmocka_unit_test(the_dtype_grid_replans_every_pair),
+        cmocka_unit_test(a_million_tokens_on_eight_h100s),
+        cmocka_unit_test(hybrid_configs_are_refused_and_vision_towers_counted),
+        cmocka_unit_test(quantized_kv_and_weights_price_their_scales),
         cmocka_unit_test(config_reads_what_the_math_needs),
         cmocka_unit_test(config_errors_name_the_field),
         cmocka_unit_test(config_reads_moe_mla_windows_and_images),

@@ -27,6 +27,17 @@ static kvc_plan_gpu_t gpu(const char *name)
     return g;
 }
 
+/* The defaults with the engine limits these hand derivations were written for, 256
+ * sequences and 8,192 batched tokens (kvc_plan_params_default leaves them 0: vLLM's default for
+ * the GPU, tested in vllm_batch_defaults_follow_the_gpu). */
+static kvc_plan_params_t defaults(void)
+{
+    kvc_plan_params_t p = kvc_plan_params_default();
+    p.max_num_seqs = 256;
+    p.max_num_batched_tokens = 8192;
+    return p;
+}
+
 static kvc_plan_result_t *plan(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
                                const kvc_plan_params_t *p)
 {
@@ -94,7 +105,7 @@ static void llama_3_1_8b(void **state)
     assert_int_equal(c.active, c.total);
 
     kvc_plan_gpu_t h100 = gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     kvc_plan_result_t *r = plan(&m, &h100, &p);
     /* 2 x 32 x 8 x 128 x 2 B = 131,072 B = 128 KiB */
     assert_int_equal(r->kv_bytes_per_token, 131072);
@@ -141,7 +152,7 @@ static void llama_3_1_70b(void **state)
     assert_int_equal(c.total, UINT64_C(70553706496));
 
     kvc_plan_gpu_t h100 = gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 8;
     kvc_plan_result_t *r8 = plan(&m, &h100, &p);
     p.tp = 16;
@@ -208,7 +219,7 @@ static void mistral_7b_slides_every_layer(void **state)
     /* 32 x 218,112,000 + 2 x 32,000 x 4096 + 4096 = 7,241,732,096 */
     assert_int_equal(c.total, UINT64_C(7241732096));
     kvc_plan_gpu_t l40s = gpu("l40s");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.context_tokens = 32768;
     kvc_plan_result_t *r = plan(&m, &l40s, &p);
     assert_int_equal(r->kv_bytes_per_token, 131072);
@@ -238,7 +249,7 @@ static void mixtral_8x7b_counts_active_experts(void **state)
     assert_int_equal(c.total, UINT64_C(46702792704));
     assert_int_equal(c.active, UINT64_C(12879925248));
     kvc_plan_gpu_t a100 = gpu("a100-80gb-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 2;
     kvc_plan_result_t *r = plan(&m, &a100, &p);
     assert_int_equal(r->kv_bytes_per_token, 131072);
@@ -263,7 +274,7 @@ static void qwen2_5_72b_has_qkv_biases(void **state)
      * + 2 x 152,064 x 8,192 = 2,491,416,576 + 8,192 = 72,706,203,648 (72.7B) */
     assert_int_equal(c.total, UINT64_C(72706203648));
     kvc_plan_gpu_t h200 = gpu("h200");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 2;
     kvc_plan_result_t *r = plan(&m, &h200, &p);
     assert_int_equal(r->kv_bytes_per_token, 327680);
@@ -289,7 +300,7 @@ static void gemma_2_27b_alternates_windows(void **state)
      * one tied table 256,000 x 4,608 = 1,179,648,000; + 4,608 = 27,226,704,384 (27.2B) */
     assert_int_equal(c.total, UINT64_C(27226704384));
     kvc_plan_gpu_t h100 = gpu("h100-sxm");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.context_tokens = 8192;
     kvc_plan_result_t *r = plan(&m, &h100, &p);
     /* 2 x 46 x 16 x 128 x 2 B = 376,832 B */
@@ -323,7 +334,7 @@ static void deepseek_v3_mla_under_tp8(void **state)
     assert_int_equal(c.active, UINT64_C(37552282624));
 
     kvc_plan_gpu_t h200 = gpu("h200");
-    kvc_plan_params_t p = kvc_plan_params_default();
+    kvc_plan_params_t p = defaults();
     p.tp = 8;
     p.weight_dtype = KVC_PLAN_FP8;
     kvc_plan_result_t *r = plan(&m, &h200, &p);

@@ -114,10 +114,13 @@ static void the_cost_model_matches_hand_arithmetic(void **state)
     assert_true(cm.attn_flops_per_pair == 524288.0);
     /* KV per token: 2 x 32 layers x 8 heads x 128 x 2 B = 131,072 */
     assert_true(cm.kv_bytes_per_token == 131072.0);
-    /* linear: 2 FLOPs per active parameter except the embedding table */
+    /* linear: 2 FLOPs per active parameter except the (untied) input embedding table */
     double linear = 2.0 * (double)(pr->counts.active - pr->counts.embedding);
     assert_true(fabs(cm.linear_flops_per_token - linear) < 1);
     assert_true(cm.n_allreduce == 0); /* TP 1 */
+    /* weights read per step: 16,060,522,496 B less the input table a step only looks rows up
+     * in, 128,256 x 4,096 x 2 B = 1,050,673,152: 15,009,849,344 B (15.01 GB, not 16.06) */
+    assert_true(cm.dense_weight_bytes == 15009849344.0);
     /* One decode row at position 999 and one 4-token prefill chunk at 100..103:
      * pairs = 1 x 1000 + (4 x 100 + 4 x 5 / 2) = 1410; context read = 1000 + 104. */
     kvc_sched_entry_t e[2] = {{.first_pos = 999, .n_tokens = 1, .n_context = 1000},
@@ -127,11 +130,25 @@ static void the_cost_model_matches_hand_arithmetic(void **state)
     double t = kvc_sim_step_time(&cm, &plan, &d);
     double compute =
         5 * cm.linear_flops_per_token / cm.flops_per_s + 1410 * 524288.0 / cm.attn_flops_per_s;
-    double memory = (cm.dense_weight_bytes + 131072.0 * (1104 + 5)) / cm.bytes_per_s;
+    /* KV reads at the paged blocks' efficiency: 16 / (16 + 4.5) = 0.78049 at block 16 */
+    assert_true(fabs(cm.kv_block_efficiency - 16 / 20.5) < 1e-15);
+    double memory = (cm.dense_weight_bytes + 131072.0 * (1104 / (16 / 20.5) + 5)) / cm.bytes_per_s;
     assert_true(fabs(d.compute_s - compute) < 1e-12);
     assert_true(fabs(d.memory_s - memory) < 1e-12);
     assert_true(fabs(t - (KVC_MAX(compute, memory) + 0.002)) < 1e-12);
     assert_true(memory > compute); /* a small batch is bandwidth-bound */
+    /* No KV cache: each row recomputes its whole context from position 0: the decode row 1,000
+     * tokens (pairs 1000 x 1001 / 2 = 500,500), the chunk 104 (104 x 105 / 2 = 5,460): 1,104
+     * tokens, 505,960 pairs, and their K/V written and read once */
+    cm.no_kv_cache = true;
+    kvc_sim_step_cost_t dn;
+    (void)kvc_sim_step_time(&cm, &plan, &dn);
+    assert_true(fabs(dn.linear_flops - 1104 * cm.linear_flops_per_token) < 1);
+    assert_true(fabs(dn.attn_flops - 505960 * 524288.0) < 1);
+    assert_true(fabs(dn.bytes_read - (cm.dense_weight_bytes +
+                                      131072.0 * (1104 / cm.kv_block_efficiency + 1104))) < 1);
+    assert_true(dn.compute_s > 100 * d.compute_s); /* the quadratic baseline */
+    cm.no_kv_cache = false;
     /* swap traffic adds bytes / host link */
     plan.swap_out_bytes = 64000000000ULL;
     t = kvc_sim_step_time(&cm, &plan, &d);
@@ -160,7 +177,76 @@ static void the_cost_model_matches_hand_arithmetic(void **state)
     (void)kvc_sim_step_time(&cm, &p1, &d);
     assert_true(d.bytes_read > b1 + 0.9 * 0.75 * cm.expert_weight_bytes); /* nearly all read */
     assert_int_equal(kvc_sim_cost_model(NULL, &c.gpu, &c.plan, pr, 0, 0, &cm), KVC_EINVAL);
+    /* A tied table is the LM head: multiplied every step (2 x 256,000 x 4,608 FLOP per token on
+     * Gemma-2-27B) and read whole, so nothing is left out of the weights */
+    kvc_sim_config_t tm = config(0);
+    assert_ok(kvc_plan_model_preset("gemma-2-27b", &tm.model));
+    tm.plan.tp = 2;
+    assert_ok(kvc_plan_compute(&tm.model, &tm.gpu, &tm.plan, pr, msg, sizeof msg));
+    assert_ok(kvc_sim_cost_model(&tm.model, &tm.gpu, &tm.plan, pr, 0, 0, &cm));
+    assert_int_equal(pr->embedding_bytes_not_read, 0);
+    assert_true(cm.dense_weight_bytes == (double)pr->weight_bytes_per_gpu);
+    assert_true(fabs(cm.linear_flops_per_token - 2.0 * (double)pr->counts.active / 2) <
+                1); /* the table counted once more */
     free(pr);
+}
+
+/* The pre-paging baseline: each request reserves max_model_len of KV.  max_model_len 1,024 at
+ * block 16 is 64 blocks, so a pool of 640 blocks runs at most 10 requests; each uses at most
+ * ceil((100 + 20) / 16) = 8 of its 64 blocks, so at least 1 - 8 / 64 = 87.5% of what is
+ * reserved is fragmentation.  The paged pool of the same size runs far more. */
+static void contiguous_allocation_reserves_max_model_len(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=1000,n=60,prompt=100,output=20", 0);
+    kvc_sim_config_t c = config(640);
+    c.plan.max_model_len = 1024;
+    c.plan.prompt_tokens = 100; /* the planner's typical request, within max_model_len */
+    c.plan.output_tokens = 20;
+    c.allocation = KVC_SIM_ALLOC_CONTIGUOUS;
+    c.check_every_step = true;
+    kvc_sim_result_t res;
+    kvc_report_summary_t s = run(&c, w, NULL, NULL, &res);
+    assert_int_equal(s.completed, 60);
+    assert_int_equal(res.peak_running, 10);
+    assert_int_equal(res.peak_reserved_blocks, 640);
+    assert_true(res.fragmentation_peak >= 0.875 && res.fragmentation_peak < 1);
+    assert_true(res.fragmentation_mean >= 0.875 && res.fragmentation_mean < 1);
+    assert_true(res.hit_tokens == 0); /* no sharing between private regions */
+    c.allocation = KVC_SIM_ALLOC_PAGED;
+    kvc_sim_result_t paged;
+    (void)run(&c, w, NULL, NULL, &paged);
+    assert_true(paged.peak_running > 40);
+    assert_true(paged.fragmentation_mean == 0);
+    assert_true(paged.simulated_s < res.simulated_s);
+    c.allocation = (kvc_sim_allocation_t)7;
+    kvc_report_t *r = new_report(w);
+    char err[256];
+    assert_int_equal(kvc_sim_run(&c, w, r, &res, err, sizeof err), KVC_EINVAL);
+    assert_non_null(strstr(err, "not paged or contiguous"));
+    kvc_report_destroy(r);
+    assert_string_equal(kvc_sim_allocation_name(KVC_SIM_ALLOC_CONTIGUOUS), "contiguous");
+    assert_int_equal(kvc_sim_allocation_parse("paged"), KVC_SIM_ALLOC_PAGED);
+    assert_int_equal(kvc_sim_allocation_parse("buddy"), -1);
+    kvc_workload_destroy(w);
+}
+
+/* Without a KV cache every decode step recomputes the context: the same workload takes far
+ * longer, and nothing hits. */
+static void no_kv_cache_recomputes_every_step(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = load("poisson:rate=50,n=20,prompt=200,output=30", 0);
+    kvc_sim_config_t c = config(2000);
+    kvc_sim_result_t with, without;
+    (void)run(&c, w, NULL, NULL, &with);
+    c.no_kv_cache = true;
+    kvc_report_summary_t s = run(&c, w, NULL, NULL, &without);
+    assert_int_equal(s.completed, 20);
+    assert_true(without.cost.no_kv_cache);
+    assert_int_equal(without.hit_tokens, 0);
+    assert_true(without.simulated_s > 2 * with.simulated_s);
+    kvc_workload_destroy(w);
 }
 
 /* ---- whole runs ------------------------------------------------------------------------------ */
@@ -885,6 +971,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(the_cost_model_matches_hand_arithmetic),
         cmocka_unit_test(every_policy_keeps_the_invariants_at_every_step),
+        cmocka_unit_test(contiguous_allocation_reserves_max_model_len),
+        cmocka_unit_test(no_kv_cache_recomputes_every_step),
         cmocka_unit_test(every_eviction_policy_keeps_the_invariants_and_naive_lru_strands_nothing),
         cmocka_unit_test(same_seed_same_report_byte_for_byte),
         cmocka_unit_test(a_plan_given_is_used_instead_of_planning_again),

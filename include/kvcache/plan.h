@@ -38,19 +38,28 @@ extern "C" {
 typedef enum {
     KVC_PLAN_BF16 = 0,
     KVC_PLAN_FP16,
-    KVC_PLAN_FP8,  /* weights: 1 byte per parameter (scales neglected); KV: 1 byte per element */
-    KVC_PLAN_INT4, /* weights only: 4 bits plus one fp16 scale and one fp16 zero per 128 weights */
+    KVC_PLAN_FP8,   /* weights: 1 byte per parameter (scales neglected); KV: 1 byte per element */
+    KVC_PLAN_INT4,  /* weights only: 4 bits plus one fp16 scale and one fp16 zero per 128 weights */
+    KVC_PLAN_INT8,  /* 1 byte per element (per-channel or per-tensor scales neglected); int8
+                       weights compute at the fp8 tensor rate where the GPU has one (W8A8) */
+    KVC_PLAN_NVFP4, /* 4-bit e2m1 plus one fp8 scale per 16 elements: 9 bytes per 16 (weights
+                       and KV); computes at the fp8 tensor rate (a conservative stand-in for
+                       Blackwell's fp4 rate, which the GPU descriptor does not carry) */
     KVC_PLAN_DTYPE__COUNT
 } kvc_plan_dtype_t;
 
-/* "bf16", "fp16", "fp8", "int4"; "?" for an invalid value.  Never fails. */
+/* "bf16", "fp16", "fp8", "int4", "int8", "nvfp4"; "?" for an invalid value.  Never fails. */
 KVC_API const char *kvc_plan_dtype_name(kvc_plan_dtype_t dt);
-/* Parse a name (also "bfloat16", "float16", "half", "fp8_e4m3", "e4m3", "e5m2"),
+/* Parse a name (also "bfloat16", "float16", "half", "fp8_e4m3", "e4m3", "e5m2", "fp4"),
  * case-insensitively.  Returns 0, or KVC_EINVAL for an unknown name or a NULL
  * argument (*out is then untouched). */
 KVC_API int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out);
-/* Bits per element: 16, 16, 8, 4; 0 for an invalid value. */
+/* Bits per element, scales aside: 16, 16, 8, 4, 8, 4; 0 for an invalid value. */
 KVC_API uint32_t kvc_plan_dtype_bits(kvc_plan_dtype_t dt);
+/* Bytes n elements take in dt, block scales included (nvfp4: 9 per 16, rounded up; int4 as a
+ * weight format: 0.5 + 4 B of fp16 scale and zero per 128).  Saturates; 0 for an invalid
+ * dtype.  Never fails. */
+KVC_API uint64_t kvc_plan_dtype_bytes(kvc_plan_dtype_t dt, uint64_t n);
 
 /* ---- bounds ----------------------------------------------------------------
  * Every count a model, a GPU or a deployment carries is bounded by what a real
@@ -143,7 +152,11 @@ typedef struct {
     bool chunked_attention;    /* those layers attend within chunks of sliding_window tokens
                                   (Llama 4): bounded like a window, planned as one */
     /* multimodal */
-    uint32_t image_tokens;            /* KV tokens one image takes; 0: text only or unknown */
+    uint32_t image_tokens;  /* KV tokens one image takes; 0: text only or unknown */
+    uint64_t vision_params; /* the vision tower and its projector (a config's vision_config:
+                               a ViT of its widths and a two-layer projector); 0: none.  Held
+                               in 16 bits on the first stage, split by TP, run only on images:
+                               never read by a decode step */
     uint64_t max_position_embeddings; /* 0: not given */
 } kvc_plan_model_t;
 
@@ -157,8 +170,9 @@ typedef struct {
     uint64_t experts_shared;
     uint64_t router;
     uint64_t norms;
-    uint64_t total;
+    uint64_t total;  /* the language model; the vision tower is counted apart */
     uint64_t active; /* what one token touches: total minus the routed experts it skips */
+    uint64_t vision; /* the vision tower and projector (model.vision_params) */
 } kvc_plan_param_count_t;
 
 /* Count parameters (gated MLPs, RMSNorm weights, no biases beyond qkv_bias).
@@ -195,7 +209,14 @@ KVC_API const char *kvc_plan_model_preset_name(size_t i);
 
 /* Read a Hugging Face config.json held in text[0..len).  Reads what the math
  * needs (see the field comments); a multimodal config's nested text_config
- * wins over its top level; unknown fields are ignored.  The text must be one
+ * wins over its top level; a vision_config is sized as a ViT of its widths (its
+ * hidden_size, intermediate_size, num_hidden_layers, patch_size and image_size
+ * are then required) plus a two-layer projector; unknown fields are ignored,
+ * except those of recurrent and hybrid models (Mamba, Jamba, Nemotron-H,
+ * Qwen3-Next, ...: attn_layer_period, layers_block_type, hybrid_override_pattern,
+ * full_attention_interval, an SSM state, a layer_types entry that is not
+ * attention), which change memory in ways the planner does not model and are
+ * refused (KVC_EINVAL, naming the field) rather than sized as attention.  The text must be one
  * JSON object and nothing else.  Fails, with one line in msg naming what and
  * where, and *out untouched, with
  *   KVC_EPARSE  malformed JSON; a NUL byte or a raw control byte anywhere;
@@ -228,7 +249,7 @@ typedef struct {
     double pcie_bytes_per_s;         /* host link, per direction */
 } kvc_plan_gpu_t;
 
-/* Presets: "a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200", "b200", "l40s",
+/* Presets: "a100-80gb-sxm", "a100-40gb", "h100-sxm", "h100-pcie", "h200", "b200", "l40s",
  * "mi300x" (case-insensitive; also "a100", "h100").  Each value's public
  * source is named in the source.  Returns 0, KVC_ENOENT (no such preset, or
  * name NULL) or KVC_EINVAL (out NULL). */
@@ -257,13 +278,39 @@ KVC_API int kvc_plan_parse_bytes(const char *s, uint64_t *out);
 KVC_API int kvc_plan_parse_rate(const char *s, double *out);
 
 /* ---- the deployment -------------------------------------------------------- */
+/* How a deployment extends the context past the trained length (a config's rope_scaling). */
+typedef enum {
+    KVC_PLAN_ROPE_NONE = 0,
+    KVC_PLAN_ROPE_LINEAR, /* position interpolation */
+    KVC_PLAN_ROPE_YARN,
+    KVC_PLAN_ROPE_LLAMA3,
+    KVC_PLAN_ROPE__COUNT
+} kvc_plan_rope_t;
+/* "none", "linear", "yarn", "llama3"; "?" for an invalid value.  Never fails. */
+KVC_API const char *kvc_plan_rope_name(kvc_plan_rope_t r);
+/* Parse "TYPE:FACTOR" (linear, yarn, llama3; FACTOR a number > 1 and at most 1024).  Returns
+ * 0, or KVC_EINVAL (*type and *factor untouched) for anything else or an argument NULL. */
+KVC_API int kvc_plan_rope_parse(const char *s, kvc_plan_rope_t *type, double *factor);
+
 typedef struct {
     uint32_t tp, pp, dp; /* tensor, pipeline, data parallel sizes */
+    /* context parallelism (ring attention): each request's KV split over cp GPUs, each holding
+     * 1/cp of its tokens; the ring passes K/V blocks per layer.  1 (0 reads as 1): none */
+    uint32_t cp;
+    uint32_t gpus_per_node;       /* a TP x CP group larger than this rings over the inter-node
+                                     link (link_bytes_per_s); 0 reads as 8 */
+    kvc_plan_rope_t rope_scaling; /* NONE: max_model_len <= max_position_embeddings */
+    double rope_factor; /* > 1 with a scaling: max_model_len <= factor x max_position_embeddings */
     kvc_plan_dtype_t weight_dtype;
     kvc_plan_dtype_t kv_dtype;
     uint32_t block_size;           /* tokens per KV block: a power of two, 1..1024 */
     double gpu_memory_utilization; /* (0, 1]: the share of memory the engine budgets */
     uint64_t max_model_len;        /* 0: the model's max_position_embeddings */
+    /* 0 (the default): vLLM's own default for this GPU (EngineArgs.get_batch_defaults, the
+     * OpenAI server's: 1,024 sequences and 8,192 tokens on a GPU of 70 GiB or more that is
+     * not an A100, else 256 and 2,048; then max_num_seqs <= max_num_batched_tokens and
+     * max_num_batched_tokens <= max_num_seqs x max_model_len).  The result's params hold
+     * the values used. */
     uint32_t max_num_seqs;
     uint32_t max_num_batched_tokens; /* the step's token budget (chunked prefill) */
     /* the typical request */
@@ -297,14 +344,24 @@ typedef struct {
     double ssd_endurance_bytes;   /* the drive's rated write volume (TBW) */
     double ssd_write_bytes_per_s; /* 0: the KV a prefill GPU emits */
     /* speculative decoding */
-    uint32_t spec_tokens;   /* draft tokens per sequence per step */
-    double spec_acceptance; /* per-token acceptance rate, [0, 1) */
+    uint32_t spec_tokens;       /* draft tokens per sequence per step */
+    double spec_acceptance;     /* per-token acceptance rate, [0, 1] */
+    uint64_t spec_draft_params; /* the draft model's parameters; 0: drafts cost nothing
+                                   (prompt lookup / n-gram) */
     /* tenancy */
     uint64_t tenant_tokens; /* one more request length to price; 0: none */
+    /* comparisons: re-plan for every weight dtype x KV dtype pair (the result's dtype_grid) */
+    bool grid_dtypes;
+    /* LoRA adapters served S-LoRA style: rank, adapters in all, adapters resident in GPU memory
+     * (taken from the KV pool, as S-LoRA's unified paging does); 0: none */
+    uint32_t lora_rank;
+    uint32_t lora_adapters;
+    uint32_t lora_resident;
 } kvc_plan_params_t;
 
 /* TP/PP/DP 1, bf16 weights and KV, block 16, utilization 0.9, max_model_len
- * from the model, 256 sequences, 8192 batched tokens, 1000-token prompts with
+ * from the model, max_num_seqs and max_num_batched_tokens 0 (vLLM's defaults for
+ * the GPU, see above), 1000-token prompts with
  * 200-token outputs, window freeing on, every byte estimated, graphs inside
  * the budget, 4 samples, 4 beams, MFU 0.5, MBU 0.8, a 50 GB/s
  * disaggregation link, host link from the GPU, 7 GB/s NVMe, 12.5 GB/s network,
@@ -376,11 +433,16 @@ typedef enum {
 /* "kv_memory", "compute", "max_num_seqs", "max_num_batched_tokens". */
 KVC_API const char *kvc_plan_ceiling_name(kvc_plan_ceiling_id_t id);
 
-#define KVC_PLAN_LEDGER_MAX 8
-#define KVC_PLAN_SWEEP_MAX  8
-#define KVC_PLAN_TIERS      4
-#define KVC_PLAN_SPEC_ROWS  5
-#define KVC_PLAN_TENANT_MAX 3
+#define KVC_PLAN_LEDGER_MAX     9
+#define KVC_PLAN_SWEEP_MAX      8
+#define KVC_PLAN_TIERS          4
+#define KVC_PLAN_SPEC_ROWS      5
+#define KVC_PLAN_TENANT_MAX     3
+#define KVC_PLAN_SPEC_BEST_ROWS 7
+#define KVC_PLAN_SPEC_MAX_BATCH 16384
+#define KVC_PLAN_RECOMPUTE_ROWS 5
+#define KVC_PLAN_LAYOUT_ROWS    10
+#define KVC_PLAN_GRID_ROWS      20
 
 typedef struct {
     uint32_t tp;
@@ -404,9 +466,56 @@ typedef struct {
     uint32_t spec_tokens;
     uint32_t max_batch_by_tokens; /* floor(max_num_batched_tokens / (1 + k)) */
     uint64_t compute_bound_batch; /* batch above which verification is compute-bound */
-    double tokens_per_step;       /* expected tokens per sequence per step */
+    double tokens_per_step;       /* expected tokens per sequence per step: 1 + a + ... + a^k */
     uint32_t kv_slots_per_seq;    /* lookahead slots reserved for drafts */
+    /* Tokens/s with speculation over tokens/s without, under the same roofline: a step
+     * verifying k drafts costs max((weights + KV) / bandwidth, (1 + k) x B x FLOP per token
+     * / peak) plus the draft's k steps of max(its weights / bandwidth, B x its FLOP / peak). */
+    double speedup_at_batch_1;
+    /* The smallest batch from which speculation is slower than plain decode, up to
+     * KVC_PLAN_SPEC_MAX_BATCH; UNBOUNDED: it never loses there. */
+    uint64_t loses_from_batch;
 } kvc_plan_spec_row_t;
+
+/* One weight dtype x KV dtype pair of the same deployment. */
+typedef struct {
+    kvc_plan_dtype_t weight_dtype, kv_dtype;
+    bool fits;
+    int failed_phase; /* a kvc_plan_phase_id_t, or -1 */
+    uint64_t weight_bytes_per_gpu;
+    uint64_t kv_pool_bytes_per_gpu;
+    uint64_t max_concurrency; /* typical requests resident at once (ceiling) */
+    uint64_t max_model_len_that_fits;
+} kvc_plan_grid_row_t;
+
+/* One TP x CP layout of a long-context deployment. */
+typedef struct {
+    uint32_t tp, cp, gpus;
+    kvc_plan_dtype_t kv_dtype;
+    bool fits;       /* every startup phase passes (one max_model_len request fits) */
+    bool inter_node; /* tp x cp > gpus_per_node: the ring crosses nodes */
+    uint64_t kv_bytes_per_request_per_gpu; /* at the context */
+    uint64_t weight_bytes_per_gpu;
+    double prefill_seconds;       /* one request at the context, over the tp x cp GPUs */
+    uint64_t ring_bytes_per_step; /* per GPU, per layer and ring step */
+    bool ring_hidden;             /* the transfer takes no longer than the step's attention */
+} kvc_plan_layout_t;
+
+/* The best draft count at one batch size (k 0: speculation does not pay). */
+typedef struct {
+    uint32_t batch;
+    uint32_t best_k; /* 0..8 */
+    double speedup;  /* tokens/s at best_k over tokens/s at k 0 */
+} kvc_plan_spec_best_t;
+
+/* Recomputing a cached prefix of n tokens: linear FLOPs per token plus attention FLOPs,
+ * which grow with the prefix (each token attends to those before it). */
+typedef struct {
+    uint64_t prefix_tokens;
+    double recompute_s_per_token;  /* per GPU at the achieved FLOP/s, attention included */
+    double attention_extra;        /* attention time / linear time */
+    double break_even_bytes_per_s; /* per GPU: faster links fetch */
+} kvc_plan_recompute_row_t;
 
 typedef struct {
     uint64_t tokens;
@@ -423,8 +532,10 @@ typedef struct {
     kvc_plan_param_count_t counts;
     uint64_t max_model_len;  /* resolved */
     uint64_t context_tokens; /* resolved */
-    uint32_t n_gpus;         /* tp x pp x dp */
-    double peak_flops;       /* the rate used: fp8 when weights are fp8 and the GPU has it */
+    bool max_num_seqs_auto;  /* params.max_num_seqs was 0: vLLM's default for the GPU */
+    bool max_num_batched_tokens_auto;
+    uint32_t n_gpus;   /* tp x pp x dp */
+    double peak_flops; /* the rate used: fp8 when weights are fp8 and the GPU has it */
     bool fp8_compute;
 
     /* 1. KV bytes per token */
@@ -483,11 +594,18 @@ typedef struct {
     double ridge_flops_per_byte;   /* peak FLOP/s / peak bytes/s */
     uint64_t decode_context;       /* prompt + output / 2: the average context while decoding */
     double decode_flops_per_seq;   /* per GPU per step, linear + attention */
-    double decode_attention_flops_per_seq;   /* the attention part, run at the bf16 rate */
-    double decode_bytes_per_seq;             /* KV read per GPU per step */
-    double weight_read_bytes;                /* per GPU per step at batch 1 */
+    double decode_attention_flops_per_seq; /* the attention part, run at the bf16 rate */
+    double decode_bytes_per_seq;           /* KV read per GPU per step */
+    double weight_read_bytes;              /* per GPU per step at batch 1 */
+    /* the input embedding table on the binding stage: a step reads one row per token, not
+     * the table (a tied table is read whole, as the LM head, and is not counted here) */
+    uint64_t embedding_bytes_not_read;
+    uint64_t vision_bytes_per_gpu; /* the vision tower's shard on the binding stage (in the
+                                      weights, not read by a decode step) */
     uint64_t ceilings[KVC_PLAN_CEIL__COUNT]; /* UNBOUNDED where none */
     uint64_t compute_weights_only;           /* the ridge batch ignoring KV reads */
+    double compute_weights_only_exact;       /* the real-valued crossover (dense models;
+                                                0 for MoE, whose reads grow with the batch) */
     kvc_plan_ceiling_id_t binding_ceiling;
 
     /* 5. sliding windows */
@@ -522,7 +640,34 @@ typedef struct {
     double link_limited_tokens_per_s;          /* per replica */
 
     /* 9. recompute vs fetch */
-    double recompute_s_per_token;  /* per GPU at the achieved FLOP/s */
+    double recompute_s_per_token; /* per GPU at the achieved FLOP/s, linear layers only
+                                     (a short prefix) */
+    kvc_plan_recompute_row_t recompute[KVC_PLAN_RECOMPUTE_ROWS]; /* by prefix length */
+    /* Copy granularity over the host link: a copy of S bytes takes S / bandwidth + the tier's
+     * setup latency; per-layer and per-block copies are small and fall below the break-even
+     * bandwidth that larger copies meet.  Rows: one layer of one block, one block (all the
+     * stage's layers), the typical prompt's prefix at once. */
+    uint64_t copy_bytes[3];
+    double copy_bytes_per_s[3]; /* effective */
+    /* A memory-bound decode step streams the weights anyway: prefix tokens recomputed in it
+     * cost nothing until its compute catches up with its memory time.  Tokens that ride free
+     * per step at batch 1 and at Little's resident N (section 10). */
+    /* Decode attention's arithmetic intensity: attention FLOPs per KV byte read, per GPU.
+     * GQA: 2 x group / bytes per element (each KV head serves its query group); MLA
+     * (absorbed): every query head reads the one latent, 2 x heads x (576 + 512) / 576 B per
+     * element at TP 1, divided by TP (each GPU reads the whole latent for its share of heads) */
+    double attention_flops_per_kv_byte;
+    /* MLA under TP against data-parallel attention (each GPU attends for its own requests
+     * with all heads: no latent copies, the pool holds tp x the tokens; the MoE or MLP part
+     * then needs an all-to-all, dispatch and combine, of each token's hidden state per layer
+     * in place of TP's two all-reduces).  Bytes per token per layer per GPU over the link. */
+    uint64_t dp_attention_pool_tokens;
+    double dp_attention_flops_per_kv_byte;
+    double dp_attention_comm_bytes_per_token_layer; /* 2 x hidden x 2 B x (tp - 1) / tp */
+    double tp_comm_bytes_per_token_layer; /* 2 all-reduces: 2 x 2 x hidden x 2 B x (tp - 1) / tp */
+    uint64_t recompute_free_tokens_batch_1;
+    uint64_t recompute_free_tokens_at_n;
+    uint32_t n_recompute;
     double break_even_bytes_per_s; /* per GPU */
     kvc_plan_tier_t tiers[KVC_PLAN_TIERS];
     double ssd_write_bytes_per_s;
@@ -546,11 +691,52 @@ typedef struct {
     /* 11. speculative decoding */
     kvc_plan_spec_row_t spec[KVC_PLAN_SPEC_ROWS];
     uint32_t n_spec;
+    uint64_t spec_context;             /* the decode context the rows are priced at */
+    uint64_t spec_draft_bytes_per_gpu; /* the draft model's weights, read every draft step */
+    kvc_plan_spec_best_t spec_best[KVC_PLAN_SPEC_BEST_ROWS];
+    uint32_t n_spec_best;
+
+    /* 13. long context and context parallelism (the context of sections 5 and 6) */
+    uint64_t kv_bytes_per_request_context;   /* whole model, one copy, at the context */
+    uint64_t kv_bytes_per_request_per_gpu;   /* per GPU, 1/cp of the tokens, block-rounded */
+    uint64_t max_position_embeddings_scaled; /* the context rope scaling allows; 0: none */
+    double prefill_seconds;     /* one request at the context over tp x cp GPUs (PP stages in turn),
+                                   at the achieved rates */
+    uint64_t ring_chunk_tokens; /* ceil(context / cp): each GPU's share */
+    uint64_t ring_bytes_per_step; /* per GPU per layer per ring step: its chunk's K/V */
+    double ring_link_bytes_per_s; /* the GPU link, or the inter-node link past a node */
+    double ring_step_s;           /* one step's transfer */
+    double ring_attention_step_s; /* one step's attention, which the transfer hides behind */
+    bool ring_hidden;
+    bool ring_inter_node;
+    kvc_plan_layout_t layouts[KVC_PLAN_LAYOUT_ROWS]; /* computed for long contexts (>= 65,536
+                                                        tokens) or cp > 1 */
+    uint32_t n_layouts;
+    uint32_t n_layouts_same_gpus; /* the first rows keep the plan's GPU count; then what
+                                     replaces it when none fits: more CP ranks (across nodes),
+                                     fp8 KV */
+
+    /* LoRA (params.lora_rank): one adapter on q, k, v, o, gate, up and down of every layer, A
+     * (in x rank) and B (rank x out) in 16 bits; split by TP */
+    uint64_t lora_adapter_bytes;          /* one adapter, whole model */
+    uint64_t lora_adapter_bytes_per_gpu;  /* on the binding stage */
+    uint64_t lora_resident_bytes_per_gpu; /* lora_resident of them, out of the KV pool */
+    uint64_t lora_pool_tokens_lost;       /* KV tokens per replica those bytes would hold */
+    uint64_t lora_prefix_blocks;          /* a prompt shared by requests of every resident
+                                             adapter is cached once per adapter (KV depends on
+                                             the adapter: no reuse across adapters) */
+
+    /* comparisons (params.grid_dtypes): weights bf16, fp8, int8, int4, nvfp4 x KV bf16, fp8,
+     * int8, nvfp4 */
+    kvc_plan_grid_row_t dtype_grid[KVC_PLAN_GRID_ROWS];
+    uint32_t n_dtype_grid;
 
     /* 12. tenancy */
     kvc_plan_tenant_row_t tenants[KVC_PLAN_TENANT_MAX];
     uint32_t n_tenants;
-    uint64_t tokens_per_percent;  /* KV tokens in 1% of the pool */
+    uint64_t tokens_per_percent;    /* KV tokens in 1% of the pool */
+    bool tenant_over_max_model_len; /* params.tenant_tokens > max_model_len: the engine would
+                                       refuse such a request; it is priced anyway */
     uint64_t image_bytes_per_gpu; /* KV one image adds (image_tokens x bytes per token); 0: none */
 } kvc_plan_result_t;
 

@@ -368,7 +368,8 @@ KVC_API void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t tota
  *
  *   compute = linear FLOPs of the step's tokens / (peak x mfu)
  *           + attention FLOPs of its (query, key) pairs / (bf16 peak x mfu)
- *   memory  = (weights read once + KV read by attention + KV written)
+ *   memory  = (weights read once, the input embedding table aside: a step
+ *             reads one row of it per token; + KV read by attention + KV written)
  *             / (HBM bandwidth x mbu)
  *   comm    = TP: 2 all-reduces per layer of the step's activations over the
  *             GPU link, ring algorithm, plus a latency per all-reduce
@@ -394,6 +395,16 @@ typedef struct {
     uint32_t tp, pp;
     double step_overhead_s;       /* scheduling, launch and sampling per step */
     double host_link_bytes_per_s; /* swap traffic */
+    /* The block size's kernel term: attention reads a paged block table at
+     * block / (block + KVC_SIM_BLOCK_OVERHEAD_TOKENS) of the contiguous rate (a fixed cost per
+     * block: the table lookup and the jump to a new page), so KV reads take 1 / efficiency as
+     * long.  Calibrated on this repository's decode kernel: paged at 78% of contiguous with
+     * 16-token blocks (docs/benchmarks.md, the block sweep, bf16, g = 1). */
+    double kv_block_efficiency;
+    /* The no-KV-cache baseline: every step recomputes each sequence's whole context (its
+     * linear FLOPs, its causal attention, its K/V written and read once), the quadratic cost
+     * a KV cache exists to avoid. */
+    bool no_kv_cache;
 } kvc_sim_cost_model_t;
 
 /* The cost model of a planned deployment (kvc_plan_compute's result and its
@@ -416,6 +427,17 @@ typedef struct {
  * must come from a successful kvc_sim_cost_model.  Never fails. */
 KVC_API double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t *plan,
                                  kvc_sim_step_cost_t *detail);
+
+typedef enum {
+    KVC_SIM_ALLOC_PAGED = 0,
+    KVC_SIM_ALLOC_CONTIGUOUS,
+    KVC_SIM_ALLOC__COUNT
+} kvc_sim_allocation_t;
+/* "paged", "contiguous" ("?" for an invalid value); the index of a name, or -1.  Never fail. */
+KVC_API const char *kvc_sim_allocation_name(kvc_sim_allocation_t a);
+KVC_API int kvc_sim_allocation_parse(const char *name);
+/* tokens of reading a paged block costs on top of its own (see kv_block_efficiency) */
+#define KVC_SIM_BLOCK_OVERHEAD_TOKENS 4.5
 
 typedef struct {
     /* the deployment, as for kvcache plan */
@@ -463,6 +485,13 @@ typedef struct {
      * sequence tables and schedulers included; sched.allocator is not used); zeroed: the C
      * library */
     kvc_allocator_t allocator;
+    /* baselines: KVC_SIM_ALLOC_CONTIGUOUS reserves max_model_len of KV per request when it is
+     * admitted (the pre-paging allocator: admission reserves the maximum, no block is shared,
+     * the prefix cache is off) and measures the fragmentation; no_kv_cache recomputes every
+     * step (the cost model's no_kv_cache; the prefix cache is off, the pool still admits as a
+     * paged one would).  Defaults: paged, with a KV cache */
+    kvc_sim_allocation_t allocation;
+    bool no_kv_cache;
 } kvc_sim_config_t;
 
 KVC_API kvc_sim_config_t kvc_sim_config_default(void);
@@ -488,6 +517,10 @@ typedef struct {
     double simulated_s;
     double wall_s;       /* real seconds the run took */
     uint64_t peak_bytes; /* the most the run held at once through its allocator */
+    /* contiguous allocation: 1 - blocks used / blocks reserved (running x max_model_len),
+     * the mean over steps and the peak; the most blocks reserved at once.  0 when paged */
+    double fragmentation_mean, fragmentation_peak;
+    uint64_t peak_reserved_blocks;
 } kvc_sim_result_t;
 
 /* Run the workload through the deployment and fill `report` (created by the

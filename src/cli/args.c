@@ -173,6 +173,47 @@ bool kvc_cli_parse_double(const char *s, double min, double max, double *out)
     return true;
 }
 
+bool kvc_cli_parse_tokens(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+    if (!s || !*s) return false;
+    size_t n = strlen(s);
+    const char last = s[n - 1];
+    static const char suffixes[] = "kmgtKMGT";
+    const char *sfx = strchr(suffixes, last);
+    if (!sfx || last == '\0') return kvc_cli_parse_u64(s, min, max, out);
+    /* vLLM's human_readable_int: k, m, g, t are powers of 1000 and take a decimal (25.6k);
+     * K, M, G, T are powers of 1024 and take whole numbers only. */
+    const int power = (int)((sfx - suffixes) % 4) + 1;
+    const bool binary = sfx - suffixes >= 4;
+    char num[64];
+    if (n - 1 == 0 || n - 1 >= sizeof num) return false;
+    memcpy(num, s, n - 1);
+    num[n - 1] = '\0';
+    uint64_t v;
+    if (binary) {
+        if (!kvc_cli_parse_u64(num, 0, UINT64_MAX, &v)) return false;
+        for (int i = 0; i < power; i++) {
+            if (v > UINT64_MAX / 1024) return false;
+            v *= 1024;
+        }
+    } else {
+        /* digits[.digits], no sign, no exponent */
+        size_t i = 0, digits = 0;
+        while (is_digit(num[i])) i++, digits++;
+        if (num[i] == '.') {
+            i++;
+            while (is_digit(num[i])) i++, digits++;
+        }
+        if (!digits || num[i] || num[0] == '.') return false;
+        double d = strtod(num, NULL) * pow(1000, power);
+        if (!(d < 0x1p64)) return false;
+        v = (uint64_t)d; /* vLLM truncates: int(float(number) * mult) */
+    }
+    if (v < min || v > max) return false;
+    *out = v;
+    return true;
+}
+
 kvc_cli_num_t kvc_cli_parse_json_uint(const char *s, size_t n, uint64_t max, uint64_t *out)
 {
     /* The value is 0.D * 10^point, where D is the significant digits: exact whatever the

@@ -39,6 +39,11 @@ char *kvc_cli_escape_dup(const char *s);
  * else (no sign, no spaces before or after, no base prefix; leading zeros are digits).  False on
  * anything else, on overflow and out of range; *out is untouched then. */
 bool kvc_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+/* Parse a token count into [min, max]: kvc_cli_parse_u64's digits, or a number with one suffix
+ * as vLLM's human_readable_int reads it: k, m, g, t multiply by 10^3, 10^6, 10^9, 10^12 and take
+ * a decimal (25.6k = 25,600, truncated); K, M, G, T by 2^10, 2^20, 2^30, 2^40 and take a whole
+ * number (32K = 32,768; 1M = 1,048,576).  False on anything else, overflow, out of range. */
+bool kvc_cli_parse_tokens(const char *s, uint64_t min, uint64_t max, uint64_t *out);
 /* Parse a whole decimal number into [min, max]: [-]digits[.digits][e[+-]digits] (".5" and "5."
  * too), nothing before or after it: no spaces, no '+', no hex floats, no inf or nan.  False on
  * anything else, on overflow or underflow (ERANGE) and out of range.  "-0" gives 0. */
@@ -94,6 +99,9 @@ int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a,
  * accepted range, and return false. */
 bool kvc_cli_opt_u64(const char *cmd, const char *opt, const char *value, uint64_t lo, uint64_t hi,
                      uint64_t *out);
+/* A token count (kvc_cli_parse_tokens: 32k, 32K, 1M) in [lo, hi], or the one-line error. */
+bool kvc_cli_opt_tokens(const char *cmd, const char *opt, const char *value, uint64_t lo,
+                        uint64_t hi, uint64_t *out);
 bool kvc_cli_opt_double(const char *cmd, const char *opt, const char *value, double lo, double hi,
                         double *out);
 /* The one-line error for what getopt_long could not take (ch ':' or '?'): a missing value, a

@@ -36,6 +36,14 @@ enum {
     O_SSD_TBW,
     O_SSD_RATE,
     O_TENANT,
+    O_DRAFT_PARAMS,
+    O_ROPE,
+    O_CP,
+    O_NODE,
+    O_GRID,
+    O_LORA_RANK,
+    O_LORA_ADAPTERS,
+    O_LORA_RESIDENT,
     O_JSON,
     O_LIST,
 };
@@ -56,7 +64,9 @@ static void help(FILE *f)
         "\n"
         "model and hardware:\n"
         "  --model NAME|PATH          a preset (see --list) or a Hugging Face config.json\n"
-        "  --gpu NAME                 a preset: a100-80gb-sxm, h100-sxm, h100-pcie, h200, b200,\n"
+        "  --gpu NAME                 a preset: a100-80gb-sxm, a100-40gb, h100-sxm, h100-pcie, "
+        "h200,\n"
+        "                             b200,\n"
         "                             l40s, mi300x; or give the numbers below without --gpu\n"
         "  --gpu-memory SIZE          memory the runtime reports (e.g. 79.22GiB); overrides a "
         "preset\n"
@@ -68,14 +78,24 @@ static void help(FILE *f)
         "  --gpu-pcie RATE            host link, per direction\n"
         "deployment:\n"
         "  --tp N, --pp N, --dp N     tensor, pipeline and data parallel sizes (default 1)\n"
-        "  --weight-dtype T           bf16 (default), fp16, fp8, int4\n"
-        "  --kv-dtype T               bf16 (default), fp16, fp8\n"
+        "  --cp N                     context parallel ranks (ring attention): each holds 1/N of\n"
+        "                             a request's KV (default 1)\n"
+        "  --gpus-per-node N          a TP x CP group past it rings over --link-bandwidth (8)\n"
+        "  --rope-scaling TYPE:F      linear, yarn or llama3 by factor F: --max-model-len up to\n"
+        "                             F x max_position_embeddings\n"
+        "  --weight-dtype T           bf16 (default), fp16, fp8, int8, int4, nvfp4\n"
+        "  --kv-dtype T               bf16 (default), fp16, fp8, int8, nvfp4 (9 B per 16)\n"
         "  --block-size N             tokens per KV block, a power of two (default 16)\n"
         "  --gpu-memory-utilization F share of memory the engine budgets (default 0.9)\n"
         "  --max-model-len N          default: the model's max_position_embeddings\n"
-        "  --max-num-seqs N           default 256\n"
-        "  --max-num-batched-tokens N the step's token budget (default 8192)\n"
-        "  --prompt N, --output N     the typical request (default 1000 and 200 tokens)\n"
+        "  --max-num-seqs N           default: vLLM's for the GPU (1024 on 70 GiB or more unless\n"
+        "                             an A100, else 256; EngineArgs.get_batch_defaults)\n"
+        "  --max-num-batched-tokens N the step's token budget (default: vLLM's, 8192 or 2048)\n"
+        "  --prompt N, --output N     the typical request (default 1000 and 200 tokens; --output "
+        "0\n"
+        "                             is a prefill-only request)\n"
+        "                             token counts take vLLM's suffixes: 32k = 32,000, 32K =\n"
+        "                             32,768, 1M = 1,048,576\n"
         "  --context N                context for sections 5 and 6 (default prompt + output)\n"
         "  --no-window-freeing        size sliding-window layers like full ones\n"
         "engine measurements (replace an estimate; SIZE like 14.96GiB):\n"
@@ -83,27 +103,34 @@ static void help(FILE *f)
         "  --non-torch-memory SIZE, --cuda-context-memory SIZE\n"
         "  --kv-cache-memory SIZE     an explicit KV budget (utilization then unused)\n"
         "  --enforce-eager            no CUDA graphs\n"
-        "  --graphs-outside-budget    graphs captured after the pool (older engines)\n"
-        "sections 7-12:\n"
-        "  --n N, --beams N           parallel samples and beam width (default 4 and 4)\n"
-        "  --link-bandwidth RATE      prefill-to-decode link per GPU (default 50GB/s)\n"
-        "  --prefill-tokens-per-s F   measured prefill rate per replica (default: estimated)\n"
-        "  --host-bandwidth RATE      host memory tier (default: the GPU's PCIe link)\n"
-        "  --nvme-bandwidth RATE      local NVMe tier per GPU (default 7GB/s)\n"
-        "  --network-bandwidth RATE   remote KV store per GPU (default 12.5GB/s)\n"
-        "  --ssd-tbw SIZE             SSD rated write volume (default 7008TB; bare number: TB)\n"
-        "  --ssd-write-rate RATE      KV written to the SSD (default: a prefill GPU's output)\n"
-        "  --arrival-rate F           requests per second, whole deployment (default 1)\n"
-        "  --mfu F, --mbu F           achieved share of peak FLOP/s and bandwidth (0.5, 0.8)\n"
-        "  --spec-tokens N            draft tokens per sequence and step (default 0)\n"
-        "  --spec-acceptance F        per-token acceptance rate (default 0.7)\n"
-        "  --tenant-tokens N          one more request length to price in section 12\n"
-        "output:\n"
-        "  --json                     one JSON object (keys in docs/plan.md)\n"
-        "  --list                     the model and GPU presets\n"
-        "  -h, --help                 this help\n"
-        "\n"
-        "exit status: 0 when the deployment starts, 3 when it does not, 1 for bad input.\n");
+        "  --graphs-outside-budget    graphs captured after the pool (older engines)\n");
+    fprintf(
+        f, "sections 7-12:\n"
+           "  --n N, --beams N           parallel samples and beam width (default 4 and 4)\n"
+           "  --link-bandwidth RATE      prefill-to-decode link per GPU (default 50GB/s)\n"
+           "  --prefill-tokens-per-s F   measured prefill rate per replica (default: estimated)\n"
+           "  --host-bandwidth RATE      host memory tier (default: the GPU's PCIe link)\n"
+           "  --nvme-bandwidth RATE      local NVMe tier per GPU (default 7GB/s)\n"
+           "  --network-bandwidth RATE   remote KV store per GPU (default 12.5GB/s)\n"
+           "  --ssd-tbw SIZE             SSD rated write volume (default 7008TB; bare number: TB)\n"
+           "  --ssd-write-rate RATE      KV written to the SSD (default: a prefill GPU's output)\n"
+           "  --arrival-rate F           requests per second, whole deployment (default: half the\n"
+           "                             sustainable rate)\n"
+           "  --mfu F, --mbu F           achieved share of peak FLOP/s and bandwidth (0.5, 0.8)\n"
+           "  --spec-tokens N            draft tokens per sequence and step (default 0)\n"
+           "  --spec-acceptance F        per-token acceptance rate, 0..1 (default 0.7)\n"
+           "  --spec-draft-params N      the draft model's parameters (default 0: prompt lookup)\n"
+           "  --tenant-tokens N          one more request length to price in section 12\n"
+           "  --lora-rank R, --lora-adapters N, --lora-resident M\n"
+           "                             S-LoRA adapters: M of N resident, taken from the KV pool\n"
+           "  --grid dtypes              every weight dtype x KV dtype pair: starts, pool, "
+           "concurrency\n"
+           "output:\n"
+           "  --json                     one JSON object (keys in docs/plan.md)\n"
+           "  --list                     the model and GPU presets\n"
+           "  -h, --help                 this help\n"
+           "\n"
+           "exit status: 0 when the deployment starts, 3 when it does not, 1 for bad input.\n");
 }
 
 /* What the command line asked for beyond the deployment. */
@@ -127,6 +154,14 @@ static const struct option own_options[] = {
     {"ssd-tbw", required_argument, NULL, O_SSD_TBW},
     {"ssd-write-rate", required_argument, NULL, O_SSD_RATE},
     {"tenant-tokens", required_argument, NULL, O_TENANT},
+    {"spec-draft-params", required_argument, NULL, O_DRAFT_PARAMS},
+    {"rope-scaling", required_argument, NULL, O_ROPE},
+    {"cp", required_argument, NULL, O_CP},
+    {"gpus-per-node", required_argument, NULL, O_NODE},
+    {"grid", required_argument, NULL, O_GRID},
+    {"lora-rank", required_argument, NULL, O_LORA_RANK},
+    {"lora-adapters", required_argument, NULL, O_LORA_ADAPTERS},
+    {"lora-resident", required_argument, NULL, O_LORA_RESIDENT},
     {"json", no_argument, NULL, O_JSON},
     {"list", no_argument, NULL, O_LIST},
     {"help", no_argument, NULL, 'h'},
@@ -143,6 +178,11 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
     do {                                                                \
         if (!kvc_cli_opt_u64(CMD, opt_name, arg, lo, hi, &u)) return 1; \
         field = u;                                                      \
+    } while (0)
+#define TOK(lo, hi, field)                                                 \
+    do {                                                                   \
+        if (!kvc_cli_opt_tokens(CMD, opt_name, arg, lo, hi, &u)) return 1; \
+        field = u;                                                         \
     } while (0)
 #define DBL(lo, hi, field)                                                 \
     do {                                                                   \
@@ -165,13 +205,13 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
     } while (0)
     switch (ch) {
     case O_PROMPT:
-        U64(1, KVC_PLAN_MAX_TOKENS, pp->prompt_tokens);
+        TOK(1, KVC_PLAN_MAX_TOKENS, pp->prompt_tokens);
         break;
-    case O_OUTPUT:
-        U64(1, KVC_PLAN_MAX_TOKENS, pp->output_tokens);
+    case O_OUTPUT: /* 0: prefill only, as a disaggregated prefill node runs */
+        TOK(0, KVC_PLAN_MAX_TOKENS, pp->output_tokens);
         break;
     case O_CONTEXT:
-        U64(1, KVC_PLAN_MAX_TOKENS, pp->context_tokens);
+        TOK(1, KVC_PLAN_MAX_TOKENS, pp->context_tokens);
         break;
     case O_N:
         U64(1, KVC_PLAN_MAX_FORKS, pp->n_samples);
@@ -211,7 +251,43 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
         RATE(pp->ssd_write_bytes_per_s);
         break;
     case O_TENANT:
-        U64(1, KVC_PLAN_MAX_TOKENS, pp->tenant_tokens);
+        TOK(1, KVC_PLAN_MAX_TOKENS, pp->tenant_tokens);
+        break;
+    case O_ROPE:
+        if (kvc_plan_rope_parse(arg, &pp->rope_scaling, &pp->rope_factor))
+            return kvc_cli_error(CMD,
+                                 "%s: '%s' is not TYPE:FACTOR (linear, yarn or llama3, a factor "
+                                 "above 1 and at most 1024; e.g. yarn:8)",
+                                 opt_name, arg);
+        break;
+    case O_CP:
+        U64(1, 1024, pp->cp);
+        break;
+    case O_NODE:
+        U64(1, 1024, pp->gpus_per_node);
+        break;
+    case O_LORA_RANK:
+        U64(1, KVC_PLAN_MAX_RANK, pp->lora_rank);
+        break;
+    case O_LORA_ADAPTERS:
+        U64(1, 1u << 20, pp->lora_adapters);
+        break;
+    case O_LORA_RESIDENT:
+        U64(0, 1u << 20, pp->lora_resident);
+        break;
+    case O_GRID:
+        if (strcmp(arg, "dtypes"))
+            return kvc_cli_error(CMD, "%s: '%s' is not a grid (the one there is: dtypes)", opt_name,
+                                 arg);
+        pp->grid_dtypes = true;
+        break;
+    case O_DRAFT_PARAMS:
+        if (kvc_cli_parse_double(arg, 0, (double)KVC_PLAN_MAX_PARAMS, &d)) {
+            pp->spec_draft_params = (uint64_t)d;
+        } else {
+            return kvc_cli_error(CMD, "%s: '%s' is not a parameter count (e.g. 1e9, 68000000)",
+                                 opt_name, arg);
+        }
         break;
     case O_JSON:
         a->json = true;
@@ -226,6 +302,7 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
         return kvc_cli_bad_option(CMD, ch, opt_name);
     }
 #undef U64
+#undef TOK
 #undef DBL
 #undef SIZE
 #undef RATE

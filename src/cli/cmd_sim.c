@@ -44,6 +44,8 @@ enum {
     O_LONG_CAP,
     O_PREFILL_CHUNK,
     O_NO_PREFIX,
+    O_NO_KV_CACHE,
+    O_ALLOCATION,
     O_STEP_OVERHEAD,
     O_CLOSED_LOOP,
     O_SLO_TTFT,
@@ -80,6 +82,8 @@ static const struct option own_options[] = {
     {"long-kv-cap", required_argument, NULL, O_LONG_CAP},
     {"max-prefill-chunk", required_argument, NULL, O_PREFILL_CHUNK},
     {"no-prefix-caching", no_argument, NULL, O_NO_PREFIX},
+    {"no-kv-cache", no_argument, NULL, O_NO_KV_CACHE},
+    {"allocation", required_argument, NULL, O_ALLOCATION},
     {"step-overhead-ms", required_argument, NULL, O_STEP_OVERHEAD},
     {"closed-loop", no_argument, NULL, O_CLOSED_LOOP},
     {"slo-ttft-ms", required_argument, NULL, O_SLO_TTFT},
@@ -118,21 +122,23 @@ typedef struct {
 static void help(FILE *f)
 {
     fprintf(
-        f, "usage: kvcache sim --model NAME|config.json --gpu NAME --workload FILE|SPEC [options]\n"
-           "       kvcache sim --scenario FILE [--json]\n"
-           "\n"
-           "Runs the real scheduler, pool, prefix cache and sequences in virtual time against a\n"
-           "cost model of the GPU: step time = max(compute, memory) + TP communication + a fixed\n"
-           "overhead (+ swap traffic), from the planner's descriptors.  Reports TTFT, time per\n"
-           "output token and end-to-end latency percentiles, throughput, goodput under SLOs,\n"
-           "preemptions, recomputed tokens, swapped bytes, prefix hit rate and KV usage.\n"
-           "Same inputs and seed, same report, byte for byte.\n"
-           "\n"
-           "deployment: the options of `kvcache plan` (--model, --gpu, --tp, --pp, --dp,\n"
-           "  --weight-dtype, --kv-dtype, --block-size, --gpu-memory-utilization,\n"
-           "  --max-model-len, --max-num-seqs, --max-num-batched-tokens, --mfu, --mbu, ...)\n"
-           "  --num-blocks N            KV blocks per replica (default: what the planner derives)\n"
-           "workload:\n"
+        f,
+        "usage: kvcache sim --model NAME|config.json --gpu NAME --workload FILE|SPEC [options]\n"
+        "       kvcache sim --scenario FILE [--json]\n"
+        "\n"
+        "Runs the real scheduler, pool, prefix cache and sequences in virtual time against a\n"
+        "cost model of the GPU: step time = max(compute, memory) + TP communication + a fixed\n"
+        "overhead (+ swap traffic), from the planner's descriptors.  Reports TTFT, time per\n"
+        "output token and end-to-end latency percentiles, throughput, goodput under SLOs,\n"
+        "preemptions, recomputed tokens, swapped bytes, prefix hit rate and KV usage.\n"
+        "Same inputs and seed, same report, byte for byte.\n"
+        "\n"
+        "deployment: the options of `kvcache plan` (--model, --gpu, --tp, --pp, --dp,\n"
+        "  --weight-dtype, --kv-dtype, --block-size, --gpu-memory-utilization,\n"
+        "  --max-model-len, --max-num-seqs, --max-num-batched-tokens, --mfu, --mbu, ...)\n"
+        "  --num-blocks N            KV blocks per replica (default: what the planner derives)\n");
+    fprintf(
+        f, "workload:\n"
            "  --workload FILE|SPEC      a Mooncake or kvcache JSONL trace, a synthetic spec file,\n"
            "                            or an inline spec like "
            "poisson:rate=5,n=1000,prompt=1024,output=300\n"
@@ -161,6 +167,11 @@ static void help(FILE *f)
            "  --spec-tokens N           draft tokens per decode step (default 0)\n"
            "  --spec-acceptance F       probability a draft is accepted (default 0.7)\n"
            "  --no-prefix-caching       turn the prefix cache off\n"
+           "  --no-kv-cache             the quadratic baseline: every step recomputes each\n"
+           "                            sequence's whole context (prefix cache off)\n"
+           "  --allocation A            paged (default), or contiguous: each request reserves\n"
+           "                            max_model_len of KV (the pre-paging baseline; the\n"
+           "                            report measures the fragmentation)\n"
            "  --eviction P              the prefix cache's eviction order: lru (default), lfu,\n"
            "                            priority (by class), naive-lru (any least recently\n"
            "                            used block, cached children or not; the report says\n"
@@ -327,6 +338,15 @@ static int parse(int argc, char **argv, opts_t *o)
         case O_NO_PREFIX:
             o->cfg.prefix_caching = false;
             break;
+        case O_NO_KV_CACHE:
+            o->cfg.no_kv_cache = true;
+            break;
+        case O_ALLOCATION: {
+            int a = kvc_sim_allocation_parse(optarg);
+            if (a < 0) return sim_error("--allocation: '%s' is not paged or contiguous", optarg);
+            o->cfg.allocation = (kvc_sim_allocation_t)a;
+            break;
+        }
         case O_STEP_OVERHEAD:
             DBL(0, 1e6, d);
             o->cfg.step_overhead_s = d * 1e-3;
@@ -643,6 +663,12 @@ static bool metric(const kvc_report_t *r, const kvc_sim_result_t *res, const kvc
         *out = (double)(res->swapped_out_bytes + res->swapped_in_bytes);
     else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_kv_blocks"))
         *out = res->peak_kv_blocks;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "fragmentation.mean"))
+        *out = res->fragmentation_mean;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "fragmentation.peak"))
+        *out = res->fragmentation_peak;
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "kv_blocks_total"))
+        *out = res->num_blocks; /* the report's key: KV blocks per replica */
     else if (scope == KVC_REPORT_ALL && !strcmp(key, "simulated_seconds"))
         *out = res->simulated_s;
     else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_running"))

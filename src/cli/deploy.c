@@ -54,6 +54,17 @@ bool kvc_cli_opt_u64(const char *cmd, const char *opt, const char *value, uint64
     return false;
 }
 
+bool kvc_cli_opt_tokens(const char *cmd, const char *opt, const char *value, uint64_t lo,
+                        uint64_t hi, uint64_t *out)
+{
+    if (kvc_cli_parse_tokens(value, lo, hi, out)) return true;
+    kvc_cli_error(cmd,
+                  "%s: '%s' is not a token count in %llu..%llu (e.g. 4096, 32k = 32,000, "
+                  "32K = 32,768, 1M = 1,048,576)",
+                  opt, value, (unsigned long long)lo, (unsigned long long)hi);
+    return false;
+}
+
 bool kvc_cli_opt_double(const char *cmd, const char *opt, const char *value, double lo, double hi,
                         double *out)
 {
@@ -244,12 +255,13 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const ch
         break;
     case KVC_CLI_WEIGHT_DTYPE:
         if (kvc_plan_dtype_parse(value, &pp->weight_dtype))
-            return -kvc_cli_error(CMD, "--weight-dtype: '%s' is not bf16, fp16, fp8 or int4",
-                                  value);
+            return -kvc_cli_error(
+                CMD, "--weight-dtype: '%s' is not bf16, fp16, fp8, int8, int4 or nvfp4", value);
         break;
     case KVC_CLI_KV_DTYPE:
         if (kvc_plan_dtype_parse(value, &pp->kv_dtype) || pp->kv_dtype == KVC_PLAN_INT4)
-            return -kvc_cli_error(CMD, "--kv-dtype: '%s' is not bf16, fp16 or fp8", value);
+            return -kvc_cli_error(CMD, "--kv-dtype: '%s' is not bf16, fp16, fp8, int8 or nvfp4",
+                                  value);
         break;
     case KVC_CLI_BLOCK_SIZE:
         U64(1, 1024, pp->block_size);
@@ -260,13 +272,15 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const ch
         DBL(1e-6, 1, pp->gpu_memory_utilization);
         break;
     case KVC_CLI_MAX_MODEL_LEN:
-        U64(1, KVC_PLAN_MAX_TOKENS, pp->max_model_len);
+        if (!kvc_cli_opt_tokens(CMD, opt_name, value, 1, KVC_PLAN_MAX_TOKENS, &u)) return -1;
+        pp->max_model_len = u;
         break;
     case KVC_CLI_MAX_NUM_SEQS:
         U64(1, KVC_PLAN_MAX_SEQS, pp->max_num_seqs);
         break;
     case KVC_CLI_MAX_BATCHED:
-        U64(1, KVC_PLAN_MAX_BATCHED, pp->max_num_batched_tokens);
+        if (!kvc_cli_opt_tokens(CMD, opt_name, value, 1, KVC_PLAN_MAX_BATCHED, &u)) return -1;
+        pp->max_num_batched_tokens = (uint32_t)u;
         break;
     case KVC_CLI_WEIGHT_MEM:
         SIZE(pp->weight_bytes);
@@ -305,7 +319,7 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const ch
         U64(0, 64, pp->spec_tokens);
         break;
     case KVC_CLI_SPEC_ACCEPT:
-        DBL(0, 0.999999, pp->spec_acceptance);
+        DBL(0, 1, pp->spec_acceptance);
         break;
     default:
         return 0;

@@ -43,6 +43,21 @@ static const struct {
       .l2_bytes = 40 * KVC__MIB,
       .interconnect_bytes_per_s = 300 * GB,
       .pcie_bytes_per_s = 32 * GB}},
+    {{"a100-40gb", "a100-40gb-sxm", "a100-sxm4-40gb"},
+     {.name = "A100-40GB SXM",
+      /* 39.59 GiB: PyTorch's "39.59 GiB total capacity" in public A100-40GB out-of-memory
+       * logs (nvidia-smi reads 40960MiB). */
+      .memory_bytes = GIB_CENTI(3959),
+      /* NVIDIA A100 datasheet, A100 40GB SXM column: 1,555 GB/s HBM2; BF16 Tensor Core
+       * 312 TFLOPS dense; no FP8; NVLink 600 GB/s (both directions); PCIe Gen4 64 GB/s
+       * (both directions). */
+      .hbm_bytes_per_s = 1555 * GB,
+      .bf16_flops = 312 * TFLOPS,
+      .fp8_flops = 0,
+      /* the same GA100 die as the 80 GB part: 40 MB L2 */
+      .l2_bytes = 40 * KVC__MIB,
+      .interconnect_bytes_per_s = 300 * GB,
+      .pcie_bytes_per_s = 32 * GB}},
     {{"h100-sxm", "h100", "h100-sxm5"},
      {.name = "H100 SXM",
       /* 79.22 GiB: vLLM's "total_gpu_memory (79.22GiB)" on H100-80G

@@ -24,10 +24,8 @@ static const struct {
     const char *name;
     uint32_t bits;
 } dtypes[KVC_PLAN_DTYPE__COUNT] = {
-    [KVC_PLAN_BF16] = {"bf16", 16},
-    [KVC_PLAN_FP16] = {"fp16", 16},
-    [KVC_PLAN_FP8] = {"fp8", 8},
-    [KVC_PLAN_INT4] = {"int4", 4},
+    [KVC_PLAN_BF16] = {"bf16", 16}, [KVC_PLAN_FP16] = {"fp16", 16}, [KVC_PLAN_FP8] = {"fp8", 8},
+    [KVC_PLAN_INT4] = {"int4", 4},  [KVC_PLAN_INT8] = {"int8", 8},  [KVC_PLAN_NVFP4] = {"nvfp4", 4},
 };
 
 const char *kvc_plan_dtype_name(kvc_plan_dtype_t dt)
@@ -40,6 +38,57 @@ uint32_t kvc_plan_dtype_bits(kvc_plan_dtype_t dt)
     return (unsigned)dt < KVC_PLAN_DTYPE__COUNT ? dtypes[dt].bits : 0;
 }
 
+uint64_t kvc_plan_dtype_bytes(kvc_plan_dtype_t dt, uint64_t n)
+{
+    const kvc__u128 w = n;
+    kvc__u128 b;
+    switch (dt) {
+    case KVC_PLAN_BF16:
+    case KVC_PLAN_FP16:
+        b = 2 * w;
+        break;
+    case KVC_PLAN_FP8:
+    case KVC_PLAN_INT8:
+        b = w;
+        break;
+    case KVC_PLAN_INT4: /* fp16 scale + zero per 128 */
+        b = (w + 1) / 2 + (w + 127) / 128 * 4;
+        break;
+    case KVC_PLAN_NVFP4: /* 16 e2m1 values in 8 bytes and one fp8 scale */
+        b = (w + 15) / 16 * 9;
+        break;
+    default:
+        return 0;
+    }
+    return b > UINT64_MAX ? UINT64_MAX : (uint64_t)b;
+}
+
+static const char *const rope_names[KVC_PLAN_ROPE__COUNT] = {"none", "linear", "yarn", "llama3"};
+const char *kvc_plan_rope_name(kvc_plan_rope_t r)
+{
+    return (unsigned)r < KVC_PLAN_ROPE__COUNT ? rope_names[r] : "?";
+}
+
+int kvc_plan_rope_parse(const char *s, kvc_plan_rope_t *type, double *factor)
+{
+    if (!s || !type || !factor) return KVC_EINVAL;
+    const char *colon = strchr(s, ':');
+    if (!colon) return KVC_EINVAL;
+    for (int t = 1; t < KVC_PLAN_ROPE__COUNT; t++) {
+        if (strlen(rope_names[t]) != (size_t)(colon - s) ||
+            strncasecmp(s, rope_names[t], (size_t)(colon - s)))
+            continue;
+        char *end;
+        errno = 0;
+        const double f = strtod(colon + 1, &end);
+        if (end == colon + 1 || *end || errno || !(f > 1 && f <= 1024)) return KVC_EINVAL;
+        *type = (kvc_plan_rope_t)t;
+        *factor = f;
+        return 0;
+    }
+    return KVC_EINVAL;
+}
+
 int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out)
 {
     static const struct {
@@ -50,7 +99,9 @@ int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out)
         {"float16", KVC_PLAN_FP16}, {"half", KVC_PLAN_FP16},     {"fp8", KVC_PLAN_FP8},
         {"fp8_e4m3", KVC_PLAN_FP8}, {"fp8-e4m3", KVC_PLAN_FP8},  {"e4m3", KVC_PLAN_FP8},
         {"fp8_e5m2", KVC_PLAN_FP8}, {"fp8-e5m2", KVC_PLAN_FP8},  {"e5m2", KVC_PLAN_FP8},
-        {"int4", KVC_PLAN_INT4},    {"w4a16", KVC_PLAN_INT4},
+        {"int4", KVC_PLAN_INT4},    {"w4a16", KVC_PLAN_INT4},    {"int8", KVC_PLAN_INT8},
+        {"w8a8", KVC_PLAN_INT8},    {"nvfp4", KVC_PLAN_NVFP4},   {"fp4", KVC_PLAN_NVFP4},
+        {"e2m1", KVC_PLAN_NVFP4},
     };
     if (!name || !out) return KVC_EINVAL;
     for (size_t i = 0; i < KVC_ARRAY_LEN(aliases); i++)
@@ -215,7 +266,7 @@ int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out)
  */
 typedef struct {
     kvc__u128 embedding, lm_head, attention, mlp_dense, experts_routed, experts_shared, router,
-        norms, total, active;
+        norms, total, active, vision;
 } wide_count_t;
 
 static void count_params(const kvc_plan_model_t *m, wide_count_t *c)
@@ -255,6 +306,7 @@ static void count_params(const kvc_plan_model_t *m, wide_count_t *c)
     c->lm_head = m->tie_embeddings ? 0 : c->embedding;
     c->total = c->embedding + c->lm_head + c->attention + c->mlp_dense + c->experts_routed +
                c->experts_shared + c->router + c->norms;
+    c->vision = m->vision_params;
     c->active = c->total;
     if (m->n_experts)
         c->active -= n_moe * ((kvc__u128)m->n_experts - m->n_experts_active) * 3 * H *
@@ -276,6 +328,7 @@ void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_count_t *c)
         .norms = (uint64_t)w.norms,
         .total = (uint64_t)w.total,
         .active = (uint64_t)w.active,
+        .vision = (uint64_t)w.vision,
     };
 }
 
@@ -339,7 +392,7 @@ static int check_totals(const kvc_plan_model_t *m, char *msg, size_t len)
                          (double)kv16, (unsigned long long)KVC_PLAN_MAX_KV_BYTES_PER_TOKEN);
     wide_count_t w;
     count_params(m, &w);
-    if (w.total > KVC_PLAN_MAX_PARAMS)
+    if (w.total > KVC_PLAN_MAX_PARAMS || w.vision > KVC_PLAN_MAX_PARAMS)
         return kvc__msgf(KVC_EINVAL, msg, len, "the model has %.4g parameters, over the bound %llu",
                          (double)w.total, (unsigned long long)KVC_PLAN_MAX_PARAMS);
     return 0;
@@ -539,6 +592,18 @@ static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
                 n_sliding_listed++;
             else if (strstr(t->valuestring, "chunked"))
                 n_chunked_listed++;
+            else if (strcmp(t->valuestring, "full_attention") && strcmp(t->valuestring, "full") &&
+                     strcmp(t->valuestring, "global") && strcmp(t->valuestring, "attention"))
+            /* linear_attention (Qwen3-Next), mamba, recurrent: not KV, not modelled */
+            {
+                char shown[64];
+                kvc__escape(shown, sizeof shown, t->valuestring);
+                return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                                 "layer_types: '%.32s' layers hold a recurrent state, not KV; "
+                                 "hybrid models are not modelled (refused rather than sized as "
+                                 "attention)",
+                                 shown);
+            }
         }
     }
     if (use_present && !use) window = 0; /* Qwen2: the window is declared but switched off */
@@ -654,6 +719,94 @@ static int parse_images(const cfg_t *c, kvc_plan_model_t *m)
     return 0;
 }
 
+/* Recurrent and hybrid models (Mamba, Jamba, Nemotron-H, Qwen3-Next, Falcon-H1, Zamba, ...)
+ * keep a fixed-size state per layer instead of KV in some or all layers, and Jamba puts MoE
+ * on every other layer only: sized as all-attention they come out wrong (Jamba-v0.1 as 92
+ * billion parameters instead of 52), so the field that says so is named and refused. */
+static int refuse_recurrent(const cfg_t *c, const kvc_plan_model_t *m)
+{
+    static const char *const keys[] = {
+        "attn_layer_period",
+        "attn_layer_offset",
+        "layers_block_type",
+        "hybrid_override_pattern",
+        "full_attention_interval",
+        "linear_num_value_heads",
+        "mamba_d_state",
+        "mamba_expand",
+        "ssm_state_size",
+        "ssm_cfg",
+        "mamba_d_conv",
+        "expert_layer_period",
+    };
+    for (size_t i = 0; i < KVC_ARRAY_LEN(keys); i++) {
+        const char *k[] = {keys[i], NULL};
+        if (find(c, k, NULL))
+            return kvc__msgf(
+                KVC_EINVAL, c->msg, c->len,
+                "%s: a recurrent or hybrid (attention + state-space) model; its "
+                "recurrent layers hold a fixed state, not KV, and the planner does not "
+                "model them (refused rather than sized as all-attention)",
+                keys[i]);
+    }
+    static const char *const types[] = {
+        "mamba", "mamba2", "jamba",           "falcon_h1", "nemotron_h", "qwen3_next",
+        "zamba", "zamba2", "recurrent_gemma", "rwkv",      "bamba",      "granitemoehybrid"};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(types); i++)
+        if (!strcmp(m->model_type, types[i]))
+            return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                             "model_type %s: a recurrent or hybrid model; its recurrent layers "
+                             "hold a fixed state, not KV, and the planner does not model them "
+                             "(refused rather than sized as all-attention)",
+                             types[i]);
+    return 0;
+}
+
+/* The vision tower of a multimodal config: a ViT of vision_config's widths (per layer the
+ * q, k, v, o projections with biases, a two-matrix MLP with biases, two LayerNorms; a patch
+ * embedding, one position per patch and a class token) and a two-layer projector into the
+ * language model's width (LLaVA's mlp2x).  A vision_config that gives widths but not all of
+ * them is refused, naming the field, rather than left out of the weights. */
+static int parse_vision_tower(const cfg_t *c, kvc_plan_model_t *m)
+{
+    const cJSON *vision = cJSON_GetObjectItemCaseSensitive(c->root, "vision_config");
+    if (!cJSON_IsObject(vision)) return 0;
+    cfg_t v = {.root = vision, .msg = c->msg, .len = c->len};
+    uint32_t hv = 0, iv = 0, lv = 0, patch = 0, size = 0, ch = 3;
+    int rc;
+    if ((rc = get_u32(&v, KEYS("hidden_size", "embed_dim", "width"), KVC_PLAN_MAX_HIDDEN, false,
+                      &hv)))
+        return rc;
+    if (!hv)
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                         "vision_config.hidden_size is missing: the vision tower's weights cannot "
+                         "be sized");
+    if ((rc = get_u32(&v, KEYS("intermediate_size", "mlp_dim"), KVC_PLAN_MAX_INTERMEDIATE, false,
+                      &iv)))
+        return rc;
+    if ((rc = get_u32(&v, KEYS("num_hidden_layers", "depth", "layers"), KVC_PLAN_MAX_LAYERS, false,
+                      &lv)))
+        return rc;
+    if ((rc = get_u32(&v, KEYS("patch_size"), 4096, false, &patch))) return rc;
+    if ((rc = get_u32(&v, KEYS("image_size"), 1u << 20, false, &size))) return rc;
+    if ((rc = get_u32(&v, KEYS("num_channels", "in_channels"), 16, false, &ch))) return rc;
+    const char *missing = !iv      ? "intermediate_size"
+                          : !lv    ? "num_hidden_layers"
+                          : !patch ? "patch_size"
+                          : !size  ? "image_size"
+                                   : NULL;
+    if (missing)
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                         "vision_config.%s is missing: the vision tower's weights cannot be sized",
+                         missing);
+    const uint64_t H = hv, I = iv, side = size / patch, Ht = m->hidden_size;
+    const uint64_t layer = 4 * H * H + 4 * H + 2 * H * I + I + H + 4 * H;
+    const uint64_t embed = (uint64_t)ch * patch * patch * H + H + (side * side + 1) * H + H;
+    const uint64_t projector = H * Ht + Ht + Ht * Ht + Ht;
+    m->vision_params = lv * layer + embed + projector + 2 * H; /* + the final LayerNorm */
+    return 0;
+}
+
 static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
 {
     int rc;
@@ -729,9 +882,11 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
         return rc;
     m->max_position_embeddings = maxpos;
 
+    if ((rc = refuse_recurrent(c, m))) return rc;
     if ((rc = parse_moe(c, m))) return rc;
     if ((rc = parse_sliding(c, m))) return rc;
     if ((rc = parse_images(c, m))) return rc;
+    if ((rc = parse_vision_tower(c, m))) return rc;
     return kvc_plan_model_check(m, c->msg, c->len);
 }
 

@@ -15,6 +15,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
 /* The estimates (rules of thumb, with their sources) live in plan_int.h so that
  * the renderers can quote them. */
@@ -25,13 +26,17 @@ kvc_plan_params_t kvc_plan_params_default(void)
         .tp = 1,
         .pp = 1,
         .dp = 1,
+        .cp = 1,
+        .gpus_per_node = 8,
+        .rope_scaling = KVC_PLAN_ROPE_NONE,
+        .rope_factor = 0,
         .weight_dtype = KVC_PLAN_BF16,
         .kv_dtype = KVC_PLAN_BF16,
         .block_size = 16,
         .gpu_memory_utilization = 0.9,
         .max_model_len = 0,
-        .max_num_seqs = 256,
-        .max_num_batched_tokens = 8192,
+        .max_num_seqs = 0,           /* vLLM's default for the GPU */
+        .max_num_batched_tokens = 0, /* likewise */
         .prompt_tokens = 1000,
         .output_tokens = 200,
         .context_tokens = 0,
@@ -58,6 +63,7 @@ kvc_plan_params_t kvc_plan_params_default(void)
         .ssd_write_bytes_per_s = 0,
         .spec_tokens = 0,
         .spec_acceptance = 0.7,
+        .spec_draft_params = 0,
         .tenant_tokens = 0,
     };
 }
@@ -166,14 +172,7 @@ static void layer_shard(const kvc_plan_model_t *m, uint32_t tp, bool moe, shard_
 /* Bytes of `linear` quantizable weights in dtype dt. */
 static uint64_t linear_bytes(uint64_t n, kvc_plan_dtype_t dt)
 {
-    switch (dt) {
-    case KVC_PLAN_FP8:
-        return n;
-    case KVC_PLAN_INT4:
-        return kvc__ceil_div(n, 2) + kvc__ceil_div(n, 128) * 4; /* fp16 scale + zero */
-    default:
-        return 2 * n;
-    }
+    return kvc_plan_dtype_bytes(dt, n); /* int4: fp16 scale + zero per 128; nvfp4: 9 B per 16 */
 }
 
 /* One pipeline stage on one GPU. */
@@ -183,6 +182,9 @@ typedef struct {
     double flop_params;    /* decode, per token, LM head included on the last stage */
     uint64_t weight_bytes; /* estimated */
     uint64_t expert_bytes; /* routed-expert part of weight_bytes */
+    uint64_t embed_bytes;  /* the input table, when a decode step does not read it whole */
+    uint64_t vision_bytes; /* the vision tower's shard: runs on images, not on decode steps */
+    uint64_t lora_bytes;   /* one LoRA adapter's shard on this stage's layers */
     uint64_t act_elems;    /* per token, the widest layer */
     uint64_t act_fwd, act_sampler, act, graphs, non_torch, ctx; /* bytes */
     uint64_t kv_per_layer; /* KV bytes per token per layer on this GPU */
@@ -193,9 +195,8 @@ typedef struct {
 
 static uint64_t kv_per_layer(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype_t dt)
 {
-    const uint64_t bits = kvc_plan_dtype_bits(dt);
-    if (m->mla) return ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) * bits / 8;
-    return 2 * (uint64_t)kv_heads_per_gpu(m, tp) * m->head_dim * bits / 8;
+    if (m->mla) return kvc_plan_dtype_bytes(dt, (uint64_t)m->kv_lora_rank + m->qk_rope_head_dim);
+    return kvc_plan_dtype_bytes(dt, 2 * (uint64_t)kv_heads_per_gpu(m, tp) * m->head_dim);
 }
 
 /* Weight bytes of a stage of layers [first, first + n) on one GPU of a TP group. */
@@ -219,6 +220,11 @@ static void stage_weights(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype
     }
     const uint64_t vocab_shard = kvc__ceil_div(m->vocab_size, tp) * m->hidden_size;
     if (first_stage) s->wide += vocab_shard; /* the input embedding (vocab-parallel) */
+    /* A decode step looks up one row per token of the input table; only a table that is
+     * also this stage's LM head (tied, one stage) is read whole every step. */
+    s->embed_bytes = first_stage && !(m->tie_embeddings && last_stage && !pp) ? 2 * vocab_shard : 0;
+    s->vision_bytes = first_stage ? 2 * kvc__ceil_div(m->vision_params, tp) : 0;
+    s->wide += s->vision_bytes / 2;
     if (last_stage) {
         /* The LM head: its own matrix, or the tied table copied to the last stage. */
         if (!m->tie_embeddings || pp) s->wide += vocab_shard;
@@ -245,11 +251,19 @@ static uint64_t request_bytes(uint64_t per_layer, uint32_t n_layers, uint32_t n_
     return kvc__mul_sat(kvc__mul_sat(blocks, bs), per_layer);
 }
 
+/* Context parallelism: each of the cp GPUs holds ceil(n / cp) of the tokens (and as much of a
+ * window). */
+static uint64_t cp_share(uint64_t n, uint32_t cp)
+{
+    return cp > 1 ? kvc__ceil_div(n, cp) : n;
+}
+
 uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n)
 {
+    const uint32_t cp = r->params.cp;
     return request_bytes(r->kv_bytes_per_token_per_layer_per_gpu, r->layers_per_gpu,
-                         r->sliding_layers_per_gpu, r->model.sliding_window, r->params.block_size,
-                         r->params.window_freeing, n);
+                         r->sliding_layers_per_gpu, (uint32_t)cp_share(r->model.sliding_window, cp),
+                         r->params.block_size, r->params.window_freeing, cp_share(n, cp));
 }
 
 /* Attention FLOPs one token spends on keys at context c, summed over layers. */
@@ -382,10 +396,16 @@ static int validate_deployment(const kvc_plan_model_t *m, const kvc_plan_params_
     if (p->pp < 1 || p->pp > KVC__MAX_STAGES)
         BAD("--pp %u: expected 1..%d", p->pp, KVC__MAX_STAGES);
     if (p->dp < 1 || p->dp > 65536) BAD("--dp %u: expected 1..65536", p->dp);
-    if ((uint64_t)p->tp * p->pp * p->dp > KVC_PLAN_MAX_GPUS)
-        BAD("--tp %u x --pp %u x --dp %u = %llu GPUs is out of range: at most %llu", p->tp, p->pp,
-            p->dp, (unsigned long long)p->tp * p->pp * p->dp,
+    if (p->cp < 1 || p->cp > 1024) BAD("--cp %u: expected 1..1024", p->cp);
+    if (p->gpus_per_node < 1 || p->gpus_per_node > 1024)
+        BAD("--gpus-per-node %u: expected 1..1024", p->gpus_per_node);
+    if ((uint64_t)p->tp * p->pp * p->dp * p->cp > KVC_PLAN_MAX_GPUS)
+        BAD("--tp %u x --pp %u x --dp %u x --cp %u = %llu GPUs is out of range: at most %llu",
+            p->tp, p->pp, p->dp, p->cp, (unsigned long long)p->tp * p->pp * p->dp * p->cp,
             (unsigned long long)KVC_PLAN_MAX_GPUS);
+    if ((unsigned)p->rope_scaling >= KVC_PLAN_ROPE__COUNT) BAD("invalid rope scaling");
+    if (p->rope_scaling != KVC_PLAN_ROPE_NONE && !(p->rope_factor > 1 && p->rope_factor <= 1024))
+        BAD("--rope-scaling factor %g: expected more than 1 and at most 1024", p->rope_factor);
     if (m->n_heads % p->tp)
         BAD("--tp %u does not divide the %u attention heads", p->tp, m->n_heads);
     if (!m->mla && m->n_kv_heads % p->tp && p->tp % m->n_kv_heads)
@@ -395,7 +415,8 @@ static int validate_deployment(const kvc_plan_model_t *m, const kvc_plan_params_
     if ((unsigned)p->weight_dtype >= KVC_PLAN_DTYPE__COUNT) BAD("invalid weight dtype");
     if ((unsigned)p->kv_dtype >= KVC_PLAN_DTYPE__COUNT) BAD("invalid KV dtype");
     if (p->kv_dtype == KVC_PLAN_INT4)
-        BAD("--kv-dtype int4: int4 is a weight format; the KV cache takes bf16, fp16 or fp8");
+        BAD("--kv-dtype int4: int4 is a weight format; the KV cache takes bf16, fp16, fp8, int8 "
+            "or nvfp4");
     if (p->block_size < 1 || p->block_size > 1024 || (p->block_size & (p->block_size - 1)))
         BAD("--block-size %u: expected a power of two in 1..1024", p->block_size);
     if (!(p->gpu_memory_utilization > 0 && p->gpu_memory_utilization <= 1))
@@ -417,8 +438,8 @@ static int validate_engine(const kvc_plan_params_t *p, char *msg, size_t len)
         BAD("--max-num-batched-tokens %u is less than --max-num-seqs %u: a decode step could not "
             "give every sequence its token",
             p->max_num_batched_tokens, p->max_num_seqs);
-    if (p->prompt_tokens < 1 || p->output_tokens < 1)
-        BAD("--prompt and --output must be at least 1 token");
+    /* --output 0 is a prefill-only request, as a disaggregated prefill node runs */
+    if (p->prompt_tokens < 1) BAD("--prompt must be at least 1 token");
     if (p->n_samples < 1 || p->beams < 1) BAD("--n and --beams must be at least 1");
     if (p->n_samples > KVC_PLAN_MAX_FORKS || p->beams > KVC_PLAN_MAX_FORKS)
         BAD("--n %u, --beams %u: each at most %u", p->n_samples, p->beams, KVC_PLAN_MAX_FORKS);
@@ -426,8 +447,20 @@ static int validate_engine(const kvc_plan_params_t *p, char *msg, size_t len)
         BAD("--arrival-rate must be a non-negative number (0: half the sustainable rate)");
     if (!(p->mfu > 0 && p->mfu <= 1)) BAD("--mfu %g: expected a fraction in (0, 1]", p->mfu);
     if (!(p->mbu > 0 && p->mbu <= 1)) BAD("--mbu %g: expected a fraction in (0, 1]", p->mbu);
-    if (!(p->spec_acceptance >= 0 && p->spec_acceptance < 1))
-        BAD("--spec-acceptance %g: expected a fraction in [0, 1)", p->spec_acceptance);
+    if (!(p->spec_acceptance >= 0 && p->spec_acceptance <= 1))
+        BAD("--spec-acceptance %g: expected a fraction in [0, 1]", p->spec_acceptance);
+    if (p->lora_rank > KVC_PLAN_MAX_RANK)
+        BAD("--lora-rank %u is out of range: at most %u", p->lora_rank, KVC_PLAN_MAX_RANK);
+    if (p->lora_resident > p->lora_adapters)
+        BAD("--lora-resident %u is more than the %u --lora-adapters", p->lora_resident,
+            p->lora_adapters);
+    if (p->lora_adapters > (1u << 20))
+        BAD("--lora-adapters %u is out of range: at most %u", p->lora_adapters, 1u << 20);
+    if ((p->lora_adapters || p->lora_resident) && !p->lora_rank)
+        BAD("--lora-adapters needs --lora-rank");
+    if (p->spec_draft_params > KVC_PLAN_MAX_PARAMS)
+        BAD("--spec-draft-params %llu is out of range: at most %llu",
+            (unsigned long long)p->spec_draft_params, (unsigned long long)KVC_PLAN_MAX_PARAMS);
     if (p->spec_tokens > 64) BAD("--spec-tokens %u: expected 0..64", p->spec_tokens);
     if ((uint64_t)p->spec_tokens + 1 > p->max_num_batched_tokens)
         BAD("--spec-tokens %u leaves no room in --max-num-batched-tokens %u", p->spec_tokens,
@@ -537,6 +570,9 @@ static void fill_ledger(kvc_plan_result_t *r, const kvc_plan_params_t *p, const 
     k = p->non_torch_bytes != KVC_PLAN_AUTO ? KVC_PLAN_MEASURED : KVC_PLAN_ESTIMATED;
     any_estimated |= k == KVC_PLAN_ESTIMATED;
     ADD("non_torch", s->non_torch, k, KVC_PLAN_MEASURED, KVC_PLAN_OP_SUBTRACT);
+    if (p->lora_resident)
+        ADD("lora_adapters", kvc__mul_sat(s->lora_bytes, p->lora_resident), KVC_PLAN_CONFIGURED,
+            KVC_PLAN_CONFIGURED, KVC_PLAN_OP_SUBTRACT);
     k = p->cuda_context_bytes != KVC_PLAN_AUTO ? KVC_PLAN_MEASURED : KVC_PLAN_ESTIMATED;
     ADD("cuda_context", s->ctx, k, KVC_PLAN_MEASURED, KVC_PLAN_OP_OUTSIDE);
     k = kv_explicit ? KVC_PLAN_CONFIGURED : any_estimated ? KVC_PLAN_ESTIMATED : KVC_PLAN_MEASURED;
@@ -578,11 +614,25 @@ static int compute_inputs(calc_t *c, char *msg, size_t len)
     if (!max_len)
         return kvc__msgf(KVC_EINVAL, msg, len,
                          "the model gives no max_position_embeddings: set --max-model-len");
-    if (m->max_position_embeddings && max_len > m->max_position_embeddings)
+    /* RoPE scaling (linear, YaRN, Llama 3) stretches the trained positions by its factor. */
+    const bool scaled = p->rope_scaling != KVC_PLAN_ROPE_NONE;
+    const double allowed_d = (double)m->max_position_embeddings * (scaled ? p->rope_factor : 1);
+    const uint64_t allowed =
+        allowed_d >= (double)KVC_PLAN_MAX_TOKENS ? KVC_PLAN_MAX_TOKENS : (uint64_t)allowed_d;
+    if (m->max_position_embeddings && max_len > allowed) {
+        if (scaled)
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "--max-model-len %llu exceeds %s:%g x max_position_embeddings %llu = "
+                             "%llu",
+                             (unsigned long long)max_len, kvc_plan_rope_name(p->rope_scaling),
+                             p->rope_factor, (unsigned long long)m->max_position_embeddings,
+                             (unsigned long long)allowed);
         return kvc__msgf(KVC_EINVAL, msg, len,
-                         "--max-model-len %llu exceeds the model's max_position_embeddings %llu",
+                         "--max-model-len %llu exceeds the model's max_position_embeddings %llu "
+                         "(a deployment extends it with --rope-scaling yarn:FACTOR)",
                          (unsigned long long)max_len,
                          (unsigned long long)m->max_position_embeddings);
+    }
     const uint64_t req = p->prompt_tokens + p->output_tokens;
     if (req > max_len)
         return kvc__msgf(KVC_EINVAL, msg, len,
@@ -601,10 +651,15 @@ static int compute_inputs(calc_t *c, char *msg, size_t len)
     r->params = *p;
     r->max_model_len = max_len;
     r->context_tokens = ctx_tokens;
+    r->max_position_embeddings_scaled = scaled && m->max_position_embeddings ? allowed : 0;
     r->request_tokens = req;
-    r->n_gpus = p->tp * p->pp * p->dp;
+    r->n_gpus = p->tp * p->pp * p->dp * p->cp;
     kvc_plan_model_params(m, &r->counts);
-    r->fp8_compute = p->weight_dtype == KVC_PLAN_FP8 && g->fp8_flops > 0;
+    /* fp8, int8 (W8A8) and nvfp4 weights multiply on the 8-bit tensor cores where there are
+     * some (nvfp4 on Blackwell's fp4 cores is faster still: not modelled, a conservative rate) */
+    r->fp8_compute = (p->weight_dtype == KVC_PLAN_FP8 || p->weight_dtype == KVC_PLAN_INT8 ||
+                      p->weight_dtype == KVC_PLAN_NVFP4) &&
+                     g->fp8_flops > 0;
     r->peak_flops = r->fp8_compute ? g->fp8_flops : g->bf16_flops;
     c->kv_explicit = p->kv_cache_bytes != KVC_PLAN_AUTO;
     return 0;
@@ -612,9 +667,7 @@ static int compute_inputs(calc_t *c, char *msg, size_t len)
 
 uint64_t kvc_plan_kv_bytes_per_token(const kvc_plan_model_t *m, kvc_plan_dtype_t kv_dtype)
 {
-    const uint64_t kv_bits = kvc_plan_dtype_bits(kv_dtype);
-    return m->mla ? ((uint64_t)m->kv_lora_rank + m->qk_rope_head_dim) * m->n_layers * kv_bits / 8
-                  : 2 * (uint64_t)m->n_layers * m->n_kv_heads * m->head_dim * kv_bits / 8;
+    return kv_per_layer(m, 1, kv_dtype) * m->n_layers;
 }
 
 /* 1. KV bytes per token, and what TP does to them. */
@@ -646,6 +699,18 @@ static void compute_kv(calc_t *c)
     stage_t whole = {.first_layer = 0, .n_layers = m->n_layers};
     stage_weights(m, 1, p->weight_dtype, true, true, false, &whole);
     r->weight_bytes_total = whole.weight_bytes;
+}
+
+/* One LoRA adapter's bytes per layer on one GPU of a TP group: A (in x r) and B (r x out) in 16
+ * bits on q, k, v, o, gate, up and down (S-LoRA shards them as the base weights). */
+static uint64_t lora_layer_bytes(const kvc_plan_model_t *m, uint32_t tp, uint32_t rank)
+{
+    const uint64_t H = m->hidden_size, q = (uint64_t)m->n_heads * m->head_dim,
+                   kv = (uint64_t)m->n_kv_heads * m->head_dim,
+                   o = (uint64_t)m->n_heads * m->v_head_dim,
+                   I = m->intermediate_size ? m->intermediate_size : m->moe_intermediate_size;
+    const uint64_t per_rank = (H + q) + 2 * (H + kv) + (o + H) + 3 * (H + I);
+    return kvc__ceil_div(2 * per_rank * rank, tp);
 }
 
 /* One pipeline stage of section 2: layers [first, first + n), its weights,
@@ -693,13 +758,16 @@ static int plan_stage(calc_t *c, uint32_t i, uint32_t first, char *msg, size_t l
         p->cuda_context_bytes != KVC_PLAN_AUTO ? p->cuda_context_bytes : KVC__CUDA_CONTEXT_BYTES;
     s->kv_per_layer = r->kv_bytes_per_token_per_layer_per_gpu;
     s->kv_per_token = s->kv_per_layer * s->n_layers;
+    s->lora_bytes = p->lora_rank ? lora_layer_bytes(m, tp, p->lora_rank) * s->n_layers : 0;
     /* Every term is at most KVC_PLAN_MAX_BYTES (validate, and the checks above), so the
      * signed sum cannot overflow. */
     if (c->kv_explicit) {
         s->pool = (int64_t)KVC_MIN(p->kv_cache_bytes, (uint64_t)INT64_MAX);
     } else {
-        s->pool = (int64_t)r->budget_bytes - (int64_t)s->weight_bytes - (int64_t)s->act -
-                  (int64_t)(!p->graphs_outside_budget ? s->graphs : 0) - (int64_t)s->non_torch;
+        s->pool =
+            (int64_t)r->budget_bytes - (int64_t)s->weight_bytes - (int64_t)s->act -
+            (int64_t)(!p->graphs_outside_budget ? s->graphs : 0) - (int64_t)s->non_torch -
+            (int64_t)KVC_MIN(kvc__mul_sat(s->lora_bytes, p->lora_resident), KVC_PLAN_MAX_BYTES);
     }
     s->blocks = (double)s->pool / (double)(s->kv_per_token * p->block_size);
     return 0;
@@ -751,7 +819,7 @@ static int compute_ledger(calc_t *c, char *msg, size_t len)
     r->kv_pool_signed_bytes = st->pool;
     r->kv_pool_bytes_per_gpu = st->pool > 0 ? (uint64_t)st->pool : 0;
     r->num_blocks = r->kv_pool_bytes_per_gpu / (st->kv_per_token * bs);
-    r->pool_tokens = r->num_blocks * bs;
+    r->pool_tokens = r->num_blocks * bs * p->cp; /* per replica: cp GPUs share each request */
     if (c->kv_explicit) r->budget_bytes = visible > st->ctx ? visible - st->ctx : 0;
     fill_ledger(r, p, st);
     return 0;
@@ -786,8 +854,9 @@ static bool phase_need(const calc_t *c, kvc_plan_phase_id_t ph, const stage_t *s
         *have = kv_explicit ? (visible > s->ctx ? visible - s->ctx : 0) : r->budget_bytes;
         break;
     case KVC_PLAN_PHASE_CHECK_MAX_LEN:
-        *need = request_bytes(s->kv_per_layer, s->n_layers, s->n_sliding, c->m->sliding_window,
-                              p->block_size, p->window_freeing, r->max_model_len);
+        *need = request_bytes(s->kv_per_layer, s->n_layers, s->n_sliding,
+                              (uint32_t)cp_share(c->m->sliding_window, p->cp), p->block_size,
+                              p->window_freeing, cp_share(r->max_model_len, p->cp));
         *have = s->pool > 0 ? (uint64_t)s->pool : 0;
         break;
     case KVC_PLAN_PHASE_CAPTURE_GRAPHS:
@@ -879,15 +948,19 @@ static void compute_concurrency(calc_t *c)
     const double dv_dec = m->mla ? (double)m->kv_lora_rank : m->v_head_dim;
     c->roof = (roof_t){
         .lin_tok = 2 * st->flop_params,
+        /* with CP each GPU attends over, and reads, its 1/cp of the context */
         .attn_tok =
-            attn_flops_token(m, st->n_layers, st->n_sliding, heads_gpu, dqk_dec, dv_dec, c_dec),
+            attn_flops_token(m, st->n_layers, st->n_sliding, heads_gpu, dqk_dec, dv_dec, c_dec) /
+            p->cp,
         .f_lin = r->peak_flops,
         .f_attn = g->bf16_flops,
         .kv_read = (double)st->kv_per_layer *
                    ((st->n_layers - st->n_sliding) * c_dec +
-                    st->n_sliding * (m->sliding_window ? fmin(c_dec, m->sliding_window) : c_dec)),
-        .w_dense =
-            (double)(st->weight_bytes - (p->weight_bytes != KVC_PLAN_AUTO ? 0 : st->expert_bytes)),
+                    st->n_sliding * (m->sliding_window ? fmin(c_dec, m->sliding_window) : c_dec)) /
+                   p->cp,
+        .w_dense = fmax(0, (double)st->weight_bytes -
+                               (double)(p->weight_bytes != KVC_PLAN_AUTO ? 0 : st->expert_bytes) -
+                               (double)st->embed_bytes - (double)st->vision_bytes),
         .w_expert = p->weight_bytes != KVC_PLAN_AUTO ? 0 : (double)st->expert_bytes,
         .k_over_e = m->n_experts ? (double)m->n_experts_active / m->n_experts : 0,
         .bw = g->hbm_bytes_per_s,
@@ -897,6 +970,19 @@ static void compute_concurrency(calc_t *c)
     r->decode_attention_flops_per_seq = roof->attn_tok;
     r->decode_bytes_per_seq = roof->kv_read;
     r->weight_read_bytes = weight_read(roof, 1);
+    r->attention_flops_per_kv_byte = roof->kv_read > 0 ? roof->attn_tok / roof->kv_read : 0;
+    {
+        const double tpd = p->tp, H = m->hidden_size;
+        r->tp_comm_bytes_per_token_layer = p->tp > 1 ? 2 * 2 * H * 2 * (tpd - 1) / tpd : 0;
+        if (m->mla) {
+            r->dp_attention_pool_tokens = r->pool_tokens * p->tp;
+            r->dp_attention_flops_per_kv_byte = r->attention_flops_per_kv_byte * p->tp;
+            r->dp_attention_comm_bytes_per_token_layer =
+                p->tp > 1 ? 2 * H * 2 * (tpd - 1) / tpd : 0;
+        }
+    }
+    r->embedding_bytes_not_read = st->embed_bytes;
+    r->vision_bytes_per_gpu = st->vision_bytes;
     r->ceilings[KVC_PLAN_CEIL_KV_MEMORY] = r->max_concurrency;
     r->ceilings[KVC_PLAN_CEIL_COMPUTE] = ridge_batch(roof, 1, true);
     r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS] = p->max_num_seqs;
@@ -905,6 +991,10 @@ static void compute_concurrency(calc_t *c)
     roof_t w_only = *roof;
     w_only.attn_tok = 0;
     r->compute_weights_only = ridge_batch(&w_only, 1, false);
+    /* Dense: B x 2 x params / peak = weight bytes / bandwidth, so B* = ridge x weight bytes /
+     * (2 x params): the ridge point itself for 16-bit weights (2 FLOP per 2-byte weight). */
+    r->compute_weights_only_exact =
+        w_only.w_expert > 0 ? 0 : (w_only.w_dense / w_only.bw) / token_time(&w_only);
     r->binding_ceiling = KVC_PLAN_CEIL_KV_MEMORY;
     for (int i = 1; i < KVC_PLAN_CEIL__COUNT; i++)
         if (r->ceilings[i] < r->ceilings[r->binding_ceiling])
@@ -917,10 +1007,7 @@ static void compute_sliding(calc_t *c)
     const kvc_plan_model_t *m = c->m;
     const kvc_plan_params_t *p = c->p;
     kvc_plan_result_t *r = c->r;
-    const uint64_t kv_bits = kvc_plan_dtype_bits(p->kv_dtype);
-    const uint64_t per_layer_model = m->mla
-                                         ? r->kv_bytes_per_token / m->n_layers
-                                         : 2 * (uint64_t)m->n_kv_heads * m->head_dim * kv_bits / 8;
+    const uint64_t per_layer_model = kv_per_layer(m, 1, p->kv_dtype);
     r->swa_bytes_with_freeing =
         request_bytes(per_layer_model, m->n_layers, m->n_sliding_layers, m->sliding_window,
                       p->block_size, true, r->context_tokens);
@@ -982,7 +1069,7 @@ static void compute_disagg(calc_t *c)
     const kvc_plan_params_t *p = c->p;
     kvc_plan_result_t *r = c->r;
     const double f_eff = r->peak_flops * p->mfu;
-    const double gpus_replica = (double)p->tp * p->pp;
+    const double gpus_replica = (double)p->tp * p->pp * p->cp;
     const double n_p = (double)p->prompt_tokens;
     const double prompt_lin = 2 * n_p * c->linear_params;
     const double prompt_attn = prefill_attention(c->m, n_p);
@@ -1013,10 +1100,26 @@ static void compute_tiers(calc_t *c)
     const kvc_plan_params_t *p = c->p;
     kvc_plan_result_t *r = c->r;
     const double f_eff = r->peak_flops * p->mfu;
-    const double gpus_replica = (double)p->tp * p->pp;
+    const double gpus_replica = (double)p->tp * p->pp * p->cp;
     r->recompute_s_per_token = 2 * c->linear_params / (gpus_replica * f_eff);
     const double kv_gpu = (double)c->st->kv_per_token;
     r->break_even_bytes_per_s = kv_gpu / r->recompute_s_per_token;
+    /* Recomputing a prefix of n tokens also pays its causal attention, on average
+     * attention(n) / n FLOPs per token at the bf16 rate: it grows with n. */
+    static const uint64_t prefixes[] = {1024, 4096, 32768, 131072, 1048576};
+    r->n_recompute = 0;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(prefixes) && r->n_recompute < KVC_PLAN_RECOMPUTE_ROWS;
+         i++) {
+        if (prefixes[i] > r->max_model_len) break;
+        const double n = (double)prefixes[i];
+        const double attn_s =
+            prefill_attention(c->m, n) / n / (gpus_replica * g->bf16_flops * p->mfu);
+        kvc_plan_recompute_row_t *x = &r->recompute[r->n_recompute++];
+        x->prefix_tokens = prefixes[i];
+        x->recompute_s_per_token = r->recompute_s_per_token + attn_s;
+        x->attention_extra = attn_s / r->recompute_s_per_token;
+        x->break_even_bytes_per_s = kv_gpu / x->recompute_s_per_token;
+    }
     const struct {
         const char *name;
         double bw, lat;
@@ -1047,6 +1150,20 @@ static void compute_tiers(calc_t *c)
         t->min_tokens_to_win = n_win < 0x1p64 ? (uint64_t)n_win : KVC_PLAN_UNBOUNDED;
         t->max_shared_fraction = fmax(0, 1 - r->break_even_bytes_per_s / t->bytes_per_s);
     }
+    const uint64_t sizes[3] = {
+        (uint64_t)p->block_size * c->st->kv_per_layer,
+        (uint64_t)p->block_size * c->st->kv_per_token,
+        kvc__mul_sat(kvc__ceil_div(p->prompt_tokens, p->block_size) * p->block_size,
+                     c->st->kv_per_token),
+    };
+    for (int i = 0; i < 3; i++) {
+        const kvc_plan_tier_t *host = &r->tiers[1];
+        r->copy_bytes[i] = sizes[i];
+        r->copy_bytes_per_s[i] =
+            host->bytes_per_s > 0
+                ? (double)sizes[i] / ((double)sizes[i] / host->bytes_per_s + host->latency_s)
+                : 0;
+    }
     r->ssd_write_bytes_per_s =
         p->ssd_write_bytes_per_s > 0 ? p->ssd_write_bytes_per_s : r->prefill_kv_bytes_per_s_per_gpu;
     r->ssd_endurance_days = p->ssd_endurance_bytes / r->ssd_write_bytes_per_s / 86400;
@@ -1063,8 +1180,8 @@ static void compute_little(calc_t *c)
         .mbu = p->mbu,
         .out_tokens = (double)p->output_tokens,
         .prefill_work_s = c->prefill_work_s,
-        .replica_gpus = (double)p->tp * p->pp,
-        .tp = p->tp,
+        .replica_gpus = (double)p->tp * p->pp * p->cp,
+        .tp = p->tp * p->cp,
         .pp = p->pp,
     };
     /* The largest arrival rate whose resident count stays under the hard ceilings:
@@ -1094,6 +1211,22 @@ static void compute_little(calc_t *c)
     r->little_naive_resident = lam * time_in_system(&l, 1, 0);
     double n = 0;
     r->little_stable = little_solve(&l, lam, &n, &r->little_iterations);
+    /* Recompute riding on a memory-bound decode step: the compute it leaves idle, in tokens. */
+    {
+        const roof_t *f = &c->roof;
+        const double tok = f->lin_tok / f->f_lin; /* a short prefix: linear FLOPs only */
+        for (int i = 0; i < 2; i++) {
+            const double b = i == 0 ? 1 : (r->little_stable ? fmax(1, round(n)) : 1);
+            const double mem = (weight_read(f, b) + b * f->kv_read) / f->bw;
+            const double spare = mem - b * token_time(f);
+            const double free_tok = spare > 0 ? floor(spare / tok) : 0;
+            const uint64_t v = free_tok < 0x1p63 ? (uint64_t)free_tok : UINT64_MAX;
+            if (i == 0)
+                r->recompute_free_tokens_batch_1 = v;
+            else
+                r->recompute_free_tokens_at_n = v;
+        }
+    }
     if (r->little_stable) {
         r->little_resident = n;
         r->little_step_s = step_time(&l, n, lam);
@@ -1106,6 +1239,40 @@ static void compute_little(calc_t *c)
 }
 
 /* 11. Speculative decoding: k drafts per sequence ride in the step's token budget. */
+typedef struct {
+    const roof_t *f;
+    double draft_bytes; /* the draft model's weights per GPU, read once per draft step */
+    double draft_flops; /* its FLOPs per token per GPU */
+    double a;           /* per-token acceptance */
+} spec_t;
+
+/* Expected tokens per sequence and step: the target's own token plus each draft i, accepted
+ * with the i drafts before it, a^i: 1 + a + ... + a^k. */
+static double spec_tokens_per_step(double a, uint32_t k)
+{
+    double t = 0, ai = 1;
+    for (uint32_t i = 0; i <= k; i++, ai *= a) t += ai;
+    return t;
+}
+
+/* Seconds of one step of b sequences verifying k drafts each, at peak (the roofline of
+ * section 4): the verification reads the weights and the KV once and multiplies (1 + k)
+ * tokens per sequence; the draft runs k steps of its own. */
+static double spec_step_s(const spec_t *s, double b, uint32_t k)
+{
+    const roof_t *f = s->f;
+    const double verify =
+        fmax((weight_read(f, b * (1 + k)) + b * f->kv_read) / f->bw, b * (1 + k) * token_time(f));
+    const double draft = k * fmax(s->draft_bytes / f->bw, b * s->draft_flops / f->f_lin);
+    return verify + draft;
+}
+
+/* Tokens/s with k drafts over tokens/s without, at batch b. */
+static double spec_speedup(const spec_t *s, double b, uint32_t k)
+{
+    return spec_tokens_per_step(s->a, k) * spec_step_s(s, b, 0) / spec_step_s(s, b, k);
+}
+
 static void compute_spec(calc_t *c)
 {
     const kvc_plan_params_t *p = c->p;
@@ -1116,18 +1283,51 @@ static void compute_spec(calc_t *c)
     for (size_t i = 0; i < KVC_ARRAY_LEN(defaults) && n < KVC_PLAN_SPEC_ROWS; i++)
         if (defaults[i] != p->spec_tokens && defaults[i] + 1 <= p->max_num_batched_tokens)
             ks[n++] = defaults[i];
-    const double a = p->spec_acceptance;
+    const spec_t sp = {
+        .f = &c->roof,
+        .draft_bytes = (double)linear_bytes(p->spec_draft_params, p->weight_dtype) / p->tp,
+        .draft_flops = 2.0 * (double)p->spec_draft_params / p->tp,
+        .a = p->spec_acceptance,
+    };
+    r->spec_context = r->decode_context;
+    r->spec_draft_bytes_per_gpu = (uint64_t)sp.draft_bytes;
     for (uint32_t i = 0; i < n; i++) {
         const uint32_t k = ks[i];
+        /* The first batch from which speculation loses and keeps losing up to the bound:
+         * scanned down from the top (the sign can change more than once when the draft has a
+         * cost of its own), 16 batches at a time, then batch by batch within the last stride. */
+        uint64_t loses = KVC_PLAN_UNBOUNDED;
+        uint64_t b = KVC_PLAN_SPEC_MAX_BATCH;
+        while (b > 16 && spec_speedup(&sp, (double)(b - 16), k) < 1) b -= 16;
+        if (spec_speedup(&sp, (double)b, k) < 1) {
+            loses = b;
+            while (loses > 1 && spec_speedup(&sp, (double)(loses - 1), k) < 1) loses--;
+        }
         r->spec[i] = (kvc_plan_spec_row_t){
             .spec_tokens = k,
             .max_batch_by_tokens = p->max_num_batched_tokens / (1 + k),
             .compute_bound_batch = ridge_batch(&c->roof, 1.0 + k, true),
-            .tokens_per_step = (1 - pow(a, k + 1)) / (1 - a),
+            .tokens_per_step = spec_tokens_per_step(sp.a, k),
             .kv_slots_per_seq = k,
+            .speedup_at_batch_1 = spec_speedup(&sp, 1, k),
+            .loses_from_batch = loses,
         };
     }
     r->n_spec = n;
+    static const uint32_t batches[KVC_PLAN_SPEC_BEST_ROWS] = {1, 4, 16, 64, 256, 1024, 4096};
+    r->n_spec_best = 0;
+    for (int i = 0; i < KVC_PLAN_SPEC_BEST_ROWS; i++) {
+        kvc_plan_spec_best_t *b = &r->spec_best[r->n_spec_best++];
+        *b = (kvc_plan_spec_best_t){.batch = batches[i], .best_k = 0, .speedup = 1};
+        for (uint32_t k = 1; k <= 8; k++) {
+            if ((uint64_t)batches[i] * (1 + k) > p->max_num_batched_tokens) break;
+            const double x = spec_speedup(&sp, batches[i], k);
+            if (x > b->speedup) {
+                b->speedup = x;
+                b->best_k = k;
+            }
+        }
+    }
 }
 
 /* 12. Tenancy: what one request costs in the pool, in KV tokens. */
@@ -1147,18 +1347,97 @@ static void compute_tenancy(calc_t *c)
         t->per_pool = t->bytes_per_gpu ? r->kv_pool_bytes_per_gpu / t->bytes_per_gpu : 0;
     }
     r->tokens_per_percent = r->pool_tokens / 100;
+    r->tenant_over_max_model_len = c->p->tenant_tokens > r->max_model_len;
+    /* LoRA: adapters resident in the pool; prefixes shared only within one adapter */
+    const kvc_plan_params_t *p = c->p;
+    if (p->lora_rank) {
+        r->lora_adapter_bytes = lora_layer_bytes(c->m, 1, p->lora_rank) * c->m->n_layers;
+        r->lora_adapter_bytes_per_gpu = c->st->lora_bytes;
+        r->lora_resident_bytes_per_gpu = kvc__mul_sat(c->st->lora_bytes, p->lora_resident);
+        r->lora_pool_tokens_lost = r->lora_resident_bytes_per_gpu / c->st->kv_per_token * p->cp;
+        r->lora_prefix_blocks = kvc__mul_sat(kvc__ceil_div(p->prompt_tokens, p->block_size),
+                                             KVC_MAX(p->lora_resident, 1));
+    }
     r->image_bytes_per_gpu = (uint64_t)c->m->image_tokens * c->st->kv_per_token;
+}
+
+/* 13. Long context: one request at the context, its KV per GPU under context parallelism, its
+ * prefill time, and the ring's K/V traffic against the attention it hides behind.  Ring
+ * attention (load-balanced, zigzag): each of the cp GPUs holds ceil(n / cp) tokens; in each of
+ * cp steps per layer it sends its chunk's K/V to the next GPU while attending over the chunk it
+ * has, n^2 / (2 cp^2) causal pairs per GPU and step. */
+static void compute_longctx(calc_t *c)
+{
+    const kvc_plan_model_t *m = c->m;
+    const kvc_plan_gpu_t *g = c->g;
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const double n = (double)r->context_tokens, cp = p->cp;
+    r->kv_bytes_per_request_context = r->kv_bytes_per_request_model;
+    r->kv_bytes_per_request_per_gpu = kvc_plan_request_bytes(r, r->context_tokens);
+    r->prefill_seconds =
+        (r->prefill_linear_flops / r->peak_flops + r->prefill_attention_flops / g->bf16_flops) /
+        p->mfu / ((double)p->tp * p->cp);
+    r->ring_inter_node = (uint64_t)p->tp * p->cp > p->gpus_per_node;
+    r->ring_link_bytes_per_s = r->ring_inter_node                ? p->link_bytes_per_s
+                               : g->interconnect_bytes_per_s > 0 ? g->interconnect_bytes_per_s
+                                                                 : g->pcie_bytes_per_s;
+    if (p->cp <= 1) return;
+    r->ring_chunk_tokens = cp_share(r->context_tokens, p->cp);
+    r->ring_bytes_per_step =
+        kvc__mul_sat(r->ring_chunk_tokens, r->kv_bytes_per_token_per_layer_per_gpu);
+    r->ring_step_s = (double)r->ring_bytes_per_step / r->ring_link_bytes_per_s;
+    const double pair_flops =
+        2.0 * ((double)m->head_dim + m->v_head_dim) * ((double)m->n_heads / p->tp);
+    r->ring_attention_step_s = n * n / (2 * cp * cp) * pair_flops / (g->bf16_flops * p->mfu);
+    r->ring_hidden = r->ring_step_s <= r->ring_attention_step_s;
+}
+
+/* Whether the GPU's name (at most its 32 bytes) holds `needle`, case-insensitively. */
+static bool name_has(const char name[32], const char *needle)
+{
+    const size_t n = strlen(needle), len = strnlen(name, 32);
+    for (size_t i = 0; i + n <= len; i++)
+        if (!strncasecmp(name + i, needle, n)) return true;
+    return false;
+}
+
+/* vLLM's batch defaults (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults and
+ * _set_default_max_num_seqs_and_batched_tokens_args, for the OpenAI server): a GPU with
+ * 70 GiB or more that is not an A100 gets 1,024 sequences and 8,192 batched tokens, any
+ * other 256 and 2,048; a defaulted token budget is at most max_num_seqs x max_model_len, and
+ * a defaulted max_num_seqs at most the token budget. */
+static void resolve_batch_defaults(kvc_plan_params_t *q, const kvc_plan_model_t *m,
+                                   const kvc_plan_gpu_t *g)
+{
+    const bool large = g->memory_bytes >= 70 * KVC__GIB && !name_has(g->name, "a100");
+    const bool seqs_auto = q->max_num_seqs == 0, tokens_auto = q->max_num_batched_tokens == 0;
+    if (seqs_auto) q->max_num_seqs = large ? 1024 : 256;
+    if (tokens_auto) {
+        uint64_t t = large ? 8192 : 2048;
+        const uint64_t max_len = q->max_model_len ? q->max_model_len : m->max_position_embeddings;
+        if (max_len) t = KVC_MIN(t, kvc__mul_sat(q->max_num_seqs, max_len));
+        q->max_num_batched_tokens = (uint32_t)t;
+    }
+    if (seqs_auto) q->max_num_seqs = KVC_MIN(q->max_num_seqs, q->max_num_batched_tokens);
 }
 
 /* The whole plan, or (startup_only) just sections 1-3: whether it starts, which
  * is all that the re-plans behind the suggestions read. */
 static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
-                        const kvc_plan_params_t *p, kvc_plan_result_t *r, bool startup_only,
+                        const kvc_plan_params_t *p_in, kvc_plan_result_t *r, bool startup_only,
                         char *msg, size_t len)
 {
+    kvc_plan_params_t q = *p_in;
+    if (!q.cp) q.cp = 1;
+    if (!q.gpus_per_node) q.gpus_per_node = 8;
+    resolve_batch_defaults(&q, m, g);
+    const kvc_plan_params_t *p = &q;
     calc_t c = {.m = m, .g = g, .p = p, .r = r};
     int rc = compute_inputs(&c, msg, len);
     if (rc) return rc;
+    r->max_num_seqs_auto = p_in->max_num_seqs == 0;
+    r->max_num_batched_tokens_auto = p_in->max_num_batched_tokens == 0;
     compute_kv(&c);
     if ((rc = compute_ledger(&c, msg, len))) return rc;
     compute_phases(&c);
@@ -1172,6 +1451,7 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
     compute_little(&c);
     compute_spec(&c);
     compute_tenancy(&c);
+    compute_longctx(&c);
     return 0;
 }
 
@@ -1208,11 +1488,106 @@ static void suggest(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kv
     }
 }
 
+/* One layout row: the plan re-made with tp, cp and the KV dtype changed. */
+static bool layout_row(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
+                       const kvc_plan_params_t *base, uint32_t tp, uint32_t cp, kvc_plan_dtype_t kv,
+                       kvc_plan_layout_t *out)
+{
+    if (m->n_heads % tp || (!m->mla && m->n_kv_heads % tp && tp % m->n_kv_heads)) return false;
+    kvc_plan_params_t q = *base;
+    q.tp = tp;
+    q.cp = cp;
+    q.kv_dtype = kv;
+    kvc_plan_result_t res, *alt = &res; /* a few KB, as suggest() keeps one */
+    const bool ok = !compute_core(m, g, &q, alt, false, NULL, 0);
+    if (ok)
+        *out = (kvc_plan_layout_t){
+            .tp = tp,
+            .cp = cp,
+            .gpus = tp * cp,
+            .kv_dtype = kv,
+            .fits = alt->fits,
+            .inter_node = alt->ring_inter_node,
+            .kv_bytes_per_request_per_gpu = alt->kv_bytes_per_request_per_gpu,
+            .weight_bytes_per_gpu = alt->weight_bytes_per_gpu,
+            .prefill_seconds = alt->prefill_seconds,
+            .ring_bytes_per_step = alt->ring_bytes_per_step,
+            .ring_hidden = cp <= 1 || alt->ring_hidden,
+        };
+    return ok;
+}
+
+/* Long contexts: every TP x CP split of the replica's GPUs (TP within a node), and when none
+ * starts, what replaces it: more CP ranks, across nodes at the inter-node link, or fp8 KV. */
+static void layouts(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    r->n_layouts = r->n_layouts_same_gpus = 0;
+    if (p->pp != 1 || (r->context_tokens < 65536 && p->cp <= 1)) return;
+    const uint32_t n = p->tp * p->cp;
+    bool any = false;
+    uint32_t best_tp = 1;
+    for (uint32_t t = 1; t <= n && t <= p->gpus_per_node && r->n_layouts < KVC_PLAN_LAYOUT_ROWS;
+         t *= 2) {
+        if (n % t) continue;
+        kvc_plan_layout_t *x = &r->layouts[r->n_layouts];
+        if (!layout_row(m, g, p, t, n / t, p->kv_dtype, x)) continue;
+        r->n_layouts++;
+        any |= x->fits;
+        best_tp = t;
+    }
+    r->n_layouts_same_gpus = r->n_layouts;
+    if (any) return;
+    /* more CP ranks at the largest TP that fits a node, until one starts (64 times the GPUs) */
+    for (uint32_t cp = n / best_tp * 2; (uint64_t)best_tp * cp <= (uint64_t)n * 64 && cp <= 1024 &&
+                                        r->n_layouts < KVC_PLAN_LAYOUT_ROWS - 1;
+         cp *= 2) {
+        kvc_plan_layout_t *x = &r->layouts[r->n_layouts];
+        if (!layout_row(m, g, p, best_tp, cp, p->kv_dtype, x)) break;
+        r->n_layouts++;
+        if (x->fits) break;
+    }
+    if (kvc_plan_dtype_bits(p->kv_dtype) > 8 && r->n_layouts < KVC_PLAN_LAYOUT_ROWS &&
+        layout_row(m, g, p, best_tp, n / best_tp, KVC_PLAN_FP8, &r->layouts[r->n_layouts]))
+        r->n_layouts++;
+}
+
+/* The weight dtype x KV dtype grid: the same deployment re-planned per pair. */
+static void dtype_grid(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, kvc_plan_result_t *r)
+{
+    static const kvc_plan_dtype_t w[] = {KVC_PLAN_BF16, KVC_PLAN_FP8, KVC_PLAN_INT8, KVC_PLAN_INT4,
+                                         KVC_PLAN_NVFP4};
+    static const kvc_plan_dtype_t kv[] = {KVC_PLAN_BF16, KVC_PLAN_FP8, KVC_PLAN_INT8,
+                                          KVC_PLAN_NVFP4};
+    r->n_dtype_grid = 0;
+    for (size_t i = 0; i < KVC_ARRAY_LEN(w); i++)
+        for (size_t k = 0; k < KVC_ARRAY_LEN(kv) && r->n_dtype_grid < KVC_PLAN_GRID_ROWS; k++) {
+            kvc_plan_params_t q = r->params;
+            q.weight_dtype = w[i];
+            q.kv_dtype = kv[k];
+            q.weight_bytes = KVC_PLAN_AUTO; /* a measured size holds for one dtype only */
+            kvc_plan_result_t alt;
+            if (compute_core(m, g, &q, &alt, false, NULL, 0)) continue;
+            r->dtype_grid[r->n_dtype_grid++] = (kvc_plan_grid_row_t){
+                .weight_dtype = w[i],
+                .kv_dtype = kv[k],
+                .fits = alt.fits,
+                .failed_phase = alt.failed_phase,
+                .weight_bytes_per_gpu = alt.weight_bytes_per_gpu,
+                .kv_pool_bytes_per_gpu = alt.kv_pool_bytes_per_gpu,
+                .max_concurrency = alt.max_concurrency,
+                .max_model_len_that_fits = alt.max_model_len_that_fits,
+            };
+        }
+}
+
 int kvc_plan_compute(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g, const kvc_plan_params_t *p,
                      kvc_plan_result_t *r, char *msg, size_t len)
 {
     if (!m || !g || !p || !r) return kvc__msgf(KVC_EINVAL, msg, len, "missing argument");
     int rc = compute_core(m, g, p, r, false, msg, len);
     if (!rc && !r->fits) suggest(m, g, p, r);
+    if (!rc) layouts(m, g, r);
+    if (!rc && p->grid_dtypes) dtype_grid(m, g, r);
     return rc;
 }

@@ -142,6 +142,10 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     if (m->image_tokens) P("           an image takes %s KV tokens\n", I(c, m->image_tokens));
     P("           %s parameters, %s active per token\n", BIL(c, (double)r->counts.total),
       BIL(c, (double)r->counts.active));
+    if (r->counts.vision)
+        P("           vision tower and projector: %s parameters (a ViT of vision_config's widths, "
+          "in 16 bits)\n",
+          BIL(c, (double)r->counts.vision));
     P("  gpu      %s: %s visible (%s B), %s HBM, %s TFLOP/s bf16", gpu_name,
       G(c, (double)g->memory_bytes), I(c, g->memory_bytes), RT(c, g->hbm_bytes_per_s),
       TF(c, g->bf16_flops));
@@ -156,6 +160,13 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
       "max_num_batched_tokens %s\n",
       I(c, p->prompt_tokens), I(c, p->output_tokens), I(c, r->max_model_len), p->max_num_seqs,
       I(c, p->max_num_batched_tokens));
+    if (r->max_num_seqs_auto || r->max_num_batched_tokens_auto)
+        P("           (%s vLLM's default for this GPU: EngineArgs.get_batch_defaults gives 1,024 "
+          "and 8,192\n"
+          "           on 70 GiB or more unless an A100, else 256 and 2,048)\n",
+          r->max_num_seqs_auto && r->max_num_batched_tokens_auto ? "both are"
+          : r->max_num_seqs_auto                                 ? "max_num_seqs is"
+                                                                 : "max_num_batched_tokens is");
     P("  kinds    [configured] you or a preset gave it; [estimated] our formula, an engine "
       "measures it;\n"
       "           [measured] an engine's number you passed in; [ceiling] an upper bound, not a "
@@ -169,17 +180,20 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_model_t *m = &r->model;
     const kvc_plan_params_t *p = &r->params;
-    const uint32_t eb = kvc_plan_dtype_bits(p->kv_dtype) / 8;
+    /* bytes per element: nvfp4 keeps 16 e2m1 values and an fp8 scale in 9 bytes */
+    const char *eb = p->kv_dtype == KVC_PLAN_NVFP4           ? "0.5625"
+                     : kvc_plan_dtype_bits(p->kv_dtype) == 8 ? "1"
+                                                             : "2";
     P("1. KV bytes per token\n");
     if (m->mla) {
         P("   formula  (kv_lora_rank + qk_rope_head_dim) x layers x bytes: one latent per token "
           "and layer, no factor 2\n");
-        P("   model    (%u + %u) x %u x %u B = %s B (%s) per token\n", m->kv_lora_rank,
+        P("   model    (%u + %u) x %u x %s B = %s B (%s) per token\n", m->kv_lora_rank,
           m->qk_rope_head_dim, m->n_layers, eb, I(c, r->kv_bytes_per_token),
           BY(c, r->kv_bytes_per_token));
     } else {
         P("   formula  2 (K and V) x layers x KV heads x head_dim x bytes per element\n");
-        P("   model    2 x %u x %u x %u x %u B = %s B (%s) per token\n", m->n_layers, m->n_kv_heads,
+        P("   model    2 x %u x %u x %u x %s B = %s B (%s) per token\n", m->n_layers, m->n_kv_heads,
           m->head_dim, eb, I(c, r->kv_bytes_per_token), BY(c, r->kv_bytes_per_token));
     }
     P("            1,048,576 tokens: %s; max_model_len %s: %s\n",
@@ -190,7 +204,7 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
         if (p->pp > 1)
             P("; PP %u: %u of %u layers on the binding stage", p->pp, r->layers_per_gpu,
               m->n_layers);
-        P("\n            (%u + %u) x %u x %u B = %s B (%s) per token per GPU\n", m->kv_lora_rank,
+        P("\n            (%u + %u) x %u x %s B = %s B (%s) per token per GPU\n", m->kv_lora_rank,
           m->qk_rope_head_dim, r->layers_per_gpu, eb, I(c, r->kv_bytes_per_token_per_gpu),
           BY(c, r->kv_bytes_per_token_per_gpu));
     } else {
@@ -206,7 +220,7 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
         if (p->pp > 1)
             P("; PP %u: %u of %u layers on the binding stage", p->pp, r->layers_per_gpu,
               m->n_layers);
-        P("\n            2 x %u x %u x %u x %u B = %s B (%s) per token per GPU\n",
+        P("\n            2 x %u x %u x %u x %s B = %s B (%s) per token per GPU\n",
           r->layers_per_gpu, r->kv_heads_per_gpu, m->head_dim, eb,
           I(c, r->kv_bytes_per_token_per_gpu), BY(c, r->kv_bytes_per_token_per_gpu));
     }
@@ -223,7 +237,16 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
             P("            what does not pay it: pipeline parallelism (splits the layers) or "
               "data-parallel attention\n"
               "            (each GPU attends for its own requests, e.g. SGLang's "
-              "--enable-dp-attention)\n");
+              "--enable-dp-attention): the pool\n"
+              "            then holds %s tokens per replica, not %s, and attention does %s FLOP "
+              "per KV byte,\n"
+              "            not %s; it trades TP's two all-reduces (%s per token and layer) for an "
+              "all-to-all\n"
+              "            of the hidden state to the experts and back (%s per token and layer)\n",
+              I(c, r->dp_attention_pool_tokens), I(c, r->pool_tokens),
+              N(c, r->dp_attention_flops_per_kv_byte), N(c, r->attention_flops_per_kv_byte),
+              BY(c, (uint64_t)r->tp_comm_bytes_per_token_layer),
+              BY(c, (uint64_t)r->dp_attention_comm_bytes_per_token_layer));
         else
             P("            what does not pay it: TP up to %u (the KV head count), then PP (splits "
               "the layers) or DP\n",
@@ -268,6 +291,8 @@ static const char *ledger_label(const kvc_plan_ledger_entry_t *e, const kvc_plan
         snprintf(buf, len, "- non-torch memory");
     else if (!strcmp(e->name, "cuda_context"))
         snprintf(buf, len, "  CUDA context (outside)");
+    else if (!strcmp(e->name, "lora_adapters"))
+        snprintf(buf, len, "- resident LoRA adapters");
     else if (!strcmp(e->name, "kv_pool"))
         snprintf(buf, len, explicit_kv ? "= KV pool (configured)" : "= KV pool");
     else
@@ -285,6 +310,7 @@ static const char *ledger_engine(const kvc_plan_ledger_entry_t *e)
         return e->op == KVC_PLAN_OP_OUTSIDE ? "measured after capture" : "estimated before capture";
     if (!strcmp(e->name, "non_torch")) return "measured in the profile run";
     if (!strcmp(e->name, "cuda_context")) return "present before it measures";
+    if (!strcmp(e->name, "lora_adapters")) return "configured (S-LoRA: in the KV pool)";
     if (!strcmp(e->name, "kv_pool"))
         return e->engine == KVC_PLAN_CONFIGURED ? "configured" : "the remainder";
     return kvc_plan_kind_name(e->engine);
@@ -313,10 +339,15 @@ static void sec_ledger(rc_t *c, const kvc_plan_result_t *r)
         P("   weights          %s projection params x %s + %s params kept in 16 bits x 2 B "
           "(embeddings, norms%s) = %s\n",
           I(c, r->weight_linear_params_per_gpu),
-          wb == 4   ? "(0.5 B + a 4 B scale/zero per 128)"
-          : wb == 8 ? "1 B"
-                    : "2 B",
-          I(c, r->weight_wide_params_per_gpu), m->n_experts ? ", router" : "",
+          p->weight_dtype == KVC_PLAN_NVFP4 ? "(0.5 B + a 1 B fp8 scale per 16)"
+          : wb == 4                         ? "(0.5 B + a 4 B scale/zero per 128)"
+          : wb == 8                         ? "1 B"
+                                            : "2 B",
+          I(c, r->weight_wide_params_per_gpu),
+          m->n_experts && r->vision_bytes_per_gpu ? ", router, vision tower"
+          : m->n_experts                          ? ", router"
+          : r->vision_bytes_per_gpu               ? ", vision tower"
+                                                  : "",
           G(c, (double)r->weight_bytes_per_gpu));
     if (p->activation_bytes != KVC_PLAN_AUTO)
         P("   activation peak  measured: %s\n", G(c, (double)r->activation_bytes));
@@ -365,9 +396,12 @@ static void sec_ledger(rc_t *c, const kvc_plan_result_t *r)
           G(c, (double)r->kv_pool_bytes_per_gpu));
     } else {
         const bool gin = !p->graphs_outside_budget;
-        P("   KV pool          %s - %s - %s - %s - %s = %s%s\n", G(c, (double)r->budget_bytes),
+        char lora[80] = "";
+        if (r->lora_resident_bytes_per_gpu)
+            snprintf(lora, sizeof lora, " - %s", G(c, (double)r->lora_resident_bytes_per_gpu));
+        P("   KV pool          %s - %s - %s - %s - %s%s = %s%s\n", G(c, (double)r->budget_bytes),
           G(c, (double)r->weight_bytes_per_gpu), G(c, (double)r->activation_bytes),
-          G(c, gin ? (double)r->cuda_graph_bytes : 0), G(c, (double)r->non_torch_bytes),
+          G(c, gin ? (double)r->cuda_graph_bytes : 0), G(c, (double)r->non_torch_bytes), lora,
           G(c, (double)r->kv_pool_signed_bytes),
           r->kv_pool_signed_bytes < 0 ? "  (overdrawn: no pool)" : "");
     }
@@ -489,7 +523,12 @@ static void sec_phases(rc_t *c, const kvc_plan_result_t *r)
           G(c, (double)r->weight_bytes_per_gpu), x->stage, G(c, (double)x->have_bytes),
           G(c, short_by));
         P("   engine   a CUDA out-of-memory error while loading the weights\n");
-        P("   fixes    more GPUs per replica, or a smaller weight dtype (fp8, int4)\n");
+        if (kvc_plan_dtype_bits(p->weight_dtype) > 8)
+            P("   fixes    more GPUs per replica, or a smaller weight dtype (fp8, int4, nvfp4)\n");
+        else if (kvc_plan_dtype_bits(p->weight_dtype) > 4)
+            P("   fixes    more GPUs per replica, or a 4-bit weight dtype (int4, nvfp4)\n");
+        else
+            P("   fixes    more GPUs per replica (the weights are already 4-bit)\n");
         fixes(c, r);
         P("\n");
         return;
@@ -587,8 +626,8 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
       r->ceilings[KVC_PLAN_CEIL_COMPUTE] == KVC_PLAN_UNBOUNDED
           ? "never"
           : I(c, r->ceilings[KVC_PLAN_CEIL_COMPUTE]));
-    P("     max_num_seqs            %-12s configured\n",
-      I(c, r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS]));
+    P("     max_num_seqs            %-12s %s\n", I(c, r->ceilings[KVC_PLAN_CEIL_MAX_NUM_SEQS]),
+      r->max_num_seqs_auto ? "vLLM's default for the GPU" : "configured");
     P("     max_num_batched_tokens  %-12s configured: floor(%s / (1 + %u draft tokens))\n",
       I(c, r->ceilings[KVC_PLAN_CEIL_MAX_NUM_BATCHED_TOKENS]), I(c, p->max_num_batched_tokens),
       p->spec_tokens);
@@ -602,6 +641,10 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
       I(c, r->decode_context), FL(c, r->decode_flops_per_seq), m->mla ? ", absorbed MLA" : "",
       ID(c, r->decode_bytes_per_seq), G(c, r->weight_read_bytes));
     P(m->n_experts ? " at batch 1 (more experts as the batch grows)\n" : "\n");
+    P("            attention does %s FLOP per KV byte it reads (%s)\n",
+      N(c, r->attention_flops_per_kv_byte),
+      m->mla ? "MLA: every query head reads the one latent, so TP divides it"
+             : "GQA: 2 x the query group / bytes per element");
     if (r->fp8_compute)
         P("            (attention, %s FLOP of it, runs at the bf16 rate, %s TFLOP/s)\n",
           FL(c, r->decode_attention_flops_per_seq), TF(c, r->gpu.bf16_flops));
@@ -614,6 +657,22 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
         P("B >= %s\n", I(c, r->ceilings[KVC_PLAN_CEIL_COMPUTE]));
     P("            ignoring the KV reads (the textbook ridge batch): B >= %s\n",
       I(c, r->compute_weights_only));
+    if (r->compute_weights_only_exact > 0 && kvc_plan_dtype_bits(p->weight_dtype) == 16)
+        P("            B* = %.1f exactly: with 2 FLOP per 2-byte weight a sequence does 1 FLOP per "
+          "weight byte,\n"
+          "            so the batch at which decode turns compute-bound is the ridge point itself "
+          "(%s FLOP/byte)\n",
+          r->compute_weights_only_exact, N(c, r->ridge_flops_per_byte));
+    else if (r->compute_weights_only_exact > 0)
+        P("            B* = %.1f exactly: 2 FLOP per weight of %s B, so B* = the ridge point %s x "
+          "%s "
+          "B / 2 FLOP\n",
+          r->compute_weights_only_exact,
+          kvc_plan_dtype_bits(p->weight_dtype) == 8 ? "1" : "about 0.5",
+          N(c, r->ridge_flops_per_byte), kvc_plan_dtype_bits(p->weight_dtype) == 8 ? "1" : "0.5");
+    if (r->embedding_bytes_not_read)
+        P("            (the input embedding table, %s, is not read per step: one row per token)\n",
+          G(c, (double)r->embedding_bytes_not_read));
     if (r->weight_read_bytes > 4.0 * (double)r->gpu.l2_bytes)
         P("            the %s L2 holds %s of a step's weight reads: weights and KV stream from "
           "HBM every step\n\n",
@@ -686,10 +745,16 @@ static void sec_forks(rc_t *c, const kvc_plan_result_t *r)
     P("   parallel sampling, --n %u\n", p->n_samples);
     P("     unshared   %u x %s blocks = %s\n", p->n_samples, I(c, all),
       BY(c, r->fork_unshared_bytes_samples));
-    P("     shared     the prompt's %s full blocks once + %u x %s blocks each (the partial prompt "
-      "block copied\n"
-      "                on write, then the outputs) = %s\n",
-      I(c, pf), p->n_samples, I(c, all - pf), BY(c, r->fork_shared_bytes_samples));
+    if (p->prompt_tokens % p->block_size)
+        P("     shared     the prompt's %s full blocks once + %u x %s blocks each (the partial "
+          "prompt block copied\n"
+          "                on write, then the outputs) = %s\n",
+          I(c, pf), p->n_samples, I(c, all - pf), BY(c, r->fork_shared_bytes_samples));
+    else
+        P("     shared     the prompt's %s blocks once (block-aligned: nothing to copy) + %u x %s "
+          "output blocks\n"
+          "                each = %s\n",
+          I(c, pf), p->n_samples, I(c, all - pf), BY(c, r->fork_shared_bytes_samples));
     P("   beam search, --beams %u\n", p->beams);
     P("     unshared   %u x %s blocks = %s\n", p->beams, I(c, all),
       BY(c, r->fork_unshared_bytes_beams));
@@ -769,9 +834,35 @@ static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
       "parameter),\n"
       "   for copies under the smallest size above (setup latency dominates), and on links that "
       "others\n"
-      "   share beyond the last column; recompute also pays attention FLOPs, left out here, so "
-      "fetch\n"
-      "   wins a little more than shown.\n");
+      "   share beyond the last column.  The rows above are for a short prefix; recompute also "
+      "pays the\n"
+      "   prefix's attention, attention(n) / n FLOP per token at the bf16 rate, which grows with "
+      "it:\n");
+    P("   prefix tokens   recompute/token   attention extra   break-even bandwidth\n");
+    for (uint32_t i = 0; i < r->n_recompute; i++) {
+        const kvc_plan_recompute_row_t *x = &r->recompute[i];
+        P("   %-15s %-17s %-17s %s\n", I(c, x->prefix_tokens), TIME(c, x->recompute_s_per_token),
+          PCT(c, x->attention_extra), RT(c, x->break_even_bytes_per_s));
+    }
+    P("   copy size   a copy of S bytes over the host link takes S / %s + %s: one layer of one "
+      "block\n"
+      "               (%s) moves at %s, one block of every layer (%s) at %s, the %s-token prompt "
+      "(%s)\n"
+      "               at %s, against the break-even %s: %s\n",
+      RT(c, r->tiers[1].bytes_per_s), TIME(c, r->tiers[1].latency_s), BY(c, r->copy_bytes[0]),
+      RT(c, r->copy_bytes_per_s[0]), BY(c, r->copy_bytes[1]), RT(c, r->copy_bytes_per_s[1]),
+      I(c, r->params.prompt_tokens), BY(c, r->copy_bytes[2]), RT(c, r->copy_bytes_per_s[2]),
+      RT(c, r->break_even_bytes_per_s),
+      r->copy_bytes_per_s[0] < r->break_even_bytes_per_s
+          ? "per-layer copies of one block lose to recompute, whole blocks win"
+          : "every one of them beats recomputing here");
+    P("   riding      a decode step that is memory-bound streams the weights anyway: up to %s "
+      "prefix tokens\n"
+      "               recompute in its idle compute at batch 1 (%s at Little's N, section 10), so "
+      "a short\n"
+      "               prefix costs nearly nothing to recompute; a long one pays its attention "
+      "(table above)\n",
+      I(c, r->recompute_free_tokens_batch_1), I(c, r->recompute_free_tokens_at_n));
     P("   SSD tier    endurance %s TB rated / %s written = %.1f days (%.2f years)%s\n\n",
       ID(c, round(p->ssd_endurance_bytes / 1e12)), RT(c, r->ssd_write_bytes_per_s),
       r->ssd_endurance_days, r->ssd_endurance_days / 365.25,
@@ -832,19 +923,41 @@ static void sec_spec(rc_t *c, const kvc_plan_result_t *r)
       "acceptance]\n");
     P("   drafts count against the step's token budget (batch <= %s / (1 + k)), reserve k KV slots "
       "per\n"
-      "   sequence, and are verified in one pass; above the compute-bound batch the rejected "
-      "drafts cost\n"
-      "   real time and speculation stops paying.  Acceptance %s per token.\n",
-      I(c, p->max_num_batched_tokens), N(c, p->spec_acceptance));
-    P("   k    batch by budget   compute-bound above   tokens/step   extra KV slots/seq\n");
+      "   sequence, and are verified in one pass.  Acceptance a = %s per token; context %s.\n",
+      I(c, p->max_num_batched_tokens), N(c, p->spec_acceptance), I(c, r->spec_context));
+    P("   tokens/s with k drafts over tokens/s without, under the roofline of section 4 (peak "
+      "rates):\n"
+      "     step(B, k) = max((weights + B x KV read) / bandwidth, (1 + k) x B x FLOP per token / "
+      "peak)\n"
+      "                + k x max(draft weights / bandwidth, B x draft FLOP per token / peak)\n"
+      "     tokens per sequence and step = 1 + a + a^2 + ... + a^k\n");
+    if (p->spec_draft_params)
+        P("   draft model: %s parameters (%s per GPU per draft step)\n",
+          BIL(c, (double)p->spec_draft_params), BY(c, r->spec_draft_bytes_per_gpu));
+    else
+        P("   drafts by prompt lookup (n-gram): they cost nothing to make; set --spec-draft-params "
+          "for a draft model\n");
+    P("   k    batch by budget   tokens/step   speedup at batch 1   loses from batch   "
+      "compute-bound above\n");
     for (uint32_t i = 0; i < r->n_spec; i++) {
         const kvc_plan_spec_row_t *s = &r->spec[i];
-        P("   %-4u %-17s %-21s %-13.2f %u%s\n", s->spec_tokens, I(c, s->max_batch_by_tokens),
+        P("   %-4u %-17s %-13.2f %-20s %-18s %s%s\n", s->spec_tokens, I(c, s->max_batch_by_tokens),
+          s->tokens_per_step, N(c, s->speedup_at_batch_1),
+          s->loses_from_batch == KVC_PLAN_UNBOUNDED ? "never (to 16,384)"
+                                                    : I(c, s->loses_from_batch),
           s->compute_bound_batch == KVC_PLAN_UNBOUNDED ? "never" : I(c, s->compute_bound_batch),
-          s->tokens_per_step, s->kv_slots_per_seq,
           s->spec_tokens == p->spec_tokens ? "   <- configured" : "");
     }
-    P("   tokens/step = (1 - a^(k+1)) / (1 - a) with a = %s\n\n", N(c, p->spec_acceptance));
+    P("   a compute-bound verification is not yet a loss: speculation loses only once the extra "
+      "(1 + k)\n"
+      "   tokens cost more time than the accepted drafts save.  Best k per batch (0: do not "
+      "speculate):\n   batch ");
+    for (uint32_t i = 0; i < r->n_spec_best; i++) P(" %7s", I(c, r->spec_best[i].batch));
+    P("\n   best k");
+    for (uint32_t i = 0; i < r->n_spec_best; i++) P(" %7u", r->spec_best[i].best_k);
+    P("\n   speedup");
+    for (uint32_t i = 0; i < r->n_spec_best; i++) P("%8s", N(c, r->spec_best[i].speedup));
+    P("\n\n");
 }
 
 static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
@@ -862,6 +975,21 @@ static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
           PCT(c, r->kv_pool_bytes_per_gpu
                      ? (double)r->image_bytes_per_gpu / (double)r->kv_pool_bytes_per_gpu
                      : INFINITY));
+    if (r->params.lora_rank)
+        P("   LoRA          rank %u on q, k, v, o, gate, up, down: %s per adapter (%s per GPU); %u "
+          "of %u\n"
+          "                 adapters resident take %s of the pool (%s KV tokens); a prompt "
+          "shared across\n"
+          "                 adapters is cached once per adapter (KV depends on it): %s blocks for "
+          "this prompt\n",
+          r->params.lora_rank, BY(c, r->lora_adapter_bytes), BY(c, r->lora_adapter_bytes_per_gpu),
+          r->params.lora_resident, r->params.lora_adapters,
+          G(c, (double)r->lora_resident_bytes_per_gpu), I(c, r->lora_pool_tokens_lost),
+          I(c, r->lora_prefix_blocks));
+    if (r->tenant_over_max_model_len)
+        P("   warning: --tenant-tokens %s is over max_model_len %s: the engine refuses such a "
+          "request; it is\n   priced here anyway\n",
+          I(c, r->params.tenant_tokens), I(c, r->max_model_len));
     P("   1%% of the pool is %s KV tokens: price quotas in KV tokens (or blocks), not requests; "
       "one\n"
       "   max_model_len request costs as much as %s typical ones.\n\n",
@@ -869,6 +997,89 @@ static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
       r->n_tenants >= 2 && r->tenants[0].bytes_per_gpu
           ? N(c, (double)r->tenants[1].bytes_per_gpu / (double)r->tenants[0].bytes_per_gpu)
           : "?");
+}
+
+static void sec_grid(rc_t *c, const kvc_plan_result_t *r)
+{
+    P("14. Weight dtype x KV dtype (--grid dtypes): the same deployment, re-planned per pair\n");
+    P("   weights  KV       starts                weights/GPU  KV pool/GPU  max concurrency  "
+      "max_model_len that fits\n");
+    for (uint32_t i = 0; i < r->n_dtype_grid; i++) {
+        const kvc_plan_grid_row_t *x = &r->dtype_grid[i];
+        char starts[40];
+        snprintf(starts, sizeof starts, "%s",
+                 x->fits ? "yes" : kvc_plan_phase_name((kvc_plan_phase_id_t)x->failed_phase));
+        P("   %-8s %-8s %-21s %-12s %-12s %-16s %s%s\n", kvc_plan_dtype_name(x->weight_dtype),
+          kvc_plan_dtype_name(x->kv_dtype), x->fits ? "yes" : starts,
+          G(c, (double)x->weight_bytes_per_gpu), G(c, (double)x->kv_pool_bytes_per_gpu),
+          I(c, x->max_concurrency), I(c, x->max_model_len_that_fits),
+          x->weight_dtype == r->params.weight_dtype && x->kv_dtype == r->params.kv_dtype
+              ? "   <- this plan"
+              : "");
+    }
+    P("\n");
+}
+
+static void sec_longctx(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    const kvc_plan_model_t *m = &r->model;
+    P("13. Long context: one request of %s tokens, context parallelism %u  [estimated: MFU %s]\n",
+      I(c, r->context_tokens), p->cp, N(c, p->mfu));
+    if (r->max_position_embeddings_scaled)
+        P("   positions  %s:%s x max_position_embeddings %s = %s tokens allowed\n",
+          kvc_plan_rope_name(p->rope_scaling), N(c, p->rope_factor),
+          I(c, m->max_position_embeddings), I(c, r->max_position_embeddings_scaled));
+    P("   KV         %s B per token x %s tokens = %s per request (whole model, one copy)\n",
+      I(c, r->kv_bytes_per_token), I(c, r->context_tokens),
+      G(c, (double)r->kv_bytes_per_request_context));
+    P("   per GPU    TP %u x CP %u: each GPU holds %s of it (%s of the tokens)\n", p->tp, p->cp,
+      G(c, (double)r->kv_bytes_per_request_per_gpu), I(c, kvc__ceil_div(r->context_tokens, p->cp)));
+    P("   prefill    (%s linear FLOP / %s TFLOP/s + %s attention FLOP / %s TFLOP/s) / MFU %s / %u "
+      "GPUs\n              = %s; %s of the FLOPs in attention\n",
+      FL(c, r->prefill_linear_flops), TF(c, r->peak_flops), FL(c, r->prefill_attention_flops),
+      TF(c, r->gpu.bf16_flops), N(c, p->mfu), p->tp * p->cp, TIME(c, r->prefill_seconds),
+      PCT(c, r->prefill_attention_flops_fraction));
+    if (p->cp > 1)
+        P("   ring       each step a GPU sends its %s-token chunk's K/V per layer: %s over %s "
+          "(%s)\n"
+          "              = %s, against the step's attention, %s tokens^2 / 2 / %u^2 pairs: %s: "
+          "%s\n",
+          I(c, r->ring_chunk_tokens), BY(c, r->ring_bytes_per_step),
+          RT(c, r->ring_link_bytes_per_s), r->ring_inter_node ? "between nodes" : "within a node",
+          TIME(c, r->ring_step_s), I(c, r->context_tokens), p->cp,
+          TIME(c, r->ring_attention_step_s),
+          r->ring_hidden ? "the transfer hides behind compute" : "the transfer is exposed");
+    else
+        P("   ring       CP 1: no ring; --cp N splits each request's KV over N GPUs\n");
+    if (!r->n_layouts) {
+        P("\n");
+        return;
+    }
+    P("   layouts of %u GPU%s (TP within a node of %u, the rest CP):\n", p->tp * p->cp,
+      p->tp * p->cp == 1 ? "" : "s", p->gpus_per_node);
+    P("   TP    CP    GPUs  KV       KV/GPU/request  weights/GPU  starts  prefill     ring/step    "
+      "ring\n");
+    bool any = false;
+    for (uint32_t i = 0; i < r->n_layouts; i++) {
+        const kvc_plan_layout_t *x = &r->layouts[i];
+        if (i == r->n_layouts_same_gpus)
+            P("   none starts on %u GPUs; what replaces it (more CP ranks%s, or fp8 KV):\n",
+              p->tp * p->cp, x->inter_node ? " across nodes at the inter-node link" : "");
+        if (i < r->n_layouts_same_gpus) any |= x->fits;
+        P("   %-5u %-5u %-5u %-8s %-15s %-12s %-7s %-11s %-12s %s%s\n", x->tp, x->cp, x->gpus,
+          kvc_plan_dtype_name(x->kv_dtype), G(c, (double)x->kv_bytes_per_request_per_gpu),
+          G(c, (double)x->weight_bytes_per_gpu), x->fits ? "yes" : "no",
+          TIME(c, x->prefill_seconds), x->cp > 1 ? BY(c, x->ring_bytes_per_step) : "-",
+          x->cp <= 1       ? "-"
+          : x->ring_hidden ? "hidden"
+                           : "exposed",
+          x->inter_node ? " (between nodes)" : "");
+    }
+    if (!any)
+        P("   a sliding window or sparse attention bounds the KV per layer instead (not modelled "
+          "here)\n");
+    P("\n");
 }
 
 int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
@@ -889,6 +1100,8 @@ int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
     sec_little(c, r);
     sec_spec(c, r);
     sec_tenancy(c, r);
+    if (r->params.cp > 1 || r->n_layouts || r->max_position_embeddings_scaled) sec_longctx(c, r);
+    if (r->n_dtype_grid) sec_grid(c, r);
     if (r->fits)
         P("verdict: starts; the KV pool holds %s sequences of %s tokens per replica, and the "
           "running batch\n         stops at %s (%s)\n",
@@ -1011,6 +1224,7 @@ static cJSON *json_model(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, o, "max_position_embeddings", m->max_position_embeddings);
     add_u64(j, o, "params_total", r->counts.total);
     add_u64(j, o, "params_active", r->counts.active);
+    add_u64(j, o, "params_vision", r->counts.vision);
     return o;
 }
 
@@ -1043,6 +1257,8 @@ static cJSON *json_config(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, o, "max_model_len", r->max_model_len);
     add_u64(j, o, "max_num_seqs", p->max_num_seqs);
     add_u64(j, o, "max_num_batched_tokens", p->max_num_batched_tokens);
+    add_bool(j, o, "max_num_seqs_default", r->max_num_seqs_auto);
+    add_bool(j, o, "max_num_batched_tokens_default", r->max_num_batched_tokens_auto);
     add_u64(j, o, "prompt_tokens", p->prompt_tokens);
     add_u64(j, o, "output_tokens", p->output_tokens);
     add_u64(j, o, "context_tokens", r->context_tokens);
@@ -1144,12 +1360,27 @@ static void json_concurrency(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
         add_u64(j, ceil_o, kvc_plan_ceiling_name((kvc_plan_ceiling_id_t)i), r->ceilings[i]);
     add_str(j, ceil_o, "binding", kvc_plan_ceiling_name(r->binding_ceiling));
     add_u64(j, ceil_o, "compute_weights_only", r->compute_weights_only);
+    add_num(j, ceil_o, "compute_weights_only_exact", r->compute_weights_only_exact);
     add_num(j, o, "ridge_flops_per_byte", r->ridge_flops_per_byte);
+    add_num(j, o, "attention_flops_per_kv_byte", r->attention_flops_per_kv_byte);
+    if (r->model.mla) {
+        cJSON *dp = chk(j, cJSON_AddObjectToObject(o, "mla_dp_attention"));
+        add_u64(j, dp, "pool_tokens", r->dp_attention_pool_tokens);
+        add_u64(j, dp, "tp_pool_tokens", r->pool_tokens);
+        add_num(j, dp, "attention_flops_per_kv_byte", r->dp_attention_flops_per_kv_byte);
+        add_num(j, dp, "all_to_all_bytes_per_token_layer",
+                r->dp_attention_comm_bytes_per_token_layer);
+        add_num(j, dp, "tp_all_reduce_bytes_per_token_layer", r->tp_comm_bytes_per_token_layer);
+    } else {
+        add_null(j, o, "mla_dp_attention");
+    }
     cJSON *dec = chk(j, cJSON_AddObjectToObject(o, "decode"));
     add_u64(j, dec, "context_tokens", r->decode_context);
     add_num(j, dec, "flops_per_seq", r->decode_flops_per_seq);
     add_num(j, dec, "kv_bytes_read_per_seq", r->decode_bytes_per_seq);
     add_num(j, dec, "weight_bytes_read", r->weight_read_bytes);
+    add_u64(j, dec, "embedding_bytes_not_read", r->embedding_bytes_not_read);
+    add_u64(j, dec, "vision_bytes_not_read", r->vision_bytes_per_gpu);
     add_num(j, dec, "peak_flops", r->peak_flops);
 }
 
@@ -1226,6 +1457,28 @@ static void json_tiers(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
         add_num(j, x, "max_shared_fraction", t->max_shared_fraction);
         attach(j, tiers, NULL, x);
     }
+    cJSON *cps = chk(j, cJSON_AddArrayToObject(rf, "copy_granularity"));
+    static const char *const copy_names[3] = {"layer_block", "block", "prompt"};
+    for (int i = 0; i < 3; i++) {
+        cJSON *e = chk(j, cJSON_CreateObject());
+        add_str(j, e, "copy", copy_names[i]);
+        add_u64(j, e, "bytes", r->copy_bytes[i]);
+        add_num(j, e, "effective_bytes_per_s", r->copy_bytes_per_s[i]);
+        add_bool(j, e, "beats_recompute", r->copy_bytes_per_s[i] > r->break_even_bytes_per_s);
+        attach(j, cps, NULL, e);
+    }
+    add_u64(j, rf, "recompute_free_tokens_batch_1", r->recompute_free_tokens_batch_1);
+    add_u64(j, rf, "recompute_free_tokens_at_n", r->recompute_free_tokens_at_n);
+    cJSON *byp = chk(j, cJSON_AddArrayToObject(rf, "by_prefix"));
+    for (uint32_t i = 0; i < r->n_recompute; i++) {
+        const kvc_plan_recompute_row_t *x = &r->recompute[i];
+        cJSON *e = chk(j, cJSON_CreateObject());
+        add_u64(j, e, "prefix_tokens", x->prefix_tokens);
+        add_num(j, e, "recompute_s_per_token", x->recompute_s_per_token);
+        add_num(j, e, "attention_extra", x->attention_extra);
+        add_num(j, e, "break_even_bytes_per_s", x->break_even_bytes_per_s);
+        attach(j, byp, NULL, e);
+    }
     cJSON *ssd = chk(j, cJSON_AddObjectToObject(rf, "ssd"));
     add_num(j, ssd, "endurance_bytes", p->ssd_endurance_bytes);
     add_num(j, ssd, "write_bytes_per_s", r->ssd_write_bytes_per_s);
@@ -1267,7 +1520,20 @@ static void json_spec(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
         add_u64(j, x, "compute_bound_batch", s->compute_bound_batch);
         add_num(j, x, "tokens_per_step", s->tokens_per_step);
         add_u64(j, x, "kv_slots_per_seq", s->kv_slots_per_seq);
+        add_num(j, x, "speedup_at_batch_1", s->speedup_at_batch_1);
+        add_u64(j, x, "loses_from_batch", s->loses_from_batch);
         attach(j, rows, NULL, x);
+    }
+    add_u64(j, sp, "context_tokens", r->spec_context);
+    add_u64(j, sp, "draft_params", p->spec_draft_params);
+    add_u64(j, sp, "draft_bytes_per_gpu", r->spec_draft_bytes_per_gpu);
+    cJSON *best = chk(j, cJSON_AddArrayToObject(sp, "best_k"));
+    for (uint32_t i = 0; i < r->n_spec_best; i++) {
+        cJSON *x = chk(j, cJSON_CreateObject());
+        add_u64(j, x, "batch", r->spec_best[i].batch);
+        add_u64(j, x, "k", r->spec_best[i].best_k);
+        add_num(j, x, "speedup", r->spec_best[i].speedup);
+        attach(j, best, NULL, x);
     }
 }
 
@@ -1276,6 +1542,20 @@ static void json_tenancy(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
 {
     cJSON *tn = chk(j, cJSON_AddObjectToObject(o, "tenancy"));
     add_u64(j, tn, "tokens_per_percent", r->tokens_per_percent);
+    add_bool(j, tn, "tenant_tokens_over_max_model_len", r->tenant_over_max_model_len);
+    if (r->params.lora_rank) {
+        cJSON *lo = chk(j, cJSON_AddObjectToObject(o, "lora"));
+        add_u64(j, lo, "rank", r->params.lora_rank);
+        add_u64(j, lo, "adapters", r->params.lora_adapters);
+        add_u64(j, lo, "resident", r->params.lora_resident);
+        add_u64(j, lo, "adapter_bytes", r->lora_adapter_bytes);
+        add_u64(j, lo, "adapter_bytes_per_gpu", r->lora_adapter_bytes_per_gpu);
+        add_u64(j, lo, "resident_bytes_per_gpu", r->lora_resident_bytes_per_gpu);
+        add_u64(j, lo, "pool_tokens_lost", r->lora_pool_tokens_lost);
+        add_u64(j, lo, "shared_prefix_blocks", r->lora_prefix_blocks);
+    } else {
+        add_null(j, o, "lora");
+    }
     add_u64(j, tn, "image_tokens", r->model.image_tokens);
     add_u64(j, tn, "image_bytes_per_gpu", r->image_bytes_per_gpu);
     cJSON *req = chk(j, cJSON_AddArrayToObject(tn, "requests"));
@@ -1287,6 +1567,52 @@ static void json_tenancy(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
         add_num(j, x, "pool_share", t->pool_share);
         add_u64(j, x, "per_pool", t->per_pool);
         attach(j, req, NULL, x);
+    }
+}
+
+/* 13. long context and context parallelism */
+static void json_longctx(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_params_t *p = &r->params;
+    add_u64(j, o, "kv_bytes_per_request_per_gpu", r->kv_bytes_per_request_per_gpu);
+    add_num(j, o, "prefill_seconds", r->prefill_seconds);
+    add_u64(j, o, "ring_bytes_per_step", r->ring_bytes_per_step);
+    cJSON *cp = chk(j, cJSON_AddObjectToObject(o, "context_parallel"));
+    add_u64(j, cp, "cp", p->cp);
+    add_u64(j, cp, "tp", p->tp);
+    add_u64(j, cp, "gpus_per_node", p->gpus_per_node);
+    add_str(j, cp, "rope_scaling", kvc_plan_rope_name(p->rope_scaling));
+    add_num(j, cp, "rope_factor", p->rope_factor);
+    add_u64(j, cp, "max_position_embeddings_scaled", r->max_position_embeddings_scaled);
+    add_u64(j, cp, "context_tokens", r->context_tokens);
+    add_u64(j, cp, "kv_bytes_per_request", r->kv_bytes_per_request_context);
+    add_u64(j, cp, "kv_bytes_per_request_per_gpu", r->kv_bytes_per_request_per_gpu);
+    add_num(j, cp, "prefill_seconds", r->prefill_seconds);
+    add_num(j, cp, "prefill_attention_flops_fraction", r->prefill_attention_flops_fraction);
+    add_u64(j, cp, "ring_chunk_tokens", r->ring_chunk_tokens);
+    add_u64(j, cp, "ring_bytes_per_step", r->ring_bytes_per_step);
+    add_num(j, cp, "ring_link_bytes_per_s", r->ring_link_bytes_per_s);
+    add_num(j, cp, "ring_step_s", r->ring_step_s);
+    add_num(j, cp, "ring_attention_step_s", r->ring_attention_step_s);
+    add_bool(j, cp, "ring_hidden", p->cp <= 1 || r->ring_hidden);
+    add_bool(j, cp, "ring_inter_node", r->ring_inter_node);
+    cJSON *rows = chk(j, cJSON_AddArrayToObject(cp, "layouts"));
+    for (uint32_t i = 0; i < r->n_layouts; i++) {
+        const kvc_plan_layout_t *x = &r->layouts[i];
+        cJSON *e = chk(j, cJSON_CreateObject());
+        add_u64(j, e, "tp", x->tp);
+        add_u64(j, e, "cp", x->cp);
+        add_u64(j, e, "gpus", x->gpus);
+        add_str(j, e, "kv_dtype", kvc_plan_dtype_name(x->kv_dtype));
+        add_bool(j, e, "fits", x->fits);
+        add_bool(j, e, "same_gpus", i < r->n_layouts_same_gpus);
+        add_bool(j, e, "inter_node", x->inter_node);
+        add_u64(j, e, "kv_bytes_per_request_per_gpu", x->kv_bytes_per_request_per_gpu);
+        add_u64(j, e, "weight_bytes_per_gpu", x->weight_bytes_per_gpu);
+        add_num(j, e, "prefill_seconds", x->prefill_seconds);
+        add_u64(j, e, "ring_bytes_per_step", x->ring_bytes_per_step);
+        add_bool(j, e, "ring_hidden", x->ring_hidden);
+        attach(j, rows, NULL, e);
     }
 }
 
@@ -1310,6 +1636,27 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     json_little(j, o, r);
     json_spec(j, o, r);
     json_tenancy(j, o, r);
+    json_longctx(j, o, r);
+    if (r->params.grid_dtypes) {
+        cJSON *grid = chk(j, cJSON_AddArrayToObject(o, "dtype_grid"));
+        for (uint32_t i = 0; i < r->n_dtype_grid; i++) {
+            const kvc_plan_grid_row_t *x = &r->dtype_grid[i];
+            cJSON *e = chk(j, cJSON_CreateObject());
+            add_str(j, e, "weight_dtype", kvc_plan_dtype_name(x->weight_dtype));
+            add_str(j, e, "kv_dtype", kvc_plan_dtype_name(x->kv_dtype));
+            add_bool(j, e, "fits", x->fits);
+            if (x->fits)
+                add_null(j, e, "failed_phase");
+            else
+                add_str(j, e, "failed_phase",
+                        kvc_plan_phase_name((kvc_plan_phase_id_t)x->failed_phase));
+            add_u64(j, e, "weight_bytes_per_gpu", x->weight_bytes_per_gpu);
+            add_u64(j, e, "kv_pool_bytes_per_gpu", x->kv_pool_bytes_per_gpu);
+            add_u64(j, e, "max_concurrency", x->max_concurrency);
+            add_u64(j, e, "max_model_len_that_fits", x->max_model_len_that_fits);
+            attach(j, grid, NULL, e);
+        }
+    }
     return o;
 }
 

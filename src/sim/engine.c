@@ -32,6 +32,19 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+static const char *const allocation_names[KVC_SIM_ALLOC__COUNT] = {"paged", "contiguous"};
+const char *kvc_sim_allocation_name(kvc_sim_allocation_t a)
+{
+    return (unsigned)a < KVC_SIM_ALLOC__COUNT ? allocation_names[a] : "?";
+}
+
+int kvc_sim_allocation_parse(const char *name)
+{
+    for (int i = 0; name && i < KVC_SIM_ALLOC__COUNT; i++)
+        if (!strcmp(name, allocation_names[i])) return i;
+    return -1;
+}
+
 kvc_sim_config_t kvc_sim_config_default(void)
 {
     kvc_sim_config_t c = {0};
@@ -207,6 +220,8 @@ typedef struct {
     kvc_sched_result_t *results;
     size_t results_cap;
     uint64_t last_progress;
+    double frag_sum; /* contiguous allocation: fragmentation summed over the steps */
+    uint64_t frag_steps;
     char *err;
     size_t err_cap;
 } run_t;
@@ -549,6 +564,9 @@ static int admit_arrivals(run_t *r, kvc_sched_t *s)
         }
         uint32_t max_out = KVC_MAX(q->max_output, q->n_output);
         if (mml && (uint64_t)q->n_prompt + max_out > mml) max_out = (uint32_t)(mml - q->n_prompt);
+        /* the pre-paging allocator reserves max_model_len for every request it admits */
+        if (cfg->allocation == KVC_SIM_ALLOC_CONTIGUOUS && mml)
+            max_out = (uint32_t)KVC_MIN(mml - q->n_prompt, (uint64_t)UINT32_MAX);
         kvc_namespace_t ns = {0};
         if (cfg->tenant_salts) {
             int rc = kvc_namespace_set_salt(&ns, kvc_workload_tenant_name(r->w, q->tenant));
@@ -710,6 +728,18 @@ static int sample_state(run_t *r, const kvc_sched_t *s, uint32_t batch_tokens)
     kvc_sched_stats_t st;
     kvc_sched_stats(s, &st); /* sched: */
     r->res->peak_kv_blocks = KVC_MAX(r->res->peak_kv_blocks, st.blocks_used);
+    if (cfg->allocation == KVC_SIM_ALLOC_CONTIGUOUS && st.n_running) {
+        /* each running request holds max_model_len of reserved KV: what it does not use is
+         * fragmentation (internal to its reservation) */
+        const uint64_t per =
+            (r->res->planned.max_model_len + cfg->plan.block_size - 1) / cfg->plan.block_size;
+        const uint64_t reserved = per * st.n_running;
+        const double frag = reserved ? 1.0 - (double)st.blocks_used / (double)reserved : 0;
+        r->res->peak_reserved_blocks = KVC_MAX(r->res->peak_reserved_blocks, reserved);
+        r->res->fragmentation_peak = fmax(r->res->fragmentation_peak, frag);
+        r->frag_sum += frag;
+        r->frag_steps++;
+    }
     r->res->peak_running = KVC_MAX(r->res->peak_running, st.n_running);
     if (r->pc) { /* after each step: blocks are stranded as they are allocated, in the step */
         kvc_prefix_stats_t ps;
@@ -810,6 +840,9 @@ out:
 static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_sim_result_t *out,
                     uint32_t window[KVC_MAX_GROUPS], char *err, size_t cap)
 {
+    if ((unsigned)cfg->allocation >= KVC_SIM_ALLOC__COUNT)
+        return kvc__msgf(KVC_EINVAL, err, cap, "allocation %d is not paged or contiguous",
+                         (int)cfg->allocation);
     if (cfg->spec_acceptance < 0 || cfg->spec_acceptance > 1 || cfg->step_overhead_s < 0)
         return kvc__msgf(KVC_EINVAL, err, cap,
                          "spec acceptance must be in 0..1 and the step overhead >= 0");
@@ -875,6 +908,7 @@ static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_si
         return kvc__msgf(rc, err, cap,
                          "the cost model needs positive, finite FLOP/s, bandwidth and KV bytes "
                          "per token (at most 1e12), and finite sizes");
+    out->cost.no_kv_cache = cfg->no_kv_cache;
     return 0;
 }
 
@@ -925,6 +959,9 @@ static int finish_report(const kvc_sim_config_t *cfg, const kvc_sim_result_t *ou
         {"rejected_requests", (double)out->rejected},
         {"kv_bytes_per_block", (double)out->kv_bytes_per_block},
         {"max_model_len", (double)out->planned.max_model_len},
+        {"cost.kv_block_efficiency", cm->kv_block_efficiency},
+        {"fragmentation.mean", out->fragmentation_mean},
+        {"fragmentation.peak", out->fragmentation_peak},
     };
     int rc = 0;
     for (size_t i = 0; i < KVC_ARRAY_LEN(nums) && !rc; i++)
@@ -937,6 +974,8 @@ static int finish_report(const kvc_sim_config_t *cfg, const kvc_sim_result_t *ou
         {"victim", victim_name(cfg->sched.victim)},
         {"eviction", kvc_eviction_name(cfg->eviction)},
         {"prefix_caching", cfg->prefix_caching ? "on" : "off"},
+        {"allocation", kvc_sim_allocation_name(cfg->allocation)},
+        {"kv_cache", cfg->no_kv_cache ? "off (every step recomputes the whole context)" : "on"},
         {"arrivals", cfg->closed_loop ? "closed loop" : "open loop (trace times)"},
         {"step_time", "pp x (max(compute, memory) + tp comm) + overhead + swap bytes / host link"},
     };
@@ -971,6 +1010,18 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     uint32_t window[KVC_MAX_GROUPS];
     int rc = plan_run(cfg, w, out, window, err, cap);
     if (rc) return rc;
+    /* The engine limits as the planner resolved them (0 in the config: vLLM's default for the
+     * GPU), so the scheduler and the report use the values the plan priced. */
+    kvc_sim_config_t resolved = *cfg;
+    resolved.plan.max_num_seqs = out->planned.params.max_num_seqs;
+    resolved.plan.max_num_batched_tokens = out->planned.params.max_num_batched_tokens;
+    /* the baselines: nothing to hit without a cache or with private contiguous regions; the
+     * contiguous allocator admits only what its reservation of max_model_len fits */
+    if (cfg->no_kv_cache || cfg->allocation == KVC_SIM_ALLOC_CONTIGUOUS)
+        resolved.prefix_caching = false;
+    if (cfg->allocation == KVC_SIM_ALLOC_CONTIGUOUS)
+        resolved.sched.admission = KVC_ADMIT_RESERVE_MAX;
+    cfg = &resolved;
 
     const size_t n = kvc_workload_size(w);
     const bool limit_given = cfg->max_memory_bytes != 0;
@@ -1042,6 +1093,7 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
             kvc__msgf(rc, err, cap, "simulation failed: %s", kvc_strerror(rc));
         return rc;
     }
+    if (r.frag_steps) out->fragmentation_mean = r.frag_sum / (double)r.frag_steps;
     rc = finish_report(cfg, out, report);
     if (rc) return kvc__msgf(rc, err, cap, "the report: %s", kvc_strerror(rc));
     out->wall_s = (double)(kvc_now_ns() - t0) * 1e-9;

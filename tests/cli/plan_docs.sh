@@ -53,7 +53,7 @@ check() {
 }
 
 check 1 --model llama-3.1-8b --gpu h100-sxm
-check 2 --model llama-3.1-70b --gpu h100-sxm --tp 2
+check 2 --model llama-3.1-70b --gpu h100-sxm --tp 2 --max-num-seqs 256
 check 3 --model deepseek-v3 --gpu h200 --tp 8 --weight-dtype fp8
 
 # the JSON excerpt: every line shown (indented two spaces per level) appears in the output
@@ -64,6 +64,19 @@ block 4 | grep -vE '^ *(\.\.\.|\{|\})$' >"$TMP/doc"
 while IFS= read -r line; do
   grep -qxF -- "$line" "$TMP/out" || fail "JSON example line not in the output: $line"
 done <"$TMP/doc"
+
+# the long-context examples show section 13 only: each block is that section of the output
+section13() {
+  local n=$1
+  shift
+  block "$n" >"$TMP/doc"
+  [ -s "$TMP/doc" ] || { fail "docs/plan.md: example $n not found"; return; }
+  "$KVC" plan "$@" 2>/dev/null | sed -n '/^13\./,/^$/p' | sed '$d' >"$TMP/out"
+  diff -u "$TMP/doc" "$TMP/out" >"$TMP/diff" || { fail "example $n drifted:"; cat "$TMP/diff" >&2; }
+}
+section13 5 --model llama-3.1-70b --gpu h100-sxm --tp 8 --rope-scaling yarn:8 --max-model-len 1M --prompt 1M --output 0
+section13 6 --model "$3/configs/llama-3.1-70b-mha.json" --gpu h100-sxm --tp 8 --rope-scaling yarn:8 --max-model-len 1M \
+  --prompt 1M --output 0
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed" >&2

@@ -60,6 +60,26 @@ grep -q "^no prefix caching" "$TMP/sc" || fail "scenario output lacks a variant 
 "$KVC" sim --scenario "$SRC/examples/scenarios/multiturn.json" --json >"$TMP/sc.json" 2>/dev/null || fail "scenario json"
 grep -q '"variants"' "$TMP/sc.json" || fail "scenario JSON lacks variants"
 
+# the classic baselines: no KV cache (recompute every step), contiguous allocation
+"$KVC" "${BASE[@]}" --workload 'poisson:rate=20,n=40,prompt=300,output=30' --num-blocks 3000 --max-model-len 4096 \
+  --allocation contiguous --json >"$TMP/contig.json" || fail "contiguous run: exit $?"
+grep -qF '"allocation": "contiguous"' "$TMP/contig.json" || fail "contiguous run: JSON lacks the allocation"
+grep -qE '"fragmentation.mean": 0\.[89]' "$TMP/contig.json" || fail "contiguous run: fragmentation missing or low"
+"$KVC" "${BASE[@]}" --workload 'poisson:rate=20,n=20,prompt=300,output=30' --no-kv-cache --json >"$TMP/nokv.json" ||
+  fail "no-kv-cache run: exit $?"
+grep -qF '"kv_cache": "off (every step recomputes the whole context)"' "$TMP/nokv.json" || fail "no-kv-cache run: JSON lacks kv_cache"
+grep -qF '"cost.kv_block_efficiency": 0.78048' "$TMP/nokv.json" || fail "the block size's efficiency is not in the report"
+expect_error "allocation name" "^kvcache sim: --allocation: 'buddy' is not paged or contiguous$" -- "${BASE[@]}" --workload "$W" --allocation buddy
+
+# kv_blocks_total, a key of the report, is a scenario metric too (the blocks per replica)
+cat >"$TMP/blocks.json" <<'EOF2'
+{"question": "how many blocks?", "args": ["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--num-blocks", "777",
+ "--workload", "poisson:rate=5,n=20,prompt=100,output=10"],
+ "variants": [{"name": "one", "args": []}], "metrics": ["kv_blocks_total", "peak_kv_blocks"]}
+EOF2
+"$KVC" sim --scenario "$TMP/blocks.json" --json >"$TMP/blocks.out" 2>"$TMP/blocks.err" || fail "kv_blocks_total scenario: exit $? ($(cat "$TMP/blocks.err"))"
+grep -q '"kv_blocks_total":[[:space:]]*777' "$TMP/blocks.out" || fail "kv_blocks_total scenario: $(cat "$TMP/blocks.out")"
+
 # eviction and victim policies by name; stranded KV and errored requests in the report
 "$KVC" "${BASE[@]}" --workload "$W" --eviction naive-lru --victim largest --json >"$TMP/ev.json" || fail "eviction run: exit $?"
 for key in '"eviction": "naive-lru"' '"victim": "largest"' '"stranded_blocks": {"peak": 0, "end": 0}' \
