@@ -55,8 +55,7 @@ static void srv_start_with(srv_t *t, kvc_server_params_t sp, kvc_engine_params_t
     sp.port = 0;
     sp.drain_timeout_s = 10;
     sp.model_name = "stories";
-    sp.has_chat_template = true;
-    sp.chat_template = KVC_CHAT_LLAMA2;
+    if (!sp.has_chat_template) sp.has_chat_template = true, sp.chat_template = KVC_CHAT_LLAMA2;
     int rc = kvc_server_create(g_model, &ep, &sp, &t->s, msg, sizeof msg);
     if (rc) fail_msg("kvc_server_create: %s", msg);
     t->port = kvc_server_port(t->s);
@@ -464,7 +463,10 @@ static void two_turn_chat_hits_turn_one(void **state)
 {
     (void)state;
     srv_t t;
-    srv_start(&t, NULL);
+    kvc_server_params_t sp = kvc_server_params_default();
+    sp.has_chat_template = true;
+    sp.chat_template = KVC_CHAT_LLAMA3; /* its assistant turn re-tokenizes as generated */
+    srv_start_with(&t, sp, engine_params());
     resp_t r = http(t.port, "POST", "/v1/chat/completions", NULL,
                     "{\"model\": \"stories\", \"messages\": [{\"role\": \"system\", \"content\": "
                     "\"You tell stories about a girl named Lily and her dog.\"}, {\"role\": "
@@ -475,6 +477,7 @@ static void two_turn_chat_hits_turn_one(void **state)
     assert_string_equal(jstr(j, "object"), "chat.completion");
     assert_string_equal(jstr(j, "choices.0.message.role"), "assistant");
     const uint32_t p1 = (uint32_t)jnum(j, "usage.prompt_tokens");
+    const uint32_t c1 = (uint32_t)jnum(j, "usage.completion_tokens");
     char reply[4096];
     snprintf(reply, sizeof reply, "%s", jstr(j, "choices.0.message.content"));
     cJSON_Delete(j);
@@ -497,8 +500,9 @@ static void two_turn_chat_hits_turn_one(void **state)
     assert_int_equal(r.status, 200);
     j = json_of(&r);
     const uint32_t cached = (uint32_t)jnum(j, "usage.prompt_tokens_details.cached_tokens");
-    /* turn one's prompt at least, in whole blocks of 16 (the last partial one recomputed) */
-    assert_true(cached >= p1 / 16 * 16);
+    /* turn one's prompt and reply, in whole blocks of 16 (the last partial one recomputed) */
+    if (cached < (p1 + c1) / 16 * 16)
+        fail_msg("turn two cached %u tokens; turn one held %u + %u", cached, p1, c1);
     assert_true(cached < (uint32_t)jnum(j, "usage.prompt_tokens"));
     assert_true(metric(t.port, "kvcache_prefix_hit_tokens_total") >= cached);
     cJSON_Delete(j);
@@ -886,7 +890,7 @@ static void slow_client_is_cut_off(void **state)
                        "\"ignore_eos\": true, \"stream\": true, \"n\": 32}";
     send_request(fd, "POST", "/v1/completions", NULL, body, strlen(body));
     bool cut = false;
-    for (int i = 0; i < 1000 && !cut; i++) {
+    for (int i = 0; i < 12000 && !cut; i++) { /* at most 2 minutes (the sanitizer build is slow) */
         usleep(10000);
         cut = metric(t.port, "kvcache_request_failure_total") == 1;
     }

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <stddef.h>
 #include <strings.h>
@@ -1020,17 +1021,30 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     char buf[256];
     while (read(fd, buf, sizeof buf) > 0) {
     }
+    /* one job at a time off the queue: the engine thread may queue a job again (and link it
+     * anew) as soon as it is off, so the list is never walked outside the lock; and no more
+     * than were queued on entry, so the loop gets back to writing what is queued */
     pthread_mutex_lock(&s->rmu);
-    job_t *j = s->ready_head;
-    s->ready_head = s->ready_tail = NULL;
-    for (job_t *x = j; x; x = x->next_ready) x->in_ready = false;
+    uint32_t n = 0;
+    for (job_t *x = s->ready_head; x; x = x->next_ready) n++;
     pthread_mutex_unlock(&s->rmu);
-    while (j) {
-        job_t *nx = j->next_ready;
+    for (; n; n--) {
+        pthread_mutex_lock(&s->rmu);
+        job_t *j = s->ready_head;
+        if (j) {
+            s->ready_head = j->next_ready;
+            if (!s->ready_head) s->ready_tail = NULL;
+            j->in_ready = false;
+        }
+        pthread_mutex_unlock(&s->rmu);
+        if (!j) break;
         process_job(s, j);
         job_unref(j); /* the ready queue's reference */
-        j = nx;
     }
+    pthread_mutex_lock(&s->rmu);
+    const bool more = s->ready_head != NULL;
+    pthread_mutex_unlock(&s->rmu);
+    if (more) wake(s->wake[1]);
 }
 
 /* ---- requests ------------------------------------------------------------------------- */
@@ -1560,6 +1574,15 @@ int kvc_server_create(const kvc_llm_t *m, const kvc_engine_params_t *ep,
         !(p->drain_timeout_s >= 0 && p->drain_timeout_s <= 86400) ||
         (p->has_chat_template && (unsigned)p->chat_template >= KVC_CHAT__COUNT))
         return kvc__msgf(KVC_EINVAL, msg, cap, "server: a parameter is out of range");
+    /* the address first, so that libevent (which prints) never sees one it cannot resolve */
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE},
+                    *ai = NULL;
+    if (getaddrinfo(p->host, NULL, &hints, &ai) || !ai)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "server: '%.100s' is not an address to bind",
+                         p->host);
+    freeaddrinfo(ai);
     kvc_server_t *s = calloc(1, sizeof *s);
     if (!s) return kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
     s->m = m;
@@ -1654,7 +1677,13 @@ int kvc_server_run(kvc_server_t *s)
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->th, NULL);
     s->th_started = false;
-    on_wake(s->wake[0], 0, s); /* release what the engine thread queued last */
+    for (;;) { /* release what the engine thread queued last */
+        pthread_mutex_lock(&s->rmu);
+        const bool more = s->ready_head != NULL;
+        pthread_mutex_unlock(&s->rmu);
+        if (!more) break;
+        on_wake(s->wake[0], 0, s);
+    }
     return 0;
 }
 
