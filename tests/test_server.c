@@ -881,18 +881,20 @@ static void slow_client_is_cut_off(void **state)
     sp.max_output_bytes = 8192;
     srv_t t;
     kvc_engine_params_t ep = engine_params();
-    ep.kv_memory = 32 << 20;
+    ep.kv_memory = 64 << 20;
     srv_start_with(&t, sp, ep);
-    /* a client that never reads a long stream (32 choices of 500 tokens, some 4 MB: more than
-     * the sockets' buffers hold): the server drops it and frees its blocks */
+    /* a client that never reads a long stream (64 choices of 500 tokens, some 8 MB: more than
+     * the sockets' buffers hold, 4 MB at most here): the server drops it and frees its blocks */
     int fd = connect_to(t.port, 1024);
     const char *body = "{\"model\": \"stories\", \"prompt\": [1], \"max_tokens\": 500, "
-                       "\"ignore_eos\": true, \"stream\": true, \"n\": 32}";
+                       "\"ignore_eos\": true, \"stream\": true, \"n\": 64}";
     send_request(fd, "POST", "/v1/completions", NULL, body, strlen(body));
     bool cut = false;
     for (int i = 0; i < 12000 && !cut; i++) { /* at most 2 minutes (the sanitizer build is slow) */
         usleep(10000);
         cut = metric(t.port, "kvcache_request_failure_total") == 1;
+        if (metric(t.port, "kvcache_request_success_total") > 0)
+            fail_msg("the stream was taken whole: the socket buffers held it");
     }
     assert_true(cut);
     close(fd); /* (reading the rest is the kernel's business: what the server had handed it) */

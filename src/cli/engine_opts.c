@@ -26,14 +26,14 @@ const struct option kvc_cli_engine_options[] = {
     {0, 0, 0, 0},
 };
 
-int kvc_cli_engine_option(kvc_engine_params_t *ep, const char *cmd, int ch, const char *optarg)
+int kvc_cli_engine_option(kvc_engine_params_t *ep, const char *cmd, int ch, const char *value)
 {
     uint64_t u;
 #define U64(name, lo, hi, dst)                                                                  \
     do {                                                                                        \
-        if (!kvc_cli_parse_u64(optarg, lo, hi, &u))                                             \
+        if (!kvc_cli_parse_u64(value, lo, hi, &u))                                              \
             return kvc_cli_error(cmd, "--%s: '%s' is not a whole number in [%llu, %llu]", name, \
-                                 optarg, (unsigned long long)(lo), (unsigned long long)(hi)),   \
+                                 value, (unsigned long long)(lo), (unsigned long long)(hi)),    \
                    -1;                                                                          \
         dst = u;                                                                                \
     } while (0)
@@ -42,14 +42,14 @@ int kvc_cli_engine_option(kvc_engine_params_t *ep, const char *cmd, int ch, cons
         U64("threads", 1, 256, ep->n_threads);
         return 1;
     case KVC_CLI_ENGINE_KV_DTYPE:
-        if (kvc_dtype_parse(optarg, &ep->kv_dtype))
+        if (kvc_dtype_parse(value, &ep->kv_dtype))
             return kvc_cli_error(
-                       cmd, "--kv-dtype: '%s' is not f32, f16, bf16, fp8-e4m3 or fp8-e5m2", optarg),
+                       cmd, "--kv-dtype: '%s' is not f32, f16, bf16, fp8-e4m3 or fp8-e5m2", value),
                    -1;
         return 1;
     case KVC_CLI_ENGINE_KV_MEMORY:
-        if (kvc_plan_parse_bytes(optarg, &u) || !u)
-            return kvc_cli_error(cmd, "--kv-memory: '%s' is not a size (e.g. 512MiB)", optarg), -1;
+        if (kvc_plan_parse_bytes(value, &u) || !u)
+            return kvc_cli_error(cmd, "--kv-memory: '%s' is not a size (e.g. 512MiB)", value), -1;
         ep->kv_memory = u;
         return 1;
     case KVC_CLI_ENGINE_CTX:
@@ -77,15 +77,14 @@ int kvc_cli_engine_option(kvc_engine_params_t *ep, const char *cmd, int ch, cons
         ep->no_batch_invariance = true;
         return 1;
     case KVC_CLI_ENGINE_PREEMPT:
-        if (kvc_preemption_parse(optarg, &ep->preemption))
+        if (kvc_preemption_parse(value, &ep->preemption))
             return kvc_cli_error(cmd, "--preemption: '%s' is not recompute, swap or backpressure",
-                                 optarg),
+                                 value),
                    -1;
         return 1;
     case KVC_CLI_ENGINE_ISA:
-        if (kvc_isa_parse(optarg, &ep->isa))
-            return kvc_cli_error(cmd, "--isa: '%s' is not auto, scalar, avx2 or avx512", optarg),
-                   -1;
+        if (kvc_isa_parse(value, &ep->isa))
+            return kvc_cli_error(cmd, "--isa: '%s' is not auto, scalar, avx2 or avx512", value), -1;
         return 1;
     default:
         return 0;
