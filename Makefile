@@ -54,6 +54,19 @@ demo: build
 	@./$(BUILD)/kvcache run --model tests/data/models/stories260K.gguf --prompt-ids 1 -n 120
 	@echo "== kvcache run: four requests sharing a 40-token prompt, run together =="
 	@./$(BUILD)/kvcache run --model tests/data/models/stories260K.gguf --prompts examples/story_prompts.txt -n 40
+	@echo "== kvcache serve: a two-turn chat with curl; turn two finds turn one in the prefix cache =="
+	@./$(BUILD)/kvcache serve --model tests/data/models/stories260K.gguf --chat-template llama3 --port 0 \
+	    --threads 1 2>$(BUILD)/serve-demo.log & pid=$$!; port=; \
+	  for i in $$(seq 100); do port=$$(sed -n 's|.*http://127.0.0.1:\([0-9]*\).*|\1|p' $(BUILD)/serve-demo.log); \
+	    [ -n "$$port" ] && break; sleep 0.1; done; \
+	  u=http://127.0.0.1:$$port/v1/chat/completions; \
+	  m='{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "Tell me a story about a dog."}'; \
+	  show='import json,sys; d=json.load(sys.stdin); u=d["usage"]; print("prompt_tokens %d, cached_tokens %d: %s" % (u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], d["choices"][0]["message"]["content"]))'; \
+	  r1=$$(curl -s $$u -d "{\"model\": \"stories260K\", \"max_tokens\": 32, \"temperature\": 0, \"messages\": [$$m]}"); \
+	  printf 'turn 1: '; echo "$$r1" | python3 -c "$$show"; \
+	  echo "$$r1" | python3 -c 'import json,sys; r=json.load(sys.stdin); m=json.loads("["+sys.argv[1]+"]"); m+=[r["choices"][0]["message"], {"role": "user", "content": "What did the dog do next?"}]; print(json.dumps({"model": "stories260K", "max_tokens": 24, "temperature": 0, "messages": m}))' "$$m" >$(BUILD)/serve-demo.turn2; \
+	  printf 'turn 2: '; curl -s $$u -d @$(BUILD)/serve-demo.turn2 | python3 -c "$$show"; \
+	  kill -TERM $$pid; wait $$pid
 
 bench: build
 	@for b in $(BUILD)/bench_*; do echo "== $$b"; $$b; done

@@ -12,6 +12,8 @@ PACKAGES=(
   libcjson-dev                          # JSON input and output
   libssl-dev                            # SHA-256 of tenant cache salts (libcrypto)
   libpcre2-dev                          # BPE pre-tokenizer regexes (8-bit, UTF + UCP, JIT)
+  libevent-dev                          # kvcache serve: HTTP (evhttp), chunked streaming
+  curl                                  # server tests (the openai client test needs node + npm)
 )
 
 missing=()

@@ -134,6 +134,8 @@ typedef struct {
                           seed + k and finishes with its own account (sample_index k) */
     uint32_t priority; /* scheduler class */
     uint64_t tag;      /* the caller's, echoed in events */
+    kvc_namespace_t ns; /* the prefix-cache namespace (a tenant's cache salt: prefix.h); all
+                           zero (the default): the shared one */
 } kvc_gen_params_t;
 
 KVC_API kvc_gen_params_t kvc_gen_params_default(void);

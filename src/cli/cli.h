@@ -13,6 +13,7 @@ int kvc_cmd_sim(int argc, char **argv);
 int kvc_cmd_plan(int argc, char **argv);
 int kvc_cmd_model(int argc, char **argv);
 int kvc_cmd_run(int argc, char **argv);
+int kvc_cmd_serve(int argc, char **argv);
 
 /* ---- what every subcommand shares (args.c) ---- */
 /* Print "kvcache <cmd>: <message>" on one line to stderr (cmd NULL: "kvcache: <message>");
@@ -113,5 +114,34 @@ void kvc_cli_opt_name(char *out, size_t cap, const struct option *opts, int li, 
                       char **argv);
 int kvc_cli_presets_line(char *buf, size_t len, bool models);
 void kvc_cli_list_presets(void);
+
+/* ---- the engine's options and model loading, shared by run and serve (engine_opts.c) ---- */
+#include "kvcache/engine.h"
+enum {
+    KVC_CLI_ENGINE_THREADS = 800, /* option values of the shared engine table */
+    KVC_CLI_ENGINE_KV_DTYPE,
+    KVC_CLI_ENGINE_KV_MEMORY,
+    KVC_CLI_ENGINE_CTX,
+    KVC_CLI_ENGINE_BLOCK,
+    KVC_CLI_ENGINE_MAX_SEQS,
+    KVC_CLI_ENGINE_BATCH,
+    KVC_CLI_ENGINE_CHUNK,
+    KVC_CLI_ENGINE_NO_KV,
+    KVC_CLI_ENGINE_NO_PREFIX,
+    KVC_CLI_ENGINE_NO_BI,
+    KVC_CLI_ENGINE_PREEMPT,
+    KVC_CLI_ENGINE_ISA,
+};
+/* The getopt_long table of the engine's options (--threads, --kv-dtype, --kv-memory, --ctx,
+ * --block-size, --max-seqs/--max-num-seqs, --batch-tokens/--max-num-batched-tokens, --chunk,
+ * --no-kv-cache, --no-prefix-cache, --no-batch-invariance, --preemption, --isa),
+ * NULL-terminated. */
+extern const struct option kvc_cli_engine_options[];
+/* Handle option ch into ep if it is an engine option: 1 handled, 0 not ours, -1 bad value
+ * (the one-line error is printed).  --block-size's power of two is the caller's to check. */
+int kvc_cli_engine_option(kvc_engine_params_t *ep, const char *cmd, int ch, const char *value);
+/* Load a GGUF model, or a llama2.c checkpoint with its tokenizer (tokenizer NULL: the
+ * tokenizer.bin beside it).  0, or 1 with the one-line error printed. */
+int kvc_cli_load_model(const char *cmd, const char *path, const char *tokenizer, kvc_llm_t **out);
 
 #endif

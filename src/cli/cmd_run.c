@@ -130,7 +130,7 @@ enum {
     O_NO_BI
 };
 
-static const struct option options[] = {
+static const struct option run_options[] = {
     {"model", required_argument, 0, O_MODEL},
     {"prompt", required_argument, 0, O_PROMPT},
     {"prompt-ids", required_argument, 0, O_PROMPT_IDS},
@@ -147,15 +147,8 @@ static const struct option options[] = {
     {"spec", required_argument, 0, O_SPEC},
     {"spec-model", required_argument, 0, O_SPEC_MODEL},
     {"spec-tokens", required_argument, 0, O_SPEC_TOKENS},
-    {"threads", required_argument, 0, O_THREADS},
-    {"kv-dtype", required_argument, 0, O_KV_DTYPE},
-    {"kv-memory", required_argument, 0, O_KV_MEMORY},
-    {"ctx", required_argument, 0, O_CTX},
-    {"block-size", required_argument, 0, O_BLOCK},
     {"chat", no_argument, 0, O_CHAT},
     {"chat-template", required_argument, 0, O_CHAT_TEMPLATE},
-    {"no-kv-cache", no_argument, 0, O_NO_KV},
-    {"no-prefix-cache", no_argument, 0, O_NO_PREFIX},
     {"logprobs", required_argument, 0, O_LOGPROBS},
     {"json", no_argument, 0, O_JSON},
     {"stop", required_argument, 0, O_STOP},
@@ -163,14 +156,8 @@ static const struct option options[] = {
     {"repeat-penalty", required_argument, 0, O_REP},
     {"presence-penalty", required_argument, 0, O_PRES},
     {"frequency-penalty", required_argument, 0, O_FREQ},
-    {"max-seqs", required_argument, 0, O_MAX_SEQS},
-    {"batch-tokens", required_argument, 0, O_BATCH},
-    {"chunk", required_argument, 0, O_CHUNK},
-    {"isa", required_argument, 0, O_ISA},
     {"tokenizer", required_argument, 0, O_TOKENIZER},
     {"system", required_argument, 0, O_SYSTEM},
-    {"preemption", required_argument, 0, O_PREEMPT},
-    {"no-batch-invariance", no_argument, 0, O_NO_BI},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -655,7 +642,13 @@ int kvc_cmd_run(int argc, char **argv)
                                  (double)(lo), (double)(hi));                                 \
         dst = (float)d;                                                                       \
     } while (0)
+    struct option options[KVC_CLI_MAX_OPTIONS];
+    if (kvc_cli_join_options(options, KVC_CLI_MAX_OPTIONS, run_options, kvc_cli_engine_options))
+        return kvc_cli_error(CMD, "internal: too many options");
     while ((c = getopt_long(argc, argv, "n:h", options, NULL)) != -1) {
+        const int eo = kvc_cli_engine_option(&ep, CMD, c, optarg);
+        if (eo < 0) return 1;
+        if (eo) continue;
         switch (c) {
         case O_MODEL:
             model_path = optarg;
@@ -736,40 +729,6 @@ int kvc_cmd_run(int argc, char **argv)
         case O_SPEC_MODEL:
             spec_model = optarg;
             break;
-        case O_THREADS:
-            U64("threads", 1, 256, ep.n_threads);
-            break;
-        case O_KV_DTYPE:
-            if (kvc_dtype_parse(optarg, &ep.kv_dtype))
-                return kvc_cli_error(
-                    CMD, "--kv-dtype: '%s' is not f32, f16, bf16, fp8-e4m3 or fp8-e5m2", optarg);
-            break;
-        case O_KV_MEMORY:
-            if (kvc_plan_parse_bytes(optarg, &u) || !u)
-                return kvc_cli_error(CMD, "--kv-memory: '%s' is not a size (e.g. 512MiB)", optarg);
-            ep.kv_memory = u;
-            break;
-        case O_CTX:
-            U64("ctx", 2, 1 << 24, ep.max_ctx);
-            break;
-        case O_BLOCK:
-            U64("block-size", 1, 256, ep.block_size);
-            break;
-        case O_MAX_SEQS:
-            U64("max-seqs", 1, 4096, ep.max_num_seqs);
-            break;
-        case O_BATCH:
-            U64("batch-tokens", 1, 65536, ep.max_num_batched_tokens);
-            break;
-        case O_CHUNK:
-            U64("chunk", 1, 65536, ep.max_prefill_chunk);
-            break;
-        case O_NO_KV:
-            ep.no_kv_cache = true;
-            break;
-        case O_NO_PREFIX:
-            ep.no_prefix_cache = true;
-            break;
         case O_CHAT:
             chat.on = true;
             break;
@@ -783,14 +742,6 @@ int kvc_cmd_run(int argc, char **argv)
                     "gemma, phi3 or zephyr",
                     optarg);
             break;
-        case O_NO_BI:
-            ep.no_batch_invariance = true;
-            break;
-        case O_PREEMPT:
-            if (kvc_preemption_parse(optarg, &ep.preemption))
-                return kvc_cli_error(
-                    CMD, "--preemption: '%s' is not recompute, swap or backpressure", optarg);
-            break;
         case O_SYSTEM:
             chat.system = optarg;
             break;
@@ -799,11 +750,6 @@ int kvc_cmd_run(int argc, char **argv)
             break;
         case O_JSON:
             json = true;
-            break;
-        case O_ISA:
-            if (kvc_isa_parse(optarg, &ep.isa))
-                return kvc_cli_error(CMD, "--isa: '%s' is not auto, scalar, avx2 or avx512",
-                                     optarg);
             break;
         case 'h':
             usage(stdout);
@@ -840,32 +786,7 @@ int kvc_cmd_run(int argc, char **argv)
 
     char msg[512];
     kvc_llm_t *m = NULL;
-    /* A GGUF by its magic; anything else is read as a llama2.c checkpoint. */
-    /* (a file named .gguf, or one that cannot be read, goes to the GGUF reader, whose
-     * message says what is wrong with it) */
-    char magic[4] = {0};
-    size_t got = 0, pl = strlen(model_path);
-    FILE *mf = fopen(model_path, "rb");
-    if (mf) got = fread(magic, 1, 4, mf), fclose(mf);
-    if (!mf || (got == 4 && !memcmp(magic, "GGUF", 4)) ||
-        (pl >= 5 && !strcasecmp(model_path + pl - 5, ".gguf"))) {
-        if (tokenizer_path)
-            return kvc_cli_error(CMD, "--tokenizer is for llama2.c checkpoints; %s is a GGUF",
-                                 model_path);
-        rc = kvc_llm_load(model_path, &m, msg, sizeof msg);
-    } else {
-        char def[4096];
-        if (!tokenizer_path) {
-            const char *slash = strrchr(model_path, '/');
-            int dl = slash ? (int)(slash - model_path + 1) : 0;
-            snprintf(def, sizeof def, "%.*stokenizer.bin", dl, model_path);
-            tokenizer_path = def;
-        }
-        kvc_gguf_t *g = NULL;
-        rc = kvc_llama2c_open(model_path, tokenizer_path, NULL, &g, msg, sizeof msg);
-        if (!rc) rc = kvc_llm_load_gguf(g, &m, msg, sizeof msg);
-    }
-    if (rc) return kvc_cli_error(CMD, "%s: %s", model_path, msg);
+    if (kvc_cli_load_model(CMD, model_path, tokenizer_path, &m)) return 1;
     if (chat.on && !template_name) {
         int crc = kvc_chat_template_from_gguf(kvc_llm_gguf(m), &chat.t);
         if (crc) {

@@ -15,6 +15,7 @@ static const struct {
     {"sim", kvc_cmd_sim,
      "simulate the scheduler and block manager in virtual time on a trace or a synthetic workload"},
     {"run", kvc_cmd_run, "generate text with the CPU engine on the paged cache"},
+    {"serve", kvc_cmd_serve, "serve the engine over an OpenAI-compatible HTTP API"},
     {"model", kvc_cmd_model, "what a GGUF model file holds: hyperparameters, tokenizer, tensors"},
 };
 

@@ -997,6 +997,9 @@ static bool hold_back(const kvc_engine_t *e, const req_t *p)
     for (uint32_t i = 0; i < e->n_reqs; i++) {
         const req_t *a = &e->reqs[i];
         if (!a->used || !a->in_sched || a->finish || a->computed >= a->n_prompt) continue;
+        if (memcmp(a->gp.ns.salt, p->gp.ns.salt, KVC_SALT_BYTES) ||
+            a->gp.ns.lora_id != p->gp.ns.lora_id || a->gp.ns.weight_epoch != p->gp.ns.weight_epoch)
+            continue; /* another namespace: its blocks are never p's hits */
         const uint32_t n = KVC_MIN(p->n_prompt, a->n_prompt) - 1;
         uint32_t l = 0;
         while (l < n && p->all[l] == a->all[l]) l++;
@@ -1023,6 +1026,7 @@ static int admit_pending(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void 
                                  .n_prompt = r->n_prompt,
                                  .max_output = r->max_out,
                                  .priority = r->gp.priority,
+                                 .ns = &r->gp.ns,
                                  .tag = slot};
             int arc = kvc_sched_add(e->sched, &q, now, &r->sid);
             if (!arc) {
