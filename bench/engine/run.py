@@ -433,7 +433,8 @@ def table(results, bw, command):
         "llama.cpp time / kvcache time), so above 1.00x kvcache is faster.  Medians of %s "
         "alternating runs (the JSON has every run).  Bound: the weight-streaming bound, read "
         "bandwidth / (weight bytes + 16-bit KV bytes read per generated token); read bandwidth "
-        "(bench_bw, the higher of its runs at the start and the end): %s." % (results["reps_done"], bws),
+        "(bench_bw, the higher of its runs at the start and the end): %s." % (
+            results["reps_done"] or "1 (a repetition still running)", bws),
         "",
         "Load average (1 min) while measuring: %s; the machine's other work shares its cores, "
         "which hurts the 2-thread rows most." % _load_range(results),
