@@ -108,6 +108,10 @@ bool kvc_cli_opt_double(const char *cmd, const char *opt, const char *value, dou
 /* The one-line error for what getopt_long could not take (ch ':' or '?'): a missing value, a
  * value given to a flag, or an unknown option.  Returns 1. */
 int kvc_cli_bad_option(const char *cmd, int ch, const char *opt_name);
+/* For getopt_long's '?' in commands whose optstring has no leading ':' (run, serve): a long
+ * option (code >= first_long) without its value, a short one without its value or unknown, or
+ * an unknown option; the one-line error, returns 1. */
+int kvc_cli_getopt_error(const char *cmd, char **argv, int first_long);
 /* The name of the option getopt_long just returned, for messages: from the table when it
  * matched one (li >= 0), else the argument as typed, cut at '='. */
 void kvc_cli_opt_name(char *out, size_t cap, const struct option *opts, int li, int ch, int argc,

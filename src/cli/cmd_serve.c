@@ -210,12 +210,7 @@ int kvc_cmd_serve(int argc, char **argv)
             usage(stdout);
             return 0;
         default:
-            if (optopt >= O_MODEL) /* a long option without its value */
-                return kvc_cli_error(CMD, "%s needs a value (see --help)", argv[optind - 1]);
-            if (optopt)
-                return kvc_cli_error(CMD, "option -%c needs a value or is unknown (see --help)",
-                                     optopt);
-            return kvc_cli_error(CMD, "unknown option '%s' (see --help)", argv[optind - 1]);
+            return kvc_cli_getopt_error(CMD, argv, O_MODEL);
         }
     }
     if (optind < argc) return kvc_cli_error(CMD, "unexpected argument '%s'", argv[optind]);

@@ -81,6 +81,15 @@ int kvc_cli_bad_option(const char *cmd, int ch, const char *opt_name)
     return kvc_cli_error(cmd, "unknown option '%s' (try --help)", opt_name);
 }
 
+int kvc_cli_getopt_error(const char *cmd, char **argv, int first_long)
+{
+    if (optopt >= first_long) /* a long option without its value */
+        return kvc_cli_error(cmd, "%s needs a value (see --help)", argv[optind - 1]);
+    if (optopt)
+        return kvc_cli_error(cmd, "option -%c needs a value or is unknown (see --help)", optopt);
+    return kvc_cli_error(cmd, "unknown option '%s' (see --help)", argv[optind - 1]);
+}
+
 void kvc_cli_opt_name(char *out, size_t cap, const struct option *opts, int li, int ch, int argc,
                       char **argv)
 {
