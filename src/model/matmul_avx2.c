@@ -41,14 +41,15 @@ INL __m256 load_w8(uint32_t type, const uint8_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-INL void float_tile(const kvc__mm_job_t *j, uint32_t type, uint32_t r0, uint32_t o0, int NR, int NO)
+INL void float_tile(const kvc__mm_job_t *j, uint32_t type, uint32_t r0, uint32_t o0, uint32_t os,
+                    int NR, int NO)
 {
     const uint32_t n = j->w->n_in, n8 = n & ~7u, es = type == KVC_GGML_F32 ? 4 : 2;
     const uint8_t *wp[4];
     const float *xp[4];
     __m256 acc[4][4];
 #pragma GCC unroll 4
-    for (int o = 0; o < NO; o++) wp[o] = kvc__mm_wrow(j, o0 + (uint32_t)o);
+    for (int o = 0; o < NO; o++) wp[o] = kvc__mm_wrow(j, o0 + (uint32_t)o * os);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
         xp[r] = j->x + (size_t)(r0 + (uint32_t)r) * n;
@@ -87,7 +88,8 @@ INL void float_tile(const kvc__mm_job_t *j, uint32_t type, uint32_t r0, uint32_t
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int o = 0; o < NO; o++)
-            j->y[(size_t)(r0 + (uint32_t)r) * j->w->n_out + o0 + (uint32_t)o] = hsum8(acc[r][o]);
+            j->y[(size_t)(r0 + (uint32_t)r) * j->w->n_out + o0 + (uint32_t)o * os] =
+                hsum8(acc[r][o]);
 }
 
 /* ---- Q8_0, Q4_0 -------------------------------------------------------------------- */
@@ -100,7 +102,8 @@ INL __m256i q4_0_unpack(const uint8_t *b)
 
 /* Q8_0 and Q4_0.  A Q4_0 block's lanes are those of maddubs(nibbles, x) less the row's
  * offsets 8 (x[4k] + ... + x[4k + 3]): the same integers as the products with q - 8. */
-INL void q32_tile(const kvc__mm_job_t *j, uint32_t type, uint32_t r0, uint32_t o0, int NR, int NO)
+INL void q32_tile(const kvc__mm_job_t *j, uint32_t type, uint32_t r0, uint32_t o0, uint32_t os,
+                  int NR, int NO)
 {
     const uint32_t nb = j->w->n_in / KVC__QK,
                    bb = type == KVC_GGML_Q8_0 ? KVC__Q8_0_B : KVC__Q4_0_B;
@@ -111,7 +114,7 @@ INL void q32_tile(const kvc__mm_job_t *j, uint32_t type, uint32_t r0, uint32_t o
     __m256 acc[4][4];
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 4
-    for (int o = 0; o < NO; o++) wp[o] = kvc__mm_wrow(j, o0 + (uint32_t)o);
+    for (int o = 0; o < NO; o++) wp[o] = kvc__mm_wrow(j, o0 + (uint32_t)o * os);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
         xq[r] = kvc__mm_xq(j, r0 + (uint32_t)r);
@@ -159,7 +162,8 @@ INL void q32_tile(const kvc__mm_job_t *j, uint32_t type, uint32_t r0, uint32_t o
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int o = 0; o < NO; o++)
-            j->y[(size_t)(r0 + (uint32_t)r) * j->w->n_out + o0 + (uint32_t)o] = hsum8(acc[r][o]);
+            j->y[(size_t)(r0 + (uint32_t)r) * j->w->n_out + o0 + (uint32_t)o * os] =
+                hsum8(acc[r][o]);
 }
 
 /* ---- Q4_K ---------------------------------------------------------------------------- */
@@ -177,7 +181,7 @@ INL void q4_k_scales(const uint8_t *packed, uint8_t out[16])
     memcpy(out, u, 16);
 }
 
-INL void q4_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, int NR, int NO)
+INL void q4_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, uint32_t os, int NR, int NO)
 {
     const uint32_t nb = j->w->n_in / KVC__QK_K;
     const uint8_t *wp[4];
@@ -187,7 +191,7 @@ INL void q4_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, int NR, int
     __m256 acc[4][4];
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 4
-    for (int o = 0; o < NO; o++) wp[o] = kvc__mm_wrow(j, o0 + (uint32_t)o);
+    for (int o = 0; o < NO; o++) wp[o] = kvc__mm_wrow(j, o0 + (uint32_t)o * os);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
         xq[r] = kvc__mm_xq(j, r0 + (uint32_t)r);
@@ -259,11 +263,12 @@ INL void q4_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, int NR, int
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int o = 0; o < NO; o++)
-            j->y[(size_t)(r0 + (uint32_t)r) * j->w->n_out + o0 + (uint32_t)o] = hsum8(acc[r][o]);
+            j->y[(size_t)(r0 + (uint32_t)r) * j->w->n_out + o0 + (uint32_t)o * os] =
+                hsum8(acc[r][o]);
 }
 
 /* ---- Q6_K ---------------------------------------------------------------------------- */
-INL void q6_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, int NR, int NO)
+INL void q6_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, uint32_t os, int NR, int NO)
 {
     const uint32_t nb = j->w->n_in / KVC__QK_K;
     const uint8_t *wp[4];
@@ -273,7 +278,7 @@ INL void q6_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, int NR, int
     __m256 acc[4][4];
     const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
 #pragma GCC unroll 4
-    for (int o = 0; o < NO; o++) wp[o] = kvc__mm_wrow(j, o0 + (uint32_t)o);
+    for (int o = 0; o < NO; o++) wp[o] = kvc__mm_wrow(j, o0 + (uint32_t)o * os);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
         xq[r] = kvc__mm_xq(j, r0 + (uint32_t)r);
@@ -349,29 +354,37 @@ INL void q6_k_tile(const kvc__mm_job_t *j, uint32_t r0, uint32_t o0, int NR, int
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int o = 0; o < NO; o++)
-            j->y[(size_t)(r0 + (uint32_t)r) * j->w->n_out + o0 + (uint32_t)o] = hsum8(acc[r][o]);
+            j->y[(size_t)(r0 + (uint32_t)r) * j->w->n_out + o0 + (uint32_t)o * os] =
+                hsum8(acc[r][o]);
 }
 
-/* ---- drivers: row tiles of NR_G (then single rows), output tiles of NO (then single) ---- */
-#define DRIVER(name, TILE, NR_G, NO_G, NO_1)                                         \
-    static void name(const kvc__mm_job_t *j)                                         \
-    {                                                                                \
-        uint32_t r = 0, o;                                                           \
-        for (; r + NR_G <= j->n_rows; r += NR_G) {                                   \
-            for (o = j->o0; o + NO_G <= j->o1; o += NO_G) TILE(j, r, o, NR_G, NO_G); \
-            for (; o < j->o1; o++) TILE(j, r, o, NR_G, 1);                           \
-        }                                                                            \
-        for (; r < j->n_rows; r++) {                                                 \
-            for (o = j->o0; o + NO_1 <= j->o1; o += NO_1) TILE(j, r, o, 1, NO_1);    \
-            for (; o < j->o1; o++) TILE(j, r, o, 1, 1);                              \
-        }                                                                            \
+/* ---- drivers ----------------------------------------------------------------------------
+ * Row tiles of NR_G rows by NO_G consecutive outputs (then single outputs).  Single rows (the
+ * decode step) take tiles of NO_1 outputs spaced a quarter of the job's range apart, so the
+ * tile's NO_1 weight rows are NO_1 long sequential streams through the matrix that the
+ * hardware prefetchers follow from tile to tile; with consecutive outputs every tile would
+ * start NO_1 - 1 streams cold, which costs a third of the bandwidth on 1280-element rows.
+ * Which outputs share a tile never changes an output's bits. */
+#define DRIVER(name, TILE, NR_G, NO_G, NO_1)                                            \
+    static void name(const kvc__mm_job_t *j)                                            \
+    {                                                                                   \
+        uint32_t r = 0, o;                                                              \
+        for (; r + NR_G <= j->n_rows; r += NR_G) {                                      \
+            for (o = j->o0; o + NO_G <= j->o1; o += NO_G) TILE(j, r, o, 1, NR_G, NO_G); \
+            for (; o < j->o1; o++) TILE(j, r, o, 1, NR_G, 1);                           \
+        }                                                                               \
+        const uint32_t q = (j->o1 - j->o0) / NO_1;                                      \
+        for (; r < j->n_rows; r++) {                                                    \
+            for (o = j->o0; o < j->o0 + q; o++) TILE(j, r, o, q, 1, NO_1);              \
+            for (o = j->o0 + q * NO_1; o < j->o1; o++) TILE(j, r, o, 1, 1, 1);          \
+        }                                                                               \
     }
 
-#define F32_TILE(j, r, o, a, b)  float_tile(j, KVC_GGML_F32, r, o, a, b)
-#define F16_TILE(j, r, o, a, b)  float_tile(j, KVC_GGML_F16, r, o, a, b)
-#define BF16_TILE(j, r, o, a, b) float_tile(j, KVC_GGML_BF16, r, o, a, b)
-#define Q8_0_TILE(j, r, o, a, b) q32_tile(j, KVC_GGML_Q8_0, r, o, a, b)
-#define Q4_0_TILE(j, r, o, a, b) q32_tile(j, KVC_GGML_Q4_0, r, o, a, b)
+#define F32_TILE(j, r, o, s, a, b)  float_tile(j, KVC_GGML_F32, r, o, s, a, b)
+#define F16_TILE(j, r, o, s, a, b)  float_tile(j, KVC_GGML_F16, r, o, s, a, b)
+#define BF16_TILE(j, r, o, s, a, b) float_tile(j, KVC_GGML_BF16, r, o, s, a, b)
+#define Q8_0_TILE(j, r, o, s, a, b) q32_tile(j, KVC_GGML_Q8_0, r, o, s, a, b)
+#define Q4_0_TILE(j, r, o, s, a, b) q32_tile(j, KVC_GGML_Q4_0, r, o, s, a, b)
 
 DRIVER(mm_f32, F32_TILE, 4, 3, 4)
 DRIVER(mm_f16, F16_TILE, 4, 3, 4)
