@@ -35,6 +35,15 @@
  * prefix (XXH3-128 under its own random seed, never the test hook): the
  * earlier blocks that would prove the prefix exactly are legitimately gone.
  *
+ * Tiers (host, disk, remote copies of blocks) build on three things here:
+ * fenced blocks, whose identity is known before their bytes are copied in
+ * and which no lookup can match until committed (DESIGN.md invariant 11;
+ * the cache holds a reference of its own on each, so a block's refcount is
+ * the tables that hold it plus one while it is fenced); pins for copy, which
+ * keep a cached block from eviction while a tier reads it, without moving it
+ * in the eviction order; and the hashes and fingerprints that name a block
+ * across processes that share a deployment seed.
+ *
  * Memory: per-block metadata is reserved at creation but only touched for
  * blocks that get cached, so a huge metadata-only pool (a simulator's) costs
  * memory in proportion to the blocks its requests use.
