@@ -51,7 +51,7 @@ typedef struct {
     uint32_t hnext;          /* next entry in the same bucket, KVC_NONE at the end */
     uint32_t parent;         /* KVC_NONE for a root, and always in sliding-window groups;
                                 STRANDED once evicted from under this block */
-    uint32_t n_children;     /* cached blocks whose parent is this one */
+    uint32_t n_children;     /* cached and pending blocks whose parent is this one */
     uint8_t cached : 1;      /* committed: in the index, matchable */
     uint8_t sliding : 1;     /* belongs to a sliding-window group */
     uint8_t unreachable : 1; /* stranded, or below a stranded block */
@@ -62,7 +62,8 @@ typedef struct {
     uint8_t doomed : 1;      /* scratch for kvc_prefix_abort's cascade; 0 between calls */
     uint8_t n_extra;
     uint8_t uses;     /* the insert and every lookup that pinned it (counted only when the
-                         policy ranks by uses or priority), saturating at 255 */
+                         policy ranks by uses or priority, or some block is marked
+                         offloaded), saturating at 255 */
     uint8_t priority; /* the highest query priority that inserted or pinned it */
 } entry_t;
 
@@ -575,14 +576,17 @@ static void strand_children(kvc_prefix_t *pc, uint32_t b)
     pc->stats.n_strandings += newly;
 }
 
-/* Drop a free cached block's identity if the policy allows it now: KVC_EBUSY while it has
- * cached children (leaf-first), unless the policy strands them. */
+/* Block b is the parent of a pending block.  O(pending blocks); only naive-lru asks. */
 static bool has_pending_child(const kvc_prefix_t *pc, uint32_t b)
 {
     for (uint32_t x = pc->pending_head; x != KVC_NONE; x = pc->entries[x].hnext)
         if (pc->entries[x].parent == b) return true;
     return false;
 }
+
+/* Drop a free cached block's identity if the policy allows it now: KVC_EBUSY while it is
+ * pinned for copy, or has cached or pending children (leaf-first) unless the policy strands
+ * them (never pending ones). */
 
 static inline int evict_one(kvc_prefix_t *pc, uint32_t b)
 {
