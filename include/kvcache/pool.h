@@ -127,8 +127,8 @@ KVC_API int kvc_pool_metadata_bytes(const kvc_pool_params_t *params, size_t *res
  * KVC_EINVAL (pool NULL, or out NULL with n > 0), KVC_ENOSPC when fewer than
  * n blocks are free (nothing at all changes), or KVC_EBUSY when enough are
  * free but the prefix cache refuses to give up enough of them (cached blocks
- * held back by their cached children): then the free cached blocks it did
- * evict on the way stay free but uncached (their identity is gone, counted in
+ * held back by their cached or fenced children, or pinned for a copy to a tier): then the free
+ * cached blocks it did evict on the way stay free but uncached (their identity is gone, counted in
  * n_evicted), since knowing in advance which blocks a chain of leaf-first
  * evictions would release costs the walk itself.  n = 0 is a no-op. */
 KVC_API KVC_NODISCARD int kvc_pool_alloc(kvc_pool_t *pool, uint32_t n, uint32_t *out);

@@ -35,6 +35,15 @@
  * prefix (XXH3-128 under its own random seed, never the test hook): the
  * earlier blocks that would prove the prefix exactly are legitimately gone.
  *
+ * Tiers (host, disk, remote copies of blocks) build on three things here:
+ * fenced blocks, whose identity is known before their bytes are copied in
+ * and which no lookup can match until committed (DESIGN.md invariant 11;
+ * the cache holds a reference of its own on each, so a block's refcount is
+ * the tables that hold it plus one while it is fenced); pins for copy, which
+ * keep a cached block from eviction while a tier reads it, without moving it
+ * in the eviction order; and the hashes and fingerprints that name a block
+ * across processes that share a deployment seed.
+ *
  * Memory: per-block metadata is reserved at creation but only touched for
  * blocks that get cached, so a huge metadata-only pool (a simulator's) costs
  * memory in proportion to the blocks its requests use.
@@ -130,6 +139,15 @@ typedef struct {
     const kvc_token_t *tokens; /* (n_tokens) */
 } kvc_prefix_event_t;
 
+/* Called at the end of the operation that stored or removed the block.  KVC_EVENT_STORED fires
+ * when a block becomes matchable: on kvc_prefix_insert of a new identity and on
+ * kvc_prefix_commit of a fenced block, never on kvc_prefix_insert_pending.  At that point the
+ * block's bytes are complete (computed, or copied in and verified) and readable; they stay
+ * unchanged while it is cached (cached blocks are immutable), but the block may be evicted
+ * and reused once the callback returns.  A write-through tier that copies asynchronously pins
+ * it first: the callback may call kvc_prefix_pin_for_copy on ev->block (and no other function
+ * of the cache).  REMOVED fires before an identity is dropped (eviction); an aborted pending
+ * block was never stored and sends nothing. */
 typedef void (*kvc_prefix_event_fn)(void *ctx, const kvc_prefix_event_t *ev);
 
 /* ---- eviction policies ------------------------------------------------------
@@ -168,8 +186,10 @@ KVC_API KVC_NODISCARD int kvc_eviction_parse(const char *name, kvc_eviction_t *o
 KVC_API const char *const *kvc_eviction_names(void);
 
 typedef struct {
-    uint64_t hash_seed;           /* 0: random per process (kvc_random_seed); set it
-                                     to share block hashes across processes */
+    uint64_t hash_seed;           /* 0: random per process (kvc_random_seed).  The deployment
+                                     seed: every process that shares a tier (replicas behind
+                                     one Redis) must set the same nonzero value, or their
+                                     hashes and fingerprints never meet */
     uint32_t max_extra_keys;      /* extra keys one block may carry (0..16); default 4 */
     kvc_prefix_event_fn on_event; /* NULL: no events */
     void *event_ctx;
@@ -231,6 +251,15 @@ typedef struct {
                                    hit them); 0 under every policy but naive-lru */
     uint64_t n_stranded_bytes;  /* current: n_stranded_blocks * the pool's block bytes (0 in
                                    a metadata-only pool: multiply by the model's) */
+    /* Tiers (see "fenced blocks" and "pins for copy" below). */
+    uint32_t n_pending;       /* current: fenced blocks (identity given, not matchable yet) */
+    uint64_t n_commits;       /* kvc_prefix_commit calls that succeeded (resolved ones too) */
+    uint64_t n_aborts;        /* pending blocks dropped by kvc_prefix_abort, cascades included */
+    uint32_t n_copy_pinned;   /* current: cached blocks pinned for copy */
+    uint32_t n_offloaded;     /* current: cached blocks marked offloaded (copied since last use) */
+    uint64_t n_copies_begun;  /* pins for copy taken (offload_begin and pin_for_copy) */
+    uint64_t n_copies_done;   /* ... ended with copied = true */
+    uint64_t n_copies_failed; /* ... ended with copied = false */
 } kvc_prefix_stats_t;
 
 /* Create a prefix cache over `pool` (borrowed: it must outlive the cache)
@@ -280,8 +309,17 @@ KVC_API int kvc_prefix_hash_next(const kvc_prefix_t *pc, const kvc_prefix_query_
                                  const kvc_hash128_t *prev_hash, const kvc_hash128_t *prev_fp,
                                  kvc_hash128_t *hash, kvc_hash128_t *fp);
 
-/* The fingerprints (sliding-window identity) of the query's full blocks, as
- * kvc_prefix_hash gives the hashes; same errors. */
+/* The fingerprints of the query's full blocks, as kvc_prefix_hash gives the hashes; same
+ * errors.  A fingerprint is a second chained 128-bit hash of the whole prefix up to the end of
+ * the block, under its own seed (derived from hash_seed when one is given, so replicas agree;
+ * random otherwise) and always XXH3-128 (never the test hook).  Sliding-window groups use it
+ * as identity; it is defined for every group, so a tier can store (hash, fingerprint) as a
+ * block's identity and check a fetched record against both.
+ *
+ * Continuing a lookup in the tiers: after kvc_prefix_lookup hits h blocks, blocks h, h+1, ...
+ * of the query are looked up by out[h], out[h + 1], ... of kvc_prefix_hash (and of this
+ * function for their fingerprints); kvc_prefix_hash_next gives them one at a time, chained
+ * from block h - 1's values (kvc_prefix_block_hash of the last hit block gives its hash). */
 KVC_API int kvc_prefix_fingerprint(const kvc_prefix_t *pc, const kvc_prefix_query_t *q,
                                    kvc_hash128_t *out, size_t cap, size_t *n_out);
 
@@ -338,6 +376,93 @@ KVC_API KVC_NODISCARD int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_q
                                             size_t index, uint32_t parent, uint32_t block,
                                             uint32_t *canonical);
 
+/* ---- fenced (pending) blocks: DESIGN.md invariant 11 ----------------------------
+ * A block being filled from a tier has its identity before its bytes are in: it is pending.
+ * A pending block is not in the index: lookup, match and probe treat it (and so everything
+ * that would chain below it) as a miss, kvc_prefix_block_hash / _parent / _tokens report it
+ * as uncached, no event fires for it, and it is never evicted or offered for offload: the
+ * cache holds a reference of its own on it (counted in its refcount) from insert_pending to
+ * commit or abort, so its fetcher may release its own reference at any time.
+ *
+ * Order rule: commit root first.  A block may be committed only once its parent is
+ * committed (or it is a root, or in a sliding-window group); a fetched run is committed in
+ * chain order as its copies complete.  A pending block may have a pending parent.
+ *
+ * Duplicates: a computed block wins.  kvc_prefix_insert of an identity that is pending
+ * elsewhere inserts the computed block as usual (it is complete now); the pending one, when
+ * committed, resolves to the cached block (see kvc_prefix_commit).  Two fetches of one
+ * identity are refused (KVC_EBUSY from insert_pending). */
+
+/* As kvc_prefix_insert, with the same validation and errors, but the block becomes pending,
+ * not matchable; `parent` may be a pending block (not one no lookup can reach, under
+ * naive-lru).  If the identity is already cached (committed), nothing changes and *canonical
+ * receives that block, as with kvc_prefix_insert: no fetch is needed.  If it is pending in
+ * another block (another fetch), nothing changes, *canonical receives that block and the
+ * result is KVC_EBUSY.  Otherwise *canonical = block, the cache takes its own reference on
+ * it, and the caller copies the bytes in, verifies them, and calls kvc_prefix_commit or
+ * kvc_prefix_abort.  Errors: as kvc_prefix_insert (KVC_EINVAL also for a block that is
+ * already pending), KVC_EBUSY (above), KVC_EOVERFLOW (the block's refcount is at its
+ * limit).  Nothing changes on error.  O(pending blocks). */
+KVC_API KVC_NODISCARD int kvc_prefix_insert_pending(kvc_prefix_t *pc, const kvc_prefix_query_t *q,
+                                                    size_t index, uint32_t parent, uint32_t block,
+                                                    uint32_t *canonical);
+
+/* The copy into pending `block` is complete and verified: make it matchable.  Sends
+ * KVC_EVENT_STORED, counts as an insert, and drops the cache's reference.  If a block with
+ * the same identity was committed or computed meanwhile, that block is the cached one: this
+ * block loses its identity (uncached, no event), its pending children are re-parented to
+ * that block, and *canonical (if not NULL) receives it (a use of it, as a duplicate insert);
+ * the caller may swap it into its table.  Otherwise *canonical = block.  Errors: KVC_EINVAL
+ * (pc NULL, a bad id), KVC_ENOENT (the block is not pending: never was, committed already,
+ * or aborted, perhaps by a cascade from its parent), KVC_EBUSY (its parent is still pending:
+ * the order rule).  Nothing changes on error.  O(pending blocks). */
+KVC_API KVC_NODISCARD int kvc_prefix_commit(kvc_prefix_t *pc, uint32_t block, uint32_t *canonical);
+
+/* The copy into pending `block` failed (checksum, timeout, tier fault): drop its identity and,
+ * in cascade, that of every pending block below it (their copies chain from bytes that will
+ * never be there; their fetchers' commits then fail with KVC_ENOENT).  The blocks stay where
+ * they are, uncached; the cache drops its references; the callers still hold theirs.
+ * *n_aborted (if not NULL) receives how many blocks were dropped.  No event.  Errors:
+ * KVC_EINVAL (pc NULL, a bad id), KVC_ENOENT (not pending).  O(pending blocks). */
+KVC_API int kvc_prefix_abort(kvc_prefix_t *pc, uint32_t block, uint32_t *n_aborted);
+
+/* ---- pins for copy: offload without a race --------------------------------------
+ * A cached block is copied out to a tier only while pinned for copy.  The pin is the
+ * evictor's refusal, not a reference: the block keeps its place in the free queue (a copy is
+ * not a use, so it does not make the block look recently used), the pool cannot evict or
+ * reuse it (kvc_pool_alloc skips it, and may report KVC_EBUSY when only pinned blocks are
+ * left), and a lookup may hit and pin it meanwhile (the copy keeps reading unchanged bytes:
+ * cached blocks are immutable).  One pin for copy per block at a time. */
+
+/* Pin for copy up to n of the blocks the pool would evict next: free cached blocks with no
+ * cached or pending children (any, under naive-lru), in the pool's eviction order, skipping
+ * blocks pinned for copy already and blocks marked offloaded.  blocks[0 .. *n_out) receives
+ * them.  Not a use for the eviction policy.  Errors: KVC_EINVAL (pc or n_out NULL, blocks
+ * NULL with n > 0).  O(free cached blocks walked). */
+KVC_API KVC_NODISCARD int kvc_prefix_offload_begin(kvc_prefix_t *pc, uint32_t n, uint32_t *blocks,
+                                                   uint32_t *n_out);
+
+/* Pin one cached block for copy by id (a write-through tier, from KVC_EVENT_STORED or later),
+ * whether free or in use.  Not a use.  Errors: KVC_EINVAL (pc NULL), KVC_ENOENT (not cached:
+ * uncached, pending, or a bad id), KVC_EBUSY (pinned for copy already). */
+KVC_API KVC_NODISCARD int kvc_prefix_pin_for_copy(kvc_prefix_t *pc, uint32_t block);
+
+/* End a pin for copy.  copied: the tier now holds the block's bytes; the block is marked
+ * offloaded, and offload_begin does not offer it again until a use (a lookup hit, a duplicate
+ * insert or commit) clears the mark; a use while the copy ran does not (the copy is of the
+ * bytes the block still holds).  Either way the block is where it was in the eviction
+ * order (earlier than a block freed after it), evictable again.  Errors: KVC_EINVAL (pc
+ * NULL), KVC_ENOENT (not pinned for copy, or a bad id). */
+KVC_API int kvc_prefix_offload_end(kvc_prefix_t *pc, uint32_t block, bool copied);
+
+/* A block's state for the tiers and tests: a set of KVC_PREFIX_BLOCK_* bits (0 for an
+ * uncached block or a bad id). */
+#define KVC_PREFIX_BLOCK_CACHED    1u /* committed: matchable */
+#define KVC_PREFIX_BLOCK_PENDING   2u /* fenced: identity given, not matchable */
+#define KVC_PREFIX_BLOCK_COPYING   4u /* pinned for copy */
+#define KVC_PREFIX_BLOCK_OFFLOADED 8u /* copied to a tier since its last use */
+KVC_API uint32_t kvc_prefix_block_flags(const kvc_prefix_t *pc, uint32_t block);
+
 /* Evict up to n free cached blocks, in the pool's order (leaves only, except
  * under naive-lru), and report how many went (n_evicted may be NULL).  For
  * tiers and for tests; allocation evicts on its own.  KVC_EINVAL if pc is
@@ -366,13 +491,16 @@ KVC_API kvc_eviction_t kvc_prefix_eviction(const kvc_prefix_t *pc);
  * may not run concurrently with the checkers on the same pool. */
 KVC_API uint32_t kvc_prefix_count_stranded(const kvc_prefix_t *pc);
 
-/* Check invariants 2 to 4 of DESIGN.md and the index's own consistency:
+/* Check invariants 2 to 4 and 11 of DESIGN.md and the index's own consistency:
  * each reachable cached block is in its hash chain exactly once and nothing
  * else is; its stored hash recomputes from its stored identity; its parent
  * is cached and counts it as a child; child counts are exact; the pool's
  * cached marks and eviction levels match the policy's.  A stranded block
  * (cached behind an evicted parent) fails the check under every policy but
  * naive-lru, where the stranded blocks must be exactly the ones counted.
+ * Pending blocks: none is in the index; each is on the pending list (after its pending
+ * parent), holds a reference, chains from its parent's hash and counts in its parent's
+ * children; the marks for copy and offload are on cached blocks only and match the counters.
  * Also runs kvc_pool_check.  Returns 0, KVC_ECORRUPT with a description in
  * msg, KVC_EINVAL (pc NULL) or KVC_ENOMEM (it allocates a scratch count).
  * O(blocks ever used * block_size). */

@@ -48,18 +48,26 @@ typedef struct {
 
 typedef struct {
     kvc_hash128_t hash;
-    uint32_t hnext;      /* next entry in the same bucket, KVC_NONE at the end */
-    uint32_t parent;     /* KVC_NONE for a root, and always in sliding-window groups;
-                            STRANDED once evicted from under this block */
-    uint32_t n_children; /* cached blocks whose parent is this one */
-    uint8_t cached : 1;
+    uint32_t hnext;          /* next entry in the same bucket, KVC_NONE at the end */
+    uint32_t parent;         /* KVC_NONE for a root, and always in sliding-window groups;
+                                STRANDED once evicted from under this block */
+    uint32_t n_children;     /* cached and pending blocks whose parent is this one */
+    uint8_t cached : 1;      /* committed: in the index, matchable */
     uint8_t sliding : 1;     /* belongs to a sliding-window group */
     uint8_t unreachable : 1; /* stranded, or below a stranded block */
+    uint8_t pending : 1;     /* fenced: identity given, copy not committed; on the pending
+                                list, never in the index, held by the cache's own reference */
+    uint8_t copying : 1;     /* cached and pinned for copy: the evictor refuses it */
+    uint8_t offloaded : 1;   /* cached, and a tier holds a copy made since its last use */
+    uint8_t doomed : 1;      /* scratch for kvc_prefix_abort's cascade; 0 between calls */
     uint8_t n_extra;
     uint8_t uses;     /* the insert and every lookup that pinned it (counted only when the
-                         policy ranks by uses or priority), saturating at 255 */
+                         policy ranks by uses or priority, or some block is marked
+                         offloaded), saturating at 255 */
     uint8_t priority; /* the highest query priority that inserted or pinned it */
 } entry_t;
+
+_Static_assert(sizeof(entry_t) == 32, "lookups touch one entry per block: keep it half a line");
 
 /* ---- eviction policies --------------------------------------------------------
  * A policy ranks free cached blocks by giving each one a level of the pool's free queue (level
@@ -127,7 +135,13 @@ struct kvc_prefix {
                               root); kept out of entry_t so lookups touch one line per block */
     uint32_t n_cached;
     uint32_t n_unreachable; /* cached blocks no lookup can reach (naive eviction only) */
-    bool installed;         /* the pool's evictor is ours */
+    /* Pending (fenced) blocks, linked through hnext in insertion order, so that a pending
+     * block's pending parent is always ahead of it (insert_pending needs the parent first). */
+    uint32_t pending_head, pending_tail;
+    uint32_t n_pending;
+    uint32_t n_copying;   /* cached blocks pinned for copy */
+    uint32_t n_offloaded; /* cached blocks marked offloaded */
+    bool installed;       /* the pool's evictor is ours */
     kvc_prefix_stats_t stats;
 };
 
@@ -397,6 +411,11 @@ static inline bool is_cached(const kvc_prefix_t *pc, uint32_t b)
     return b < pc->hw && pc->entries[b].cached;
 }
 
+static inline bool is_pending(const kvc_prefix_t *pc, uint32_t b)
+{
+    return b < pc->hw && pc->entries[b].pending;
+}
+
 static inline kvc_token_t *entry_tokens(const kvc_prefix_t *pc, uint32_t b)
 {
     return pc->tokens + (size_t)b * pc->block_size;
@@ -512,7 +531,7 @@ static inline void emit(kvc_prefix_t *pc, kvc_event_type_t type, uint32_t b)
 static void drop(kvc_prefix_t *pc, uint32_t b)
 {
     entry_t *e = &pc->entries[b];
-    KVC_ASSERT(e->cached && e->n_children == 0);
+    KVC_ASSERT(e->cached && e->n_children == 0 && !e->copying);
     emit(pc, KVC_EVENT_REMOVED, b);
     uint32_t *link = bucket_slot(pc, bucket_of(pc, e->hash));
     while (*link != b) {
@@ -522,6 +541,7 @@ static void drop(kvc_prefix_t *pc, uint32_t b)
     *link = e->hnext;
     if (e->parent < pc->n_blocks) pc->entries[e->parent].n_children--;
     if (e->unreachable) pc->n_unreachable--;
+    if (e->offloaded) pc->n_offloaded--;
     *e = (entry_t){.hnext = KVC_NONE, .parent = KVC_NONE};
     pc->n_cached--;
     pc->stats.n_evictions++;
@@ -556,13 +576,26 @@ static void strand_children(kvc_prefix_t *pc, uint32_t b)
     pc->stats.n_strandings += newly;
 }
 
-/* Drop a free cached block's identity if the policy allows it now: KVC_EBUSY while it has
- * cached children (leaf-first), unless the policy strands them. */
+/* Block b is the parent of a pending block.  O(pending blocks); only naive-lru asks. */
+static bool has_pending_child(const kvc_prefix_t *pc, uint32_t b)
+{
+    for (uint32_t x = pc->pending_head; x != KVC_NONE; x = pc->entries[x].hnext)
+        if (pc->entries[x].parent == b) return true;
+    return false;
+}
+
+/* Drop a free cached block's identity if the policy allows it now: KVC_EBUSY while it is
+ * pinned for copy, or has cached or pending children (leaf-first) unless the policy strands
+ * them (never pending ones). */
+
 static inline int evict_one(kvc_prefix_t *pc, uint32_t b)
 {
     if (!is_cached(pc, b)) return 0;
+    /* Pinned for copy: a tier is reading its bytes (the pool would hand them out). */
+    if (pc->entries[b].copying) return KVC_EBUSY;
     if (pc->entries[b].n_children) {
-        if (!pc->policy->strands) return KVC_EBUSY;
+        /* A pending child must find its parent at commit: not even naive-lru strands it. */
+        if (!pc->policy->strands || has_pending_child(pc, b)) return KVC_EBUSY;
         strand_children(pc, b);
     }
     drop(pc, b);
@@ -581,6 +614,10 @@ static inline void touch(kvc_prefix_t *pc, uint32_t b, uint32_t priority)
     entry_t *e = &pc->entries[b];
     if (e->uses < UINT8_MAX) e->uses++;
     if (priority > e->priority) e->priority = (uint8_t)priority;
+    if (e->offloaded) { /* used again: a tier may have dropped its copy since */
+        e->offloaded = 0;
+        pc->n_offloaded--;
+    }
     if (pc->level) (void)kvc__pool_set_level(pc->pool, b, pc->level(e));
 }
 
@@ -642,6 +679,7 @@ int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_p
     pc->policy = policies[params->eviction].policy;
     pc->level = pc->policy->level;
     pc->hash_bits = 128;
+    pc->pending_head = pc->pending_tail = KVC_NONE;
     pc->seed = params->hash_seed ? params->hash_seed : kvc_random_seed();
     /* The fingerprint seed is independent of the index seed; derived from it when a deployment
      * fixes the seed (so fingerprints agree across its processes), random otherwise. */
@@ -680,10 +718,12 @@ int kvc_prefix_create(kvc_pool_t *pool, const kvc_prefix_params_t *params, kvc_p
 void kvc_prefix_destroy(kvc_prefix_t *pc)
 {
     if (!pc) return;
-    if (pc->installed) { /* give the pool back its marks */
+    if (pc->installed) { /* give the pool back its marks and the fences' references */
         kvc__pool_set_evictor(pc->pool, NULL, NULL);
-        for (uint32_t b = 0; b < pc->hw; b++)
+        for (uint32_t b = 0; b < pc->hw; b++) {
             if (pc->entries[b].cached) (void)kvc__pool_set_cached(pc->pool, b, false);
+            if (pc->entries[b].pending) (void)kvc_pool_unref(pc->pool, b);
+        }
     }
     kvc_allocator_t a = pc->params.allocator;
     kvc_free(&a, pc->buckets);
@@ -1094,7 +1134,7 @@ int kvc_prefix_lookup(kvc_prefix_t *pc, const kvc_prefix_query_t *q, uint32_t *b
         hit->n_hit_blocks = hit->n_hit_tokens = hit->first_hit_block = 0;
         return rc;
     }
-    if (pc->level) /* a use, for the policies that rank by uses or priority */
+    if (pc->level || pc->n_offloaded) /* a use: the policy's rank, the offloaded marks */
         for (size_t i = hit->first_hit_block; i < hit->n_hit_blocks; i++)
             touch(pc, blocks[i], q->priority);
     kvc_prefix_stats_t *s = &pc->stats;
@@ -1130,13 +1170,48 @@ static int query_chain_at(const kvc_prefix_t *pc, bool fp, const kvc_prefix_quer
     return 0;
 }
 
-int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index, uint32_t parent,
-                      uint32_t block, uint32_t *canonical)
+/* The pending block with this exact identity (link.parent may itself be pending), or KVC_NONE.
+ * O(pending blocks): the list holds only fetches in flight. */
+static uint32_t find_pending(const kvc_prefix_t *pc, kvc_hash128_t h, const link_t *link,
+                             const kvc_namespace_t *ns, const kvc_token_t *tokens,
+                             const extra_t *extras, int n_extra)
+{
+    for (uint32_t b = pc->pending_head; b != KVC_NONE; b = pc->entries[b].hnext)
+        if (kvc_hash128_eq(pc->entries[b].hash, h) &&
+            identity_equal(pc, b, link, ns, tokens, extras, n_extra))
+            return b;
+    return KVC_NONE;
+}
+
+/* Unlink pending block b from the pending list (O(its position): commits come in list order,
+ * so usually O(1)). */
+static void pending_unlink(kvc_prefix_t *pc, uint32_t b)
+{
+    uint32_t prev = KVC_NONE, x = pc->pending_head;
+    while (x != b) {
+        KVC_ASSERT(x != KVC_NONE);
+        prev = x;
+        x = pc->entries[x].hnext;
+    }
+    uint32_t next = pc->entries[b].hnext;
+    if (prev == KVC_NONE)
+        pc->pending_head = next;
+    else
+        pc->entries[prev].hnext = next;
+    if (pc->pending_tail == b) pc->pending_tail = prev;
+    pc->entries[b].hnext = KVC_NONE;
+    pc->n_pending--;
+}
+
+/* kvc_prefix_insert (pending = false) and kvc_prefix_insert_pending (pending = true). */
+static int insert_impl(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index, uint32_t parent,
+                       uint32_t block, uint32_t *canonical, bool pending)
 {
     if (!pc || !query_ok(q)) return KVC_EINVAL;
     const uint32_t bs = pc->block_size;
     if (index >= q->n_tokens >> pc->bs_shift || block >= pc->n_blocks) return KVC_EINVAL;
     if (kvc_pool_refcount(pc->pool, block) == 0) return KVC_EINVAL; /* so block < high water */
+    if (is_pending(pc, block)) return KVC_EINVAL; /* it has an identity, not yet committed */
     const kvc_namespace_t *ns = query_ns(q);
     const kvc_token_t *tok = q->tokens + index * bs;
     const bool sliding = is_sliding(pc, ns);
@@ -1149,7 +1224,11 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     } else if (index == 0) {
         if (parent != KVC_NONE) return KVC_EINVAL;
     } else {
-        if (!is_cached(pc, parent) || pc->entries[parent].sliding) return KVC_EINVAL;
+        /* A computed block chains from a committed parent; a fetched one may also chain from a
+         * pending parent (a fetched run is a chain), never from one no lookup can reach. */
+        const bool parent_ok = is_cached(pc, parent) ? !(pending && pc->entries[parent].unreachable)
+                                                     : pending && is_pending(pc, parent);
+        if (!parent_ok || pc->entries[parent].sliding) return KVC_EINVAL;
         if (kvc_pool_refcount(pc->pool, parent) == 0) return KVC_EINVAL;
         if (!block_tokens_equal(pc, entry_tokens(pc, parent), tok - bs) ||
             !ns_equal(&pc->ns[parent], ns))
@@ -1165,10 +1244,13 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     kvc_hash128_t h =
         q->hashes ? q->hashes[index]
                   : block_hash(pc, link.parent_hash, ns_digest(pc, ns), tok, extras, n_extra);
+    /* A computed block wins over a pending copy of the same identity: it is complete now, and
+     * the pending one, when committed, resolves to it (kvc_prefix_commit).  So the index is
+     * searched exactly as before: pending blocks are not in it. */
     bool collided = false;
     uint32_t found = find_exact(pc, h, &link, ns, tok, extras, n_extra, &collided);
     if (found != KVC_NONE) {
-        if (found != block) { /* computed twice: a use of the cached copy */
+        if (found != block) { /* computed (or fetched) twice: a use of the cached copy */
             pc->stats.n_duplicates++;
             touch(pc, found, q->priority);
         }
@@ -1176,15 +1258,30 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
         return 0;
     }
     if (is_cached(pc, block)) return KVC_EINVAL; /* cached with another identity */
+    if (pending) {
+        /* One fetch per identity: a second one would copy the same bytes again. */
+        uint32_t other = find_pending(pc, h, &link, ns, tok, extras, n_extra);
+        if (other != KVC_NONE) {
+            if (canonical) *canonical = other;
+            return KVC_EBUSY;
+        }
+        /* The fence's own reference: the block can be neither evicted nor reallocated until
+         * it is committed or aborted, whatever its fetcher releases meanwhile. */
+        if ((rc = kvc_pool_ref(pc->pool, block))) return rc;
+    }
     entries_upto(pc, block);
     entry_t *e = &pc->entries[block];
-    /* Below a block no lookup can reach (naive eviction stranded it), nothing can be reached. */
-    const bool unreachable = link.parent != KVC_NONE && pc->entries[link.parent].unreachable;
+    /* Below a block no lookup can reach (naive eviction stranded it), nothing can be reached.
+     * (A pending block takes its parent's mark when committed.) */
+    const bool unreachable =
+        !pending && link.parent != KVC_NONE && pc->entries[link.parent].unreachable;
     *e = (entry_t){.hash = h,
+                   .hnext = KVC_NONE,
                    .parent = link.parent,
-                   .cached = 1,
+                   .cached = !pending,
                    .sliding = sliding,
                    .unreachable = unreachable,
+                   .pending = pending,
                    .n_extra = (uint8_t)n_extra,
                    .uses = 1, /* its first use */
                    .priority = (uint8_t)q->priority};
@@ -1193,20 +1290,225 @@ int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t inde
     pc->phash[block] = link.parent_hash;
     if (sliding) pc->fp[block] = link.fp;
     if (n_extra) memcpy(entry_extras(pc, block), extras, (size_t)n_extra * sizeof(extra_t));
+    if (link.parent != KVC_NONE) pc->entries[link.parent].n_children++;
+    if (canonical) *canonical = block;
+    if (pending) { /* on the pending list, at its tail: after its parent */
+        if (pc->pending_tail == KVC_NONE)
+            pc->pending_head = block;
+        else
+            pc->entries[pc->pending_tail].hnext = block;
+        pc->pending_tail = block;
+        pc->n_pending++;
+        return 0; /* no event: nothing can be matched yet */
+    }
     uint32_t *head = bucket_slot(pc, bucket_of(pc, h));
     e->hnext = *head;
     *head = block;
-    if (link.parent != KVC_NONE) pc->entries[link.parent].n_children++;
     pc->n_cached++;
     pc->n_unreachable += unreachable;
     pc->stats.n_strandings += unreachable;
     pc->stats.n_inserts++;
     if (pc->level) (void)kvc__pool_set_level(pc->pool, block, pc->level(e));
     rc = kvc__pool_set_cached(pc->pool, block, true);
-    KVC_ASSERT(rc == 0); /* block < n_blocks, checked above */
-    emit(pc, KVC_EVENT_STORED, block);
-    if (canonical) *canonical = block;
+    KVC_ASSERT(rc == 0);               /* block < n_blocks, checked above */
+    emit(pc, KVC_EVENT_STORED, block); /* last: the callback may pin the block for copy */
     return 0;
+}
+
+int kvc_prefix_insert(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index, uint32_t parent,
+                      uint32_t block, uint32_t *canonical)
+{
+    return insert_impl(pc, q, index, parent, block, canonical, false);
+}
+
+int kvc_prefix_insert_pending(kvc_prefix_t *pc, const kvc_prefix_query_t *q, size_t index,
+                              uint32_t parent, uint32_t block, uint32_t *canonical)
+{
+    return insert_impl(pc, q, index, parent, block, canonical, true);
+}
+
+int kvc_prefix_commit(kvc_prefix_t *pc, uint32_t block, uint32_t *canonical)
+{
+    if (!pc || block >= pc->n_blocks) return KVC_EINVAL;
+    if (!is_pending(pc, block)) return KVC_ENOENT;
+    entry_t *e = &pc->entries[block];
+    const uint32_t parent = e->parent;
+    /* Root first: a committed block below a pending one could be matched only through it, and
+     * would be stranded if that one were aborted. */
+    if (parent != KVC_NONE && !is_cached(pc, parent)) {
+        KVC_ASSERT(is_pending(pc, parent)); /* a parent with children is never dropped */
+        return KVC_EBUSY;
+    }
+    link_t link = {.parent = parent,
+                   .parent_hash = pc->phash[block],
+                   .fp = e->sliding ? pc->fp[block] : (kvc_hash128_t){0, 0},
+                   .sliding = e->sliding};
+    bool collided = false;
+    uint32_t found = find_exact(pc, e->hash, &link, &pc->ns[block], entry_tokens(pc, block),
+                                entry_extras(pc, block), e->n_extra, &collided);
+    pending_unlink(pc, block);
+    pc->stats.n_commits++;
+    int rc;
+    if (found != KVC_NONE) {
+        /* Computed (or committed) meanwhile: that copy is the block, this one's identity goes.
+         * Its pending children chain from the same hash, so they move to the canonical block. */
+        for (uint32_t x = pc->pending_head; x != KVC_NONE; x = pc->entries[x].hnext)
+            if (pc->entries[x].parent == block) {
+                pc->entries[x].parent = found;
+                pc->entries[found].n_children++;
+            }
+        if (parent != KVC_NONE) pc->entries[parent].n_children--;
+        const uint32_t priority = e->priority;
+        *e = (entry_t){.hnext = KVC_NONE, .parent = KVC_NONE};
+        pc->stats.n_duplicates++;
+        touch(pc, found, priority);
+        rc = kvc_pool_unref(pc->pool, block); /* the fence's reference */
+        KVC_ASSERT(rc == 0);
+        if (canonical) *canonical = found;
+        return 0;
+    }
+    e->pending = 0;
+    e->cached = 1;
+    e->unreachable = parent != KVC_NONE && pc->entries[parent].unreachable;
+    uint32_t *head = bucket_slot(pc, bucket_of(pc, e->hash));
+    e->hnext = *head;
+    *head = block;
+    pc->n_cached++;
+    pc->n_unreachable += e->unreachable;
+    pc->stats.n_strandings += e->unreachable;
+    pc->stats.n_inserts++;
+    if (pc->level) (void)kvc__pool_set_level(pc->pool, block, pc->level(e));
+    rc = kvc__pool_set_cached(pc->pool, block, true);
+    KVC_ASSERT(rc == 0);
+    /* Marked cached before the fence's reference goes, so that a block its fetcher already
+     * released joins the free queue as a cached block. */
+    rc = kvc_pool_unref(pc->pool, block);
+    KVC_ASSERT(rc == 0);
+    if (canonical) *canonical = block;
+    emit(pc, KVC_EVENT_STORED, block); /* last: the callback may pin the block for copy */
+    return 0;
+}
+
+int kvc_prefix_abort(kvc_prefix_t *pc, uint32_t block, uint32_t *n_aborted)
+{
+    if (!pc || block >= pc->n_blocks) return KVC_EINVAL;
+    if (!is_pending(pc, block)) return KVC_ENOENT;
+    /* The block and every pending block below it: the list has parents before children, so
+     * one pass from the block marks them all. */
+    const uint32_t parent = pc->entries[block].parent;
+    if (parent != KVC_NONE) pc->entries[parent].n_children--;
+    pc->entries[block].doomed = 1;
+    uint32_t prev = KVC_NONE, x = pc->pending_head, n = 0;
+    uint32_t doomed = KVC_NONE, doomed_tail = KVC_NONE; /* unlinked, chained through hnext */
+    bool seen = false;
+    while (x != KVC_NONE) {
+        entry_t *e = &pc->entries[x];
+        const uint32_t next = e->hnext;
+        seen |= x == block;
+        if (seen && !e->doomed && e->parent != KVC_NONE && pc->entries[e->parent].doomed)
+            e->doomed = 1;
+        if (!e->doomed) {
+            prev = x;
+            x = next;
+            continue;
+        }
+        if (prev == KVC_NONE)
+            pc->pending_head = next;
+        else
+            pc->entries[prev].hnext = next;
+        if (pc->pending_tail == x) pc->pending_tail = prev;
+        e->hnext = KVC_NONE;
+        if (doomed_tail == KVC_NONE)
+            doomed = x;
+        else
+            pc->entries[doomed_tail].hnext = x;
+        doomed_tail = x;
+        x = next;
+        n++;
+    }
+    /* Now reset them (a child was marked by reading its parent's mark, so not before). */
+    while (doomed != KVC_NONE) {
+        const uint32_t next = pc->entries[doomed].hnext;
+        pc->entries[doomed] = (entry_t){.hnext = KVC_NONE, .parent = KVC_NONE};
+        int rc = kvc_pool_unref(pc->pool, doomed); /* the fence's reference */
+        KVC_ASSERT(rc == 0);
+        doomed = next;
+    }
+    pc->n_pending -= n;
+    pc->stats.n_aborts += n;
+    if (n_aborted) *n_aborted = n;
+    return 0;
+}
+
+/* ---- pins for copy ------------------------------------------------------------ */
+static void copy_pin(kvc_prefix_t *pc, uint32_t b)
+{
+    pc->entries[b].copying = 1;
+    pc->n_copying++;
+    pc->stats.n_copies_begun++;
+}
+
+int kvc_prefix_offload_begin(kvc_prefix_t *pc, uint32_t n, uint32_t *blocks, uint32_t *n_out)
+{
+    if (!pc || !n_out || (n && !blocks)) return KVC_EINVAL;
+    uint32_t got = 0;
+    /* The free cached blocks in the pool's eviction order, as kvc_pool_alloc would take them:
+     * leaves only (but under naive-lru), the blocks pinned or offloaded already skipped. */
+    for (uint32_t b = n ? kvc__pool_free_cached_first(pc->pool) : KVC_NONE;
+         got < n && b != KVC_NONE;) {
+        uint32_t next;
+        int rc = kvc__pool_free_next(pc->pool, b, &next);
+        KVC_ASSERT(rc == 0); /* b came from the queue */
+        const entry_t *e = &pc->entries[b];
+        KVC_ASSERT(is_cached(pc, b));
+        if (!e->copying && !e->offloaded && (e->n_children == 0 || pc->policy->strands)) {
+            copy_pin(pc, b);
+            blocks[got++] = b;
+        }
+        b = next;
+    }
+    *n_out = got;
+    return 0;
+}
+
+int kvc_prefix_pin_for_copy(kvc_prefix_t *pc, uint32_t block)
+{
+    if (!pc) return KVC_EINVAL;
+    if (!is_cached(pc, block)) return KVC_ENOENT;
+    if (pc->entries[block].copying) return KVC_EBUSY;
+    copy_pin(pc, block);
+    return 0;
+}
+
+int kvc_prefix_offload_end(kvc_prefix_t *pc, uint32_t block, bool copied)
+{
+    if (!pc) return KVC_EINVAL;
+    if (!is_cached(pc, block) || !pc->entries[block].copying) return KVC_ENOENT;
+    entry_t *e = &pc->entries[block];
+    e->copying = 0;
+    pc->n_copying--;
+    if (copied) {
+        pc->stats.n_copies_done++;
+        if (!e->offloaded) {
+            e->offloaded = 1;
+            pc->n_offloaded++;
+        }
+    } else {
+        pc->stats.n_copies_failed++;
+    }
+    /* Its place in the free queue never changed (a pin for copy is the evictor's refusal, not a
+     * reference), so it is evicted exactly when it would have been. */
+    return 0;
+}
+
+uint32_t kvc_prefix_block_flags(const kvc_prefix_t *pc, uint32_t block)
+{
+    if (!pc || block >= pc->hw) return 0;
+    const entry_t *e = &pc->entries[block];
+    return (e->cached ? KVC_PREFIX_BLOCK_CACHED : 0u) |
+           (e->pending ? KVC_PREFIX_BLOCK_PENDING : 0u) |
+           (e->copying ? KVC_PREFIX_BLOCK_COPYING : 0u) |
+           (e->offloaded ? KVC_PREFIX_BLOCK_OFFLOADED : 0u);
 }
 
 int kvc_prefix_evict(kvc_prefix_t *pc, uint32_t n, uint32_t *n_evicted)
@@ -1259,6 +1561,9 @@ void kvc_prefix_stats(const kvc_prefix_t *pc, kvc_prefix_stats_t *out)
     kvc_pool_stats(pc->pool, &ps);
     out->n_cached_free = ps.n_free_cached;
     out->n_stranded_blocks = pc->n_unreachable;
+    out->n_pending = pc->n_pending;
+    out->n_copy_pinned = pc->n_copying;
+    out->n_offloaded = pc->n_offloaded;
     out->n_stranded_bytes = (uint64_t)pc->n_unreachable * kvc_pool_block_bytes(pc->pool);
 }
 
@@ -1319,6 +1624,17 @@ static bool link_sound(const kvc_prefix_t *pc, uint32_t b)
     return !p->sliding && kvc_hash128_eq(p->hash, ph);
 }
 
+/* A pending full-attention block's link: its parent (cached or pending) holds the hash it chains
+ * from (a root chains from zero). */
+static bool pending_link_sound(const kvc_prefix_t *pc, uint32_t b)
+{
+    const entry_t *e = &pc->entries[b];
+    kvc_hash128_t ph = pc->phash[b];
+    if (e->parent == KVC_NONE) return ph.lo == 0 && ph.hi == 0;
+    const entry_t *p = &pc->entries[e->parent];
+    return !p->sliding && kvc_hash128_eq(p->hash, ph);
+}
+
 /* Block b, taken alone, may be on a reachable path: cached, its stored hash chaining from its
  * identity, and its link to its parent sound. */
 static bool block_sound(const kvc_prefix_t *pc, uint32_t b)
@@ -1372,7 +1688,7 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
     int rc = kvc_pool_check(pc->pool, msg, cap);
     if (rc) return rc;
     const bool strands = pc->policy->strands;
-    uint32_t n_cached = 0, n_unreachable = 0;
+    uint32_t n_cached = 0, n_unreachable = 0, n_pending = 0, n_copying = 0, n_offloaded = 0;
     /* Chains: every entry in a chain is cached, in the right bucket, and appears once. */
     uint32_t in_chains = 0;
     for (uint32_t k = 0; k <= pc->bucket_mask; k++) {
@@ -1382,6 +1698,9 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
         }
         for (uint32_t b = pc->buckets[k]; b != KVC_NONE; b = pc->entries[b].hnext) {
             if (b >= pc->hw) return fail(msg, cap, "bucket %u: bad block id %u", k, b);
+            if (pc->entries[b].pending)
+                return fail(msg, cap, "pending block %u is in the index (matchable) in bucket %u",
+                            b, k);
             if (!pc->entries[b].cached)
                 return fail(msg, cap, "uncached block %u in bucket %u", b, k);
             if (bucket_of(pc, pc->entries[b].hash) != k)
@@ -1399,12 +1718,38 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
         if (!!e->cached != pool_cached)
             return fail(msg, cap, "block %u: cache says %s, pool says %s", b,
                         e->cached ? "cached" : "uncached", pool_cached ? "cached" : "uncached");
+        if (e->doomed) return fail(msg, cap, "block %u: abort's scratch mark left set", b);
+        if (e->pending) {
+            n_pending++;
+            if (e->cached) return fail(msg, cap, "block %u is both pending and committed", b);
+            if (e->copying || e->offloaded || e->unreachable)
+                return fail(msg, cap, "pending block %u has copy or reachability marks", b);
+            if (kvc_pool_refcount(pc->pool, b) == 0)
+                return fail(msg, cap, "pending block %u has no reference (its fence's)", b);
+            if (!!e->sliding != is_sliding(pc, &pc->ns[b]))
+                return fail(msg, cap, "pending block %u: sliding mark disagrees", b);
+            if (e->sliding ? e->parent != KVC_NONE || e->n_children
+                           : e->parent != KVC_NONE && !is_cached(pc, e->parent) &&
+                                 !is_pending(pc, e->parent))
+                return fail(msg, cap, "pending block %u: parent %u is neither cached nor pending",
+                            b, e->parent);
+            if (!e->sliding && !pending_link_sound(pc, b))
+                return fail(msg, cap, "pending block %u: parent hash does not match its parent", b);
+            if (!kvc_hash128_eq(recompute(pc, b), e->hash))
+                return fail(msg, cap,
+                            "pending block %u: stored hash does not chain from its identity", b);
+            continue;
+        }
         if (!e->cached) {
             if (e->n_children)
                 return fail(msg, cap, "uncached block %u has %u children", b, e->n_children);
+            if (e->copying || e->offloaded)
+                return fail(msg, cap, "uncached block %u is marked for copy or offloaded", b);
             continue;
         }
         n_cached++;
+        n_copying += e->copying;
+        n_offloaded += e->offloaded;
         n_unreachable += e->unreachable;
         if (!!e->sliding != is_sliding(pc, &pc->ns[b]))
             return fail(msg, cap, "block %u: sliding mark disagrees with its group", b);
@@ -1442,6 +1787,31 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
     if (n_cached != in_chains || n_cached != pc->n_cached)
         return fail(msg, cap, "%u cached blocks, %u in chains, counter says %u", n_cached,
                     in_chains, pc->n_cached);
+    if (n_copying != pc->n_copying || n_offloaded != pc->n_offloaded)
+        return fail(msg, cap, "%u blocks pinned for copy and %u offloaded, counters say %u, %u",
+                    n_copying, n_offloaded, pc->n_copying, pc->n_offloaded);
+    /* The pending list: exactly the pending blocks, each after its pending parent. */
+    {
+        uint32_t *order = kvc__pool_check_scratch(pc->pool), pos = 0, last = KVC_NONE;
+        if (pc->hw) memset(order, 0, pc->hw * sizeof *order);
+        for (uint32_t b = pc->pending_head; b != KVC_NONE; b = pc->entries[b].hnext) {
+            if (b >= pc->hw || !pc->entries[b].pending)
+                return fail(msg, cap, "pending list holds block %u, not pending", b);
+            if (order[b]) return fail(msg, cap, "pending list: cycle at block %u", b);
+            order[b] = ++pos;
+            const uint32_t p = pc->entries[b].parent;
+            if (p != KVC_NONE && is_pending(pc, p) && (order[p] == 0 || order[p] >= pos))
+                return fail(msg, cap, "pending block %u is listed before its pending parent %u", b,
+                            p);
+            last = b;
+        }
+        if (pos != n_pending || pos != pc->n_pending)
+            return fail(msg, cap, "%u pending blocks, %u listed, counter says %u", n_pending, pos,
+                        pc->n_pending);
+        if (last != pc->pending_tail)
+            return fail(msg, cap, "pending list: tail is %u, the last block %u", pc->pending_tail,
+                        last);
+    }
     if (n_unreachable != pc->n_unreachable)
         return fail(msg, cap, "%u unreachable blocks, counter says %u", n_unreachable,
                     pc->n_unreachable);
@@ -1469,7 +1839,7 @@ int kvc_prefix_check(const kvc_prefix_t *pc, char *msg, size_t cap)
     KVC_ASSERT(pc->hw <= kvc_pool_n_blocks(pc->pool));
     memset(counted, 0, pc->hw * sizeof *counted);
     for (uint32_t b = 0; b < pc->hw; b++)
-        if (pc->entries[b].cached && pc->entries[b].parent < pc->hw)
+        if ((pc->entries[b].cached || pc->entries[b].pending) && pc->entries[b].parent < pc->hw)
             counted[pc->entries[b].parent]++;
     for (uint32_t b = 0; b < pc->hw; b++) {
         if (counted[b] != pc->entries[b].n_children) {
