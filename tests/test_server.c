@@ -1074,6 +1074,44 @@ static void many_tenants_serve(void **state)
         snprintf(key, sizeof key, "k%d", i);
         assert_int_equal(cached_of(t.port, key, PROMPT48), 0);
     }
+    /* every tenant is served, and the scheduler's books are each tenant's own: the tokens it
+     * computed for tenant i are exactly i's uncached prompt tokens and its decodes */
+    uint64_t want[40];
+    for (int i = 0; i < 40; i++) {
+        char h[128], body[256];
+        snprintf(h, sizeof h, "Authorization: Bearer k%d\r\n", i);
+        snprintf(body, sizeof body,
+                 "{\"model\": \"stories\", \"prompt\": \"The dog ran to tenant %d\", "
+                 "\"max_tokens\": %d, \"temperature\": 0}",
+                 i, 2 + i % 5);
+        resp_t r = http(t.port, "POST", "/v1/completions", h, body);
+        if (r.status != 200) fail_msg("tenant %d: status %d: %s", i, r.status, r.body);
+        cJSON *j = json_of(&r);
+        double prompt = jnum(j, "usage.prompt_tokens"),
+               completion = jnum(j, "usage.completion_tokens"),
+               cached = jnum(j, "usage.prompt_tokens_details.cached_tokens");
+        assert_true(completion >= 1);
+        want[i] = (uint64_t)(prompt - cached + completion - 1);
+        cJSON_Delete(j);
+        resp_free(&r);
+    }
+    wait_pool_idle(t.port);
+    for (int i = 0; i < 40; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "kvcache_tenant_computed_tokens_total{tenant=\"t%d\"}", i);
+        double got = metric(t.port, name);
+        if (i % 13 == 0) {
+            /* the PROMPT48 request above counted too */
+            assert_true(got > (double)want[i]);
+        } else if (got != (double)want[i]) {
+            fail_msg("tenant t%d: %g tokens computed, want %llu", i, got,
+                     (unsigned long long)want[i]);
+        }
+        snprintf(name, sizeof name, "kvcache_tenant_kv_blocks{tenant=\"t%d\"}", i);
+        assert_true(metric(t.port, name) == 0);
+        snprintf(name, sizeof name, "kvcache_tenant_requests_total{tenant=\"t%d\"}", i);
+        assert_true(metric(t.port, name) == (i % 13 ? 1 : 2));
+    }
     srv_stop(&t);
 }
 

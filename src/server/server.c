@@ -152,6 +152,8 @@ struct kvc_server {
     bool quit;
     kvc_engine_stats_t st; /* published by the engine thread, under mu */
     kvc_pool_stats_t ps;
+    kvc_sched_tenant_stats_t *tst; /* (tenants.n_tenants) the scheduler's, under mu */
+    double tst_at;                 /* when tst was last published (engine thread) */
     /* ready queue (engine -> event thread), under rmu */
     pthread_mutex_t rmu;
     job_t *ready_head, *ready_tail;
@@ -355,14 +357,25 @@ static uint32_t submit_job(kvc_server_t *s, job_t *j)
     return j->n_submitted;
 }
 
-static void publish_stats(kvc_server_t *s)
+/* Engine thread: publish the engine's counters for /metrics.  The per-tenant ones (one entry
+ * per tenant) at most every 50 ms while requests run, and whenever the engine goes idle
+ * (`all`), so that a step's cost does not grow with the number of tenants. */
+static void publish_stats(kvc_server_t *s, bool all)
 {
     kvc_engine_stats_t st;
     kvc_pool_stats_t ps;
     kvc_engine_stats(s->e, &st);
     kvc_pool_stats(kvc_seqs_pool(kvc_engine_seqs(s->e)), &ps);
+    const double t = now_s();
+    all = all || t - s->tst_at >= 0.05;
     pthread_mutex_lock(&s->mu);
     s->st = st, s->ps = ps;
+    if (all) {
+        const kvc_sched_t *sc = kvc_engine_sched(s->e);
+        for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
+            (void)kvc_sched_tenant_stats(sc, i, &s->tst[i]); /* i < its n_tenants */
+        s->tst_at = t;
+    }
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -403,7 +416,7 @@ static void *engine_main(void *arg)
                 if (take_account(s, &done[i])) job_unref(j); /* the engine's reference */
             }
         }
-        publish_stats(s);
+        publish_stats(s, n_live == 0);
         pthread_mutex_lock(&s->mu);
         if (n_live && idle && !n_done && !s->sub_head && !s->abort_head) {
             /* nothing could run (waiting for memory others hold): wait for news, briefly */
@@ -1225,6 +1238,7 @@ static int build_job(kvc_server_t *s, const kvc__srv_req_t *r, int tenant, job_t
         j->gp.stop[i] = j->stops[i];
     }
     if (!r->gp.priority) j->gp.priority = t->priority;
+    j->gp.tenant = (uint32_t)tenant; /* the scheduler's tenant of the same index */
     j->gp.ns = t->ns;
     if (r->cache_salt) { /* the request's own namespace inside its tenant's */
         size_t l = strlen(r->cache_salt) + strlen(t->name) + 16;
@@ -1442,6 +1456,23 @@ static void handle_metrics(kvc_server_t *s, struct evhttp_request *req)
                 (unsigned long long)*(const uint64_t *)((const char *)t + tm[k].off));
         }
     }
+    /* the scheduler's books per tenant (published by the engine thread, read under mu) */
+    pthread_mutex_lock(&s->mu);
+    metric(b, "kvcache_tenant_kv_blocks", "gauge", "KV blocks its running requests hold");
+    for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
+        evbuffer_add_printf(b, "kvcache_tenant_kv_blocks{tenant=\"%s\"} %u\n",
+                            s->tenants.tenants[i].name, s->tst[i].blocks);
+    metric(b, "kvcache_tenant_computed_tokens_total", "counter",
+           "tokens the engine computed for it (prompt and decode)");
+    for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
+        evbuffer_add_printf(b, "kvcache_tenant_computed_tokens_total{tenant=\"%s\"} %llu\n",
+                            s->tenants.tenants[i].name, (unsigned long long)s->tst[i].computed);
+    metric(b, "kvcache_tenant_kv_token_seconds_total", "counter",
+           "KV tokens its requests held, times seconds");
+    for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
+        evbuffer_add_printf(b, "kvcache_tenant_kv_token_seconds_total{tenant=\"%s\"} %.6g\n",
+                            s->tenants.tenants[i].name, s->tst[i].kv_token_s);
+    pthread_mutex_unlock(&s->mu);
     metric(b, "kvcache_tenant_requests_in_flight", "gauge", "requests being served");
     for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
         evbuffer_add_printf(b, "kvcache_tenant_requests_in_flight{tenant=\"%s\"} %u\n",
@@ -1607,7 +1638,12 @@ int kvc_server_create(const kvc_llm_t *m, const kvc_engine_params_t *ep,
         else
             s->tenants.n_tenants = 1, s->tenants.tenants[0].shared = true;
     }
-    if (!rc) rc = kvc_engine_create(m, ep, &s->e, msg, cap);
+    /* one scheduler tenant per tenant of the file, so that its per-tenant books are theirs */
+    kvc_engine_params_t ep2 = *ep;
+    if (!rc && ep2.n_tenants < s->tenants.n_tenants) ep2.n_tenants = s->tenants.n_tenants;
+    if (!rc && !(s->tst = calloc(s->tenants.n_tenants, sizeof *s->tst)))
+        rc = kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
+    if (!rc) rc = kvc_engine_create(m, &ep2, &s->e, msg, cap);
     if (!rc) {
         const kvc_model_hparams_t *h = kvc_llm_hparams(m);
         s->max_ctx = ep->max_ctx ? ep->max_ctx : (uint32_t)KVC_MIN(h->ctx ? h->ctx : 2048, 32768);
@@ -1615,7 +1651,7 @@ int kvc_server_create(const kvc_llm_t *m, const kvc_engine_params_t *ep,
         kvc_engine_stats(s->e, &st);
         s->block_size = st.block_size;
         s->max_num_seqs = ep->max_num_seqs ? ep->max_num_seqs : 64;
-        publish_stats(s);
+        publish_stats(s, true);
     }
     if (!rc && (make_pipe(s->wake) || make_pipe(s->stop_fd)))
         rc = kvc__msgf(KVC_EIO, msg, cap, "server: pipe: %s", strerror(errno));
@@ -1706,6 +1742,7 @@ void kvc_server_destroy(kvc_server_t *s)
     }
     kvc_engine_destroy(s->e);
     kvc__srv_tenants_free(&s->tenants);
+    free(s->tst);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->rmu);
     pthread_cond_destroy(&s->cv);

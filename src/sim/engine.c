@@ -350,6 +350,9 @@ static int replica_open(run_t *r, const kvc_allocator_t *a, uint32_t num_blocks,
     schp.draft_ctx = r;
     schp.trace = cfg->trace != NULL;
     schp.allocator = *a;
+    /* one scheduler tenant per workload tenant (the default when the workload names none) */
+    uint32_t n_ten = kvc_workload_n_tenants(r->w);
+    if (n_ten > schp.n_tenants) schp.n_tenants = n_ten;
     /* sched: */
     if ((rc = kvc_sched_create(rep->seqs, &schp, &rep->s))) {
         if (rc != KVC_ENOMEM)
@@ -846,10 +849,12 @@ static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_si
     if (cfg->spec_acceptance < 0 || cfg->spec_acceptance > 1 || cfg->step_overhead_s < 0)
         return kvc__msgf(KVC_EINVAL, err, cap,
                          "spec acceptance must be in 0..1 and the step overhead >= 0");
-    if (kvc_workload_n_tenants(w) > KVC_MAX_TENANTS || kvc_workload_n_classes(w) > KVC_MAX_CLASSES)
-        return kvc__msgf(
-            KVC_EINVAL, err, cap, "the workload has %u tenants and %u classes; at most %d and %d",
-            kvc_workload_n_tenants(w), kvc_workload_n_classes(w), KVC_MAX_TENANTS, KVC_MAX_CLASSES);
+    if (kvc_workload_n_tenants(w) > KVC_SCHED_MAX_TENANTS ||
+        kvc_workload_n_classes(w) > KVC_MAX_CLASSES)
+        return kvc__msgf(KVC_EINVAL, err, cap,
+                         "the workload has %u tenants and %u classes; at most %d and %d",
+                         kvc_workload_n_tenants(w), kvc_workload_n_classes(w),
+                         KVC_SCHED_MAX_TENANTS, KVC_MAX_CLASSES);
     if ((unsigned)cfg->eviction >= KVC_EVICT__COUNT) {
         char names[128] = "";
         for (const char *const *n = kvc_eviction_names(); *n; n++)

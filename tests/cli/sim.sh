@@ -199,5 +199,40 @@ printf '{"hidden_size":1,"intermediate_size":1,"num_hidden_layers":1,"num_attent
 expect_error "overflowing config" "." -- sim --model "$TMP/overflow.json" --gpu h100-sxm --workload "$W" --quiet
 expect_error "overflowing config, pool given" "." -- sim --model "$TMP/overflow.json" --gpu h100-sxm --workload "$W" --num-blocks 1000 --quiet
 
+# more tenants than the scheduler's old compile-time limit (16): 40 tenants, fair shares on, each
+# tenant's requests reported under its name
+python3 - "$TMP/t40.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    f.write(json.dumps({"kvcache_workload": 1, "tenants": ["t%d" % i for i in range(40)]}) + "\n")
+    for k in range(120):
+        f.write(json.dumps({"arrival_s": k * 0.01, "tokens": list(range(1, 200)), "output": 8,
+                            "tenant": "t%d" % (k % 40)}) + "\n")
+PY
+"$KVC" "${BASE[@]}" --workload "$TMP/t40.jsonl" --tenant-fair --json >"$TMP/t40.json" || fail "40 tenants: exit $?"
+python3 - "$TMP/t40.json" <<'PY' || fail "40 tenants: the report does not list each tenant's 3 requests"
+import json, sys
+r = json.load(open(sys.argv[1]))
+def find(o):
+    if isinstance(o, dict):
+        if "tenants" in o and isinstance(o["tenants"], (list, dict)) and len(o["tenants"]) == 40:
+            return o["tenants"]
+        for v in o.values():
+            x = find(v)
+            if x is not None: return x
+    elif isinstance(o, list):
+        for v in o:
+            x = find(v)
+            if x is not None: return x
+ts = find(r)
+assert ts is not None, "no list of 40 tenants"
+items = ts.items() if isinstance(ts, dict) else [(t.get("tenant", t.get("name")), t) for t in ts]
+names = set()
+for name, t in items:
+    names.add(name)
+    assert t.get("completed", t.get("n", t.get("requests"))) == 3, (name, t)
+assert names == {"t%d" % i for i in range(40)}, names
+PY
+
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "sim CLI: all checks passed"
