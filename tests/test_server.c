@@ -267,6 +267,7 @@ static void wait_pool_idle(uint16_t port)
 typedef struct {
     char text[8192];
     uint32_t n_tokens;
+    kvc_token_t toks[512]; /* the first n_tokens output tokens (at most 512) */
 } ref_t;
 
 static void reference(const kvc_token_t *prompt, uint32_t n, uint32_t max_tokens, float temp,
@@ -292,6 +293,8 @@ static void reference(const kvc_token_t *prompt, uint32_t n, uint32_t max_tokens
         if (nd) {
             snprintf(out->text, sizeof out->text, "%s", d[0].text);
             out->n_tokens = d[0].completion_tokens;
+            memcpy(out->toks, d[0].output,
+                   KVC_MIN(out->n_tokens, (uint32_t)KVC_ARRAY_LEN(out->toks)) * sizeof *out->toks);
             done = true;
         }
     }
@@ -457,6 +460,74 @@ static void streaming_equals_whole(void **state)
     cJSON_Delete(u);
     resp_free(&r);
     srv_stop(&t);
+}
+
+/* return_token_ids (vLLM's field): the output's token ids, whole and streamed, equal the
+ * engine's; sent back as the next prompt after the first, they hit the first turn's blocks
+ * (prompt and reply, whole blocks, the last token computed), and with the prefix cache off
+ * (--no-prefix-cache) nothing is cached. */
+static void token_ids_feed_the_next_turn(void **state)
+{
+    (void)state;
+    const kvc_token_t prompt[] = {1, 403, 251, 93, 263, 91, 27, 471, 263, 217, 76, 425};
+    const uint32_t np = KVC_ARRAY_LEN(prompt);
+    ref_t ref;
+    reference(prompt, np, 40, 0, 0, &ref);
+    assert_int_equal(ref.n_tokens, 40);
+    char ids[1024], body[4096];
+    int o = 0;
+    for (uint32_t i = 0; i < np; i++)
+        o += snprintf(ids + o, sizeof ids - o, "%s%d", i ? ", " : "", prompt[i]);
+    for (int nopc = 0; nopc < 2; nopc++) {
+        srv_t t;
+        kvc_engine_params_t ep = engine_params();
+        ep.no_prefix_cache = nopc;
+        srv_start_with(&t, kvc_server_params_default(), ep);
+        for (int stream = 0; stream < 2; stream++) {
+            snprintf(body, sizeof body,
+                     "{\"model\": \"stories\", \"prompt\": [%s], \"max_tokens\": 40, "
+                     "\"temperature\": 0, \"ignore_eos\": true, \"return_token_ids\": true, "
+                     "\"stream\": %s}",
+                     ids, stream ? "true" : "false");
+            resp_t r = http(t.port, "POST", "/v1/completions", NULL, body);
+            assert_int_equal(r.status, 200);
+            kvc_token_t got[64];
+            uint32_t n = 0;
+            const char *p = r.body;
+            while ((p = strstr(p, "\"token_ids\":["))) { /* one array, or one per chunk */
+                p += strlen("\"token_ids\":[");
+                while (*p && *p != ']') {
+                    char *end;
+                    long v = strtol(p, &end, 10);
+                    if (end == p) break;
+                    assert_true(n < KVC_ARRAY_LEN(got));
+                    got[n++] = (kvc_token_t)v;
+                    p = *end == ',' ? end + 1 : end;
+                }
+            }
+            assert_int_equal(n, 40);
+            assert_memory_equal(got, ref.toks, 40 * sizeof *got);
+            resp_free(&r);
+        }
+        /* turn two: the first prompt, its reply, and more */
+        char ids2[2048];
+        int o2 = snprintf(ids2, sizeof ids2, "%s", ids);
+        for (uint32_t i = 0; i < 40; i++)
+            o2 += snprintf(ids2 + o2, sizeof ids2 - o2, ", %d", ref.toks[i]);
+        snprintf(ids2 + o2, sizeof ids2 - o2, ", 13, 450, 109");
+        snprintf(body, sizeof body,
+                 "{\"model\": \"stories\", \"prompt\": [%s], \"max_tokens\": 2, "
+                 "\"temperature\": 0}",
+                 ids2);
+        resp_t r = http(t.port, "POST", "/v1/completions", NULL, body);
+        assert_int_equal(r.status, 200);
+        cJSON *j = json_of(&r);
+        /* turn one held 12 + 40 tokens, 51 of them computed: 3 whole blocks of 16 */
+        assert_int_equal((int)jnum(j, "usage.prompt_tokens_details.cached_tokens"), nopc ? 0 : 48);
+        cJSON_Delete(j);
+        resp_free(&r);
+        srv_stop(&t);
+    }
 }
 
 static void two_turn_chat_hits_turn_one(void **state)
@@ -1142,6 +1213,7 @@ int main(void)
         cmocka_unit_test(completions_equal_the_engine),
         cmocka_unit_test(streaming_equals_whole),
         cmocka_unit_test(two_turn_chat_hits_turn_one),
+        cmocka_unit_test(token_ids_feed_the_next_turn),
         cmocka_unit_test(tenants_isolate_and_limit),
         cmocka_unit_test(many_tenants_serve),
         cmocka_unit_test(bad_input_gets_4xx_and_the_server_goes_on),

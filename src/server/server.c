@@ -105,7 +105,7 @@ struct job {
     job_t *prev, *next; /* the active list */
     int tenant;
     uint64_t kv_tokens;
-    bool chat, stream, include_usage, logprobs;
+    bool chat, stream, include_usage, logprobs, token_ids;
     uint32_t top_logprobs;
     char id[48];
     long long created;
@@ -253,7 +253,7 @@ static void on_event(void *ctx, const kvc_gen_event_t *ev)
             sb->ptext[sb->plen] = 0;
         }
     }
-    if (!rc && j->stream && j->logprobs && ev->n_tokens) {
+    if (!rc && j->stream && (j->logprobs || j->token_ids) && ev->n_tokens) {
         uint32_t c1 = sb->ptcap, c2 = sb->ptcap;
         rc = grow((void **)&sb->ptok, &c1, sb->pn + ev->n_tokens, sizeof *sb->ptok);
         if (!rc) rc = grow((void **)&sb->plp, &c2, sb->pn + ev->n_tokens, sizeof *sb->plp);
@@ -759,6 +759,14 @@ static cJSON *envelope(const kvc_server_t *s, const job_t *j, bool chunk)
 
 static void finalize(kvc_server_t *s, job_t *j, int status, const char *err);
 
+/* Token ids as a JSON array (return_token_ids). */
+static cJSON *token_ids_json(const kvc_token_t *t, uint32_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (uint32_t i = 0; a && t && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(t[i]));
+    return a;
+}
+
 /* The whole response of a job that did not stream. */
 static void send_full(kvc_server_t *s, job_t *j)
 {
@@ -782,6 +790,8 @@ static void send_full(kvc_server_t *s, job_t *j)
         } else
             cJSON_AddNullToObject(c, "logprobs");
         cJSON_AddStringToObject(c, "finish_reason", finish_reason(sb->finish));
+        if (j->token_ids)
+            cJSON_AddItemToObject(c, "token_ids", token_ids_json(sb->out, sb->completion_tokens));
         cJSON_AddItemToArray(choices, c);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(j));
@@ -921,12 +931,13 @@ static void process_job(kvc_server_t *s, job_t *j)
                 sub_t *sb = &j->subs[i];
                 if (tk[i].len || tk[i].n || (j->chat && !sb->role_sent)) {
                     cJSON *o = stream_chunk(s, j, sb, tk[i].text ? tk[i].text : "", NULL);
-                    if (j->logprobs && tk[i].n) {
-                        cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+                    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+                    if (j->logprobs && tk[i].n)
                         cJSON_ReplaceItemInObject(c, "logprobs",
                                                   logprobs_json(s, j, tk[i].tok, tk[i].lp, tk[i].n,
                                                                 NULL, NULL, 0, &sb->text_offset));
-                    }
+                    if (j->token_ids)
+                        cJSON_AddItemToObject(c, "token_ids", token_ids_json(tk[i].tok, tk[i].n));
                     (void)sse(j->req, o);
                 }
                 if (tk[i].done && !sb->finish_sent) {
@@ -1259,6 +1270,7 @@ static int build_job(kvc_server_t *s, const kvc__srv_req_t *r, int tenant, job_t
     j->kv_tokens = kv;
     j->chat = r->chat, j->stream = r->stream, j->include_usage = r->include_usage;
     j->logprobs = r->logprobs, j->top_logprobs = r->top_logprobs;
+    j->token_ids = r->return_token_ids;
     return 0;
 }
 
