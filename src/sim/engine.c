@@ -914,6 +914,7 @@ static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_si
                          "the cost model needs positive, finite FLOP/s, bandwidth and KV bytes "
                          "per token (at most 1e12), and finite sizes");
     out->cost.no_kv_cache = cfg->no_kv_cache;
+    out->cost.profile = cfg->profile;
     return 0;
 }
 

@@ -234,5 +234,20 @@ for name, t in items:
 assert names == {"t%d" % i for i in range(40)}, names
 PY
 
+# --profile: measured step times instead of the roofline.  Every step of this profile takes
+# 10 ms (and no overhead is added): alone, each request's TTFT is one step and its TPOT one step
+printf '{"kvcache_profile": 1, "tokens": [1, 1000], "context": [0, 1000], "step_ms": [[10, 10], [10, 10]]}' >"$TMP/p10.json"
+"$KVC" "${BASE[@]}" --workload 'poisson:rate=1,n=3,prompt=100,output=11' --profile "$TMP/p10.json" --json >"$TMP/prof.json" \
+  || fail "--profile run: exit $?"
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["ttft_ms"]["max"] == 10 and r["tpot_ms"]["min" if "min" in r["tpot_ms"] else "p50"] == 10 and r["tpot_ms"]["max"] == 10, (r["ttft_ms"], r["tpot_ms"])' "$TMP/prof.json" \
+  || fail "--profile: TTFT and TPOT are not the profile's 10 ms"
+"$KVC" "${BASE[@]}" --workload 'poisson:rate=1,n=3,prompt=100,output=11' --profile "$TMP/p10.json" --step-overhead-ms 5 --json >"$TMP/prof5.json" \
+  || fail "--profile with overhead: exit $?"
+grep -q '"ttft_ms": {"count": 3, "mean": 15' "$TMP/prof5.json" || fail "--profile: --step-overhead-ms is not added"
+expect_error "profile missing" "--profile: .*/nope.json: cannot open" -- "${BASE[@]}" --workload "$W" --profile "$TMP/nope.json"
+printf '{"kvcache_profile": 1, "tokens": [1, 1], "context": [0], "step_ms": [[1], [1]]}' >"$TMP/pbad.json"
+expect_error "profile out of order" "--profile: .*pbad.json: \"tokens\" must increase" -- "${BASE[@]}" --workload "$W" --profile "$TMP/pbad.json"
+expect_error "profile not JSON" "--profile: .*: not a JSON object" -- "${BASE[@]}" --workload "$W" --profile "$SRC/README.md"
+
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "sim CLI: all checks passed"
