@@ -1030,7 +1030,9 @@ static void metrics_are_prometheus(void **state)
                                         "kvcache_time_to_first_token_seconds",
                                         "kvcache_time_per_output_token_seconds",
                                         "kvcache_e2e_request_latency_seconds",
-                                        "kvcache_hop_seconds"};
+                                        "kvcache_hop_seconds",
+                                        "kvcache_engine_steps_total",
+                                        "kvcache_engine_step_seconds_total"};
     for (size_t i = 0; i < KVC_ARRAY_LEN(names); i++) {
         char k[160];
         snprintf(k, sizeof k, "# TYPE %s ", names[i]);
@@ -1038,6 +1040,12 @@ static void metrics_are_prometheus(void **state)
         snprintf(k, sizeof k, "# HELP %s ", names[i]);
         if (!strstr(r.body, k)) fail_msg("no %s", k);
     }
+    resp_free(&r);
+    /* at least its prompt step; their time is inside the request's own */
+    assert_true(metric(t.port, "kvcache_engine_steps_total") >= 1);
+    double step_s = metric(t.port, "kvcache_engine_step_seconds_total");
+    assert_true(step_s > 0 && step_s < metric(t.port, "kvcache_e2e_request_latency_seconds_sum"));
+    r = http(t.port, "GET", "/metrics", NULL, NULL);
     static const char *const hops[] = {"queue", "tokenize", "prefill", "decode"};
     for (size_t i = 0; i < 4; i++) {
         char k[160];
