@@ -11,9 +11,9 @@
  *   - larger T: a prefill step of n requests computing m = T / n new tokens each after a
  *     cached prefix of f tokens, with m = min(T, 2K) and f chosen so that f + (m + 1) / 2 is
  *     K (f rounds to whole blocks; the actual K is written beside the grid).
- * The median of --reps steps per cell.  Steps whose token count is not the cell's (the
- * scheduler split them) are left out.  usage:
- *   bench_profile --model FILE [--threads N] [--block-size N] [--max-num-seqs N]
+ * The median of --reps steps per prefill cell, of 3 x --reps per decode cell.  Steps whose token
+ * count is not the cell's (the scheduler split them) are left out.  usage: bench_profile --model
+ * FILE [--threads N] [--block-size N] [--max-num-seqs N]
  *                 [--max-num-batched-tokens N] [--kv-memory MiB] [--ctx N]
  *                 [--tokens 1,2,4,...] [--context 16,64,...] [--reps N] [-o FILE]
  */
@@ -246,7 +246,8 @@ int main(int argc, char **argv)
         for (uint32_t k = 0; k < nc; k++) {
             uint32_t T = (uint32_t)tokens[i];
             const bool dec = T <= ep.max_num_seqs && T <= KVC_MAX_SAMPLES;
-            double t = dec ? cell_decode(&c, T, context[k], reps, &kk[i][k])
+            /* decode steps are short and noisier: three times the samples */
+            double t = dec ? cell_decode(&c, T, context[k], KVC_MIN(3 * reps, 255), &kk[i][k])
                            : cell_prefill(&c, T, context[k], reps, &kk[i][k]);
             ms[i][k] = t * 1e3;
             fprintf(stderr, "T %4u  K %7.1f  (actual %7.1f)  %8.3f ms  %s\n", T, context[k],

@@ -694,6 +694,30 @@ static void an_account_stays_readable_until_the_next_take(void **state)
     world_free(&w);
 }
 
+/* The same when the requests added after a take outgrow the account buffers: the array handed
+ * out is replaced, not freed, until the next take (it was freed under the caller: the ASan
+ * build caught the read). */
+static void an_account_stays_readable_while_adds_grow_the_tables(void **state)
+{
+    (void)state;
+    world_t w;
+    world_init(&w, 400, 4, params(64, 8));
+    add(&w, 4, 1, 4, 0, 0, 1);
+    step(&w);
+    const kvc_sched_done_t *done;
+    uint32_t nd;
+    take(&w, &done, &nd);
+    assert_int_equal(nd, 1);
+    kvc_sched_done_t copy = done[0];
+    for (int i = 0; i < 100; i++) add(&w, 4, 1, 4, 0, 0, 10 * i); /* past 16, 32 and 64 */
+    assert_memory_equal(&copy, &done[0], sizeof copy);
+    drain(&w, 200);
+    assert_memory_equal(&copy, &done[0], sizeof copy);
+    take(&w, &done, &nd);
+    assert_int_equal(nd, 100);
+    world_free(&w);
+}
+
 /* The account of an abort: aborted, never finished before it arrived or before its first token. */
 static void expect_aborted(world_t *w, kvc_req_id_t id)
 {
@@ -1311,6 +1335,47 @@ static void tenant_numbers_do_not_change_decisions(void **state)
                 }
 }
 
+/* Parallel sampling: one request forks 40 children as its prompt completes.  The first
+ * tables were sized for one live request, so the forks grow them inside kvc_sched_complete;
+ * the entry being completed and the plan the caller holds must stay valid (they pointed into
+ * the old array: a use after free that the ASan build caught), and the children decode. */
+static void forks_that_grow_the_tables_keep_the_plan_readable(void **state)
+{
+    (void)state;
+    world_t w;
+    world_init(&w, 400, 4, params(512, 64));
+    kvc_req_id_t parent = add(&w, 10, 6, 6, 0, 0, 100);
+    const kvc_sched_plan_t *pl;
+    assert_ok(kvc_sched_step(w.s, w.now, &pl));
+    assert_int_equal(pl->n_entries, 1);
+    assert_true(pl->entries[0].samples);
+    enum { N = 40 };
+    kvc_token_t toks[N];
+    uint64_t tags[N];
+    kvc_req_id_t ids[N];
+    for (uint32_t k = 0; k < N; k++) toks[k] = 7, tags[k] = 1000 + k;
+    kvc_sched_result_t res = {.id = parent,
+                              .token = 7,
+                              .n_forks = N,
+                              .fork_tokens = toks,
+                              .fork_tags = tags,
+                              .fork_ids = ids};
+    w.now += 1;
+    assert_ok(kvc_sched_complete(w.s, &res, 1, w.now));
+    check(&w);
+    /* the plan stays readable until the next step */
+    assert_int_equal(pl->n_entries, 1);
+    assert_true(pl->entries[0].id == parent && pl->entries[0].n_tokens == 10);
+    for (uint32_t k = 0; k < N; k++) assert_true(ids[k] != 0);
+    kvc_sched_stats_t st;
+    kvc_sched_stats(w.s, &st);
+    assert_int_equal(st.n_running, N + 1);
+    assert_ok(kvc_sched_step(w.s, w.now, &pl));
+    assert_int_equal(pl->n_entries, N + 1); /* the parent and every child decode */
+    check(&w);
+    world_free(&w);
+}
+
 /* ---- many tenants ---------------------------------------------------------------------------- */
 /* 1000 tenants, 100 of them (spread over the range) with a prompt each: under fairness the
  * step's prompt budget is split among exactly those 100; the checker (per-tenant books, the
@@ -1457,6 +1522,8 @@ int main(void)
         cmocka_unit_test(a_class_kv_cap_keeps_batch_from_taking_the_pool),
         cmocka_unit_test(a_kv_quota_stops_one_tenant_from_taking_the_pool),
         cmocka_unit_test(fair_share_splits_the_prompt_budget_between_tenants),
+        cmocka_unit_test(forks_that_grow_the_tables_keep_the_plan_readable),
+        cmocka_unit_test(an_account_stays_readable_while_adds_grow_the_tables),
         cmocka_unit_test(a_thousand_tenants_share_the_prompt_budget_fairly),
         cmocka_unit_test(a_kv_quota_holds_among_a_thousand_tenants),
         cmocka_unit_test(kv_token_seconds_are_charged_per_tenant),

@@ -322,6 +322,7 @@ void kvc_sched_destroy(kvc_sched_t *s)
     kvc_free(&a, s->cands);
     kvc_free(&a, s->done[0]);
     kvc_free(&a, s->done[1]);
+    kvc_free(&a, s->done_retired);
     kvc_free(&a, s->drafts);
     kvc_free(&a, s->tenants);
     kvc_free(&a, s->chk);
@@ -338,8 +339,22 @@ static int reserve(kvc_sched_t *s, uint32_t n)
     int rc = 0;
     if (s->free_head == KVC_NONE)
         rc = grow(s, (void **)&s->reqs, sizeof(req_t), &s->reqs_cap, (size_t)s->n_slots + 1);
-    for (int b = 0; b < 2 && !rc; b++)
-        rc = grow(s, (void **)&s->done[b], sizeof(kvc_sched_done_t), &s->done_cap[b], n);
+    if (!rc)
+        rc = grow(s, (void **)&s->done[s->cur], sizeof(kvc_sched_done_t), &s->done_cap[s->cur], n);
+    if (!rc && n > s->done_cap[s->cur ^ 1]) {
+        /* The other buffer holds the accounts the last kvc_sched_take_finished handed out,
+         * borrowed until the next take: its replacement is new, and it is freed then. */
+        size_t c = s->done_cap[s->cur ^ 1] ? s->done_cap[s->cur ^ 1] : 16;
+        while (c < n) c *= 2;
+        kvc_sched_done_t *nb = kvc_alloc(&s->p.allocator, c * sizeof *nb, 0);
+        if (!nb) return KVC_ENOMEM;
+        if (!s->done_retired)
+            s->done_retired = s->done[s->cur ^ 1];
+        else /* grown twice since the last take: this one was never handed out */
+            kvc_free(&s->p.allocator, s->done[s->cur ^ 1]);
+        s->done[s->cur ^ 1] = nb;
+        s->done_cap[s->cur ^ 1] = c;
+    }
     if (!rc) rc = grow(s, (void **)&s->running.v, sizeof(uint32_t), &s->running.cap, per_step);
     if (!rc) rc = grow(s, (void **)&s->swapped.v, sizeof(uint32_t), &s->swapped.cap, n);
     if (!rc)
@@ -566,6 +581,10 @@ int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *res, uint32_t n
                        &res[i].fork_ids[k]);
             r = &s->reqs[slot]; /* fork_child may have grown the request table */
         }
+        if (res[i].n_forks) { /* ... and the entries: the plan the caller holds follows them */
+            e = &s->entries[i];
+            s->plan.entries = s->entries;
+        }
         bool done = r->aborted || (e->samples && (res[i].finished || r->n_output >= r->max_output));
         if (done) {
             kvc__sched_finish(s, slot, now, r->aborted, 0);
@@ -592,6 +611,8 @@ int kvc_sched_take_finished(kvc_sched_t *s, const kvc_sched_done_t **done, uint3
         kvc__sched_set_state(s, (uint32_t)d[i].id, R_FREE, false);
     s->cur ^= 1; /* the next accounts go to the other buffer: this one stays readable */
     s->n_done = 0;
+    kvc_free(&s->p.allocator, s->done_retired); /* what the last call handed out */
+    s->done_retired = NULL;
     return 0;
 }
 

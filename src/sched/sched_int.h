@@ -124,7 +124,9 @@ struct kvc_sched {
     kvc_sched_done_t *done[2]; /* done[cur] fills; the other one was handed out last */
     size_t done_cap[2];
     uint32_t n_done, cur;
-    kvc_token_t *drafts; /* (spec_tokens) */
+    kvc_sched_done_t *done_retired; /* a done buffer replaced while handed out: freed at the
+                                       next take */
+    kvc_token_t *drafts;            /* (spec_tokens) */
     kvc_sched_plan_t plan;
     bool plan_open;          /* a plan awaits kvc_sched_complete */
     double last_now, latest; /* the last step's time; the latest time given to any call */
