@@ -310,10 +310,10 @@ def one_run(args, workload, prefix_cache, rate, seed):
     tag = "%s-%s-%s" % (workload, "pc" if prefix_cache else "nopc", row["rate"])
     if args.profile:
         path = os.path.join(args.out, "trace-%s.jsonl" % tag)
-        row["sim_profile_only"] = sim(args, trace, row["blocks"], prefix_cache, workload == "chat",
-                                      path, 0)
-        row["sim"] = sim(args, trace, row["blocks"], prefix_cache, workload == "chat", path,
-                         args.loop_overhead_ms)
+        row["sim"] = sim(args, trace, row["blocks"], prefix_cache, workload == "chat", path, 0)
+        if args.loop_overhead_ms:
+            row["sim_overhead"] = sim(args, trace, row["blocks"], prefix_cache, workload == "chat",
+                                      path, args.loop_overhead_ms)
     log("%-6s %-5s rate %-4s  %3d req in %6.2f s  TTFT p50 %7.2f ms (server %.2f)  TPOT p50 %6.2f ms (server %.2f)  hit %.2f%s" % (
         workload, "on" if prefix_cache else "off", row["rate"], len(res), dur, row["ttft_ms_p50"],
         row["server_first_token_p50_ms"], row["tpot_ms_p50"] or 0, row["server_tpot_p50_ms"] or 0,
@@ -365,7 +365,7 @@ def table(rows, args):
     if any("sim" in r for r in rows):
         L.append("The simulator (`kvcache sim --profile`, the same requests) beside the measured run:")
         L.append("")
-        L.append("| workload | prefix cache | rate | saturated | TTFT p50 measured / sim (ms) | diff | server-side first token p50 (ms) | TPOT p50 measured / sim (ms) | diff | output tok/s measured / sim | diff | hit rate measured / sim | profile only: TTFT / TPOT (ms) | steps measured / sim | engine step mean (ms) |")
+        L.append("| workload | prefix cache | rate | saturated | TTFT p50 measured / sim (ms) | diff | server-side first token p50 (ms) | TPOT p50 measured / sim (ms) | diff | output tok/s measured / sim | diff | hit rate measured / sim | sim + loop overhead: TTFT / TPOT (ms) | steps measured / sim | engine step mean (ms) |")
         L.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             s = r.get("sim")
@@ -373,7 +373,7 @@ def table(rows, args):
                 continue
             sat = r["rate"] == "inf" or r["req_s"] < 0.9 * float(r["rate"])
             dd = lambda a, b: "-" if diff(a, b) is None else "%+.1f%%" % diff(a, b)
-            s0 = r["sim_profile_only"]
+            s0 = r.get("sim_overhead") or {"ttft_p50_ms": None, "tpot_p50_ms": None}
             L.append("| %s | %s | %s | %s | %s / %s | %s | %s | %s / %s | %s | %.1f / %.1f | %s | %.1f%% / %.1f%% | %s / %s | %d / %d | %s |" % (
                 r["workload"], "on" if r["prefix_cache"] else "off", r["rate"], "yes" if sat else "no",
                 f(r["ttft_ms_p50"]), f(s["ttft_p50_ms"]), dd(s["ttft_p50_ms"], r["ttft_ms_p50"]),
@@ -433,7 +433,20 @@ def main():
                     help="the simulator's step overhead (default: calibrated, see calibrate())")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="one workload pass at two rates")
+    ap.add_argument("--table", metavar="JSON", help="only print the tables of a finished run")
     args = ap.parse_args()
+    if args.table:
+        res = json.load(open(args.table))
+        for r in res["rows"]:  # runs written before the columns were swapped
+            if "sim_profile_only" in r:
+                r["sim_overhead"], r["sim"] = r["sim"], r.pop("sim_profile_only")
+        print(table(res["rows"], args), end="")
+        if res.get("calibration"):
+            print("\nCalibration (one request at a time): %(server_tpot_ms).3f ms per output token in "
+                  "the server, %(engine_step_ms).3f ms per engine step: a loop overhead of "
+                  "%(loop_overhead_ms).3f ms per step." % res["calibration"])
+        print("Load average during the run: %.1f, %.1f, %.1f" % tuple(res["load_average"]))
+        return
     if args.quick:
         args.rates, args.requests = "4,inf", 12
     os.makedirs(args.out, exist_ok=True)
