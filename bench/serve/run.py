@@ -258,6 +258,8 @@ def sim(args, trace, blocks, prefix_cache, chat, path, overhead_ms):
         cmd.append("--closed-loop")  # a turn is sent when the previous one finished
     if not prefix_cache:
         cmd.append("--no-prefix-caching")
+    else:
+        cmd.append("--hold-shared-prefix")  # the engine's admission
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit("kvcache sim failed: " + out.stderr)

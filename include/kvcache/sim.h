@@ -495,10 +495,14 @@ typedef struct {
     double step_overhead_s;           /* default 0.002 */
     double allreduce_latency_s;       /* default 8e-6 */
     const kvc_sim_profile_t *profile; /* measured step times (borrowed; NULL: the roofline) */
-    double spec_acceptance;           /* probability each draft is accepted (default 0.7) */
-    bool closed_loop;                 /* multi-turn: a turn arrives think_s after the previous
-                                         turn finished, not at its trace time */
-    double sample_interval_s;         /* time series; 0: adaptive */
+    bool hold_shared_prefix;  /* as kvcache's engine admits: a request that shares a whole block
+                                 of prefix with a request still computing it waits until that
+                                 block is computed, so that it is computed once (default off:
+                                 the scheduler admits both) */
+    double spec_acceptance;   /* probability each draft is accepted (default 0.7) */
+    bool closed_loop;         /* multi-turn: a turn arrives think_s after the previous
+                                 turn finished, not at its trace time */
+    double sample_interval_s; /* time series; 0: adaptive */
     /* the report */
     double slo_ttft_ms, slo_tpot_ms, slo_e2e_ms; /* 0: none */
     /* the planner's result for exactly this model, gpu and plan (kvc_plan_compute's, by a

@@ -64,6 +64,7 @@ enum {
     O_EVICTION,
     O_VICTIM,
     O_PROFILE,
+    O_HOLD_SHARED,
 };
 
 static const struct option own_options[] = {
@@ -87,6 +88,7 @@ static const struct option own_options[] = {
     {"allocation", required_argument, NULL, O_ALLOCATION},
     {"step-overhead-ms", required_argument, NULL, O_STEP_OVERHEAD},
     {"profile", required_argument, NULL, O_PROFILE},
+    {"hold-shared-prefix", no_argument, NULL, O_HOLD_SHARED},
     {"closed-loop", no_argument, NULL, O_CLOSED_LOOP},
     {"slo-ttft-ms", required_argument, NULL, O_SLO_TTFT},
     {"slo-tpot-ms", required_argument, NULL, O_SLO_TPOT},
@@ -183,6 +185,9 @@ static void help(FILE *f)
            "                            profile.py) instead of the GPU roofline: a step takes\n"
            "                            the time interpolated at its batch tokens and mean\n"
            "                            context (the deployment options still size the pool)\n"
+           "  --hold-shared-prefix      admit as kvcache's engine does: a request sharing a\n"
+           "                            whole block of prefix with one still computing it waits\n"
+           "                            until that block is computed (computed once)\n"
            "SLOs (for goodput):\n"
            "  --slo-ttft-ms F, --slo-tpot-ms F, --slo-e2e-ms F\n"
            "output:\n"
@@ -360,6 +365,9 @@ static int parse(int argc, char **argv, opts_t *o)
             break;
         case O_PROFILE:
             o->profile = optarg;
+            break;
+        case O_HOLD_SHARED:
+            o->cfg.hold_shared_prefix = true;
             break;
         case O_CLOSED_LOOP:
             o->cfg.closed_loop = true;

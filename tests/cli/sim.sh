@@ -249,5 +249,21 @@ printf '{"kvcache_profile": 1, "tokens": [1, 1], "context": [0], "step_ms": [[1]
 expect_error "profile out of order" "--profile: .*pbad.json: \"tokens\" must increase" -- "${BASE[@]}" --workload "$W" --profile "$TMP/pbad.json"
 expect_error "profile not JSON" "--profile: .*: not a JSON object" -- "${BASE[@]}" --workload "$W" --profile "$SRC/README.md"
 
+# --hold-shared-prefix: four requests sharing a 64-token prefix arrive together.  The scheduler
+# alone admits all four in one step, none of them cached yet: no hit.  Held back as the engine
+# does, the first computes the prefix and the other three hit its 4 blocks (3 x 64 tokens)
+python3 - "$TMP/shared4.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    f.write(json.dumps({"kvcache_workload": 1}) + "\n")
+    for k in range(4):
+        f.write(json.dumps({"arrival_s": 0, "tokens": list(range(1, 65)) + [100 + k] * 8, "output": 4}) + "\n")
+PY
+for h in "" --hold-shared-prefix; do
+  "$KVC" "${BASE[@]}" --workload "$TMP/shared4.jsonl" --profile "$TMP/p10.json" $h --json >"$TMP/shared4$h.json" || fail "shared4 $h: exit $?"
+done
+grep -q '"hit_tokens": 0,' "$TMP/shared4.json" || fail "shared4: the scheduler alone should hit nothing"
+grep -q '"hit_tokens": 192,' "$TMP/shared4--hold-shared-prefix.json" || fail "--hold-shared-prefix: the three later requests should hit 192 tokens"
+
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "sim CLI: all checks passed"
