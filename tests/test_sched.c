@@ -694,6 +694,30 @@ static void an_account_stays_readable_until_the_next_take(void **state)
     world_free(&w);
 }
 
+/* The same when the requests added after a take outgrow the account buffers: the array handed
+ * out is replaced, not freed, until the next take (it was freed under the caller: the ASan
+ * build caught the read). */
+static void an_account_stays_readable_while_adds_grow_the_tables(void **state)
+{
+    (void)state;
+    world_t w;
+    world_init(&w, 400, 4, params(64, 8));
+    add(&w, 4, 1, 4, 0, 0, 1);
+    step(&w);
+    const kvc_sched_done_t *done;
+    uint32_t nd;
+    take(&w, &done, &nd);
+    assert_int_equal(nd, 1);
+    kvc_sched_done_t copy = done[0];
+    for (int i = 0; i < 100; i++) add(&w, 4, 1, 4, 0, 0, 10 * i); /* past 16, 32 and 64 */
+    assert_memory_equal(&copy, &done[0], sizeof copy);
+    drain(&w, 200);
+    assert_memory_equal(&copy, &done[0], sizeof copy);
+    take(&w, &done, &nd);
+    assert_int_equal(nd, 100);
+    world_free(&w);
+}
+
 /* The account of an abort: aborted, never finished before it arrived or before its first token. */
 static void expect_aborted(world_t *w, kvc_req_id_t id)
 {
@@ -889,6 +913,13 @@ static void odd_parameters_are_refused(void **state)
         p.long_kv_cap = bad_share[i];
         assert_int_equal(kvc_sched_create(w.seqs, &p, &s), KVC_EINVAL);
     }
+    const uint32_t bad_tenants[] = {0, KVC_SCHED_MAX_TENANTS + 1, UINT32_MAX};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(bad_tenants); i++) {
+        kvc_sched_params_t p = params(32, 8);
+        p.n_tenants = bad_tenants[i];
+        assert_int_equal(kvc_sched_create(w.seqs, &p, &s), KVC_EINVAL);
+        assert_null(s);
+    }
     const double bad_margin[] = {NAN, -1, INFINITY};
     for (size_t i = 0; i < KVC_ARRAY_LEN(bad_margin); i++) {
         kvc_sched_params_t p = params(32, 8);
@@ -920,7 +951,7 @@ static void odd_parameters_are_refused(void **state)
     r.max_output = 0;
     assert_int_equal(kvc_sched_add(w.s, &r, 0, &id), KVC_EINVAL);
     r.max_output = 4;
-    r.tenant = KVC_MAX_TENANTS;
+    r.tenant = KVC_SCHED_DEFAULT_TENANTS; /* the default scheduler has 16: 0..15 */
     assert_int_equal(kvc_sched_add(w.s, &r, 0, &id), KVC_EINVAL);
     r.tenant = 0;
     assert_int_equal(kvc_sched_add(w.s, NULL, 0, &id), KVC_EINVAL);
@@ -1198,8 +1229,11 @@ static void every_policy_has_a_name_that_parses_back(void **state)
 
 /* ---- randomized: every policy, aborts, invariants every step, no starvation, determinism
  * ---------------------- */
-static uint64_t random_run(uint64_t seed, kvc_admission_t adm, kvc_preemption_t pre, bool fair,
-                           kvc_victim_t vic, uint64_t *fingerprint)
+/* tenant_stride: request tenants are 0, 1, 2 times it, in a scheduler of 3 * stride tenants
+ * (at least the default): decisions depend on the tenants' order, never on their numbers. */
+static uint64_t random_run_tenants(uint64_t seed, kvc_admission_t adm, kvc_preemption_t pre,
+                                   bool fair, kvc_victim_t vic, uint32_t tenant_stride,
+                                   uint64_t *fingerprint)
 {
     kvc_rng_t r;
     kvc_rng_seed(&r, seed);
@@ -1213,6 +1247,7 @@ static uint64_t random_run(uint64_t seed, kvc_admission_t adm, kvc_preemption_t 
     p.spec_tokens = (uint32_t)kvc_rng_below(&r, 3);
     if (kvc_rng_below(&r, 2)) p.class_kv_cap[1] = 0.6;
     if (kvc_rng_below(&r, 2)) p.tenant_kv_share = 0.7;
+    p.n_tenants = KVC_MAX(p.n_tenants, 3 * tenant_stride);
     world_t w;
     world_init(&w, 48, 4, p);
     w.accept_drafts = (uint32_t)kvc_rng_below(&r, 3);
@@ -1225,9 +1260,9 @@ static uint64_t random_run(uint64_t seed, kvc_admission_t adm, kvc_preemption_t 
     for (int t = 0;; t++) {
         if (t < 300 && n_req < 120 && kvc_rng_below(&r, 3) == 0) {
             uint32_t len = 1 + (uint32_t)kvc_rng_below(&r, 40);
-            ids[n_req] = add(&w, len, 1 + (uint32_t)kvc_rng_below(&r, 12), 12,
-                             (uint32_t)kvc_rng_below(&r, 2), (uint32_t)kvc_rng_below(&r, 3),
-                             (int)(kvc_rng_below(&r, 4) * 50));
+            ids[n_req] = add(
+                &w, len, 1 + (uint32_t)kvc_rng_below(&r, 12), 12, (uint32_t)kvc_rng_below(&r, 2),
+                (uint32_t)kvc_rng_below(&r, 3) * tenant_stride, (int)(kvc_rng_below(&r, 4) * 50));
             n_req++;
         }
         if (t < 300 && n_req && kvc_rng_below(&r, 25) == 0) { /* a client goes away */
@@ -1272,6 +1307,188 @@ static uint64_t random_run(uint64_t seed, kvc_admission_t adm, kvc_preemption_t 
     return steps;
 }
 
+static uint64_t random_run(uint64_t seed, kvc_admission_t adm, kvc_preemption_t pre, bool fair,
+                           kvc_victim_t vic, uint64_t *fingerprint)
+{
+    return random_run_tenants(seed, adm, pre, fair, vic, 1, fingerprint);
+}
+
+/* The same random runs with 1500 tenants (three of them busy, far apart): the same decisions,
+ * step for step, as with three adjacent ones among 16, under every policy. */
+static void tenant_numbers_do_not_change_decisions(void **state)
+{
+    (void)state;
+    const int seeds = KVC_TEST_SANITIZED ? 1 : 3;
+    for (int adm = 0; adm < KVC_ADMIT__COUNT; adm++)
+        for (int pre = 0; pre < KVC_PREEMPT__COUNT; pre++)
+            for (int fair = 0; fair < 2; fair++)
+                for (int sd = 0; sd < seeds; sd++) {
+                    uint64_t f1, f2;
+                    uint64_t n1 =
+                        random_run_tenants(2000 + (uint64_t)sd, (kvc_admission_t)adm,
+                                           (kvc_preemption_t)pre, fair, KVC_VICTIM_LATEST, 1, &f1);
+                    uint64_t n2 = random_run_tenants(2000 + (uint64_t)sd, (kvc_admission_t)adm,
+                                                     (kvc_preemption_t)pre, fair, KVC_VICTIM_LATEST,
+                                                     500, &f2);
+                    assert_true(f1 == f2);
+                    assert_true(n1 == n2);
+                }
+}
+
+/* Parallel sampling: one request forks 40 children as its prompt completes.  The first
+ * tables were sized for one live request, so the forks grow them inside kvc_sched_complete;
+ * the entry being completed and the plan the caller holds must stay valid (they pointed into
+ * the old array: a use after free that the ASan build caught), and the children decode. */
+static void forks_that_grow_the_tables_keep_the_plan_readable(void **state)
+{
+    (void)state;
+    world_t w;
+    world_init(&w, 400, 4, params(512, 64));
+    kvc_req_id_t parent = add(&w, 10, 6, 6, 0, 0, 100);
+    const kvc_sched_plan_t *pl;
+    assert_ok(kvc_sched_step(w.s, w.now, &pl));
+    assert_int_equal(pl->n_entries, 1);
+    assert_true(pl->entries[0].samples);
+    enum { N = 40 };
+    kvc_token_t toks[N];
+    uint64_t tags[N];
+    kvc_req_id_t ids[N];
+    for (uint32_t k = 0; k < N; k++) toks[k] = 7, tags[k] = 1000 + k;
+    kvc_sched_result_t res = {.id = parent,
+                              .token = 7,
+                              .n_forks = N,
+                              .fork_tokens = toks,
+                              .fork_tags = tags,
+                              .fork_ids = ids};
+    w.now += 1;
+    assert_ok(kvc_sched_complete(w.s, &res, 1, w.now));
+    check(&w);
+    /* the plan stays readable until the next step */
+    assert_int_equal(pl->n_entries, 1);
+    assert_true(pl->entries[0].id == parent && pl->entries[0].n_tokens == 10);
+    for (uint32_t k = 0; k < N; k++) assert_true(ids[k] != 0);
+    kvc_sched_stats_t st;
+    kvc_sched_stats(w.s, &st);
+    assert_int_equal(st.n_running, N + 1);
+    assert_ok(kvc_sched_step(w.s, w.now, &pl));
+    assert_int_equal(pl->n_entries, N + 1); /* the parent and every child decode */
+    check(&w);
+    world_free(&w);
+}
+
+/* ---- many tenants ---------------------------------------------------------------------------- */
+/* 1000 tenants, 100 of them (spread over the range) with a prompt each: under fairness the
+ * step's prompt budget is split among exactly those 100; the checker (per-tenant books, the
+ * active-tenant lists) holds after every step, and every tenant is served. */
+static void a_thousand_tenants_share_the_prompt_budget_fairly(void **state)
+{
+    (void)state;
+    kvc_sched_params_t p = params(1000, 128);
+    p.n_tenants = 1000;
+    p.tenant_fair = true;
+    world_t w;
+    world_init(&w, 4000, 4, p);
+    kvc_req_id_t ids[100];
+    for (uint32_t i = 0; i < 100; i++) ids[i] = add(&w, 40, 2, 2, 0, 999 - i * 10, (int)i * 64);
+    const kvc_sched_plan_t *pl = step(&w);
+    assert_int_equal(pl->n_entries, 100); /* every tenant with work got its share */
+    for (uint32_t i = 0; i < pl->n_entries; i++) assert_int_equal(pl->entries[i].n_tokens, 10);
+    for (uint32_t i = 0; i < 100; i++) assert_non_null(entry_of(pl, ids[i]));
+    kvc_sched_tenant_stats_t ts;
+    assert_ok(kvc_sched_tenant_stats(w.s, 999, &ts));
+    assert_int_equal(ts.n_running, 1);
+    assert_int_equal(ts.computed, 10);
+    assert_int_equal(ts.blocks, 3);                   /* 10 tokens reserved in blocks of 4 */
+    assert_ok(kvc_sched_tenant_stats(w.s, 998, &ts)); /* an idle tenant */
+    assert_int_equal(ts.n_running + ts.n_waiting + ts.blocks + ts.computed, 0);
+    assert_true(drain(&w, 100) < 100);
+    const kvc_sched_done_t *done;
+    uint32_t nd;
+    take(&w, &done, &nd);
+    assert_int_equal(nd, 100);
+    for (uint32_t i = 0; i < nd; i++) assert_int_equal(done[i].n_output, 2);
+    for (uint32_t t = 0; t < 1000; t++) {
+        assert_ok(kvc_sched_tenant_stats(w.s, t, &ts));
+        assert_int_equal(ts.computed, t % 10 == 9 ? 41 : 0); /* prompt + one decode */
+        assert_int_equal(ts.blocks + ts.n_running + ts.n_waiting, 0);
+    }
+    assert_int_equal(kvc_sched_tenant_stats(w.s, 1000, &ts), KVC_EINVAL);
+    assert_int_equal(kvc_sched_tenant_stats(NULL, 0, &ts), KVC_EINVAL);
+    assert_int_equal(kvc_sched_tenant_stats(w.s, 0, NULL), KVC_EINVAL);
+    assert_int_equal(kvc_sched_n_tenants(w.s), 1000);
+    assert_int_equal(kvc_sched_n_tenants(NULL), 0);
+    world_free(&w);
+}
+
+/* A KV quota with 1000 tenants: tenant 777 may hold 1% of 1000 blocks (10); its five prompts of
+ * 30 tokens (8 blocks each at the end) run one at a time, while tenant 3's three (3 blocks
+ * each) are admitted beside it.  The checker verifies the quota after every step; tenant 1000 is
+ * refused. */
+static void a_kv_quota_holds_among_a_thousand_tenants(void **state)
+{
+    (void)state;
+    kvc_sched_params_t p = params(256, 64);
+    p.n_tenants = 1000;
+    p.tenant_kv_share = 0.01;
+    world_t w;
+    world_init(&w, 1000, 4, p);
+    for (int i = 0; i < 5; i++) add(&w, 30, 2, 2, 0, 777, 100 * i);
+    for (int i = 0; i < 3; i++) add(&w, 8, 2, 2, 0, 3, 1000 + 100 * i); /* 3 blocks each */
+    uint32_t most = 0;
+    for (int k = 0; k < 40; k++) {
+        kvc_sched_tenant_stats_t ts;
+        assert_ok(kvc_sched_tenant_stats(w.s, 777, &ts));
+        most = KVC_MAX(most, ts.blocks);
+        assert_true(ts.n_running <= 1);
+        kvc_sched_stats_t st;
+        kvc_sched_stats(w.s, &st);
+        if (!st.n_running && !st.n_waiting) break;
+        if (k == 1) {
+            assert_ok(kvc_sched_tenant_stats(w.s, 3, &ts));
+            assert_int_equal(ts.n_running, 3); /* not held behind tenant 777 */
+        }
+        step(&w);
+    }
+    assert_true(most <= 10 && most >= 8);
+    kvc_token_t t[4] = {1, 2, 3, 4};
+    kvc_sched_req_t r = {.prompt = t, .n_prompt = 4, .max_output = 4, .tenant = 1000};
+    kvc_req_id_t id;
+    assert_int_equal(kvc_sched_add(w.s, &r, w.now, &id), KVC_EINVAL);
+    r.tenant = 999;
+    assert_ok(kvc_sched_add(w.s, &r, w.now, &id));
+    world_free(&w);
+}
+
+/* KV token-seconds, charged lazily, against hand arithmetic: tenant 4000 of 5000 holds 2 blocks
+ * of 4 tokens from the first step (t = 0) to the second (t = 1), then 3 blocks until the
+ * third (t = 3): 2 * 4 * 1 + 3 * 4 * 2 = 32 token-seconds, and tenant 0 holds nothing. */
+static void kv_token_seconds_are_charged_per_tenant(void **state)
+{
+    (void)state;
+    kvc_sched_params_t p = params(64, 8);
+    p.n_tenants = 5000;
+    world_t w;
+    world_init(&w, 100, 4, p);
+    add(&w, 8, 10, 10, 0, 4000, 0);
+    step(&w); /* t = 0: the prompt, 2 blocks */
+    kvc_sched_tenant_stats_t ts;
+    assert_ok(kvc_sched_tenant_stats(w.s, 4000, &ts));
+    assert_int_equal(ts.blocks, 2);
+    assert_true(ts.kv_token_s == 0);
+    step(&w); /* t = 1: charged 2 blocks for 1 s; the 9th token takes a third block */
+    assert_ok(kvc_sched_tenant_stats(w.s, 4000, &ts));
+    assert_true(fabs(ts.kv_token_s - 8) < 1e-9);
+    assert_int_equal(ts.blocks, 3);
+    w.now = 3;
+    step(&w); /* t = 3: 3 blocks for 2 s */
+    assert_ok(kvc_sched_tenant_stats(w.s, 4000, &ts));
+    assert_true(fabs(ts.kv_token_s - 32) < 1e-9);
+    assert_int_equal(ts.computed, 10);
+    assert_ok(kvc_sched_tenant_stats(w.s, 0, &ts));
+    assert_true(ts.kv_token_s == 0);
+    world_free(&w);
+}
+
 static void every_policy_keeps_the_books_and_finishes_everything(void **state)
 {
     (void)state;
@@ -1305,6 +1522,12 @@ int main(void)
         cmocka_unit_test(a_class_kv_cap_keeps_batch_from_taking_the_pool),
         cmocka_unit_test(a_kv_quota_stops_one_tenant_from_taking_the_pool),
         cmocka_unit_test(fair_share_splits_the_prompt_budget_between_tenants),
+        cmocka_unit_test(forks_that_grow_the_tables_keep_the_plan_readable),
+        cmocka_unit_test(an_account_stays_readable_while_adds_grow_the_tables),
+        cmocka_unit_test(a_thousand_tenants_share_the_prompt_budget_fairly),
+        cmocka_unit_test(a_kv_quota_holds_among_a_thousand_tenants),
+        cmocka_unit_test(kv_token_seconds_are_charged_per_tenant),
+        cmocka_unit_test(tenant_numbers_do_not_change_decisions),
         cmocka_unit_test(a_long_request_cap_protects_short_traffic),
         cmocka_unit_test(drafts_count_against_the_budget_and_roll_back),
         cmocka_unit_test(the_api_refuses_misuse),

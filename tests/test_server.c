@@ -267,6 +267,7 @@ static void wait_pool_idle(uint16_t port)
 typedef struct {
     char text[8192];
     uint32_t n_tokens;
+    kvc_token_t toks[512]; /* the first n_tokens output tokens (at most 512) */
 } ref_t;
 
 static void reference(const kvc_token_t *prompt, uint32_t n, uint32_t max_tokens, float temp,
@@ -292,6 +293,8 @@ static void reference(const kvc_token_t *prompt, uint32_t n, uint32_t max_tokens
         if (nd) {
             snprintf(out->text, sizeof out->text, "%s", d[0].text);
             out->n_tokens = d[0].completion_tokens;
+            memcpy(out->toks, d[0].output,
+                   KVC_MIN(out->n_tokens, (uint32_t)KVC_ARRAY_LEN(out->toks)) * sizeof *out->toks);
             done = true;
         }
     }
@@ -457,6 +460,74 @@ static void streaming_equals_whole(void **state)
     cJSON_Delete(u);
     resp_free(&r);
     srv_stop(&t);
+}
+
+/* return_token_ids (vLLM's field): the output's token ids, whole and streamed, equal the
+ * engine's; sent back as the next prompt after the first, they hit the first turn's blocks
+ * (prompt and reply, whole blocks, the last token computed), and with the prefix cache off
+ * (--no-prefix-cache) nothing is cached. */
+static void token_ids_feed_the_next_turn(void **state)
+{
+    (void)state;
+    const kvc_token_t prompt[] = {1, 403, 251, 93, 263, 91, 27, 471, 263, 217, 76, 425};
+    const uint32_t np = KVC_ARRAY_LEN(prompt);
+    ref_t ref;
+    reference(prompt, np, 40, 0, 0, &ref);
+    assert_int_equal(ref.n_tokens, 40);
+    char ids[1024], body[4096];
+    int o = 0;
+    for (uint32_t i = 0; i < np; i++)
+        o += snprintf(ids + o, sizeof ids - o, "%s%d", i ? ", " : "", prompt[i]);
+    for (int nopc = 0; nopc < 2; nopc++) {
+        srv_t t;
+        kvc_engine_params_t ep = engine_params();
+        ep.no_prefix_cache = nopc;
+        srv_start_with(&t, kvc_server_params_default(), ep);
+        for (int stream = 0; stream < 2; stream++) {
+            snprintf(body, sizeof body,
+                     "{\"model\": \"stories\", \"prompt\": [%s], \"max_tokens\": 40, "
+                     "\"temperature\": 0, \"ignore_eos\": true, \"return_token_ids\": true, "
+                     "\"stream\": %s}",
+                     ids, stream ? "true" : "false");
+            resp_t r = http(t.port, "POST", "/v1/completions", NULL, body);
+            assert_int_equal(r.status, 200);
+            kvc_token_t got[64];
+            uint32_t n = 0;
+            const char *p = r.body;
+            while ((p = strstr(p, "\"token_ids\":["))) { /* one array, or one per chunk */
+                p += strlen("\"token_ids\":[");
+                while (*p && *p != ']') {
+                    char *end;
+                    long v = strtol(p, &end, 10);
+                    if (end == p) break;
+                    assert_true(n < KVC_ARRAY_LEN(got));
+                    got[n++] = (kvc_token_t)v;
+                    p = *end == ',' ? end + 1 : end;
+                }
+            }
+            assert_int_equal(n, 40);
+            assert_memory_equal(got, ref.toks, 40 * sizeof *got);
+            resp_free(&r);
+        }
+        /* turn two: the first prompt, its reply, and more */
+        char ids2[2048];
+        int o2 = snprintf(ids2, sizeof ids2, "%s", ids);
+        for (uint32_t i = 0; i < 40; i++)
+            o2 += snprintf(ids2 + o2, sizeof ids2 - o2, ", %d", ref.toks[i]);
+        snprintf(ids2 + o2, sizeof ids2 - o2, ", 13, 450, 109");
+        snprintf(body, sizeof body,
+                 "{\"model\": \"stories\", \"prompt\": [%s], \"max_tokens\": 2, "
+                 "\"temperature\": 0}",
+                 ids2);
+        resp_t r = http(t.port, "POST", "/v1/completions", NULL, body);
+        assert_int_equal(r.status, 200);
+        cJSON *j = json_of(&r);
+        /* turn one held 12 + 40 tokens, 51 of them computed: 3 whole blocks of 16 */
+        assert_int_equal((int)jnum(j, "usage.prompt_tokens_details.cached_tokens"), nopc ? 0 : 48);
+        cJSON_Delete(j);
+        resp_free(&r);
+        srv_stop(&t);
+    }
 }
 
 static void two_turn_chat_hits_turn_one(void **state)
@@ -959,7 +1030,9 @@ static void metrics_are_prometheus(void **state)
                                         "kvcache_time_to_first_token_seconds",
                                         "kvcache_time_per_output_token_seconds",
                                         "kvcache_e2e_request_latency_seconds",
-                                        "kvcache_hop_seconds"};
+                                        "kvcache_hop_seconds",
+                                        "kvcache_engine_steps_total",
+                                        "kvcache_engine_step_seconds_total"};
     for (size_t i = 0; i < KVC_ARRAY_LEN(names); i++) {
         char k[160];
         snprintf(k, sizeof k, "# TYPE %s ", names[i]);
@@ -967,6 +1040,12 @@ static void metrics_are_prometheus(void **state)
         snprintf(k, sizeof k, "# HELP %s ", names[i]);
         if (!strstr(r.body, k)) fail_msg("no %s", k);
     }
+    resp_free(&r);
+    /* at least its prompt step; their time is inside the request's own */
+    assert_true(metric(t.port, "kvcache_engine_steps_total") >= 1);
+    double step_s = metric(t.port, "kvcache_engine_step_seconds_total");
+    assert_true(step_s > 0 && step_s < metric(t.port, "kvcache_e2e_request_latency_seconds_sum"));
+    r = http(t.port, "GET", "/metrics", NULL, NULL);
     static const char *const hops[] = {"queue", "tokenize", "prefill", "decode"};
     for (size_t i = 0; i < 4; i++) {
         char k[160];
@@ -1074,6 +1153,44 @@ static void many_tenants_serve(void **state)
         snprintf(key, sizeof key, "k%d", i);
         assert_int_equal(cached_of(t.port, key, PROMPT48), 0);
     }
+    /* every tenant is served, and the scheduler's books are each tenant's own: the tokens it
+     * computed for tenant i are exactly i's uncached prompt tokens and its decodes */
+    uint64_t want[40];
+    for (int i = 0; i < 40; i++) {
+        char h[128], body[256];
+        snprintf(h, sizeof h, "Authorization: Bearer k%d\r\n", i);
+        snprintf(body, sizeof body,
+                 "{\"model\": \"stories\", \"prompt\": \"The dog ran to tenant %d\", "
+                 "\"max_tokens\": %d, \"temperature\": 0}",
+                 i, 2 + i % 5);
+        resp_t r = http(t.port, "POST", "/v1/completions", h, body);
+        if (r.status != 200) fail_msg("tenant %d: status %d: %s", i, r.status, r.body);
+        cJSON *j = json_of(&r);
+        double prompt = jnum(j, "usage.prompt_tokens"),
+               completion = jnum(j, "usage.completion_tokens"),
+               cached = jnum(j, "usage.prompt_tokens_details.cached_tokens");
+        assert_true(completion >= 1);
+        want[i] = (uint64_t)(prompt - cached + completion - 1);
+        cJSON_Delete(j);
+        resp_free(&r);
+    }
+    wait_pool_idle(t.port);
+    for (int i = 0; i < 40; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "kvcache_tenant_computed_tokens_total{tenant=\"t%d\"}", i);
+        double got = metric(t.port, name);
+        if (i % 13 == 0) {
+            /* the PROMPT48 request above counted too */
+            assert_true(got > (double)want[i]);
+        } else if (got != (double)want[i]) {
+            fail_msg("tenant t%d: %g tokens computed, want %llu", i, got,
+                     (unsigned long long)want[i]);
+        }
+        snprintf(name, sizeof name, "kvcache_tenant_kv_blocks{tenant=\"t%d\"}", i);
+        assert_true(metric(t.port, name) == 0);
+        snprintf(name, sizeof name, "kvcache_tenant_requests_total{tenant=\"t%d\"}", i);
+        assert_true(metric(t.port, name) == (i % 13 ? 1 : 2));
+    }
     srv_stop(&t);
 }
 
@@ -1104,6 +1221,7 @@ int main(void)
         cmocka_unit_test(completions_equal_the_engine),
         cmocka_unit_test(streaming_equals_whole),
         cmocka_unit_test(two_turn_chat_hits_turn_one),
+        cmocka_unit_test(token_ids_feed_the_next_turn),
         cmocka_unit_test(tenants_isolate_and_limit),
         cmocka_unit_test(many_tenants_serve),
         cmocka_unit_test(bad_input_gets_4xx_and_the_server_goes_on),

@@ -96,6 +96,9 @@ typedef struct {
                                         decoded greedily on its own pool; the same vocabulary
                                         size as the model (KVC_EINVAL otherwise).  NULL: none */
     kvc_isa_t isa;                   /* kernels' ISA (KVC_ISA_AUTO: the best) */
+    uint32_t n_tenants;              /* the scheduler's tenants (kvc_gen_params_t.tenant below
+                                        it; 0: KVC_SCHED_DEFAULT_TENANTS, at most
+                                        KVC_SCHED_MAX_TENANTS) */
 } kvc_engine_params_t;
 
 KVC_API kvc_engine_params_t kvc_engine_params_default(void);
@@ -129,11 +132,12 @@ typedef struct {
     uint32_t n_stop_ids;
     const char *stop[KVC_MAX_STOP]; /* stop strings (copied) */
     uint32_t n_stop;
-    uint32_t n;        /* parallel samples (1..KVC_MAX_SAMPLES; 0: 1): the prompt is computed
-                          once and each sample forks its blocks copy-on-write; sample k uses
-                          seed + k and finishes with its own account (sample_index k) */
-    uint32_t priority; /* scheduler class */
-    uint64_t tag;      /* the caller's, echoed in events */
+    uint32_t n;         /* parallel samples (1..KVC_MAX_SAMPLES; 0: 1): the prompt is computed
+                           once and each sample forks its blocks copy-on-write; sample k uses
+                           seed + k and finishes with its own account (sample_index k) */
+    uint32_t priority;  /* scheduler class */
+    uint32_t tenant;    /* the scheduler's tenant, below kvc_engine_params_t.n_tenants */
+    uint64_t tag;       /* the caller's, echoed in events */
     kvc_namespace_t ns; /* the prefix-cache namespace (a tenant's cache salt: prefix.h); all
                            zero (the default): the shared one */
 } kvc_gen_params_t;

@@ -50,7 +50,12 @@ extern "C" {
  * urgent class's cached prefixes are evicted after a less urgent one's. */
 #define KVC_CLASS_PREFIX_PRIORITY(c) \
     (KVC_PREFIX_MAX_PRIORITY - (c) * (KVC_PREFIX_MAX_PRIORITY / (KVC_MAX_CLASSES - 1)))
-#define KVC_MAX_TENANTS 16
+/* Tenants: a scheduler has params.n_tenants of them (indices 0 .. n_tenants - 1), default
+ * KVC_SCHED_DEFAULT_TENANTS, at most KVC_SCHED_MAX_TENANTS.  Its per-tenant state (waiting
+ * queues, counters) is allocated at creation; a step's cost grows with the tenants that have
+ * requests waiting or running, never with n_tenants. */
+#define KVC_SCHED_DEFAULT_TENANTS 16
+#define KVC_SCHED_MAX_TENANTS     65536
 
 /* A request's name: (generation << 32) | slot.  0 is never an id. */
 typedef uint64_t kvc_req_id_t;
@@ -141,6 +146,8 @@ typedef struct {
     uint64_t swap_space_bytes;            /* host memory for swapped KV (0: unlimited) */
     double class_kv_cap[KVC_MAX_CLASSES]; /* share of the pool's blocks a class may hold
                                              (0: no cap) */
+    uint32_t n_tenants;                   /* tenants, 1 .. KVC_SCHED_MAX_TENANTS (default
+                                             KVC_SCHED_DEFAULT_TENANTS) */
     uint32_t tenant_max_running;          /* request-count limit per tenant (0: none) */
     double tenant_kv_share;               /* KV quota per tenant: share of the pool's blocks it may
                                              hold (0: none) */
@@ -173,7 +180,7 @@ typedef struct {
     uint32_t max_output;       /* the request's declared output cap (>= 1) */
     uint32_t priority;         /* class, < KVC_MAX_CLASSES; its prefix-cache priority is
                                   KVC_CLASS_PREFIX_PRIORITY(class) */
-    uint32_t tenant;           /* < KVC_MAX_TENANTS */
+    uint32_t tenant;           /* < params.n_tenants */
     const kvc_namespace_t *ns; /* NULL: default; carries the tenant's cache salt */
     uint64_t tag;              /* the caller's: echoed in entries, accounts and callbacks */
 } kvc_sched_req_t;
@@ -184,7 +191,8 @@ typedef struct kvc_sched kvc_sched_t;
  * the pool and prefix cache it manages are the seq table's).  KVC_EINVAL
  * (NULL arguments; a zero max_num_seqs or max_num_batched_tokens; an
  * admission or preemption value out of range; a share outside 0..1 or NaN;
- * expected_margin negative or not finite; spec_tokens over 64), KVC_ENOMEM.
+ * expected_margin negative or not finite; spec_tokens over 64; n_tenants 0 or over
+ * KVC_SCHED_MAX_TENANTS), KVC_ENOMEM.
  * On failure *out is NULL.  The caller frees it with kvc_sched_destroy. */
 KVC_API KVC_NODISCARD int kvc_sched_create(kvc_seqs_t *seqs, const kvc_sched_params_t *params,
                                            kvc_sched_t **out);
@@ -307,13 +315,25 @@ typedef struct {
     uint64_t forced_preemptions; /* backpressure deadlocks broken */
     uint64_t n_added, n_errors;  /* requests added; finished with an error */
     uint32_t class_blocks[KVC_MAX_CLASSES];
-    uint32_t tenant_blocks[KVC_MAX_TENANTS];
-    double tenant_kv_token_s[KVC_MAX_TENANTS]; /* KV tokens held over time */
-    uint64_t tenant_computed[KVC_MAX_TENANTS]; /* tokens computed */
 } kvc_sched_stats_t;
 
-/* The counters (all zero when s is NULL). */
+/* The counters (all zero when s is NULL).  Per tenant: kvc_sched_tenant_stats. */
 KVC_API void kvc_sched_stats(const kvc_sched_t *s, kvc_sched_stats_t *out);
+
+/* One tenant's share of the scheduler. */
+typedef struct {
+    uint32_t n_waiting, n_running; /* requests */
+    uint32_t blocks;               /* pool blocks its running requests hold (all groups) */
+    double kv_token_s;             /* KV tokens held over time, up to the last step */
+    uint64_t computed;             /* tokens computed (drafts included) */
+} kvc_sched_tenant_stats_t;
+
+/* The number of tenants (params.n_tenants; 0 when s is NULL). */
+KVC_API uint32_t kvc_sched_n_tenants(const kvc_sched_t *s);
+/* Tenant `tenant`'s counters into *out.  Never allocates; O(1).  KVC_EINVAL (NULL arguments,
+ * tenant >= kvc_sched_n_tenants), and *out is unchanged. */
+KVC_API int kvc_sched_tenant_stats(const kvc_sched_t *s, uint32_t tenant,
+                                   kvc_sched_tenant_stats_t *out);
 
 /* The decisions of the last step, in words (NULL-terminated string; empty
  * unless params.trace).  Requests are named r0, r1, ... in the order they

@@ -378,6 +378,40 @@ KVC_API void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t tota
  *
  * MoE: the routed experts a step touches are read, 1 - (1 - k/E)^T of them
  * for T tokens choosing k of E.  Every constant is printed in the report. */
+/* A measured hardware profile: one machine's step time for a step of T batch tokens whose
+ * queries attend K keys each on average (K = the step's (query, key) pairs / T), on a grid
+ * measured by a bench program (bench/serve/profile.py: the CPU engine's real steps).  With a
+ * profile the cost model's step time is the profile's, interpolated, instead of the
+ * roofline's: a step's attention pairs are T x K, so a step cost of the form
+ * a + b T + c T K (linear layers, attention, a fixed overhead) is exactly bilinear in
+ * (T, K), and bilinear interpolation over the grid reproduces it; beyond the grid the edge
+ * segments extend linearly (the result is never negative).
+ *
+ * The file is JSON:
+ *   {"kvcache_profile": 1, "tokens": [1, 2, 4, ...], "context": [16, 128, ...],
+ *    "step_ms": [[...one per context...], ...one row per tokens value...], ...}
+ * tokens: 1 to 256 strictly increasing values >= 1; context: 1 to 256 strictly increasing
+ * values >= 0; step_ms: positive finite milliseconds.  Other fields (the machine, the model,
+ * how it was measured) are kept for people and ignored.  Immutable once loaded: any number
+ * of threads may read it. */
+typedef struct kvc_sim_profile kvc_sim_profile_t;
+#define KVC_SIM_PROFILE_MAX_POINTS 256
+
+/* Parse a profile from len bytes of JSON (need not be NUL-terminated); `name` labels the
+ * message.  On success *out is a profile the caller frees with kvc_sim_profile_destroy.
+ * KVC_EPARSE (not JSON, not a version-1 profile, a field missing, of the wrong type, out
+ * of order or out of range: one line in err naming it), KVC_EINVAL (NULL arguments),
+ * KVC_ENOMEM; *out is then NULL. */
+KVC_API KVC_NODISCARD int kvc_sim_profile_parse(const char *json, size_t len, const char *name,
+                                                kvc_sim_profile_t **out, char *err, size_t err_cap);
+/* The same from a file: also KVC_EIO (it cannot be read). */
+KVC_API KVC_NODISCARD int kvc_sim_profile_load(const char *path, kvc_sim_profile_t **out, char *err,
+                                               size_t err_cap);
+KVC_API void kvc_sim_profile_destroy(kvc_sim_profile_t *p); /* NULL is a no-op */
+/* Seconds of a step of `tokens` batch tokens attending `context` keys per query on average,
+ * interpolated (see above).  Never fails; >= 0. */
+KVC_API double kvc_sim_profile_step_s(const kvc_sim_profile_t *p, double tokens, double context);
+
 typedef struct {
     double flops_per_s;             /* per GPU, achieved, for linear layers */
     double attn_flops_per_s;        /* per GPU, achieved, for attention (bf16 rate) */
@@ -405,6 +439,10 @@ typedef struct {
      * linear FLOPs, its causal attention, its K/V written and read once), the quadratic cost
      * a KV cache exists to avoid. */
     bool no_kv_cache;
+    /* A measured profile (borrowed): non-NULL, a step takes the profile's time for its
+     * tokens and mean context, plus step_overhead_s and swap traffic, instead of the
+     * roofline's. */
+    const kvc_sim_profile_t *profile;
 } kvc_sim_cost_model_t;
 
 /* The cost model of a planned deployment (kvc_plan_compute's result and its
@@ -454,12 +492,17 @@ typedef struct {
     kvc_eviction_t eviction; /* the prefix cache's eviction policy (default KVC_EVICT_LRU);
                                 the preemption victim is sched.victim */
     /* the executor */
-    double step_overhead_s;     /* default 0.002 */
-    double allreduce_latency_s; /* default 8e-6 */
-    double spec_acceptance;     /* probability each draft is accepted (default 0.7) */
-    bool closed_loop;           /* multi-turn: a turn arrives think_s after the previous
-                                   turn finished, not at its trace time */
-    double sample_interval_s;   /* time series; 0: adaptive */
+    double step_overhead_s;           /* default 0.002 */
+    double allreduce_latency_s;       /* default 8e-6 */
+    const kvc_sim_profile_t *profile; /* measured step times (borrowed; NULL: the roofline) */
+    bool hold_shared_prefix;  /* as kvcache's engine admits: a request that shares a whole block
+                                 of prefix with a request still computing it waits until that
+                                 block is computed, so that it is computed once (default off:
+                                 the scheduler admits both) */
+    double spec_acceptance;   /* probability each draft is accepted (default 0.7) */
+    bool closed_loop;         /* multi-turn: a turn arrives think_s after the previous
+                                 turn finished, not at its trace time */
+    double sample_interval_s; /* time series; 0: adaptive */
     /* the report */
     double slo_ttft_ms, slo_tpot_ms, slo_e2e_ms; /* 0: none */
     /* the planner's result for exactly this model, gpu and plan (kvc_plan_compute's, by a

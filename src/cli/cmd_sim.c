@@ -63,6 +63,8 @@ enum {
     O_MAX_MEMORY,
     O_EVICTION,
     O_VICTIM,
+    O_PROFILE,
+    O_HOLD_SHARED,
 };
 
 static const struct option own_options[] = {
@@ -85,6 +87,8 @@ static const struct option own_options[] = {
     {"no-kv-cache", no_argument, NULL, O_NO_KV_CACHE},
     {"allocation", required_argument, NULL, O_ALLOCATION},
     {"step-overhead-ms", required_argument, NULL, O_STEP_OVERHEAD},
+    {"profile", required_argument, NULL, O_PROFILE},
+    {"hold-shared-prefix", no_argument, NULL, O_HOLD_SHARED},
     {"closed-loop", no_argument, NULL, O_CLOSED_LOOP},
     {"slo-ttft-ms", required_argument, NULL, O_SLO_TTFT},
     {"slo-tpot-ms", required_argument, NULL, O_SLO_TPOT},
@@ -108,8 +112,8 @@ typedef struct {
     kvc_cli_deploy_t dep;
     kvc_sim_config_t cfg;
     kvc_workload_params_t wp;
-    const char *workload, *csv, *svg, *trace, *scenario;
-    bool json, quiet, num_blocks_set;
+    const char *workload, *csv, *svg, *trace, *scenario, *profile;
+    bool json, quiet, num_blocks_set, overhead_set;
     int n_given;          /* options other than --scenario, --json and --quiet */
     char first_given[64]; /* the first of them, for the message */
     struct {
@@ -176,7 +180,14 @@ static void help(FILE *f)
            "                            priority (by class), naive-lru (any least recently\n"
            "                            used block, cached children or not; the report says\n"
            "                            what that strands)\n"
-           "  --step-overhead-ms F      fixed cost per step (default 2)\n"
+           "  --step-overhead-ms F      fixed cost per step (default 2; 0 with --profile)\n"
+           "  --profile FILE            this machine's measured step times (bench/serve/\n"
+           "                            profile.py) instead of the GPU roofline: a step takes\n"
+           "                            the time interpolated at its batch tokens and mean\n"
+           "                            context (the deployment options still size the pool)\n"
+           "  --hold-shared-prefix      admit as kvcache's engine does: a request sharing a\n"
+           "                            whole block of prefix with one still computing it waits\n"
+           "                            until that block is computed (computed once)\n"
            "SLOs (for goodput):\n"
            "  --slo-ttft-ms F, --slo-tpot-ms F, --slo-e2e-ms F\n"
            "output:\n"
@@ -350,6 +361,13 @@ static int parse(int argc, char **argv, opts_t *o)
         case O_STEP_OVERHEAD:
             DBL(0, 1e6, d);
             o->cfg.step_overhead_s = d * 1e-3;
+            o->overhead_set = true;
+            break;
+        case O_PROFILE:
+            o->profile = optarg;
+            break;
+        case O_HOLD_SHARED:
+            o->cfg.hold_shared_prefix = true;
             break;
         case O_CLOSED_LOOP:
             o->cfg.closed_loop = true;
@@ -501,6 +519,9 @@ static int outputs_open(const opts_t *o, outputs_t *out)
 
 /* Load, run, print the report if `print` and write --csv and --svg.  On success *report is the
  * finished report. */
+static int run_profiled(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_t *res,
+                        char *err, size_t err_cap);
+
 static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_t *res)
 {
     *report_out = NULL;
@@ -508,8 +529,24 @@ static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_
     if (kvc_cli_deploy_resolve(&o->dep, CMD, &o->cfg.model, &o->cfg.gpu)) return 1;
     o->cfg.plan = o->dep.p;
     char err[512];
+    kvc_sim_profile_t *prof = NULL;
+    if (o->profile) {
+        if (kvc_sim_profile_load(o->profile, &prof, err, sizeof err))
+            return sim_error("--profile: %s", err);
+        o->cfg.profile = prof;
+        if (!o->overhead_set) o->cfg.step_overhead_s = 0; /* the measured steps include it */
+    }
+    int rc = run_profiled(o, print, report_out, res, err, sizeof err);
+    o->cfg.profile = NULL;
+    kvc_sim_profile_destroy(prof);
+    return rc;
+}
+
+static int run_profiled(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_t *res,
+                        char *err, size_t err_cap)
+{
     kvc_workload_t *w = NULL;
-    if (kvc_workload_load(o->workload, &o->wp, &w, err, sizeof err)) return sim_error("%s", err);
+    if (kvc_workload_load(o->workload, &o->wp, &w, err, err_cap)) return sim_error("%s", err);
     for (int i = 0; i < o->n_caps; i++) { /* class caps by name or index */
         const char *eqs = strchr(o->caps[i].cls, '=');
         size_t len = (size_t)(eqs - o->caps[i].cls);
@@ -563,7 +600,7 @@ static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_
         o->cfg.progress = progress;
         o->cfg.progress_ctx = &bar;
     }
-    if (!rc) rc = kvc_sim_run(&o->cfg, w, report, res, err, sizeof err);
+    if (!rc) rc = kvc_sim_run(&o->cfg, w, report, res, err, err_cap);
     if (print && !o->quiet) kvc_progress_finish(&bar, res->completed, res->requests);
     if (trace && trace != stderr) fclose(trace);
     kvc_workload_destroy(w);

@@ -451,6 +451,9 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
     if (p.max_num_batched_tokens < 1 || p.max_num_batched_tokens > 65536)
         return kvc__msgf(KVC_EINVAL, msg, cap, "tokens per step: 1 to 65536");
     if (p.spec_tokens > 16) return kvc__msgf(KVC_EINVAL, msg, cap, "--spec: at most 16 drafts");
+    if (!p.n_tenants) p.n_tenants = KVC_SCHED_DEFAULT_TENANTS;
+    if (p.n_tenants > KVC_SCHED_MAX_TENANTS)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "tenants: 1 to %d", KVC_SCHED_MAX_TENANTS);
     if (!p.spec_ngram) p.spec_ngram = 3;
     if (p.draft_model && p.draft_model->h.vocab != h->vocab)
         return kvc__msgf(KVC_EINVAL, msg, cap,
@@ -552,6 +555,7 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
     sc.preemption = p.preemption;
     sc.block_bytes = block_bytes;
     sc.spec_tokens = p.spec_tokens;
+    sc.n_tenants = p.n_tenants;
     sc.swap_out = swap_out;
     sc.swap_in = swap_in;
     sc.swap_ctx = e;
@@ -663,6 +667,9 @@ static int submit_one(kvc_engine_t *e, const kvc_token_t *prompt, uint32_t n_pro
                          "the prompt has %u tokens; the context holds %u (prompt + output)",
                          n_prompt, e->p.max_ctx);
     if (!gp->max_tokens) return kvc__msgf(KVC_EINVAL, msg, cap, "max tokens must be at least 1");
+    if (gp->tenant >= e->p.n_tenants)
+        return kvc__msgf(KVC_EINVAL, msg, cap, "tenant %u: the engine has %u", gp->tenant,
+                         e->p.n_tenants);
     kvc_sampling_params_t sp;
     kvc__sampling_from_gen(gp, &sp);
     int rc = kvc_sampling_params_check(&sp, msg, cap);
@@ -1026,6 +1033,7 @@ static int admit_pending(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void 
                                  .n_prompt = r->n_prompt,
                                  .max_output = r->max_out,
                                  .priority = r->gp.priority,
+                                 .tenant = r->gp.tenant,
                                  .ns = &r->gp.ns,
                                  .tag = slot};
             int arc = kvc_sched_add(e->sched, &q, now, &r->sid);

@@ -81,9 +81,17 @@ uint32_t kvc__sched_seq_blocks(const kvc_sched_t *s, const req_t *r)
 void kvc__sched_account(kvc_sched_t *s, req_t *r)
 {
     uint32_t now = kvc__sched_seq_blocks(s, r);
+    if (now == r->blocks) return;
     int64_t d = (int64_t)now - (int64_t)r->blocks;
+    tenant_t *t = &s->tenants[r->tenant];
+    /* charge the blocks held so far before their number changes */
+    t->kv_token_s = kvc__sched_tenant_kv(s, t);
+    t->kv_at = s->charge_clock;
+    s->kv_all += (double)s->blocks_all * s->bs / s->n_groups * (s->charge_clock - s->kv_all_at);
+    s->kv_all_at = s->charge_clock;
     s->st.class_blocks[r->priority] = (uint32_t)((int64_t)s->st.class_blocks[r->priority] + d);
-    s->st.tenant_blocks[r->tenant] = (uint32_t)((int64_t)s->st.tenant_blocks[r->tenant] + d);
+    t->blocks = (uint32_t)((int64_t)t->blocks + d);
+    s->blocks_all = (uint32_t)((int64_t)s->blocks_all + d);
     if (r->is_long) s->long_blocks = (uint32_t)((int64_t)s->long_blocks + d);
     r->blocks = now;
 }
@@ -97,13 +105,42 @@ uint32_t kvc__sched_cap_blocks(const kvc_sched_t *s, double share)
  */
 static queue_t *queue_of(kvc_sched_t *s, const req_t *r)
 {
-    return &s->waiting[r->priority][r->tenant][r->is_long];
+    return &s->tenants[r->tenant].waiting[r->priority][r->is_long];
+}
+
+/* The tenant's waiting requests of class c, both queues. */
+static uint32_t tenant_waiting(const tenant_t *t, int c)
+{
+    return t->waiting[c][0].n + t->waiting[c][1].n;
+}
+
+/* Tenant ti joins (or leaves) class c's list of tenants with waiting requests. */
+static void active_join(kvc_sched_t *s, uint32_t ti, int c)
+{
+    tenant_t *t = &s->tenants[ti];
+    t->prev[c] = KVC_NONE;
+    t->next[c] = s->active[c];
+    if (s->active[c] != KVC_NONE) s->tenants[s->active[c]].prev[c] = ti;
+    s->active[c] = ti;
+}
+
+static void active_leave(kvc_sched_t *s, uint32_t ti, int c)
+{
+    tenant_t *t = &s->tenants[ti];
+    if (t->prev[c] != KVC_NONE)
+        s->tenants[t->prev[c]].next[c] = t->next[c];
+    else
+        s->active[c] = t->next[c];
+    if (t->next[c] != KVC_NONE) s->tenants[t->next[c]].prev[c] = t->prev[c];
+    t->prev[c] = t->next[c] = KVC_NONE;
 }
 
 static void queue_link(kvc_sched_t *s, uint32_t slot, bool front)
 {
     req_t *r = &s->reqs[slot];
     queue_t *q = queue_of(s, r);
+    if (!tenant_waiting(&s->tenants[r->tenant], r->priority))
+        active_join(s, r->tenant, r->priority);
     if (front) {
         r->prev = KVC_NONE;
         r->next = q->head;
@@ -134,6 +171,8 @@ static void queue_unlink(kvc_sched_t *s, uint32_t slot)
         q->tail = r->prev;
     r->prev = r->next = KVC_NONE;
     q->n--;
+    if (!tenant_waiting(&s->tenants[r->tenant], r->priority))
+        active_leave(s, r->tenant, r->priority);
 }
 
 /* Insert into a list sorted by (priority, arrival); stable for equal keys.  The room was
@@ -170,7 +209,7 @@ void kvc__sched_set_state(kvc_sched_t *s, uint32_t slot, int to, bool front)
     case R_RUNNING:
         list_remove(&s->running, slot);
         s->class_running[r->priority]--;
-        s->tenant_running[r->tenant]--;
+        s->tenants[r->tenant].running--;
         break;
     case R_SWAPPED:
         list_remove(&s->swapped, slot);
@@ -189,7 +228,7 @@ void kvc__sched_set_state(kvc_sched_t *s, uint32_t slot, int to, bool front)
     case R_RUNNING:
         sorted_insert(s, &s->running, slot);
         s->class_running[r->priority]++;
-        s->tenant_running[r->tenant]++;
+        s->tenants[r->tenant].running++;
         break;
     case R_SWAPPED:
         sorted_insert(s, &s->swapped, slot);
@@ -207,8 +246,10 @@ void kvc__sched_set_state(kvc_sched_t *s, uint32_t slot, int to, bool front)
 /* ---- creation ---------------------------------------------------------------------------- */
 kvc_sched_params_t kvc_sched_params_default(void)
 {
-    return (kvc_sched_params_t){
-        .max_num_seqs = 256, .max_num_batched_tokens = 8192, .expected_margin = 0.2};
+    return (kvc_sched_params_t){.max_num_seqs = 256,
+                                .max_num_batched_tokens = 8192,
+                                .expected_margin = 0.2,
+                                .n_tenants = KVC_SCHED_DEFAULT_TENANTS};
 }
 
 static bool share_ok(double x)
@@ -226,19 +267,23 @@ int kvc_sched_create(kvc_seqs_t *seqs, const kvc_sched_params_t *params, kvc_sch
         (unsigned)p->admission >= KVC_ADMIT__COUNT ||
         (unsigned)p->preemption >= KVC_PREEMPT__COUNT || !share_ok(p->tenant_kv_share) ||
         !share_ok(p->long_kv_cap) || !(p->expected_margin >= 0) || !isfinite(p->expected_margin) ||
-        p->spec_tokens > 64)
+        p->spec_tokens > 64 || p->n_tenants == 0 || p->n_tenants > KVC_SCHED_MAX_TENANTS)
         return KVC_EINVAL;
     for (int c = 0; c < KVC_MAX_CLASSES; c++)
         if (!share_ok(p->class_kv_cap[c])) return KVC_EINVAL;
     kvc_sched_t *s = kvc_calloc(&p->allocator, 1, sizeof *s, 0);
     if (!s) return KVC_ENOMEM;
     s->p = *p;
-    if (p->spec_tokens) {
+    s->tenants = kvc_alloc(&p->allocator, (size_t)p->n_tenants * sizeof(tenant_t), 0);
+    s->chk = kvc_alloc(&p->allocator, (size_t)p->n_tenants * 2 * sizeof(uint32_t), 0);
+    if (p->spec_tokens)
         s->drafts = kvc_alloc(&p->allocator, p->spec_tokens * sizeof(kvc_token_t), 0);
-        if (!s->drafts) {
-            kvc_free(&p->allocator, s);
-            return KVC_ENOMEM;
-        }
+    if (!s->tenants || !s->chk || (p->spec_tokens && !s->drafts)) {
+        kvc_free(&p->allocator, s->tenants);
+        kvc_free(&p->allocator, s->chk);
+        kvc_free(&p->allocator, s->drafts);
+        kvc_free(&p->allocator, s);
+        return KVC_ENOMEM;
     }
     if (!s->p.victim) s->p.victim = kvc_victim_policy(KVC_VICTIM_LATEST);
     s->admit = &kvc__admit_policies[p->admission];
@@ -250,10 +295,16 @@ int kvc_sched_create(kvc_seqs_t *seqs, const kvc_sched_params_t *params, kvc_sch
     s->n_groups = kvc_seqs_n_groups(seqs);
     s->sliding = kvc_seqs_has_sliding(seqs);
     s->free_head = KVC_NONE;
-    for (int c = 0; c < KVC_MAX_CLASSES; c++)
-        for (int t = 0; t < KVC_MAX_TENANTS; t++)
+    for (uint32_t t = 0; t < p->n_tenants; t++) {
+        tenant_t *tn = &s->tenants[t];
+        *tn = (tenant_t){0};
+        for (int c = 0; c < KVC_MAX_CLASSES; c++) {
+            tn->prev[c] = tn->next[c] = KVC_NONE;
             for (int l = 0; l < 2; l++)
-                s->waiting[c][t][l] = (queue_t){.head = KVC_NONE, .tail = KVC_NONE};
+                tn->waiting[c][l] = (queue_t){.head = KVC_NONE, .tail = KVC_NONE};
+        }
+    }
+    for (int c = 0; c < KVC_MAX_CLASSES; c++) s->active[c] = KVC_NONE;
     *out = s;
     return 0;
 }
@@ -271,7 +322,10 @@ void kvc_sched_destroy(kvc_sched_t *s)
     kvc_free(&a, s->cands);
     kvc_free(&a, s->done[0]);
     kvc_free(&a, s->done[1]);
+    kvc_free(&a, s->done_retired);
     kvc_free(&a, s->drafts);
+    kvc_free(&a, s->tenants);
+    kvc_free(&a, s->chk);
     kvc_free(&a, s->trace);
     kvc_free(&a, s);
 }
@@ -285,8 +339,22 @@ static int reserve(kvc_sched_t *s, uint32_t n)
     int rc = 0;
     if (s->free_head == KVC_NONE)
         rc = grow(s, (void **)&s->reqs, sizeof(req_t), &s->reqs_cap, (size_t)s->n_slots + 1);
-    for (int b = 0; b < 2 && !rc; b++)
-        rc = grow(s, (void **)&s->done[b], sizeof(kvc_sched_done_t), &s->done_cap[b], n);
+    if (!rc)
+        rc = grow(s, (void **)&s->done[s->cur], sizeof(kvc_sched_done_t), &s->done_cap[s->cur], n);
+    if (!rc && n > s->done_cap[s->cur ^ 1]) {
+        /* The other buffer holds the accounts the last kvc_sched_take_finished handed out,
+         * borrowed until the next take: its replacement is new, and it is freed then. */
+        size_t c = s->done_cap[s->cur ^ 1] ? s->done_cap[s->cur ^ 1] : 16;
+        while (c < n) c *= 2;
+        kvc_sched_done_t *nb = kvc_alloc(&s->p.allocator, c * sizeof *nb, 0);
+        if (!nb) return KVC_ENOMEM;
+        if (!s->done_retired)
+            s->done_retired = s->done[s->cur ^ 1];
+        else /* grown twice since the last take: this one was never handed out */
+            kvc_free(&s->p.allocator, s->done[s->cur ^ 1]);
+        s->done[s->cur ^ 1] = nb;
+        s->done_cap[s->cur ^ 1] = c;
+    }
     if (!rc) rc = grow(s, (void **)&s->running.v, sizeof(uint32_t), &s->running.cap, per_step);
     if (!rc) rc = grow(s, (void **)&s->swapped.v, sizeof(uint32_t), &s->swapped.cap, n);
     if (!rc)
@@ -311,7 +379,7 @@ static uint32_t take_slot(kvc_sched_t *s)
 int kvc_sched_add(kvc_sched_t *s, const kvc_sched_req_t *q, double now, kvc_req_id_t *id)
 {
     if (!s || !q || !id || !q->prompt || q->n_prompt == 0 || q->max_output == 0 ||
-        q->priority >= KVC_MAX_CLASSES || q->tenant >= KVC_MAX_TENANTS || !isfinite(now))
+        q->priority >= KVC_MAX_CLASSES || q->tenant >= s->p.n_tenants || !isfinite(now))
         return KVC_EINVAL;
     /* Could it ever run?  Its prompt and first output must fit the pool and every cap. */
     uint64_t need = kvc__sched_blocks_for(s, (uint64_t)q->n_prompt + 1);
@@ -348,7 +416,7 @@ int kvc_sched_add(kvc_sched_t *s, const kvc_sched_req_t *q, double now, kvc_req_
                  .n_prompt = q->n_prompt,
                  .max_output = max_output,
                  .priority = (uint8_t)q->priority,
-                 .tenant = (uint8_t)q->tenant,
+                 .tenant = q->tenant,
                  .is_long = is_long};
     kvc__sched_set_state(s, slot, R_WAITING, false);
     note_time(s, now);
@@ -498,7 +566,8 @@ int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *res, uint32_t n
             s->st.recomputed_tokens += redo;
         }
         r->high_water = KVC_MAX(r->high_water, end);
-        s->st.tenant_computed[r->tenant] += e->n_tokens;
+        s->tenants[r->tenant].computed += e->n_tokens;
+        s->computed_all += e->n_tokens;
         r->n_accepted += res[i].n_accepted;
         if (e->samples) {
             if (r->first_token < 0) r->first_token = now;
@@ -511,6 +580,10 @@ int kvc_sched_complete(kvc_sched_t *s, const kvc_sched_result_t *res, uint32_t n
             fork_child(s, slot, res[i].fork_tokens[k], res[i].fork_tags[k], now,
                        &res[i].fork_ids[k]);
             r = &s->reqs[slot]; /* fork_child may have grown the request table */
+        }
+        if (res[i].n_forks) { /* ... and the entries: the plan the caller holds follows them */
+            e = &s->entries[i];
+            s->plan.entries = s->entries;
         }
         bool done = r->aborted || (e->samples && (res[i].finished || r->n_output >= r->max_output));
         if (done) {
@@ -538,6 +611,8 @@ int kvc_sched_take_finished(kvc_sched_t *s, const kvc_sched_done_t **done, uint3
         kvc__sched_set_state(s, (uint32_t)d[i].id, R_FREE, false);
     s->cur ^= 1; /* the next accounts go to the other buffer: this one stays readable */
     s->n_done = 0;
+    kvc_free(&s->p.allocator, s->done_retired); /* what the last call handed out */
+    s->done_retired = NULL;
     return 0;
 }
 
@@ -554,6 +629,25 @@ void kvc_sched_stats(const kvc_sched_t *s, kvc_sched_stats_t *out)
     out->n_swapped = s->n_state[R_SWAPPED];
     out->n_finished = s->n_state[R_DONE];
     out->blocks_used = s->pool_blocks - kvc_pool_n_free(s->pool);
+}
+
+uint32_t kvc_sched_n_tenants(const kvc_sched_t *s)
+{
+    return s ? s->p.n_tenants : 0;
+}
+
+int kvc_sched_tenant_stats(const kvc_sched_t *s, uint32_t tenant, kvc_sched_tenant_stats_t *out)
+{
+    if (!s || !out || tenant >= s->p.n_tenants) return KVC_EINVAL;
+    const tenant_t *t = &s->tenants[tenant];
+    uint32_t waiting = 0;
+    for (int c = 0; c < KVC_MAX_CLASSES; c++) waiting += tenant_waiting(t, c);
+    *out = (kvc_sched_tenant_stats_t){.n_waiting = waiting,
+                                      .n_running = t->running,
+                                      .blocks = t->blocks,
+                                      .kv_token_s = kvc__sched_tenant_kv(s, t),
+                                      .computed = t->computed};
+    return 0;
 }
 
 const char *kvc_sched_trace(const kvc_sched_t *s)
@@ -588,21 +682,35 @@ static int check_list(const kvc_sched_t *s, const idlist_t *l, int state, const 
 static int check_queues(const kvc_sched_t *s, char *msg, size_t cap)
 {
     uint32_t total = 0;
+    for (int c = 0; c < KVC_MAX_CLASSES; c++) {
+        /* the active list holds exactly the tenants with waiting requests of this class */
+        uint32_t n_active = 0, want = 0, prev = KVC_NONE;
+        for (uint32_t t = s->active[c]; t != KVC_NONE; prev = t, t = s->tenants[t].next[c]) {
+            if (t >= s->p.n_tenants || n_active++ > s->p.n_tenants)
+                return fail("class %d: active tenant list broken", c);
+            if (s->tenants[t].prev[c] != prev || !tenant_waiting(&s->tenants[t], c))
+                return fail("class %d: tenant %u is listed active without waiting requests", c, t);
+        }
+        for (uint32_t t = 0; t < s->p.n_tenants; t++) want += tenant_waiting(&s->tenants[t], c) > 0;
+        if (n_active != want)
+            return fail("class %d: %u tenants listed active, %u have waiting requests", c, n_active,
+                        want);
+    }
     for (int c = 0; c < KVC_MAX_CLASSES; c++)
-        for (int t = 0; t < KVC_MAX_TENANTS; t++)
+        for (uint32_t t = 0; t < s->p.n_tenants; t++)
             for (int l = 0; l < 2; l++) {
-                const queue_t *q = &s->waiting[c][t][l];
+                const queue_t *q = &s->tenants[t].waiting[c][l];
                 uint32_t n = 0, prev = KVC_NONE;
                 for (uint32_t v = q->head; v != KVC_NONE; prev = v, v = s->reqs[v].next) {
                     if (v >= s->n_slots || n++ > s->n_slots)
-                        return fail("queue %d/%d/%d: broken links", c, t, l);
+                        return fail("queue %d/%u/%d: broken links", c, t, l);
                     const req_t *r = &s->reqs[v];
                     if (r->state != R_WAITING || r->priority != c || r->tenant != t ||
                         r->is_long != l || r->prev != prev)
-                        return fail("queue %d/%d/%d: slot %u does not belong there", c, t, l, v);
+                        return fail("queue %d/%u/%d: slot %u does not belong there", c, t, l, v);
                 }
                 if (n != q->n || q->tail != prev)
-                    return fail("queue %d/%d/%d: %u linked, %u counted", c, t, l, n, q->n);
+                    return fail("queue %d/%u/%d: %u linked, %u counted", c, t, l, n, q->n);
                 total += n;
             }
     if (total != s->n_state[R_WAITING])
@@ -615,9 +723,13 @@ int kvc_sched_check(const kvc_sched_t *s, char *msg, size_t cap)
     if (!s) return KVC_EINVAL;
     int rc = kvc_seqs_check(s->seqs, msg, cap);
     if (rc) return rc;
-    uint32_t cls[KVC_MAX_CLASSES] = {0}, ten[KVC_MAX_TENANTS] = {0}, lng = 0;
+    /* per-tenant recounts in the scratch reserved at creation (the checker allocates nothing) */
+    const uint32_t n_ten = s->p.n_tenants;
+    uint32_t *ten = s->chk, *ten_run = s->chk + n_ten;
+    memset(ten, 0, (size_t)n_ten * 2 * sizeof(uint32_t));
+    uint32_t cls[KVC_MAX_CLASSES] = {0}, lng = 0;
     uint32_t n_state[R__COUNT] = {0}, cls_run[KVC_MAX_CLASSES] = {0},
-             cls_wait[KVC_MAX_CLASSES] = {0}, ten_run[KVC_MAX_TENANTS] = {0}, n_planned = 0;
+             cls_wait[KVC_MAX_CLASSES] = {0}, n_planned = 0;
     for (uint32_t i = 0; i < s->n_slots; i++) {
         const req_t *r = &s->reqs[i];
         if (r->state >= R__COUNT || r->gen == 0) return fail("r%u: bad state or generation", i);
@@ -626,7 +738,7 @@ int kvc_sched_check(const kvc_sched_t *s, char *msg, size_t cap)
             if (r->has_seq) return fail("slot %u: free but has a sequence", i);
             continue;
         }
-        if (r->priority >= KVC_MAX_CLASSES || r->tenant >= KVC_MAX_TENANTS)
+        if (r->priority >= KVC_MAX_CLASSES || r->tenant >= n_ten)
             return fail("slot %u: class %u, tenant %u", i, r->priority, r->tenant);
         uint32_t b = kvc__sched_seq_blocks(s, r);
         if (b != r->blocks) return fail("slot %u: holds %u blocks, books say %u", i, b, r->blocks);
@@ -663,9 +775,10 @@ int kvc_sched_check(const kvc_sched_t *s, char *msg, size_t cap)
         if (cls_run[c] != s->class_running[c] || cls_wait[c] != s->class_waiting[c])
             return fail("class %d: %u running, %u waiting; books say %u, %u", c, cls_run[c],
                         cls_wait[c], s->class_running[c], s->class_waiting[c]);
-    for (int t = 0; t < KVC_MAX_TENANTS; t++)
-        if (ten_run[t] != s->tenant_running[t])
-            return fail("tenant %d: %u running, books say %u", t, ten_run[t], s->tenant_running[t]);
+    for (uint32_t t = 0; t < n_ten; t++)
+        if (ten_run[t] != s->tenants[t].running)
+            return fail("tenant %u: %u running, books say %u", t, ten_run[t],
+                        s->tenants[t].running);
     /* the free list holds exactly the free slots */
     uint32_t n_free = 0;
     for (uint32_t v = s->free_head; v != KVC_NONE; v = s->reqs[v].next)
@@ -708,17 +821,25 @@ int kvc_sched_check(const kvc_sched_t *s, char *msg, size_t cap)
     for (int c = 0; c < KVC_MAX_CLASSES; c++)
         if (cls[c] != s->st.class_blocks[c])
             return fail("class %d: %u blocks, books say %u", c, cls[c], s->st.class_blocks[c]);
-    for (int t = 0; t < KVC_MAX_TENANTS; t++)
-        if (ten[t] != s->st.tenant_blocks[t])
-            return fail("tenant %d: %u blocks, books say %u", t, ten[t], s->st.tenant_blocks[t]);
+    uint64_t all = 0, computed = 0;
+    for (uint32_t t = 0; t < n_ten; t++) {
+        if (ten[t] != s->tenants[t].blocks)
+            return fail("tenant %u: %u blocks, books say %u", t, ten[t], s->tenants[t].blocks);
+        all += ten[t];
+        computed += s->tenants[t].computed;
+    }
+    if (all != s->blocks_all || computed != s->computed_all)
+        return fail("tenants: %llu blocks and %llu computed, books say %u and %llu",
+                    (unsigned long long)all, (unsigned long long)computed, s->blocks_all,
+                    (unsigned long long)s->computed_all);
     if (lng != s->long_blocks)
         return fail("long requests: %u blocks, books say %u", lng, s->long_blocks);
     for (int c = 0; c < KVC_MAX_CLASSES; c++)
         if (cls[c] > kvc__sched_cap_blocks(s, s->p.class_kv_cap[c]))
             return fail("class %d holds %u blocks over its cap", c, cls[c]);
-    for (int t = 0; t < KVC_MAX_TENANTS; t++)
+    for (uint32_t t = 0; t < n_ten; t++)
         if (ten[t] > kvc__sched_cap_blocks(s, s->p.tenant_kv_share))
-            return fail("tenant %d holds %u blocks over its quota", t, ten[t]);
+            return fail("tenant %u holds %u blocks over its quota", t, ten[t]);
     if (lng > kvc__sched_cap_blocks(s, s->p.long_kv_cap))
         return fail("long requests hold %u blocks over their cap", lng);
     if (s->running.n > s->p.max_num_seqs) return fail("%u running > max_num_seqs", s->running.n);

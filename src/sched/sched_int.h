@@ -36,7 +36,8 @@ typedef struct {
     uint32_t swapped_tokens; /* computed tokens held in host memory while swapped */
     uint32_t blocks;         /* blocks its tables hold now */
     uint64_t recomputed;
-    uint8_t state, priority, tenant;
+    uint32_t tenant;
+    uint8_t state, priority;
     bool has_seq, admitted_once, aborted, planned, is_long;
 } req_t;
 
@@ -50,6 +51,27 @@ typedef struct {
     uint32_t n;
     size_t cap;
 } idlist_t;
+
+/* A tenant's part of the scheduler: its waiting queues, its counters, its links in the
+ * per-class lists of tenants with waiting requests (so that a step visits only those), and
+ * scratch that a step sets and that is valid only when stamp is that step's. */
+typedef struct {
+    queue_t waiting[KVC_MAX_CLASSES][2]; /* [class][is_long]: a long request held back by its
+                                            cap never blocks the short ones behind it */
+    uint32_t prev[KVC_MAX_CLASSES], next[KVC_MAX_CLASSES]; /* active-list links per class */
+    uint32_t running, blocks;
+    uint64_t computed;
+    /* KV token-seconds, charged lazily: kv_token_s holds the charge up to the scheduler's
+     * charge clock at kv_at; the blocks held since then are charged when they change or are
+     * read (kvc__sched_tenant_kv).  Exactly what charging every tenant at every step gives,
+     * without a per-step pass over all tenants. */
+    double kv_token_s, kv_at;
+    /* step scratch */
+    uint64_t stamp;
+    uint32_t used;   /* fair: prompt tokens planned this step */
+    uint8_t blocked; /* bit c * 2 + is_long: that queue is blocked this step */
+    bool has_work;   /* fair: it has prompt work this step */
+} tenant_t;
 
 /* An admission policy: what a request reserves, and how a refusal reads. */
 typedef struct {
@@ -84,12 +106,16 @@ struct kvc_sched {
     size_t reqs_cap;
     uint32_t n_state[R__COUNT]; /* requests per state (R_FREE: free slots) */
     uint32_t class_running[KVC_MAX_CLASSES], class_waiting[KVC_MAX_CLASSES];
-    uint32_t tenant_running[KVC_MAX_TENANTS];
-    queue_t waiting[KVC_MAX_CLASSES][KVC_MAX_TENANTS][2]; /* [.][.][is_long]: a long request
-                                                              held back by its cap never blocks
-                                                              the short ones behind it */
-    idlist_t running;                                     /* slots, sorted by (priority, arrival) */
-    idlist_t swapped;                                     /* slots, sorted by (priority, arrival) */
+    tenant_t *tenants;                /* (p.n_tenants) */
+    uint32_t active[KVC_MAX_CLASSES]; /* per class, the tenants with waiting requests (a list
+                                         linked through tenant_t.prev/next; KVC_NONE: empty) */
+    uint32_t *chk;                    /* (2 * p.n_tenants): the checker's scratch */
+    double charge_clock;              /* sum of the steps' charged intervals */
+    double kv_all, kv_all_at;         /* every tenant's KV token-seconds, charged lazily */
+    uint32_t blocks_all;              /* every tenant's blocks */
+    uint64_t computed_all;
+    idlist_t running; /* slots, sorted by (priority, arrival) */
+    idlist_t swapped; /* slots, sorted by (priority, arrival) */
     /* capacity reserved at kvc_sched_add, so that nothing later allocates */
     kvc_sched_entry_t *entries;
     size_t entries_cap;
@@ -98,7 +124,9 @@ struct kvc_sched {
     kvc_sched_done_t *done[2]; /* done[cur] fills; the other one was handed out last */
     size_t done_cap[2];
     uint32_t n_done, cur;
-    kvc_token_t *drafts; /* (spec_tokens) */
+    kvc_sched_done_t *done_retired; /* a done buffer replaced while handed out: freed at the
+                                       next take */
+    kvc_token_t *drafts;            /* (spec_tokens) */
     kvc_sched_plan_t plan;
     bool plan_open;          /* a plan awaits kvc_sched_complete */
     double last_now, latest; /* the last step's time; the latest time given to any call */
@@ -113,6 +141,12 @@ struct kvc_sched {
 static inline kvc_req_id_t kvc__sched_id(const kvc_sched_t *s, uint32_t slot)
 {
     return (uint64_t)s->reqs[slot].gen << 32 | slot;
+}
+
+/* A tenant's KV token-seconds up to the charge clock. */
+static inline double kvc__sched_tenant_kv(const kvc_sched_t *s, const tenant_t *t)
+{
+    return t->kv_token_s + (double)t->blocks * s->bs / s->n_groups * (s->charge_clock - t->kv_at);
 }
 
 /* Blocks that `tokens` positions take in every group (64-bit: a prompt near 2^32 tokens in

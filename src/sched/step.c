@@ -70,7 +70,7 @@ static const char *cap_hit(const kvc_sched_t *s, const req_t *r, uint64_t extra,
     if (s->st.class_blocks[r->priority] + extra >
         kvc__sched_cap_blocks(s, s->p.class_kv_cap[r->priority]))
         return *f = F_CLASS, "class KV cap";
-    if (s->st.tenant_blocks[r->tenant] + extra > kvc__sched_cap_blocks(s, s->p.tenant_kv_share))
+    if (s->tenants[r->tenant].blocks + extra > kvc__sched_cap_blocks(s, s->p.tenant_kv_share))
         return *f = F_TENANT, "tenant KV quota";
     if (r->is_long && s->long_blocks + extra > kvc__sched_cap_blocks(s, s->p.long_kv_cap))
         return *f = F_LONG, "long-request cap";
@@ -278,35 +278,57 @@ static void swap_in(kvc_sched_t *s, int cls)
     }
 }
 
+/* Tenant t's step scratch, reset the first time this step touches it. */
+static tenant_t *step_tenant(kvc_sched_t *s, uint32_t t)
+{
+    tenant_t *tn = &s->tenants[t];
+    if (tn->stamp != s->st.steps + 1) {
+        tn->stamp = s->st.steps + 1;
+        tn->used = 0;
+        tn->blocked = 0;
+        tn->has_work = false;
+    }
+    return tn;
+}
+
 /* Dominant share of a tenant's consumption: max(KV token-seconds share, computed share). */
 static double tenant_usage(const kvc_sched_t *s, uint32_t t)
 {
-    double kv_total = 0, comp_total = 0;
-    for (int i = 0; i < KVC_MAX_TENANTS; i++) {
-        kv_total += s->st.tenant_kv_token_s[i];
-        comp_total += (double)s->st.tenant_computed[i];
-    }
-    double a = kv_total > 0 ? s->st.tenant_kv_token_s[t] / kv_total : 0;
-    double b = comp_total > 0 ? (double)s->st.tenant_computed[t] / comp_total : 0;
+    double kv_total =
+        s->kv_all + (double)s->blocks_all * s->bs / s->n_groups * (s->charge_clock - s->kv_all_at);
+    double comp_total = (double)s->computed_all;
+    const tenant_t *tn = &s->tenants[t];
+    double a = kv_total > 0 ? kvc__sched_tenant_kv(s, tn) / kv_total : 0;
+    double b = comp_total > 0 ? (double)tn->computed / comp_total : 0;
     return KVC_MAX(a, b);
 }
 
 /* The next waiting request to consider, skipping queues blocked this step.  Within the most
- * urgent class with work: the least-consuming tenant if fair, else the earliest arrival. */
-static uint32_t next_waiting(const kvc_sched_t *s, int c, const bool blocked[KVC_MAX_TENANTS][2])
+ * urgent class with work: the least-consuming tenant if fair, else the earliest arrival (ties:
+ * the lower tenant, short before long).  Visits only the tenants with waiting requests of
+ * class c, so its cost does not grow with the number of tenants. */
+static uint32_t next_waiting(kvc_sched_t *s, int c)
 {
-    uint32_t best = KVC_NONE;
+    uint32_t best = KVC_NONE, best_t = 0;
+    int best_l = 0;
     double best_key = 0;
-    for (int t = 0; t < KVC_MAX_TENANTS; t++) {
+    for (uint32_t t = s->active[c]; t != KVC_NONE; t = s->tenants[t].next[c]) {
+        const tenant_t *tn = step_tenant(s, t);
+        double usage = s->p.tenant_fair ? tenant_usage(s, t) : 0;
         for (int l = 0; l < 2; l++) {
-            const queue_t *q = &s->waiting[c][t][l];
-            if (!q->n || blocked[t][l]) continue;
+            const queue_t *q = &tn->waiting[c][l];
+            if (!q->n || (tn->blocked >> (c * 2 + l) & 1)) continue;
             uint32_t slot = q->head;
-            double key = s->p.tenant_fair ? tenant_usage(s, (uint32_t)t) : s->reqs[slot].arrival;
+            double key = s->p.tenant_fair ? usage : s->reqs[slot].arrival;
+            double arr = s->reqs[slot].arrival;
             if (best == KVC_NONE || key < best_key ||
-                (key == best_key && s->reqs[slot].arrival < s->reqs[best].arrival)) {
+                (key == best_key &&
+                 (arr < s->reqs[best].arrival ||
+                  (arr == s->reqs[best].arrival && (t < best_t || (t == best_t && l < best_l)))))) {
                 best = slot;
                 best_key = key;
+                best_t = t;
+                best_l = l;
             }
         }
     }
@@ -319,7 +341,7 @@ static uint32_t admit(kvc_sched_t *s, uint32_t slot, uint32_t budget, bool *queu
 {
     req_t *r = &s->reqs[slot];
     *queue_blocked = false;
-    if (s->p.tenant_max_running && s->tenant_running[r->tenant] >= s->p.tenant_max_running) {
+    if (s->p.tenant_max_running && s->tenants[r->tenant].running >= s->p.tenant_max_running) {
         *queue_blocked = true;
         return 0;
     }
@@ -420,10 +442,9 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
 {
     if (!s || !plan || !isfinite(now)) return KVC_EINVAL;
     if (s->plan_open) return KVC_EBUSY; /* the last plan has not completed */
-    /* Tenants pay for the KV they held since the last step. */
-    double dt = now > s->last_now ? now - s->last_now : 0;
-    for (int t = 0; t < KVC_MAX_TENANTS; t++)
-        s->st.tenant_kv_token_s[t] += (double)s->st.tenant_blocks[t] * s->bs / s->n_groups * dt;
+    /* Tenants pay for the KV they held since the last step: the charge clock moves on, and
+     * each tenant's charge follows lazily (kvc__sched_tenant_kv). */
+    s->charge_clock += now > s->last_now ? now - s->last_now : 0;
     s->last_now = now;
     if (now > s->latest) s->latest = now;
     s->plan = (kvc_sched_plan_t){0};
@@ -439,26 +460,28 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
     /* Tenants with prompt work share the prompt budget fairly (decodes are never held back). */
     uint32_t prefill_allow = UINT32_MAX;
     if (s->p.tenant_fair) {
-        bool has_work[KVC_MAX_TENANTS] = {false};
         uint32_t n_with = 0;
         for (uint32_t i = 0; i < s->running.n; i++) {
             const req_t *r = &s->reqs[s->running.v[i]];
             kvc_seq_info_t info;
-            if (!kvc_seq_info(s->seqs, r->seq, &info) && info.n_computed < r->n_prompt)
-                has_work[r->tenant] = true;
+            if (!kvc_seq_info(s->seqs, r->seq, &info) && info.n_computed < r->n_prompt) {
+                tenant_t *tn = step_tenant(s, r->tenant);
+                n_with += !tn->has_work;
+                tn->has_work = true;
+            }
         }
         for (int c = 0; c < KVC_MAX_CLASSES; c++)
-            for (int t = 0; t < KVC_MAX_TENANTS; t++)
-                has_work[t] |= s->waiting[c][t][0].n + s->waiting[c][t][1].n > 0;
-        for (int t = 0; t < KVC_MAX_TENANTS; t++) n_with += has_work[t];
+            for (uint32_t t = s->active[c]; t != KVC_NONE; t = s->tenants[t].next[c]) {
+                tenant_t *tn = step_tenant(s, t);
+                n_with += !tn->has_work;
+                tn->has_work = true;
+            }
         if (n_with > 1) prefill_allow = KVC_MAX(1u, budget / n_with);
     }
 
     /* Class by class, most urgent first: (1) its running requests (decodes and the next chunks of
      * started prompts), (2) its swapped requests, (3) its waiting requests.  A class is admitted
      * only if no request of it or a more urgent class was preempted or had to wait this step. */
-    bool blocked[KVC_MAX_CLASSES][KVC_MAX_TENANTS][2] = {{{false}}};
-    uint32_t tenant_used[KVC_MAX_TENANTS] = {0};
     bool stop_admitting = false;
     for (int c = 0; c < KVC_MAX_CLASSES; c++) {
         if (!s->class_running[c] && !s->class_waiting[c] && !s->swapped.n) continue;
@@ -469,7 +492,7 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
             uint32_t took = schedule_running(s, slot, budget, prefill_allow, &waited);
             budget -= took;
             if (took && prefill_allow != UINT32_MAX && s->entries[s->plan.n_entries - 1].prefill)
-                tenant_used[s->reqs[slot].tenant] += took;
+                step_tenant(s, s->reqs[slot].tenant)->used += took;
             if (s->running.n < before_n) i = UINT32_MAX; /* preemption reshaped the list: rescan */
         }
         if (s->st.preemptions != preempted_before || waited) stop_admitting = true;
@@ -481,14 +504,13 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
         }
         while (!stop_admitting && budget && s->running.n < s->p.max_num_seqs &&
                s->class_waiting[c]) {
-            uint32_t slot = next_waiting(s, c, (const bool(*)[2])blocked[c]);
+            uint32_t slot = next_waiting(s, c);
             if (slot == KVC_NONE) break;
             req_t *r = &s->reqs[slot];
+            tenant_t *tn = step_tenant(s, r->tenant);
             uint32_t allow = budget;
             if (prefill_allow != UINT32_MAX)
-                allow = tenant_used[r->tenant] < prefill_allow
-                            ? KVC_MIN(budget, prefill_allow - tenant_used[r->tenant])
-                            : 0;
+                allow = tn->used < prefill_allow ? KVC_MIN(budget, prefill_allow - tn->used) : 0;
             bool qb;
             uint32_t took = allow ? admit(s, slot, allow, &qb) : 0;
             if (took == UINT32_MAX) {
@@ -496,11 +518,11 @@ int kvc_sched_step(kvc_sched_t *s, double now, const kvc_sched_plan_t **plan)
                 break;
             }
             if (took == 0) {
-                blocked[r->priority][r->tenant][r->is_long] = true;
+                tn->blocked |= (uint8_t)(1u << (r->priority * 2 + r->is_long));
                 continue;
             }
             budget -= took;
-            tenant_used[r->tenant] += took;
+            tn->used += took;
         }
     }
     /* Backpressure can deadlock: everyone running waits for blocks nobody will free.  Break it

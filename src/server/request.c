@@ -376,6 +376,7 @@ static int parse_fields(const cJSON *j, bool chat, uint32_t vocab, kvc__srv_req_
                                 "'stream_options' must be an object");
         if (boolean(so, "include_usage", &r->include_usage, e)) return -1;
     }
+    if (boolean(j, "return_token_ids", &r->return_token_ids, e)) return -1;
     bool ignore_eos = false;
     if (boolean(j, "ignore_eos", &ignore_eos, e)) return -1;
     r->gp.ignore_eos = ignore_eos;

@@ -105,7 +105,7 @@ struct job {
     job_t *prev, *next; /* the active list */
     int tenant;
     uint64_t kv_tokens;
-    bool chat, stream, include_usage, logprobs;
+    bool chat, stream, include_usage, logprobs, token_ids;
     uint32_t top_logprobs;
     char id[48];
     long long created;
@@ -152,6 +152,8 @@ struct kvc_server {
     bool quit;
     kvc_engine_stats_t st; /* published by the engine thread, under mu */
     kvc_pool_stats_t ps;
+    kvc_sched_tenant_stats_t *tst; /* (tenants.n_tenants) the scheduler's, under mu */
+    double tst_at;                 /* when tst was last published (engine thread) */
     /* ready queue (engine -> event thread), under rmu */
     pthread_mutex_t rmu;
     job_t *ready_head, *ready_tail;
@@ -251,7 +253,7 @@ static void on_event(void *ctx, const kvc_gen_event_t *ev)
             sb->ptext[sb->plen] = 0;
         }
     }
-    if (!rc && j->stream && j->logprobs && ev->n_tokens) {
+    if (!rc && j->stream && (j->logprobs || j->token_ids) && ev->n_tokens) {
         uint32_t c1 = sb->ptcap, c2 = sb->ptcap;
         rc = grow((void **)&sb->ptok, &c1, sb->pn + ev->n_tokens, sizeof *sb->ptok);
         if (!rc) rc = grow((void **)&sb->plp, &c2, sb->pn + ev->n_tokens, sizeof *sb->plp);
@@ -355,14 +357,25 @@ static uint32_t submit_job(kvc_server_t *s, job_t *j)
     return j->n_submitted;
 }
 
-static void publish_stats(kvc_server_t *s)
+/* Engine thread: publish the engine's counters for /metrics.  The per-tenant ones (one entry
+ * per tenant) at most every 50 ms while requests run, and whenever the engine goes idle
+ * (`all`), so that a step's cost does not grow with the number of tenants. */
+static void publish_stats(kvc_server_t *s, bool all)
 {
     kvc_engine_stats_t st;
     kvc_pool_stats_t ps;
     kvc_engine_stats(s->e, &st);
     kvc_pool_stats(kvc_seqs_pool(kvc_engine_seqs(s->e)), &ps);
+    const double t = now_s();
+    all = all || t - s->tst_at >= 0.05;
     pthread_mutex_lock(&s->mu);
     s->st = st, s->ps = ps;
+    if (all) {
+        const kvc_sched_t *sc = kvc_engine_sched(s->e);
+        for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
+            (void)kvc_sched_tenant_stats(sc, i, &s->tst[i]); /* i < its n_tenants */
+        s->tst_at = t;
+    }
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -403,7 +416,7 @@ static void *engine_main(void *arg)
                 if (take_account(s, &done[i])) job_unref(j); /* the engine's reference */
             }
         }
-        publish_stats(s);
+        publish_stats(s, n_live == 0);
         pthread_mutex_lock(&s->mu);
         if (n_live && idle && !n_done && !s->sub_head && !s->abort_head) {
             /* nothing could run (waiting for memory others hold): wait for news, briefly */
@@ -746,6 +759,14 @@ static cJSON *envelope(const kvc_server_t *s, const job_t *j, bool chunk)
 
 static void finalize(kvc_server_t *s, job_t *j, int status, const char *err);
 
+/* Token ids as a JSON array (return_token_ids). */
+static cJSON *token_ids_json(const kvc_token_t *t, uint32_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (uint32_t i = 0; a && t && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(t[i]));
+    return a;
+}
+
 /* The whole response of a job that did not stream. */
 static void send_full(kvc_server_t *s, job_t *j)
 {
@@ -769,6 +790,8 @@ static void send_full(kvc_server_t *s, job_t *j)
         } else
             cJSON_AddNullToObject(c, "logprobs");
         cJSON_AddStringToObject(c, "finish_reason", finish_reason(sb->finish));
+        if (j->token_ids)
+            cJSON_AddItemToObject(c, "token_ids", token_ids_json(sb->out, sb->completion_tokens));
         cJSON_AddItemToArray(choices, c);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(j));
@@ -908,12 +931,13 @@ static void process_job(kvc_server_t *s, job_t *j)
                 sub_t *sb = &j->subs[i];
                 if (tk[i].len || tk[i].n || (j->chat && !sb->role_sent)) {
                     cJSON *o = stream_chunk(s, j, sb, tk[i].text ? tk[i].text : "", NULL);
-                    if (j->logprobs && tk[i].n) {
-                        cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+                    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+                    if (j->logprobs && tk[i].n)
                         cJSON_ReplaceItemInObject(c, "logprobs",
                                                   logprobs_json(s, j, tk[i].tok, tk[i].lp, tk[i].n,
                                                                 NULL, NULL, 0, &sb->text_offset));
-                    }
+                    if (j->token_ids)
+                        cJSON_AddItemToObject(c, "token_ids", token_ids_json(tk[i].tok, tk[i].n));
                     (void)sse(j->req, o);
                 }
                 if (tk[i].done && !sb->finish_sent) {
@@ -1225,6 +1249,7 @@ static int build_job(kvc_server_t *s, const kvc__srv_req_t *r, int tenant, job_t
         j->gp.stop[i] = j->stops[i];
     }
     if (!r->gp.priority) j->gp.priority = t->priority;
+    j->gp.tenant = (uint32_t)tenant; /* the scheduler's tenant of the same index */
     j->gp.ns = t->ns;
     if (r->cache_salt) { /* the request's own namespace inside its tenant's */
         size_t l = strlen(r->cache_salt) + strlen(t->name) + 16;
@@ -1245,6 +1270,7 @@ static int build_job(kvc_server_t *s, const kvc__srv_req_t *r, int tenant, job_t
     j->kv_tokens = kv;
     j->chat = r->chat, j->stream = r->stream, j->include_usage = r->include_usage;
     j->logprobs = r->logprobs, j->top_logprobs = r->top_logprobs;
+    j->token_ids = r->return_token_ids;
     return 0;
 }
 
@@ -1389,6 +1415,11 @@ static void handle_metrics(kvc_server_t *s, struct evhttp_request *req)
     COUNTER("kvcache_prompt_tokens_total", "prompt tokens of finished requests", s->m_prompt);
     COUNTER("kvcache_generation_tokens_total", "tokens generated by finished requests", s->m_gen);
     COUNTER("kvcache_preemptions_total", "requests preempted for memory", st.preemptions);
+    COUNTER("kvcache_engine_steps_total", "engine steps that computed something", st.steps);
+    metric(b, "kvcache_engine_step_seconds_total", "counter",
+           "wall time inside those steps (the forward pass, scheduling, sampling): beside the "
+           "steps' count and the request timings, what the step loop spends outside them");
+    evbuffer_add_printf(b, "kvcache_engine_step_seconds_total %.6f\n", st.prefill_s + st.decode_s);
     GAUGE("kvcache_requests_running", "engine requests running", st.n_running);
     GAUGE("kvcache_requests_waiting",
           "engine requests waiting (queued in the engine or handed over)", st.n_waiting + queued);
@@ -1442,6 +1473,23 @@ static void handle_metrics(kvc_server_t *s, struct evhttp_request *req)
                 (unsigned long long)*(const uint64_t *)((const char *)t + tm[k].off));
         }
     }
+    /* the scheduler's books per tenant (published by the engine thread, read under mu) */
+    pthread_mutex_lock(&s->mu);
+    metric(b, "kvcache_tenant_kv_blocks", "gauge", "KV blocks its running requests hold");
+    for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
+        evbuffer_add_printf(b, "kvcache_tenant_kv_blocks{tenant=\"%s\"} %u\n",
+                            s->tenants.tenants[i].name, s->tst[i].blocks);
+    metric(b, "kvcache_tenant_computed_tokens_total", "counter",
+           "tokens the engine computed for it (prompt and decode)");
+    for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
+        evbuffer_add_printf(b, "kvcache_tenant_computed_tokens_total{tenant=\"%s\"} %llu\n",
+                            s->tenants.tenants[i].name, (unsigned long long)s->tst[i].computed);
+    metric(b, "kvcache_tenant_kv_token_seconds_total", "counter",
+           "KV tokens its requests held, times seconds");
+    for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
+        evbuffer_add_printf(b, "kvcache_tenant_kv_token_seconds_total{tenant=\"%s\"} %.6g\n",
+                            s->tenants.tenants[i].name, s->tst[i].kv_token_s);
+    pthread_mutex_unlock(&s->mu);
     metric(b, "kvcache_tenant_requests_in_flight", "gauge", "requests being served");
     for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
         evbuffer_add_printf(b, "kvcache_tenant_requests_in_flight{tenant=\"%s\"} %u\n",
@@ -1607,7 +1655,12 @@ int kvc_server_create(const kvc_llm_t *m, const kvc_engine_params_t *ep,
         else
             s->tenants.n_tenants = 1, s->tenants.tenants[0].shared = true;
     }
-    if (!rc) rc = kvc_engine_create(m, ep, &s->e, msg, cap);
+    /* one scheduler tenant per tenant of the file, so that its per-tenant books are theirs */
+    kvc_engine_params_t ep2 = *ep;
+    if (!rc && ep2.n_tenants < s->tenants.n_tenants) ep2.n_tenants = s->tenants.n_tenants;
+    if (!rc && !(s->tst = calloc(s->tenants.n_tenants, sizeof *s->tst)))
+        rc = kvc__msgf(KVC_ENOMEM, msg, cap, "out of memory");
+    if (!rc) rc = kvc_engine_create(m, &ep2, &s->e, msg, cap);
     if (!rc) {
         const kvc_model_hparams_t *h = kvc_llm_hparams(m);
         s->max_ctx = ep->max_ctx ? ep->max_ctx : (uint32_t)KVC_MIN(h->ctx ? h->ctx : 2048, 32768);
@@ -1615,7 +1668,7 @@ int kvc_server_create(const kvc_llm_t *m, const kvc_engine_params_t *ep,
         kvc_engine_stats(s->e, &st);
         s->block_size = st.block_size;
         s->max_num_seqs = ep->max_num_seqs ? ep->max_num_seqs : 64;
-        publish_stats(s);
+        publish_stats(s, true);
     }
     if (!rc && (make_pipe(s->wake) || make_pipe(s->stop_fd)))
         rc = kvc__msgf(KVC_EIO, msg, cap, "server: pipe: %s", strerror(errno));
@@ -1706,6 +1759,7 @@ void kvc_server_destroy(kvc_server_t *s)
     }
     kvc_engine_destroy(s->e);
     kvc__srv_tenants_free(&s->tenants);
+    free(s->tst);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->rmu);
     pthread_cond_destroy(&s->cv);

@@ -48,6 +48,7 @@ typedef struct {
 
 typedef struct {
     bool chat, stream, include_usage;
+    bool return_token_ids; /* vLLM's extension: each choice carries its output's token ids */
     char *model;
     kvc__srv_prompt_t *prompts; /* completions: (n_prompts) */
     uint32_t n_prompts;

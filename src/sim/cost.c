@@ -95,6 +95,13 @@ double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t 
         context += first + n;
     }
     kvc_sim_step_cost_t d = {0};
+    if (cm->profile) { /* this machine's measured steps, interpolated */
+        d.compute_s = tokens > 0 ? kvc_sim_profile_step_s(cm->profile, tokens, pairs / tokens) : 0;
+        d.swap_s = (double)(plan->swap_out_bytes + plan->swap_in_bytes) / cm->host_link_bytes_per_s;
+        d.total_s = d.compute_s + cm->step_overhead_s + d.swap_s;
+        if (detail) *detail = d;
+        return d.total_s;
+    }
     if (tokens > 0) {
         d.linear_flops = cm->linear_flops_per_token * tokens;
         d.attn_flops = cm->attn_flops_per_pair * pairs;

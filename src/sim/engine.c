@@ -211,6 +211,13 @@ typedef struct {
     bool *follows;       /* per workload index: an earlier turn of its conversation goes to the
                             same replica (closed loop: that turn releases it) */
     kvc_token_t **owned; /* per workload index: assembled prompts (on-demand traces) */
+    /* hold_shared_prefix: per workload index, prompt tokens computed while its prompt is being
+     * computed (KVC_NONE otherwise); the indices of those requests; arrivals held back */
+    uint32_t *computed;
+    uint32_t *computing;
+    size_t n_computing;
+    arrival_t *held;
+    size_t n_held;
     kvc_rng_t rng;
     uint64_t done_total, total;
     /* the replica being simulated */
@@ -350,6 +357,9 @@ static int replica_open(run_t *r, const kvc_allocator_t *a, uint32_t num_blocks,
     schp.draft_ctx = r;
     schp.trace = cfg->trace != NULL;
     schp.allocator = *a;
+    /* one scheduler tenant per workload tenant (the default when the workload names none) */
+    uint32_t n_ten = kvc_workload_n_tenants(r->w);
+    if (n_ten > schp.n_tenants) schp.n_tenants = n_ten;
     /* sched: */
     if ((rc = kvc_sched_create(rep->seqs, &schp, &rep->s))) {
         if (rc != KVC_ENOMEM)
@@ -541,15 +551,58 @@ static int queue_arrivals(run_t *r)
     return 0;
 }
 
+/* The engine's hold-back (src/model/engine.c): request wi waits while a request in the
+ * scheduler that is still computing its prompt shares a whole block of prefix with wi that it
+ * has not computed yet (the same namespace: with tenant salts, the same tenant). */
+static bool held_back(const run_t *r, uint32_t wi, const kvc_token_t *prompt)
+{
+    const kvc_sim_request_t *q = kvc_workload_request(r->w, wi);
+    const uint32_t bs = r->cfg->plan.block_size ? r->cfg->plan.block_size : 16;
+    for (size_t i = 0; i < r->n_computing; i++) {
+        const uint32_t ai = r->computing[i];
+        const kvc_sim_request_t *a = kvc_workload_request(r->w, ai);
+        if (r->cfg->tenant_salts && a->tenant != q->tenant) continue;
+        const kvc_token_t *ap = a->tokens ? a->tokens : r->owned[ai];
+        if (!ap) continue;
+        /* it holds wi back iff their common prefix (the last prompt token aside) covers a whole
+         * block past what it has computed */
+        const uint64_t need = KVC_MAX((uint64_t)bs, ((uint64_t)r->computed[ai] / bs + 1) * bs);
+        const uint32_t n = KVC_MIN(q->n_prompt, a->n_prompt) - 1;
+        if (need > n) continue;
+        uint32_t l = 0;
+        while (l < need && prompt[l] == ap[l]) l++;
+        if (l == need) return true;
+    }
+    return false;
+}
+
+static int admit_one(run_t *r, kvc_sched_t *s, arrival_t a, bool force);
+
 /* Hand the scheduler every request that has arrived by now; refuse, like a server, those that
- * can never run. */
-static int admit_arrivals(run_t *r, kvc_sched_t *s)
+ * can never run.  With hold_shared_prefix, arrivals held back are tried first, in order;
+ * `force` admits them all (nothing else can run). */
+static int admit_arrivals(run_t *r, kvc_sched_t *s, bool force)
+{
+    size_t n_held = r->n_held;
+    r->n_held = 0;
+    for (size_t i = 0; i < n_held; i++) {
+        int rc = admit_one(r, s, r->held[i], force);
+        if (rc) return rc;
+    }
+    while (r->heap.n && r->heap.v[0].t <= r->now) {
+        int rc = admit_one(r, s, heap_pop(&r->heap), force);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int admit_one(run_t *r, kvc_sched_t *s, arrival_t a, bool force)
 {
     const kvc_sim_config_t *cfg = r->cfg;
-    while (r->heap.n && r->heap.v[0].t <= r->now) {
-        arrival_t a = heap_pop(&r->heap);
+    {
         const kvc_sim_request_t *q = kvc_workload_request(r->w, a.idx);
         const kvc_token_t *prompt = q->tokens;
+        if (!prompt && r->owned[a.idx]) prompt = r->owned[a.idx]; /* held back before */
         if (!prompt) { /* a trace kept with tokens on demand: assemble this prompt */
             r->owned[a.idx] = kvc_alloc(r->a, q->n_prompt * sizeof(kvc_token_t), 0);
             if (!r->owned[a.idx]) return KVC_ENOMEM;
@@ -560,7 +613,11 @@ static int admit_arrivals(run_t *r, kvc_sched_t *s)
         uint64_t mml = r->res->planned.max_model_len;
         if (mml && q->n_prompt >= mml) {
             r->res->rejected++;
-            continue;
+            return 0;
+        }
+        if (r->computed && !force && held_back(r, a.idx, prompt)) {
+            r->held[r->n_held++] = a; /* room for every request: allocated with the run */
+            return 0;
         }
         uint32_t max_out = KVC_MAX(q->max_output, q->n_output);
         if (mml && (uint64_t)q->n_prompt + max_out > mml) max_out = (uint32_t)(mml - q->n_prompt);
@@ -586,11 +643,29 @@ static int admit_arrivals(run_t *r, kvc_sched_t *s)
                 fprintf(cfg->trace, "request %u (%u prompt tokens) refused: it can never fit\n",
                         a.idx, q->n_prompt);
             r->res->rejected++;
-            continue;
+            return 0;
         }
         if (rc) return internal(r, rc, "kvc_sched_add");
+        if (r->computed) {
+            r->computed[a.idx] = 0;
+            r->computing[r->n_computing++] = a.idx;
+        }
     }
     return 0;
+}
+
+/* hold_shared_prefix: request wi's prompt is computed up to `upto` (KVC_NONE: done, or it
+ * ended). */
+static void note_computed(run_t *r, uint32_t wi, uint32_t upto)
+{
+    if (!r->computed || r->computed[wi] == KVC_NONE) return;
+    r->computed[wi] = upto;
+    if (upto != KVC_NONE) return;
+    for (size_t i = 0; i < r->n_computing; i++)
+        if (r->computing[i] == wi) {
+            r->computing[i] = r->computing[--r->n_computing];
+            return;
+        }
 }
 
 /* Nothing can run now: move the clock to the next arrival, or stop.  *stop is set when the
@@ -634,6 +709,7 @@ static int step_results(run_t *r, const kvc_sched_plan_t *plan, uint32_t *batch_
         const kvc_sim_request_t *q = kvc_workload_request(r->w, wi);
         *batch_tokens += e->n_tokens;
         r->results[i] = (kvc_sched_result_t){.id = e->id};
+        note_computed(r, wi, e->samples ? KVC_NONE : e->first_pos + e->n_tokens);
         if (!e->samples) continue;
         uint32_t k = r->produced[wi], a = 0;
         while (a < e->n_drafts && kvc_rng_double(&r->rng) < r->cfg->spec_acceptance) a++;
@@ -686,6 +762,7 @@ static int collect_finished(run_t *r, kvc_sched_t *s)
         const kvc_sched_done_t *d = &done[i];
         uint32_t wi = (uint32_t)d->tag;
         int rc;
+        note_computed(r, wi, KVC_NONE);
         if (d->error) {
             /* Its sequence could not take a step's results for lack of memory: a server's
              * failed request, counted; the run goes on.  Any other error only a bug causes
@@ -796,16 +873,21 @@ static int run_replica(run_t *r)
     kvc_sched_t *s = rep.s;
     r->pc = rep.pc;
     r->heap.n = 0;
+    r->n_held = r->n_computing = 0;
     r->now = 0;
     r->last_progress = 0;
     uint64_t stuck = 0;
     if ((rc = queue_arrivals(r))) goto out;
     for (;;) {
-        if ((rc = admit_arrivals(r, s))) goto out;
+        if ((rc = admit_arrivals(r, s, false))) goto out;
         const kvc_sched_plan_t *plan;
         if ((rc = internal(r, kvc_sched_step(s, r->now, &plan), "kvc_sched_step"))) /* sched: */
             goto out;
         if (cfg->trace) fputs(kvc_sched_trace(s), cfg->trace);
+        if (plan->n_entries == 0 && r->n_held) { /* nothing runs: what is held goes in */
+            if ((rc = admit_arrivals(r, s, true))) goto out;
+            continue;
+        }
         if (plan->n_entries == 0) {
             bool stop;
             if ((rc = wait_for_work(r, s, &stuck, &stop))) goto out;
@@ -846,10 +928,12 @@ static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_si
     if (cfg->spec_acceptance < 0 || cfg->spec_acceptance > 1 || cfg->step_overhead_s < 0)
         return kvc__msgf(KVC_EINVAL, err, cap,
                          "spec acceptance must be in 0..1 and the step overhead >= 0");
-    if (kvc_workload_n_tenants(w) > KVC_MAX_TENANTS || kvc_workload_n_classes(w) > KVC_MAX_CLASSES)
-        return kvc__msgf(
-            KVC_EINVAL, err, cap, "the workload has %u tenants and %u classes; at most %d and %d",
-            kvc_workload_n_tenants(w), kvc_workload_n_classes(w), KVC_MAX_TENANTS, KVC_MAX_CLASSES);
+    if (kvc_workload_n_tenants(w) > KVC_SCHED_MAX_TENANTS ||
+        kvc_workload_n_classes(w) > KVC_MAX_CLASSES)
+        return kvc__msgf(KVC_EINVAL, err, cap,
+                         "the workload has %u tenants and %u classes; at most %d and %d",
+                         kvc_workload_n_tenants(w), kvc_workload_n_classes(w),
+                         KVC_SCHED_MAX_TENANTS, KVC_MAX_CLASSES);
     if ((unsigned)cfg->eviction >= KVC_EVICT__COUNT) {
         char names[128] = "";
         for (const char *const *n = kvc_eviction_names(); *n; n++)
@@ -909,6 +993,7 @@ static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_si
                          "the cost model needs positive, finite FLOP/s, bandwidth and KV bytes "
                          "per token (at most 1e12), and finite sizes");
     out->cost.no_kv_cache = cfg->no_kv_cache;
+    out->cost.profile = cfg->profile;
     return 0;
 }
 
@@ -1055,6 +1140,13 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
         r.owned = kvc_calloc(&a, n ? n : 1, sizeof(kvc_token_t *), 0);
         if (!r.produced || !r.next_turn || !r.follows || !r.owned) rc = KVC_ENOMEM;
     }
+    if (!rc && cfg->hold_shared_prefix && cfg->prefix_caching) {
+        r.computed = kvc_alloc(&a, (n ? n : 1) * sizeof(uint32_t), 0);
+        r.computing = kvc_alloc(&a, (n ? n : 1) * sizeof(uint32_t), 0);
+        r.held = kvc_alloc(&a, (n ? n : 1) * sizeof(arrival_t), 0);
+        if (!r.computed || !r.computing || !r.held) rc = KVC_ENOMEM;
+        for (size_t i = 0; !rc && i < n; i++) r.computed[i] = KVC_NONE;
+    }
     kvc_rng_seed(&r.rng, cfg->seed);
     out->requests = n;
     if (!rc) rc = link_turns(&r);
@@ -1069,6 +1161,9 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     kvc_free(&a, r.produced);
     kvc_free(&a, r.next_turn);
     kvc_free(&a, r.follows);
+    kvc_free(&a, r.computed);
+    kvc_free(&a, r.computing);
+    kvc_free(&a, r.held);
     kvc_free(&a, r.heap.v);
     kvc_free(&a, r.results);
     out->peak_bytes = mem.peak;

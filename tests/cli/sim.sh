@@ -199,5 +199,71 @@ printf '{"hidden_size":1,"intermediate_size":1,"num_hidden_layers":1,"num_attent
 expect_error "overflowing config" "." -- sim --model "$TMP/overflow.json" --gpu h100-sxm --workload "$W" --quiet
 expect_error "overflowing config, pool given" "." -- sim --model "$TMP/overflow.json" --gpu h100-sxm --workload "$W" --num-blocks 1000 --quiet
 
+# more tenants than the scheduler's old compile-time limit (16): 40 tenants, fair shares on, each
+# tenant's requests reported under its name
+python3 - "$TMP/t40.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    f.write(json.dumps({"kvcache_workload": 1, "tenants": ["t%d" % i for i in range(40)]}) + "\n")
+    for k in range(120):
+        f.write(json.dumps({"arrival_s": k * 0.01, "tokens": list(range(1, 200)), "output": 8,
+                            "tenant": "t%d" % (k % 40)}) + "\n")
+PY
+"$KVC" "${BASE[@]}" --workload "$TMP/t40.jsonl" --tenant-fair --json >"$TMP/t40.json" || fail "40 tenants: exit $?"
+python3 - "$TMP/t40.json" <<'PY' || fail "40 tenants: the report does not list each tenant's 3 requests"
+import json, sys
+r = json.load(open(sys.argv[1]))
+def find(o):
+    if isinstance(o, dict):
+        if "tenants" in o and isinstance(o["tenants"], (list, dict)) and len(o["tenants"]) == 40:
+            return o["tenants"]
+        for v in o.values():
+            x = find(v)
+            if x is not None: return x
+    elif isinstance(o, list):
+        for v in o:
+            x = find(v)
+            if x is not None: return x
+ts = find(r)
+assert ts is not None, "no list of 40 tenants"
+items = ts.items() if isinstance(ts, dict) else [(t.get("tenant", t.get("name")), t) for t in ts]
+names = set()
+for name, t in items:
+    names.add(name)
+    assert t.get("completed", t.get("n", t.get("requests"))) == 3, (name, t)
+assert names == {"t%d" % i for i in range(40)}, names
+PY
+
+# --profile: measured step times instead of the roofline.  Every step of this profile takes
+# 10 ms (and no overhead is added): alone, each request's TTFT is one step and its TPOT one step
+printf '{"kvcache_profile": 1, "tokens": [1, 1000], "context": [0, 1000], "step_ms": [[10, 10], [10, 10]]}' >"$TMP/p10.json"
+"$KVC" "${BASE[@]}" --workload 'poisson:rate=1,n=3,prompt=100,output=11' --profile "$TMP/p10.json" --json >"$TMP/prof.json" \
+  || fail "--profile run: exit $?"
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["ttft_ms"]["max"] == 10 and r["tpot_ms"]["min" if "min" in r["tpot_ms"] else "p50"] == 10 and r["tpot_ms"]["max"] == 10, (r["ttft_ms"], r["tpot_ms"])' "$TMP/prof.json" \
+  || fail "--profile: TTFT and TPOT are not the profile's 10 ms"
+"$KVC" "${BASE[@]}" --workload 'poisson:rate=1,n=3,prompt=100,output=11' --profile "$TMP/p10.json" --step-overhead-ms 5 --json >"$TMP/prof5.json" \
+  || fail "--profile with overhead: exit $?"
+grep -q '"ttft_ms": {"count": 3, "mean": 15' "$TMP/prof5.json" || fail "--profile: --step-overhead-ms is not added"
+expect_error "profile missing" "--profile: .*/nope.json: cannot open" -- "${BASE[@]}" --workload "$W" --profile "$TMP/nope.json"
+printf '{"kvcache_profile": 1, "tokens": [1, 1], "context": [0], "step_ms": [[1], [1]]}' >"$TMP/pbad.json"
+expect_error "profile out of order" "--profile: .*pbad.json: \"tokens\" must increase" -- "${BASE[@]}" --workload "$W" --profile "$TMP/pbad.json"
+expect_error "profile not JSON" "--profile: .*: not a JSON object" -- "${BASE[@]}" --workload "$W" --profile "$SRC/README.md"
+
+# --hold-shared-prefix: four requests sharing a 64-token prefix arrive together.  The scheduler
+# alone admits all four in one step, none of them cached yet: no hit.  Held back as the engine
+# does, the first computes the prefix and the other three hit its 4 blocks (3 x 64 tokens)
+python3 - "$TMP/shared4.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    f.write(json.dumps({"kvcache_workload": 1}) + "\n")
+    for k in range(4):
+        f.write(json.dumps({"arrival_s": 0, "tokens": list(range(1, 65)) + [100 + k] * 8, "output": 4}) + "\n")
+PY
+for h in "" --hold-shared-prefix; do
+  "$KVC" "${BASE[@]}" --workload "$TMP/shared4.jsonl" --profile "$TMP/p10.json" $h --json >"$TMP/shared4$h.json" || fail "shared4 $h: exit $?"
+done
+grep -q '"hit_tokens": 0,' "$TMP/shared4.json" || fail "shared4: the scheduler alone should hit nothing"
+grep -q '"hit_tokens": 192,' "$TMP/shared4--hold-shared-prefix.json" || fail "--hold-shared-prefix: the three later requests should hit 192 tokens"
+
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "sim CLI: all checks passed"
