@@ -953,18 +953,41 @@ static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
     kvc_plan_model_t m;
     char msg[256];
     /* Jamba-v0.1 (ai21labs/Jamba-v0.1 config.json, trimmed): one attention layer in 8, MoE on
-     * every other layer; sized as all-attention with MoE everywhere it came out 92 billion
-     * parameters instead of about 52, so it is refused, naming the field */
+     * every other layer.  Sized as all-attention with MoE everywhere it came out 92 billion
+     * parameters; modelled, it is 51.57 billion (tests/test_plan_golden.c derives it), and the
+     * fields Jamba leaves out take JambaConfig's defaults: mamba_d_conv 4, mamba_expand 2,
+     * mamba_dt_rank "auto" = 4096 / 16 = 256, expert_layer_offset 1 */
     const char *jamba =
         "{\"model_type\": \"jamba\", \"hidden_size\": 4096, \"num_hidden_layers\": 32,"
         " \"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"vocab_size\":"
         " 65536, \"intermediate_size\": 14336, \"num_experts\": 16,"
         " \"num_experts_per_tok\": 2, \"attn_layer_period\": 8,"
         " \"attn_layer_offset\": 4, \"expert_layer_period\": 2,"
-        " \"mamba_d_state\": 16, \"max_position_embeddings\": 262144}";
-    assert_int_equal(kvc_plan_model_from_json(jamba, strlen(jamba), "jamba", &m, msg, sizeof msg),
+        " \"mamba_d_state\": 16, \"max_position_embeddings\": 262144,"
+        " \"tie_word_embeddings\": false}";
+    assert_ok(kvc_plan_model_from_json(jamba, strlen(jamba), "jamba", &m, msg, sizeof msg));
+    assert_int_equal(m.n_recurrent_layers, 28);
+    assert_int_equal(m.ssm_d_conv, 4);
+    assert_int_equal(m.ssm_d_inner, 8192);
+    assert_int_equal(m.ssm_dt_rank, 256);
+    assert_int_equal(m.moe_layer_offset, 1);
+    kvc_plan_param_count_t pc;
+    kvc_plan_model_params(&m, &pc);
+    assert_int_equal(pc.total, UINT64_C(51570323328));
+    /* an attention offset past its period attends nowhere: refused, naming it */
+    const char *bad = "{\"model_type\": \"jamba\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                      " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\":"
+                      " 128, \"attn_layer_period\": 2, \"attn_layer_offset\": 2}";
+    assert_int_equal(kvc_plan_model_from_json(bad, strlen(bad), "b", &m, msg, sizeof msg),
                      KVC_EINVAL);
-    assert_non_null(strstr(msg, "attn_layer_period: a recurrent or hybrid"));
+    assert_non_null(strstr(msg, "attn_layer_offset 2 must be below attn_layer_period 2"));
+    /* Nemotron-H's pattern string is not modelled: refused, naming the field */
+    const char *nemo = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                       " \"vocab_size\": 100, \"intermediate_size\": 128,"
+                       " \"hybrid_override_pattern\": \"M*\"}";
+    assert_int_equal(kvc_plan_model_from_json(nemo, strlen(nemo), "n", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "hybrid_override_pattern: a recurrent or hybrid"));
     /* a Qwen3-Next style layer list with linear attention */
     const char *next = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
                        " \"vocab_size\": 100, \"intermediate_size\": 128, \"layer_types\":"

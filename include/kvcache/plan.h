@@ -87,6 +87,8 @@ KVC_API uint64_t kvc_plan_dtype_bytes(kvc_plan_dtype_t dt, uint64_t n);
 #define KVC_PLAN_MAX_INTERMEDIATE       (UINT32_C(1) << 20)
 /* routed experts (and shared ones): most 512 (Qwen3-Next), 384 (Kimi K2). */
 #define KVC_PLAN_MAX_EXPERTS            (UINT32_C(1) << 14)
+/* A Mamba mixer's d_state and d_conv: 16 and 4 (Mamba-1, Jamba), 128 and 4 (Mamba-2). */
+#define KVC_PLAN_MAX_SSM_STATE          (UINT32_C(1) << 16)
 /* KV tokens one image takes: LLaVA-1.5 576, Qwen2-VL up to 16,384. */
 #define KVC_PLAN_MAX_IMAGE_TOKENS       (UINT32_C(1) << 20)
 /* sliding_window / attention_chunk_size: 4,096 (Mistral), 262,144 (Phi-3). */
@@ -114,6 +116,12 @@ KVC_API uint64_t kvc_plan_dtype_bytes(kvc_plan_dtype_t dt, uint64_t n);
 #define KVC_PLAN_MAX_BATCHED            (UINT32_C(1) << 30)
 #define KVC_PLAN_MAX_FORKS              UINT32_C(1024)
 #define KVC_PLAN_MAX_GPUS               (UINT64_C(1) << 24)
+
+/* What a recurrent layer keeps per sequence.  MAMBA1: Mamba's selective scan (Jamba's
+ * mixer): a conv state of (d_conv - 1) x d_inner and an SSM state of d_inner x d_state. */
+typedef enum { KVC_PLAN_RECURRENT_NONE = 0, KVC_PLAN_RECURRENT_MAMBA1 } kvc_plan_recurrent_t;
+/* "none", "mamba1"; "?" for an invalid value.  Never fails. */
+KVC_API const char *kvc_plan_recurrent_name(kvc_plan_recurrent_t k);
 
 /* ---- the model -------------------------------------------------------------
  * What the math needs from a transformer decoder.  A zeroed field means "not
@@ -158,6 +166,23 @@ typedef struct {
                                in 16 bits on the first stage, split by TP, run only on images:
                                never read by a decode step */
     uint64_t max_position_embeddings; /* 0: not given */
+    /* recurrent and hybrid models (Jamba): some layers keep a fixed-size state per sequence, a
+     * causal convolution's window and a selective-scan (SSM) state, instead of KV; the state
+     * does not grow with the context.  recurrent NONE: every layer attends */
+    kvc_plan_recurrent_t recurrent;
+    uint32_t n_recurrent_layers; /* layers with a state instead of attention (derived) */
+    uint32_t attn_layer_period;  /* hybrid: layer i attends iff i % period == offset */
+    uint32_t attn_layer_offset;
+    uint32_t moe_layer_period; /* MoE on layer i iff i % period == offset (Jamba's
+                                  expert_layer_period); 0: the first n_dense_layers are dense */
+    uint32_t moe_layer_offset;
+    uint32_t ssm_d_inner; /* the mixer's inner width: expand x hidden_size */
+    uint32_t ssm_d_state; /* SSM state per inner channel */
+    uint32_t ssm_d_conv;  /* the convolution's kernel: the state keeps d_conv - 1 columns */
+    uint32_t ssm_dt_rank; /* the time-step projection's rank */
+    bool ssm_conv_bias;   /* the convolution has a bias */
+    bool ssm_proj_bias;   /* in_proj and out_proj have biases */
+    bool ssm_inner_norms; /* Jamba: RMSNorms on dt, B and C (dt_rank + 2 x d_state weights) */
 } kvc_plan_model_t;
 
 /* Parameter counts of a model, by part. */
@@ -170,9 +195,10 @@ typedef struct {
     uint64_t experts_shared;
     uint64_t router;
     uint64_t norms;
-    uint64_t total;  /* the language model; the vision tower is counted apart */
-    uint64_t active; /* what one token touches: total minus the routed experts it skips */
-    uint64_t vision; /* the vision tower and projector (model.vision_params) */
+    uint64_t total;     /* the language model; the vision tower is counted apart */
+    uint64_t active;    /* what one token touches: total minus the routed experts it skips */
+    uint64_t vision;    /* the vision tower and projector (model.vision_params) */
+    uint64_t recurrent; /* every recurrent layer's mixer (in place of attention; in total) */
 } kvc_plan_param_count_t;
 
 /* Count parameters (gated MLPs, RMSNorm weights, no biases beyond qkv_bias).
@@ -212,11 +238,14 @@ KVC_API const char *kvc_plan_model_preset_name(size_t i);
  * wins over its top level; a vision_config is sized as a ViT of its widths (its
  * hidden_size, intermediate_size, num_hidden_layers, patch_size and image_size
  * are then required) plus a two-layer projector; unknown fields are ignored,
- * except those of recurrent and hybrid models (Mamba, Jamba, Nemotron-H,
- * Qwen3-Next, ...: attn_layer_period, layers_block_type, hybrid_override_pattern,
- * full_attention_interval, an SSM state, a layer_types entry that is not
- * attention), which change memory in ways the planner does not model and are
- * refused (KVC_EINVAL, naming the field) rather than sized as attention.  The text must be one
+ * except those of recurrent and hybrid models: Jamba's (model_type jamba, or
+ * attn_layer_period / mamba_d_state: Mamba-1 layers with attention every
+ * attn_layer_period-th layer and MoE every expert_layer_period-th) are modelled;
+ * the others (Mamba, Mamba2, Nemotron-H, Qwen3-Next, ...: layers_block_type,
+ * hybrid_override_pattern, full_attention_interval, ssm_state_size, a layer_types
+ * entry that is not attention, such a model_type) change memory in ways the
+ * planner does not model and are refused (KVC_EINVAL, naming the field) rather
+ * than sized as attention.  The text must be one
  * JSON object and nothing else.  Fails, with one line in msg naming what and
  * where, and *out untouched, with
  *   KVC_EPARSE  malformed JSON; a NUL byte or a raw control byte anywhere;
@@ -357,6 +386,12 @@ typedef struct {
     uint32_t lora_rank;
     uint32_t lora_adapters;
     uint32_t lora_resident;
+    /* recurrent state (a model with recurrent layers) */
+    bool ssm_state_fp32; /* the SSM state in fp32 (vLLM's --mamba-ssm-cache-dtype float32);
+                            false: 16 bits, the model's dtype (vLLM's auto) */
+    uint64_t state_checkpoint_interval; /* tokens between the states prefix caching keeps of a
+                                           cached prompt; 0 reads as 512 */
+    uint64_t cached_prefixes;           /* cached prompts to price (section 15); 0 reads as 100 */
 } kvc_plan_params_t;
 
 /* TP/PP/DP 1, bf16 weights and KV, block 16, utilization 0.9, max_model_len
@@ -738,6 +773,36 @@ typedef struct {
     bool tenant_over_max_model_len; /* params.tenant_tokens > max_model_len: the engine would
                                        refuse such a request; it is priced anyway */
     uint64_t image_bytes_per_gpu; /* KV one image adds (image_tokens x bytes per token); 0: none */
+
+    /* 15. recurrent state (model.recurrent): a sequence's state does not grow with its length.
+     * kv_bytes_per_request and kvc_plan_request_bytes include it; everything per GPU is on
+     * the binding stage, split by TP (each GPU holds d_inner / tp channels) */
+    uint32_t kv_layers_per_gpu; /* attention layers of the binding stage (all its layers
+                                   without recurrent ones) */
+    uint32_t recurrent_layers_per_gpu;
+    uint64_t conv_state_bytes_per_layer; /* one sequence and layer, whole model: (d_conv - 1) x
+                                            d_inner x 2 B */
+    uint64_t ssm_state_bytes_per_layer;  /* d_inner x d_state x 2 B (4 B in fp32) */
+    uint64_t state_bytes_per_seq;        /* whole model: recurrent layers x (conv + SSM) */
+    uint64_t state_bytes_per_seq_per_gpu;
+    uint64_t all_attention_kv_bytes_per_token; /* the same widths with every layer attending */
+    uint64_t state_kv_tokens;         /* tokens of KV that weigh as much as one state (per GPU) */
+    uint64_t request_kv_bytes;        /* the typical request's KV alone, per GPU */
+    uint64_t state_only_sequences;    /* pool / state: the sequences if KV took nothing */
+    uint64_t checkpoint_interval;     /* resolved params.state_checkpoint_interval */
+    uint64_t checkpoints_per_prefix;  /* the typical prompt cached: floor(prompt / interval) */
+    uint64_t prefix_kv_bytes_per_gpu; /* its full blocks of KV */
+    uint64_t prefix_bytes_per_gpu;    /* KV + every checkpoint (any shorter hit can resume) */
+    uint64_t prefix_bytes_last_checkpoint_per_gpu; /* KV + its last checkpoint only */
+    uint64_t cached_prefixes;                      /* resolved params.cached_prefixes */
+    uint64_t cached_prefixes_bytes_per_gpu;        /* that many prompts, every checkpoint kept */
+    uint64_t prefixes_in_pool;                     /* how many such prompts the pool holds */
+    uint64_t restart_boundary_tokens; /* lcm(block_size, interval): where every layer can resume */
+    double mean_recomputed_tokens;    /* boundary / 2: a hit of uniform length loses that much */
+    double mean_recompute_s;          /* those tokens at recompute_s_per_token */
+    uint64_t prompt_resume_tokens;    /* the typical prompt, cached whole, resumes here: the last
+                                         boundary at or before prompt - 1 */
+    uint64_t prompt_recomputed_tokens;
 } kvc_plan_result_t;
 
 /* Plan a deployment.  The only error is KVC_EINVAL, with one line in msg

@@ -44,6 +44,9 @@ enum {
     O_LORA_RANK,
     O_LORA_ADAPTERS,
     O_LORA_RESIDENT,
+    O_SSM_DTYPE,
+    O_CHECKPOINT,
+    O_CACHED_PREFIXES,
     O_JSON,
     O_LIST,
 };
@@ -125,6 +128,12 @@ static void help(FILE *f)
            "                             S-LoRA adapters: M of N resident, taken from the KV pool\n"
            "  --grid dtypes              every weight dtype x KV dtype pair: starts, pool, "
            "concurrency\n"
+           "recurrent and hybrid models (Jamba; section 15):\n"
+           "  --mamba-ssm-cache-dtype T  the SSM state's dtype: auto (the model's 16 bits) or "
+           "float32\n"
+           "  --state-checkpoint-interval N  tokens between the states prefix caching keeps "
+           "(512)\n"
+           "  --cached-prefixes N        cached prompts to price (default 100)\n"
            "output:\n"
            "  --json                     one JSON object (keys in docs/plan.md)\n"
            "  --list                     the model and GPU presets\n"
@@ -162,6 +171,9 @@ static const struct option own_options[] = {
     {"lora-rank", required_argument, NULL, O_LORA_RANK},
     {"lora-adapters", required_argument, NULL, O_LORA_ADAPTERS},
     {"lora-resident", required_argument, NULL, O_LORA_RESIDENT},
+    {"mamba-ssm-cache-dtype", required_argument, NULL, O_SSM_DTYPE},
+    {"state-checkpoint-interval", required_argument, NULL, O_CHECKPOINT},
+    {"cached-prefixes", required_argument, NULL, O_CACHED_PREFIXES},
     {"json", no_argument, NULL, O_JSON},
     {"list", no_argument, NULL, O_LIST},
     {"help", no_argument, NULL, 'h'},
@@ -274,6 +286,20 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
         break;
     case O_LORA_RESIDENT:
         U64(0, 1u << 20, pp->lora_resident);
+        break;
+    case O_SSM_DTYPE:
+        if (!strcmp(arg, "float32") || !strcmp(arg, "fp32"))
+            pp->ssm_state_fp32 = true;
+        else if (!strcmp(arg, "auto") || !strcmp(arg, "bfloat16") || !strcmp(arg, "bf16"))
+            pp->ssm_state_fp32 = false;
+        else
+            return kvc_cli_error(CMD, "%s: '%s' is not auto, bfloat16 or float32", opt_name, arg);
+        break;
+    case O_CHECKPOINT:
+        TOK(1, KVC_PLAN_MAX_TOKENS, pp->state_checkpoint_interval);
+        break;
+    case O_CACHED_PREFIXES:
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->cached_prefixes);
         break;
     case O_GRID:
         if (strcmp(arg, "dtypes"))

@@ -39,6 +39,14 @@ char *kvc__fmt_num(char *buf, size_t len, double v);            /* 3 significant
  * control bytes on a terminal.  Truncates to fit.  Returns out. */
 char *kvc__escape(char *out, size_t cap, const char *s);
 
+/* Layer kinds of a hybrid model (model.c): whether layer i keeps a recurrent state instead
+ * of attention, and whether its MLP is MoE. */
+bool kvc__layer_recurrent(const kvc_plan_model_t *m, uint32_t i);
+bool kvc__layer_moe(const kvc_plan_model_t *m, uint32_t i);
+/* One Mamba-1 mixer's parameters on one GPU of a TP group: the quantizable projections and
+ * the 16-bit rest (convolution, A, D, biases, norms). */
+void kvc__mamba_params(const kvc_plan_model_t *m, uint32_t tp, uint64_t *linear, uint64_t *wide);
+
 /* Integer helpers (saturating where a product could overflow). */
 static inline uint64_t kvc__ceil_div(uint64_t a, uint64_t b)
 {

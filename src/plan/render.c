@@ -139,6 +139,15 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     else if (m->sliding_window)
         P("           sliding window %s tokens on %u of %u layers\n", I(c, m->sliding_window),
           m->n_sliding_layers, m->n_layers);
+    if (m->recurrent) {
+        P("           hybrid: %u %s (Mamba) layers hold a fixed state, %u attend (layer i when i "
+          "%% %u = %u)",
+          m->n_recurrent_layers, kvc_plan_recurrent_name(m->recurrent),
+          m->n_layers - m->n_recurrent_layers, m->attn_layer_period, m->attn_layer_offset);
+        if (m->moe_layer_period)
+            P("; MoE when i %% %u = %u", m->moe_layer_period, m->moe_layer_offset);
+        P("\n");
+    }
     if (m->image_tokens) P("           an image takes %s KV tokens\n", I(c, m->image_tokens));
     P("           %s parameters, %s active per token\n", BIL(c, (double)r->counts.total),
       BIL(c, (double)r->counts.active));
@@ -193,8 +202,13 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
           BY(c, r->kv_bytes_per_token));
     } else {
         P("   formula  2 (K and V) x layers x KV heads x head_dim x bytes per element\n");
-        P("   model    2 x %u x %u x %u x %s B = %s B (%s) per token\n", m->n_layers, m->n_kv_heads,
-          m->head_dim, eb, I(c, r->kv_bytes_per_token), BY(c, r->kv_bytes_per_token));
+        if (m->recurrent)
+            P("            only the %u attention layers of %u hold KV; the %u recurrent ones a "
+              "fixed state (section 15)\n",
+              m->n_layers - m->n_recurrent_layers, m->n_layers, m->n_recurrent_layers);
+        P("   model    2 x %u x %u x %u x %s B = %s B (%s) per token\n",
+          m->n_layers - m->n_recurrent_layers, m->n_kv_heads, m->head_dim, eb,
+          I(c, r->kv_bytes_per_token), BY(c, r->kv_bytes_per_token));
     }
     P("            1,048,576 tokens: %s; max_model_len %s: %s\n",
       G(c, (double)r->kv_bytes_per_token * 1048576.0), I(c, r->max_model_len),
@@ -221,7 +235,7 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
             P("; PP %u: %u of %u layers on the binding stage", p->pp, r->layers_per_gpu,
               m->n_layers);
         P("\n            2 x %u x %u x %u x %s B = %s B (%s) per token per GPU\n",
-          r->layers_per_gpu, r->kv_heads_per_gpu, m->head_dim, eb,
+          r->kv_layers_per_gpu, r->kv_heads_per_gpu, m->head_dim, eb,
           I(c, r->kv_bytes_per_token_per_gpu), BY(c, r->kv_bytes_per_token_per_gpu));
     }
     if (r->kv_head_replication <= 1) {
@@ -1082,6 +1096,65 @@ static void sec_longctx(rc_t *c, const kvc_plan_result_t *r)
     P("\n");
 }
 
+static void sec_recurrent(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_model_t *m = &r->model;
+    const kvc_plan_params_t *p = &r->params;
+    const uint32_t n_attn = m->n_layers - m->n_recurrent_layers;
+    const char *ssm_b = p->ssm_state_fp32 ? "4" : "2";
+    P("15. Recurrent state: %u Mamba (%s) layers and %u attention layers of %u\n",
+      m->n_recurrent_layers, kvc_plan_recurrent_name(m->recurrent), n_attn, m->n_layers);
+    P("   per layer  conv (d_conv %u - 1) x d_inner %u x 2 B = %s; SSM d_inner %u x d_state %u x "
+      "%s B = %s\n"
+      "              (%s; --mamba-ssm-cache-dtype float32 doubles the SSM part)\n",
+      m->ssm_d_conv, m->ssm_d_inner, BY(c, r->conv_state_bytes_per_layer), m->ssm_d_inner,
+      m->ssm_d_state, ssm_b, BY(c, r->ssm_state_bytes_per_layer),
+      p->ssm_state_fp32 ? "fp32 SSM state" : "16-bit, the model's dtype");
+    P("   state      %u layers x %s = %s per sequence, whatever its length; per GPU (TP %u, %u "
+      "of the\n"
+      "              layers): %s, as much as %s tokens of KV\n",
+      m->n_recurrent_layers, BY(c, r->conv_state_bytes_per_layer + r->ssm_state_bytes_per_layer),
+      BY(c, r->state_bytes_per_seq), p->tp, r->recurrent_layers_per_gpu,
+      BY(c, r->state_bytes_per_seq_per_gpu), I(c, r->state_kv_tokens));
+    P("   KV         the %u attention layers: %s B per token (all %u layers attending would hold "
+      "%s B)\n",
+      n_attn, I(c, r->kv_bytes_per_token), m->n_layers, I(c, r->all_attention_kv_bytes_per_token));
+    P("   sequences  the typical request (%s tokens): state %s + KV %s = %s per GPU;\n"
+      "              the pool (%s) holds %s of them (max concurrency); %s if KV took nothing\n",
+      I(c, r->request_tokens), BY(c, r->state_bytes_per_seq_per_gpu), BY(c, r->request_kv_bytes),
+      BY(c, r->kv_bytes_per_request), G(c, (double)r->kv_pool_bytes_per_gpu),
+      I(c, r->max_concurrency), I(c, r->state_only_sequences));
+    P("   decode     each step reads and writes every running sequence's state: 2 x %s per "
+      "sequence\n",
+      BY(c, r->state_bytes_per_seq_per_gpu));
+    P("   checkpoints prefix caching keeps a state every %s tokens "
+      "(--state-checkpoint-interval),\n"
+      "              %s each;\n"
+      "              a cached %s-token prompt: %s blocks of KV (%s) + %s checkpoint%s = %s\n"
+      "              (%s keeping only its last); %s cached prompts (--cached-prefixes): %s;\n"
+      "              the pool holds %s\n",
+      I(c, r->checkpoint_interval), BY(c, r->state_bytes_per_seq_per_gpu), I(c, p->prompt_tokens),
+      I(c, p->prompt_tokens / p->block_size), BY(c, r->prefix_kv_bytes_per_gpu),
+      I(c, r->checkpoints_per_prefix), r->checkpoints_per_prefix == 1 ? "" : "s",
+      BY(c, r->prefix_bytes_per_gpu), BY(c, r->prefix_bytes_last_checkpoint_per_gpu),
+      I(c, r->cached_prefixes), G(c, (double)r->cached_prefixes_bytes_per_gpu),
+      I(c, r->prefixes_in_pool));
+    if (!r->checkpoints_per_prefix)
+        P("              the prompt is shorter than the interval: no state of it is kept, and a "
+          "hit on it\n"
+          "              recomputes it whole\n");
+    P("   restart    attention layers resume at any block (%u tokens), recurrent layers only at a "
+      "checkpoint:\n"
+      "              every layer resumes at multiples of lcm(%u, %s) = %s tokens; a hit of h "
+      "tokens resumes\n"
+      "              at the last one at or before h, recomputing %s tokens on average (%s at the "
+      "recompute\n"
+      "              rate); the typical prompt cached whole resumes at %s and recomputes %s\n\n",
+      p->block_size, p->block_size, I(c, r->checkpoint_interval), I(c, r->restart_boundary_tokens),
+      N(c, r->mean_recomputed_tokens), TIME(c, r->mean_recompute_s), I(c, r->prompt_resume_tokens),
+      I(c, r->prompt_recomputed_tokens));
+}
+
 int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
 {
     if (!r || !out) return KVC_EINVAL;
@@ -1102,6 +1175,7 @@ int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
     sec_tenancy(c, r);
     if (r->params.cp > 1 || r->n_layouts || r->max_position_embeddings_scaled) sec_longctx(c, r);
     if (r->n_dtype_grid) sec_grid(c, r);
+    if (r->model.recurrent) sec_recurrent(c, r);
     if (r->fits)
         P("verdict: starts; the KV pool holds %s sequences of %s tokens per replica, and the "
           "running batch\n         stops at %s (%s)\n",
@@ -1225,6 +1299,7 @@ static cJSON *json_model(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, o, "params_total", r->counts.total);
     add_u64(j, o, "params_active", r->counts.active);
     add_u64(j, o, "params_vision", r->counts.vision);
+    add_u64(j, o, "params_recurrent", r->counts.recurrent);
     return o;
 }
 
@@ -1616,6 +1691,54 @@ static void json_longctx(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
     }
 }
 
+/* 15. recurrent state */
+static void json_recurrent(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_model_t *m = &r->model;
+    if (!m->recurrent) {
+        add_null(j, o, "recurrent");
+        return;
+    }
+    cJSON *x = chk(j, cJSON_AddObjectToObject(o, "recurrent"));
+    add_str(j, x, "kind", kvc_plan_recurrent_name(m->recurrent));
+    add_u64(j, x, "recurrent_layers", m->n_recurrent_layers);
+    add_u64(j, x, "attention_layers", m->n_layers - m->n_recurrent_layers);
+    add_u64(j, x, "attn_layer_period", m->attn_layer_period);
+    add_u64(j, x, "attn_layer_offset", m->attn_layer_offset);
+    add_u64(j, x, "d_inner", m->ssm_d_inner);
+    add_u64(j, x, "d_state", m->ssm_d_state);
+    add_u64(j, x, "d_conv", m->ssm_d_conv);
+    add_str(j, x, "ssm_state_dtype", r->params.ssm_state_fp32 ? "float32" : "auto");
+    add_u64(j, x, "conv_state_bytes_per_layer", r->conv_state_bytes_per_layer);
+    add_u64(j, x, "ssm_state_bytes_per_layer", r->ssm_state_bytes_per_layer);
+    add_u64(j, x, "state_bytes_per_seq", r->state_bytes_per_seq);
+    add_u64(j, x, "state_bytes_per_seq_per_gpu", r->state_bytes_per_seq_per_gpu);
+    add_u64(j, x, "recurrent_layers_per_gpu", r->recurrent_layers_per_gpu);
+    add_u64(j, x, "kv_layers_per_gpu", r->kv_layers_per_gpu);
+    add_u64(j, x, "kv_bytes_per_token", r->kv_bytes_per_token);
+    add_u64(j, x, "all_attention_kv_bytes_per_token", r->all_attention_kv_bytes_per_token);
+    add_u64(j, x, "state_kv_tokens", r->state_kv_tokens);
+    add_u64(j, x, "request_kv_bytes_per_gpu", r->request_kv_bytes);
+    add_u64(j, x, "request_bytes_per_gpu", r->kv_bytes_per_request);
+    add_u64(j, x, "max_sequences", r->max_concurrency);
+    add_u64(j, x, "state_only_sequences", r->state_only_sequences);
+    add_u64(j, x, "checkpoint_interval", r->checkpoint_interval);
+    add_u64(j, x, "checkpoint_bytes_per_gpu", r->state_bytes_per_seq_per_gpu);
+    add_u64(j, x, "checkpoints_per_prefix", r->checkpoints_per_prefix);
+    add_u64(j, x, "prefix_kv_bytes_per_gpu", r->prefix_kv_bytes_per_gpu);
+    add_u64(j, x, "prefix_bytes_per_gpu", r->prefix_bytes_per_gpu);
+    add_u64(j, x, "prefix_bytes_last_checkpoint_per_gpu", r->prefix_bytes_last_checkpoint_per_gpu);
+    add_u64(j, x, "cached_prefixes", r->cached_prefixes);
+    add_u64(j, x, "cached_prefixes_bytes_per_gpu", r->cached_prefixes_bytes_per_gpu);
+    add_u64(j, x, "prefixes_in_pool", r->prefixes_in_pool);
+    add_u64(j, x, "restart_boundary_tokens", r->restart_boundary_tokens);
+    add_u64(j, x, "attention_restart_tokens", r->params.block_size);
+    add_num(j, x, "mean_recomputed_tokens", r->mean_recomputed_tokens);
+    add_num(j, x, "mean_recompute_s", r->mean_recompute_s);
+    add_u64(j, x, "prompt_resume_tokens", r->prompt_resume_tokens);
+    add_u64(j, x, "prompt_recomputed_tokens", r->prompt_recomputed_tokens);
+}
+
 static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
 {
     cJSON *o = chk(j, cJSON_CreateObject());
@@ -1637,6 +1760,7 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     json_spec(j, o, r);
     json_tenancy(j, o, r);
     json_longctx(j, o, r);
+    json_recurrent(j, o, r);
     if (r->params.grid_dtypes) {
         cJSON *grid = chk(j, cJSON_AddArrayToObject(o, "dtype_grid"));
         for (uint32_t i = 0; i < r->n_dtype_grid; i++) {

@@ -293,6 +293,31 @@ expect_status 0 --model llama-3.1-8b --gpu h100 --beams 4 --prompt 1000 --output
 has 'unshared   4 x 75 blocks = 600 MiB'
 has '75 \+ 3 = 78 blocks = 156 MiB'
 
+# a hybrid (Jamba): section 15's state, checkpoints and restart boundary, and its JSON section
+expect_status 0 --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --weight-dtype fp8 --kv-cache-memory 16GiB
+has '51\.57 billion parameters, 12\.11 billion active'
+has '^   model    2 x 4 x 8 x 128 x 2 B = 16,384 B \(16 KiB\) per token'
+has '28 layers x 304 KiB = 8\.31 MiB per sequence'
+has 'every layer resumes at multiples of lcm\(16, 512\) = 512 tokens'
+has 'resumes at 512 and recomputes 488'
+expect_status 0 --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --weight-dtype fp8 --kv-cache-memory 16GiB --json
+has '^		"state_bytes_per_seq":[[:space:]]*8716288,'
+has '^		"max_sequences":[[:space:]]*605,'
+has '^		"restart_boundary_tokens":[[:space:]]*512,'
+expect_status 0 --model llama-3.1-8b --gpu h100 --json
+has '^	"recurrent":[[:space:]]*null'
+expect_status 0 --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --weight-dtype fp8 --state-checkpoint-interval 100 \
+  --mamba-ssm-cache-dtype float32 --cached-prefixes 10
+has 'lcm\(16, 100\) = 400 tokens'
+has 'd_state 16 x 4 B = 512 KiB'
+expect_error "--cp 2: context parallelism of recurrent (Mamba) layers is not modelled" \
+  --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --tp 2 --cp 2
+expect_error "--mamba-ssm-cache-dtype: 'fp64' is not auto, bfloat16 or float32" \
+  --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --mamba-ssm-cache-dtype fp64
+printf '{"model_type":"mamba","hidden_size":768,"num_hidden_layers":24,"num_attention_heads":1,"vocab_size":50280,"intermediate_size":1536,"state_size":16}' \
+  >"$TMP/mamba.json"
+expect_error "state_size: a recurrent or hybrid" --model "$TMP/mamba.json" --gpu h100
+
 # every shared config plans, and none of them crashes
 for cfg in "$CONFIGS"/*.json; do
   for tp in 1 8; do
