@@ -1039,6 +1039,63 @@ static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
     assert_non_null(strstr(msg, "vision_config.intermediate_size is missing"));
 }
 
+static void cp_decode_exchanges_partial_softmax_results(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.prompt_tokens = 100000;
+    p.output_tokens = 1000;
+    p.cp = 4;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* each of the 4 ranks attends over a quarter of the context and receives the other 3
+     * partials per token and layer: per query head (32 at TP 1) the 128-wide output, its max
+     * and its sum in fp32: 3 x 32 x (128 + 2) x 4 B = 49,920 B, over 32 layers */
+    assert_int_equal(r->cp_decode_bytes_per_token_layer, 49920);
+    assert_int_equal(r->cp_decode_layers, 32);
+    /* 4 GPUs fit a node: the H100's 450 GB/s link and 10 us a collective; at batch 1:
+     * 32 x (49,920 / 450e9 + 10e-6) = 32 x (0.1109 + 10) us = 323.5 us */
+    assert_false(r->ring_inter_node);
+    assert_true(fabs(r->cp_decode_comm_s[0] - 32 * (49920 / 450e9 + 10e-6)) < 1e-12);
+    /* against the step at the achieved rates: max((weights + KV read) / (3.35 TB/s x 0.8),
+     * FLOPs / (989.5 TFLOP/s x 0.5)), the KV read a quarter of the context's */
+    const double step1 = fmax((r->weight_read_bytes + r->decode_bytes_per_seq) / (3.35e12 * 0.8),
+                              r->decode_flops_per_seq / (989.5e12 * 0.5));
+    assert_true(fabs(r->cp_decode_step_s[0] - step1) < 1e-12);
+    /* the second row at the binding ceiling's batch, bytes times the batch */
+    const double b = (double)r->cp_decode_batch;
+    assert_int_equal(r->cp_decode_batch, r->ceilings[r->binding_ceiling]);
+    assert_true(fabs(r->cp_decode_comm_s[1] - 32 * (b * 49920 / 450e9 + 10e-6)) < 1e-12);
+    free(r);
+    /* past the node (TP 4 x CP 4 = 16 GPUs): the inter-node link (50 GB/s) and 30 us; TP 4
+     * leaves 8 query heads per GPU: 3 x 8 x 130 x 4 = 12,480 B */
+    p.tp = 4;
+    r = plan(&m, &g, &p);
+    assert_true(r->ring_inter_node);
+    assert_int_equal(r->cp_decode_bytes_per_token_layer, 12480);
+    assert_true(fabs(r->cp_decode_comm_s[0] - 32 * (12480 / 50e9 + 30e-6)) < 1e-12);
+    free(r);
+    /* MLA decodes in the absorbed form: the partial output is the 512-wide latent per head;
+     * DeepSeek-V3 at TP 8 (16 heads per GPU) x CP 2: 1 x 16 x (512 + 2) x 4 B = 32,896 B over
+     * its 61 layers */
+    m = preset_model("deepseek-v3");
+    p = defaults();
+    p.tp = 8;
+    p.cp = 2;
+    p.weight_dtype = KVC_PLAN_FP8;
+    g = preset_gpu("h200");
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->cp_decode_bytes_per_token_layer, 32896);
+    assert_int_equal(r->cp_decode_layers, 61);
+    free(r);
+    /* CP 1: no exchange */
+    p.cp = 1;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->cp_decode_bytes_per_token_layer, 0);
+    free(r);
+}
+
 static void a_million_tokens_on_eight_h100s(void **state)
 {
     (void)state;
@@ -2850,6 +2907,7 @@ int main(void)
         cmocka_unit_test(lora_adapters_take_from_the_kv_pool),
         cmocka_unit_test(the_dtype_grid_replans_every_pair),
         cmocka_unit_test(a_million_tokens_on_eight_h100s),
+        cmocka_unit_test(cp_decode_exchanges_partial_softmax_results),
         cmocka_unit_test(hybrid_configs_are_refused_and_vision_towers_counted),
         cmocka_unit_test(quantized_kv_and_weights_price_their_scales),
         cmocka_unit_test(config_reads_what_the_math_needs),

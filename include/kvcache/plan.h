@@ -744,6 +744,18 @@ typedef struct {
     double ring_attention_step_s; /* one step's attention, which the transfer hides behind */
     bool ring_hidden;
     bool ring_inter_node;
+    /* Decode under CP: each rank attends over its 1/cp of the context, and the partial results
+     * (per query head the output vector, its running max and its sum, fp32) are all-gathered
+     * per attention layer and combined.  Per GPU: (cp - 1) x heads/GPU x (d_v + 2) x 4 B per
+     * token and layer (MLA: d_v is the 512-wide latent the absorbed form outputs); each layer's
+     * exchange also pays a collective's latency.  Priced at batch 1 and at the batch the
+     * ceilings allow, against the decode step at the achieved rates. */
+    uint64_t cp_decode_bytes_per_token_layer;
+    uint32_t cp_decode_layers;  /* the binding stage's attention layers: one exchange each */
+    double cp_decode_latency_s; /* per exchange: within a node, or between nodes */
+    uint64_t cp_decode_batch;   /* the second row's batch: the binding ceiling */
+    double cp_decode_comm_s[2]; /* per step: layers x (batch x bytes / link + latency) */
+    double cp_decode_step_s[2]; /* the decode step without the exchange */
     kvc_plan_layout_t layouts[KVC_PLAN_LAYOUT_ROWS]; /* computed for long contexts (>= 65,536
                                                         tokens) or cp > 1 */
     uint32_t n_layouts;

@@ -1464,6 +1464,29 @@ static void compute_longctx(calc_t *c)
         2.0 * ((double)m->head_dim + m->v_head_dim) * ((double)m->n_heads / p->tp);
     r->ring_attention_step_s = n * n / (2 * cp * cp) * pair_flops / (g->bf16_flops * p->mfu);
     r->ring_hidden = r->ring_step_s <= r->ring_attention_step_s;
+
+    /* decode: the partial softmax results of each attention layer, all-gathered */
+    const double dv_dec = m->mla ? (double)m->kv_lora_rank : m->v_head_dim;
+    const uint64_t heads_gpu = m->n_heads / p->tp;
+    r->cp_decode_bytes_per_token_layer =
+        (uint64_t)(p->cp - 1) * heads_gpu * ((uint64_t)dv_dec + 2) * 4;
+    r->cp_decode_layers = c->st->n_attn;
+    r->cp_decode_latency_s =
+        r->ring_inter_node ? KVC__COLLECTIVE_LATENCY_INTER_S : KVC__COLLECTIVE_LATENCY_S;
+    uint64_t b = r->ceilings[r->binding_ceiling];
+    if (b == KVC_PLAN_UNBOUNDED || b < 1) b = 1;
+    r->cp_decode_batch = b;
+    const roof_t *f = &c->roof;
+    for (int i = 0; i < 2; i++) {
+        const double bb = i ? (double)b : 1;
+        r->cp_decode_comm_s[i] =
+            r->cp_decode_layers *
+            (bb * (double)r->cp_decode_bytes_per_token_layer / r->ring_link_bytes_per_s +
+             r->cp_decode_latency_s);
+        const double mem = (weight_read(f, bb) + bb * f->kv_read) / (f->bw * p->mbu);
+        const double comp = bb * token_time(f) / p->mfu;
+        r->cp_decode_step_s[i] = p->pp * fmax(mem, comp);
+    }
 }
 
 static uint64_t gcd_u64(uint64_t a, uint64_t b)

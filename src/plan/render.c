@@ -1066,6 +1066,26 @@ static void sec_longctx(rc_t *c, const kvc_plan_result_t *r)
           r->ring_hidden ? "the transfer hides behind compute" : "the transfer is exposed");
     else
         P("   ring       CP 1: no ring; --cp N splits each request's KV over N GPUs\n");
+    if (p->cp > 1) {
+        const unsigned dv = m->mla ? m->kv_lora_rank : m->v_head_dim;
+        P("   decode     each step all-gathers every attention layer's partial results (per query "
+          "head the\n"
+          "              output, its max and its sum, fp32): (%u - 1) x %u heads x (%u + 2) x 4 B "
+          "= "
+          "%s B per\n"
+          "              token and layer, over %u layers, each exchange %s of latency\n",
+          p->cp, m->n_heads / p->tp, dv, I(c, r->cp_decode_bytes_per_token_layer),
+          r->cp_decode_layers, TIME(c, r->cp_decode_latency_s));
+        for (int i = 0; i < 2; i++) {
+            const double bb = i ? (double)r->cp_decode_batch : 1;
+            P("              batch %-6s %s x %s B / %s + %u x %s = %s against a %s step (%s)\n",
+              I(c, (uint64_t)bb), I(c, (uint64_t)bb),
+              I(c, (uint64_t)r->cp_decode_layers * r->cp_decode_bytes_per_token_layer),
+              RT(c, r->ring_link_bytes_per_s), r->cp_decode_layers, TIME(c, r->cp_decode_latency_s),
+              TIME(c, r->cp_decode_comm_s[i]), TIME(c, r->cp_decode_step_s[i]),
+              PCT(c, r->cp_decode_comm_s[i] / r->cp_decode_step_s[i]));
+        }
+    }
     if (!r->n_layouts) {
         P("\n");
         return;
@@ -1671,6 +1691,28 @@ static void json_longctx(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
     add_num(j, cp, "ring_attention_step_s", r->ring_attention_step_s);
     add_bool(j, cp, "ring_hidden", p->cp <= 1 || r->ring_hidden);
     add_bool(j, cp, "ring_inter_node", r->ring_inter_node);
+    if (p->cp > 1) {
+        cJSON *d = chk(j, cJSON_AddObjectToObject(cp, "decode_exchange"));
+        add_u64(j, d, "bytes_per_token_layer", r->cp_decode_bytes_per_token_layer);
+        add_u64(j, d, "layers", r->cp_decode_layers);
+        add_num(j, d, "latency_s", r->cp_decode_latency_s);
+        add_num(j, d, "link_bytes_per_s", r->ring_link_bytes_per_s);
+        cJSON *rows = chk(j, cJSON_AddArrayToObject(d, "rows"));
+        for (int i = 0; i < 2; i++) {
+            cJSON *e = chk(j, cJSON_CreateObject());
+            const uint64_t bb = i ? r->cp_decode_batch : 1;
+            add_u64(j, e, "batch", bb);
+            add_u64(j, e, "bytes_per_step",
+                    kvc__mul_sat(bb, (uint64_t)r->cp_decode_layers *
+                                         r->cp_decode_bytes_per_token_layer));
+            add_num(j, e, "exchange_s", r->cp_decode_comm_s[i]);
+            add_num(j, e, "step_s", r->cp_decode_step_s[i]);
+            add_num(j, e, "exchange_share", r->cp_decode_comm_s[i] / r->cp_decode_step_s[i]);
+            attach(j, rows, NULL, e);
+        }
+    } else {
+        add_null(j, cp, "decode_exchange");
+    }
     cJSON *rows = chk(j, cJSON_AddArrayToObject(cp, "layouts"));
     for (uint32_t i = 0; i < r->n_layouts; i++) {
         const kvc_plan_layout_t *x = &r->layouts[i];
