@@ -1096,6 +1096,83 @@ static void cp_decode_exchanges_partial_softmax_results(void **state)
     free(r);
 }
 
+static void multimodal_phases_peak_and_the_encoder_cache(void **state)
+{
+    (void)state;
+    /* LLaVA-1.5-7B (as in hybrid_configs_are_refused_and_vision_towers_counted): a Llama LM
+     * of hidden 4096, 32 heads and 32 KV heads, vocab 32,064; CLIP ViT-L/14 at 336 px:
+     * hidden 1024, intermediate 4096, 24 layers, (336 / 14)^2 = 576 patches + 1 class token */
+    const char *llava =
+        "{\"model_type\": \"llava\", \"text_config\": {\"model_type\": \"llama\","
+        " \"hidden_size\": 4096, \"num_hidden_layers\": 32, \"num_attention_heads\":"
+        " 32, \"num_key_value_heads\": 32, \"vocab_size\": 32064,"
+        " \"intermediate_size\": 11008, \"max_position_embeddings\": 4096,"
+        " \"tie_word_embeddings\": false}, \"vision_config\": {\"hidden_size\":"
+        " 1024, \"intermediate_size\": 4096, \"num_hidden_layers\": 24,"
+        " \"patch_size\": 14, \"image_size\": 336}}";
+    kvc_plan_model_t m;
+    char msg[256];
+    assert_ok(kvc_plan_model_from_json(llava, strlen(llava), "llava", &m, msg, sizeof msg));
+    assert_int_equal(m.vision_tokens, 577);
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults(); /* 256 sequences, 8,192 batched tokens */
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* the encoder budget max(8,192, 576) = 8,192 tokens encodes min(256 x 1, 8,192 / 576 = 14)
+     * = 14 images; a ViT layer keeps 5 x 1024 + (3 x 1024 + 4096) = 12,288 live values per
+     * token: 14 x 577 x 12,288 x 2 B = 198,524,928 B of activations */
+    assert_int_equal(r->encoder_budget_tokens, 8192);
+    assert_int_equal(r->encoder_images, 14);
+    assert_int_equal(r->encoder_live_elems_per_token, 12288);
+    assert_int_equal(r->encoder_activation_bytes, 198524928);
+    /* an image's embeddings 576 x 4096 x 2 B = 4,718,592 B; 14 of them 66,060,288 */
+    assert_int_equal(r->encoder_cache_bytes_per_image, 4718592);
+    assert_int_equal(r->encoder_cache_bytes, 66060288);
+    /* phases: encoder 198,524,928 + 66,060,288 = 264,585,216; prefill with images: the forward
+     * 8,192 x 65,792 live values (q, k, v, o 16,384 + MLP 3 x 11,008 + 4 x 4096) x 2 B =
+     * 1,077,936,128 + the embeddings = 1,143,996,416; decode: the sampler 256 x 32,064 x 40 B =
+     * 328,335,360.  The prefill peaks, 66,060,288 B above the text-only peak: 126 KV tokens of
+     * 524,288 B (2 x 32 x 32 x 128 x 2) the pool gives up and decode never uses */
+    assert_int_equal(r->phase_bytes[0], 264585216);
+    assert_int_equal(r->phase_bytes[1], UINT64_C(1143996416));
+    assert_int_equal(r->phase_bytes[2], 328335360);
+    assert_int_equal(r->peak_phase, 1);
+    assert_int_equal(r->activation_bytes, UINT64_C(1143996416));
+    assert_int_equal(r->text_only_activation_bytes, UINT64_C(1077936128));
+    assert_int_equal(r->encoder_pool_tokens_lost, 126);
+    /* the typical request with its image: 1,200 + 576 = 1,776 tokens, 111 blocks x 16 x
+     * 524,288 B = 931,135,488 */
+    assert_int_equal(r->image_request_bytes_per_gpu, 931135488);
+    free(r);
+    /* a small token budget and a large encoder cache: the encoder peaks.  2,048 batched
+     * tokens, 4 images per request, a 32,768-token encoder budget: min(256 x 4, 32,768 / 576 =
+     * 56) = 56 images, 56 x 577 x 12,288 x 2 B = 794,099,712 + 56 x 4,718,592 = 264,241,152:
+     * 1,058,340,864 against the prefill's 2,048 x 65,792 x 2 B = 269,484,032 + 264,241,152 and
+     * the sampler's 328,335,360 (the text-only peak): 730,005,504 B over it = 1,392 KV tokens */
+    p.max_num_batched_tokens = 2048;
+    p.images_per_request = 4;
+    p.encoder_cache_tokens = 32768;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->encoder_images, 56);
+    assert_int_equal(r->phase_bytes[0], UINT64_C(1058340864));
+    assert_int_equal(r->phase_bytes[1], 533725184);
+    assert_int_equal(r->peak_phase, 0);
+    assert_int_equal(r->activation_bytes, UINT64_C(1058340864));
+    assert_int_equal(r->encoder_pool_tokens_lost, 1392);
+    free(r);
+    /* TP 2 splits the ViT's q, k, v and MLP: 5 x 1024 + 7,168 / 2 = 8,704 live values */
+    p = defaults();
+    p.tp = 2;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->encoder_live_elems_per_token, 8704);
+    free(r);
+    /* a text model has none of it */
+    m = preset_model("llama-3.1-8b");
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->encoder_images, 0);
+    assert_int_equal(r->phase_bytes[1], 0);
+    free(r);
+}
+
 static void a_million_tokens_on_eight_h100s(void **state)
 {
     (void)state;
@@ -2907,6 +2984,7 @@ int main(void)
         cmocka_unit_test(lora_adapters_take_from_the_kv_pool),
         cmocka_unit_test(the_dtype_grid_replans_every_pair),
         cmocka_unit_test(a_million_tokens_on_eight_h100s),
+        cmocka_unit_test(multimodal_phases_peak_and_the_encoder_cache),
         cmocka_unit_test(cp_decode_exchanges_partial_softmax_results),
         cmocka_unit_test(hybrid_configs_are_refused_and_vision_towers_counted),
         cmocka_unit_test(quantized_kv_and_weights_price_their_scales),

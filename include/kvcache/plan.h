@@ -165,6 +165,11 @@ typedef struct {
                                a ViT of its widths and a two-layer projector); 0: none.  Held
                                in 16 bits on the first stage, split by TP, run only on images:
                                never read by a decode step */
+    /* the vision tower's widths (vision_config), for its activation peak; 0: not given */
+    uint32_t vision_hidden;
+    uint32_t vision_intermediate;
+    uint32_t vision_layers;
+    uint32_t vision_tokens; /* tokens one image enters the tower as: patches + the class token */
     uint64_t max_position_embeddings; /* 0: not given */
     /* recurrent and hybrid models (Jamba): some layers keep a fixed-size state per sequence, a
      * causal convolution's window and a selective-scan (SSM) state, instead of KV; the state
@@ -392,6 +397,12 @@ typedef struct {
     uint64_t state_checkpoint_interval; /* tokens between the states prefix caching keeps of a
                                            cached prompt; 0 reads as 512 */
     uint64_t cached_prefixes;           /* cached prompts to price (section 15); 0 reads as 100 */
+    /* multimodal (a model with image tokens) */
+    uint32_t images_per_request;   /* images in the typical request (vLLM's --limit-mm-per-prompt
+                                      caps them); 0 reads as 1 */
+    uint64_t encoder_cache_tokens; /* the encoder cache and compute budget in embedding tokens;
+                                      0: max(max_num_batched_tokens, image tokens), as vLLM's
+                                      compute_encoder_budget */
 } kvc_plan_params_t;
 
 /* TP/PP/DP 1, bf16 weights and KV, block 16, utilization 0.9, max_model_len
@@ -815,6 +826,29 @@ typedef struct {
     uint64_t prompt_resume_tokens;    /* the typical prompt, cached whole, resumes here: the last
                                          boundary at or before prompt - 1 */
     uint64_t prompt_recomputed_tokens;
+
+    /* 16. multimodal (model.image_tokens): the vision encoder's activation peak, the encoder
+     * cache (image embeddings kept for reuse) and which phase of the profile run peaks, on the
+     * first pipeline stage, per GPU.  The ledger's activation_peak is the largest phase. */
+    uint32_t images_per_request;           /* resolved */
+    uint64_t encoder_budget_tokens;        /* resolved params.encoder_cache_tokens */
+    uint64_t encoder_images;               /* images the profile encodes at once: min(max_num_seqs x
+                                              images_per_request, budget / image tokens), at least 1 */
+    uint64_t encoder_live_elems_per_token; /* a ViT layer's live values per token per GPU: 5 x
+                                              hidden + (3 x hidden + intermediate) / tp; 0: no
+                                              vision widths (the encoder is then not estimated) */
+    uint64_t encoder_activation_bytes;     /* images x vision tokens x live x 2 B */
+    uint64_t encoder_cache_bytes_per_image; /* image tokens x the LM's hidden x 2 B */
+    uint64_t encoder_cache_bytes;           /* encoder_images of them */
+    /* the profile run's phases: the encoder (its activations and outputs), the prefill with
+     * the images (the forward at the token budget and the embeddings it consumes), decode (the
+     * sampler over max_num_seqs rows) */
+    uint64_t phase_bytes[3];
+    int peak_phase;                       /* 0 encoder, 1 prefill, 2 decode */
+    uint64_t text_only_activation_bytes;  /* the peak without images */
+    uint64_t encoder_pool_tokens_lost;    /* KV tokens the images' share of the peak takes from
+                                             the pool (memory decode never uses) */
+    uint64_t image_request_bytes_per_gpu; /* the typical request with its images' KV tokens */
 } kvc_plan_result_t;
 
 /* Plan a deployment.  The only error is KVC_EINVAL, with one line in msg

@@ -47,6 +47,8 @@ enum {
     O_SSM_DTYPE,
     O_CHECKPOINT,
     O_CACHED_PREFIXES,
+    O_IMAGES,
+    O_ENCODER_CACHE,
     O_JSON,
     O_LIST,
 };
@@ -134,6 +136,10 @@ static void help(FILE *f)
            "  --state-checkpoint-interval N  tokens between the states prefix caching keeps "
            "(512)\n"
            "  --cached-prefixes N        cached prompts to price (default 100)\n"
+           "multimodal models (section 16):\n"
+           "  --images-per-request N     images in the typical request (default 1)\n"
+           "  --encoder-cache-tokens N   the encoder's budget in embedding tokens (default\n"
+           "                             max(max_num_batched_tokens, image tokens), as vLLM)\n"
            "output:\n"
            "  --json                     one JSON object (keys in docs/plan.md)\n"
            "  --list                     the model and GPU presets\n"
@@ -174,6 +180,8 @@ static const struct option own_options[] = {
     {"mamba-ssm-cache-dtype", required_argument, NULL, O_SSM_DTYPE},
     {"state-checkpoint-interval", required_argument, NULL, O_CHECKPOINT},
     {"cached-prefixes", required_argument, NULL, O_CACHED_PREFIXES},
+    {"images-per-request", required_argument, NULL, O_IMAGES},
+    {"encoder-cache-tokens", required_argument, NULL, O_ENCODER_CACHE},
     {"json", no_argument, NULL, O_JSON},
     {"list", no_argument, NULL, O_LIST},
     {"help", no_argument, NULL, 'h'},
@@ -300,6 +308,12 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
         break;
     case O_CACHED_PREFIXES:
         U64(1, KVC_PLAN_MAX_TOKENS, pp->cached_prefixes);
+        break;
+    case O_IMAGES:
+        U64(1, 4096, pp->images_per_request);
+        break;
+    case O_ENCODER_CACHE:
+        TOK(1, KVC_PLAN_MAX_TOKENS, pp->encoder_cache_tokens);
         break;
     case O_GRID:
         if (strcmp(arg, "dtypes"))

@@ -406,6 +406,10 @@ static int check_bounds(const kvc_plan_model_t *m, char *msg, size_t len)
         {m->n_sliding_layers, "sliding layers", KVC_PLAN_MAX_LAYERS},
         {m->image_tokens, "image tokens", KVC_PLAN_MAX_IMAGE_TOKENS},
         {m->max_position_embeddings, "max_position_embeddings", KVC_PLAN_MAX_TOKENS},
+        {m->vision_hidden, "vision_config.hidden_size", KVC_PLAN_MAX_HIDDEN},
+        {m->vision_intermediate, "vision_config.intermediate_size", KVC_PLAN_MAX_INTERMEDIATE},
+        {m->vision_layers, "vision_config.num_hidden_layers", KVC_PLAN_MAX_LAYERS},
+        {m->vision_tokens, "vision tokens (patches + 1)", KVC_PLAN_MAX_IMAGE_TOKENS + 1},
         {m->n_recurrent_layers, "recurrent layers", KVC_PLAN_MAX_LAYERS},
         {m->ssm_d_inner, "mamba_expand x hidden_size", KVC_PLAN_MAX_INTERMEDIATE},
         {m->ssm_d_state, "mamba_d_state", KVC_PLAN_MAX_SSM_STATE},
@@ -982,6 +986,10 @@ static int parse_vision_tower(const cfg_t *c, kvc_plan_model_t *m)
     const uint64_t embed = (uint64_t)ch * patch * patch * H + H + (side * side + 1) * H + H;
     const uint64_t projector = H * Ht + Ht + Ht * Ht + Ht;
     m->vision_params = lv * layer + embed + projector + 2 * H; /* + the final LayerNorm */
+    m->vision_hidden = hv;
+    m->vision_intermediate = iv;
+    m->vision_layers = lv;
+    m->vision_tokens = (uint32_t)KVC_MIN(side * side + 1, UINT32_MAX);
     return 0;
 }
 

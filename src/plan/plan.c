@@ -198,10 +198,13 @@ typedef struct {
     uint64_t lora_bytes;   /* one LoRA adapter's shard on this stage's layers */
     uint64_t act_elems;    /* per token, the widest layer */
     uint64_t act_fwd, act_sampler, act, graphs, non_torch, ctx; /* bytes */
-    uint64_t kv_per_layer; /* KV bytes per token per layer on this GPU */
-    uint64_t kv_per_token; /* all of the stage's layers */
-    int64_t pool;          /* signed: the budget can be overdrawn */
-    double blocks;         /* pool / block bytes, may be negative */
+    uint64_t act_text;                                          /* the peak without images */
+    uint64_t enc_act, enc_cache; /* first stage of a multimodal model: the vision encoder's
+                                    activations and the image embeddings it hands over */
+    uint64_t kv_per_layer;       /* KV bytes per token per layer on this GPU */
+    uint64_t kv_per_token;       /* all of the stage's layers */
+    int64_t pool;                /* signed: the budget can be overdrawn */
+    double blocks;               /* pool / block bytes, may be negative */
 } stage_t;
 
 static uint64_t kv_per_layer(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype_t dt)
@@ -456,6 +459,11 @@ static int validate_deployment(const kvc_plan_model_t *m, const kvc_plan_params_
         BAD("--state-checkpoint-interval %llu is out of range: at most %llu",
             (unsigned long long)p->state_checkpoint_interval,
             (unsigned long long)KVC_PLAN_MAX_TOKENS);
+    if (p->images_per_request > 4096)
+        BAD("--images-per-request %u is out of range: at most 4096", p->images_per_request);
+    if (p->encoder_cache_tokens > KVC_PLAN_MAX_TOKENS)
+        BAD("--encoder-cache-tokens %llu is out of range: at most %llu",
+            (unsigned long long)p->encoder_cache_tokens, (unsigned long long)KVC_PLAN_MAX_TOKENS);
     if (p->cached_prefixes > KVC_PLAN_MAX_TOKENS)
         BAD("--cached-prefixes %llu is out of range: at most %llu",
             (unsigned long long)p->cached_prefixes, (unsigned long long)KVC_PLAN_MAX_TOKENS);
@@ -792,8 +800,20 @@ static int plan_stage(calc_t *c, uint32_t i, uint32_t first, char *msg, size_t l
     s->act_fwd = kvc__mul_sat(kvc__mul_sat(p->max_num_batched_tokens, s->act_elems), 2);
     s->act_sampler =
         i == pp - 1 ? (uint64_t)p->max_num_seqs * m->vocab_size * KVC__SAMPLER_BYTES_PER_LOGIT : 0;
-    s->act = p->activation_bytes != KVC_PLAN_AUTO ? p->activation_bytes
-                                                  : KVC_MAX(s->act_fwd, s->act_sampler);
+    s->act_text = KVC_MAX(s->act_fwd, s->act_sampler);
+    uint64_t act_auto = s->act_text;
+    if (i == 0 && m->image_tokens) {
+        /* The profile run encodes as many images as the encoder budget holds, keeps their
+         * embeddings for the prefill, then runs the forward at the token budget. */
+        const uint64_t H = m->vision_hidden;
+        r->encoder_live_elems_per_token =
+            H ? 5 * H + kvc__ceil_div(3 * H + (uint64_t)m->vision_intermediate, tp) : 0;
+        s->enc_act = kvc__mul_sat(kvc__mul_sat(r->encoder_images, m->vision_tokens),
+                                  2 * r->encoder_live_elems_per_token);
+        s->enc_cache = kvc__mul_sat(r->encoder_images, r->encoder_cache_bytes_per_image);
+        act_auto = KVC_MAX(KVC_MAX(s->enc_act, s->act_fwd) + s->enc_cache, s->act_sampler);
+    }
+    s->act = p->activation_bytes != KVC_PLAN_AUTO ? p->activation_bytes : act_auto;
     s->graphs = p->enforce_eager ? 0
                 : p->cuda_graph_bytes != KVC_PLAN_AUTO
                     ? p->cuda_graph_bytes
@@ -845,6 +865,19 @@ static int compute_ledger(calc_t *c, char *msg, size_t len)
     if (!p->enforce_eager) {
         r->max_graph_batch = KVC_MIN(p->max_num_seqs, (uint32_t)KVC__GRAPH_MAX_BATCH);
         for (uint32_t b = 1; b <= r->max_graph_batch; b = b < 8 ? b * 2 : b + 8) r->n_cuda_graphs++;
+    }
+    /* multimodal: the encoder's budget and the images the profile run encodes at once */
+    const kvc_plan_model_t *m = c->m;
+    if (m->image_tokens) {
+        r->images_per_request = p->images_per_request ? p->images_per_request : 1;
+        r->encoder_budget_tokens =
+            p->encoder_cache_tokens
+                ? p->encoder_cache_tokens
+                : KVC_MAX((uint64_t)p->max_num_batched_tokens, (uint64_t)m->image_tokens);
+        const uint64_t by_budget = r->encoder_budget_tokens / m->image_tokens;
+        r->encoder_images =
+            KVC_MAX(1, KVC_MIN(by_budget, (uint64_t)p->max_num_seqs * r->images_per_request));
+        r->encoder_cache_bytes_per_image = (uint64_t)m->image_tokens * m->hidden_size * 2;
     }
     const stage_t *st = NULL;
     uint32_t next = 0;
@@ -1432,6 +1465,23 @@ static void compute_tenancy(calc_t *c)
                                              KVC_MAX(p->lora_resident, 1));
     }
     r->image_bytes_per_gpu = (uint64_t)c->m->image_tokens * c->st->kv_per_token;
+    if (c->m->image_tokens) {
+        /* the profile's phases on the first stage, where the vision tower runs */
+        const stage_t *s0 = &c->stages[0];
+        r->encoder_activation_bytes = s0->enc_act;
+        r->encoder_cache_bytes = s0->enc_cache;
+        r->phase_bytes[0] = s0->enc_act + s0->enc_cache;
+        r->phase_bytes[1] = s0->act_fwd + s0->enc_cache;
+        r->phase_bytes[2] = c->stages[c->p->pp - 1].act_sampler;
+        r->peak_phase = 0;
+        for (int i = 1; i < 3; i++)
+            if (r->phase_bytes[i] > r->phase_bytes[r->peak_phase]) r->peak_phase = i;
+        r->text_only_activation_bytes = s0->act_text;
+        const uint64_t extra = s0->act > s0->act_text ? s0->act - s0->act_text : 0;
+        r->encoder_pool_tokens_lost = s0->kv_per_token ? extra / s0->kv_per_token * c->p->cp : 0;
+        r->image_request_bytes_per_gpu = kvc_plan_request_bytes(
+            r, r->request_tokens + (uint64_t)r->images_per_request * c->m->image_tokens);
+    }
 }
 
 /* 13. Long context: one request at the context, its KV per GPU under context parallelism, its

@@ -363,9 +363,34 @@ static void sec_ledger(rc_t *c, const kvc_plan_result_t *r)
           : r->vision_bytes_per_gpu               ? ", vision tower"
                                                   : "",
           G(c, (double)r->weight_bytes_per_gpu));
-    if (p->activation_bytes != KVC_PLAN_AUTO)
+    static const char *const phase_names[3] = {"encoder", "prefill with images", "decode"};
+    if (p->activation_bytes != KVC_PLAN_AUTO) {
         P("   activation peak  measured: %s\n", G(c, (double)r->activation_bytes));
-    else {
+    } else if (m->image_tokens && r->binding_stage == 0) {
+        P("   activation peak  the profile run's largest phase (section 16):\n");
+        if (r->encoder_live_elems_per_token)
+            P("                        encoder: %s images x %u tokens x %s live values x 2 B = %s "
+              "+ their\n"
+              "                        embeddings %s = %s\n",
+              I(c, r->encoder_images), m->vision_tokens, I(c, r->encoder_live_elems_per_token),
+              G(c, (double)r->encoder_activation_bytes), G(c, (double)r->encoder_cache_bytes),
+              G(c, (double)r->phase_bytes[0]));
+        else
+            P("                        encoder: not estimated (the config gives no vision "
+              "widths): pass\n"
+              "                        --activation-memory; its embeddings %s\n",
+              G(c, (double)r->encoder_cache_bytes));
+        P("                        prefill with images: %s tokens x %s live values x 2 B = %s + "
+          "the\n"
+          "                        embeddings = %s\n",
+          I(c, p->max_num_batched_tokens), I(c, r->activation_elems_per_token),
+          G(c, (double)r->activation_forward_bytes), G(c, (double)r->phase_bytes[1]));
+        P("                        decode: sampler, %u sequences x %s vocab x %d B = %s\n"
+          "                        peak: %s, %s (text only: %s)\n",
+          p->max_num_seqs, I(c, m->vocab_size), KVC__SAMPLER_BYTES_PER_LOGIT,
+          G(c, (double)r->phase_bytes[2]), phase_names[r->peak_phase],
+          G(c, (double)r->activation_bytes), G(c, (double)r->text_only_activation_bytes));
+    } else {
         P("   activation peak  max(forward: %s tokens x %s live values x 2 B = %s,\n",
           I(c, p->max_num_batched_tokens), I(c, r->activation_elems_per_token),
           G(c, (double)r->activation_forward_bytes));
@@ -1116,6 +1141,58 @@ static void sec_longctx(rc_t *c, const kvc_plan_result_t *r)
     P("\n");
 }
 
+static void sec_multimodal(rc_t *c, const kvc_plan_result_t *r)
+{
+    static const char *const phase_names[3] = {"encoder", "prefill with images", "decode"};
+    const kvc_plan_model_t *m = &r->model;
+    const kvc_plan_params_t *p = &r->params;
+    P("16. Multimodal: %s KV tokens an image, %u image%s per request (--images-per-request)\n",
+      I(c, m->image_tokens), r->images_per_request, r->images_per_request == 1 ? "" : "s");
+    if (r->counts.vision)
+        P("   tower      %s parameters, %s per GPU in the weights, run on images only (never "
+          "by a decode step)\n",
+          I(c, r->counts.vision), G(c, (double)r->vision_bytes_per_gpu));
+    P("   budget     the encoder's budget %s tokens (max(max_num_batched_tokens %s, %s), vLLM's\n"
+      "              compute_encoder_budget; --encoder-cache-tokens) encodes min(%u x %u, %s / "
+      "%s) = %s\n"
+      "              images at once in the profile run\n",
+      I(c, r->encoder_budget_tokens), I(c, p->max_num_batched_tokens), I(c, m->image_tokens),
+      p->max_num_seqs, r->images_per_request, I(c, r->encoder_budget_tokens), I(c, m->image_tokens),
+      I(c, r->encoder_images));
+    if (r->encoder_live_elems_per_token)
+        P("   encoder    per image %u tokens (patches + class) x (5 x %u + (3 x %u + %u) / TP %u) "
+          "= %s live\n"
+          "              values x 2 B; x %s images = %s of activations\n",
+          m->vision_tokens, m->vision_hidden, m->vision_hidden, m->vision_intermediate, p->tp,
+          I(c, r->encoder_live_elems_per_token), I(c, r->encoder_images),
+          BY(c, r->encoder_activation_bytes));
+    else
+        P("   encoder    not estimated: the config gives no vision widths (pass "
+          "--activation-memory)\n");
+    P("   cache      an image's embeddings: %s tokens x hidden %u x 2 B = %s; the %s encoded "
+      "images\n"
+      "              keep %s until their prefill consumes them (the encoder cache)\n",
+      I(c, m->image_tokens), m->hidden_size, BY(c, r->encoder_cache_bytes_per_image),
+      I(c, r->encoder_images), BY(c, r->encoder_cache_bytes));
+    P("   phases     encoder %s, prefill with images %s, decode %s: %s peaks (%s; text only "
+      "%s)\n",
+      G(c, (double)r->phase_bytes[0]), G(c, (double)r->phase_bytes[1]),
+      G(c, (double)r->phase_bytes[2]), phase_names[r->peak_phase],
+      G(c, (double)r->activation_bytes), G(c, (double)r->text_only_activation_bytes));
+    if (r->encoder_pool_tokens_lost)
+        P("   pool       the images' share of the peak, %s, is memory the KV pool never gets "
+          "and decode\n"
+          "              never uses: %s KV tokens\n",
+          G(c, (double)(r->activation_bytes - r->text_only_activation_bytes)),
+          I(c, r->encoder_pool_tokens_lost));
+    else
+        P("   pool       the images do not raise the peak: no KV tokens lost to them\n");
+    P("   KV         an image adds %s KV tokens, %s per GPU; the typical request with %u: %s "
+      "per GPU\n\n",
+      I(c, m->image_tokens), BY(c, r->image_bytes_per_gpu), r->images_per_request,
+      BY(c, r->image_request_bytes_per_gpu));
+}
+
 static void sec_recurrent(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_model_t *m = &r->model;
@@ -1196,6 +1273,7 @@ int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
     if (r->params.cp > 1 || r->n_layouts || r->max_position_embeddings_scaled) sec_longctx(c, r);
     if (r->n_dtype_grid) sec_grid(c, r);
     if (r->model.recurrent) sec_recurrent(c, r);
+    if (r->model.image_tokens) sec_multimodal(c, r);
     if (r->fits)
         P("verdict: starts; the KV pool holds %s sequences of %s tokens per replica, and the "
           "running batch\n         stops at %s (%s)\n",
@@ -1781,6 +1859,40 @@ static void json_recurrent(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
     add_u64(j, x, "prompt_recomputed_tokens", r->prompt_recomputed_tokens);
 }
 
+/* 16. multimodal */
+static void json_multimodal(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    static const char *const phase_names[3] = {"encoder", "prefill", "decode"};
+    const kvc_plan_model_t *m = &r->model;
+    if (!m->image_tokens) {
+        add_null(j, o, "multimodal");
+        return;
+    }
+    cJSON *x = chk(j, cJSON_AddObjectToObject(o, "multimodal"));
+    add_u64(j, x, "image_tokens", m->image_tokens);
+    add_u64(j, x, "images_per_request", r->images_per_request);
+    add_u64(j, x, "vision_params", r->counts.vision);
+    add_u64(j, x, "vision_bytes_per_gpu", r->vision_bytes_per_gpu);
+    add_u64(j, x, "vision_tokens_per_image", m->vision_tokens);
+    add_u64(j, x, "encoder_budget_tokens", r->encoder_budget_tokens);
+    add_u64(j, x, "encoder_images", r->encoder_images);
+    add_u64(j, x, "encoder_live_elems_per_token", r->encoder_live_elems_per_token);
+    if (r->encoder_live_elems_per_token)
+        add_u64(j, x, "encoder_activation_bytes", r->encoder_activation_bytes);
+    else
+        add_null(j, x, "encoder_activation_bytes");
+    add_u64(j, x, "encoder_cache_bytes_per_image", r->encoder_cache_bytes_per_image);
+    add_u64(j, x, "encoder_cache_bytes", r->encoder_cache_bytes);
+    cJSON *ph = chk(j, cJSON_AddObjectToObject(x, "phases"));
+    for (int i = 0; i < 3; i++) add_u64(j, ph, phase_names[i], r->phase_bytes[i]);
+    add_str(j, x, "peak_phase", phase_names[r->peak_phase]);
+    add_u64(j, x, "activation_peak_bytes", r->activation_bytes);
+    add_u64(j, x, "text_only_activation_bytes", r->text_only_activation_bytes);
+    add_u64(j, x, "pool_tokens_lost", r->encoder_pool_tokens_lost);
+    add_u64(j, x, "image_kv_bytes_per_gpu", r->image_bytes_per_gpu);
+    add_u64(j, x, "request_with_images_bytes_per_gpu", r->image_request_bytes_per_gpu);
+}
+
 static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
 {
     cJSON *o = chk(j, cJSON_CreateObject());
@@ -1803,6 +1915,7 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     json_tenancy(j, o, r);
     json_longctx(j, o, r);
     json_recurrent(j, o, r);
+    json_multimodal(j, o, r);
     if (r->params.grid_dtypes) {
         cJSON *grid = chk(j, cJSON_AddArrayToObject(o, "dtype_grid"));
         for (uint32_t i = 0; i < r->n_dtype_grid; i++) {

@@ -318,6 +318,30 @@ printf '{"model_type":"mamba","hidden_size":768,"num_hidden_layers":24,"num_atte
   >"$TMP/mamba.json"
 expect_error "state_size: a recurrent or hybrid" --model "$TMP/mamba.json" --gpu h100
 
+# a LLaVA-style config: section 16's encoder peak, encoder cache and phases; the ledger names the
+# peak phase
+printf '{"model_type":"llava","text_config":{"model_type":"llama","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":32,"vocab_size":32064,"intermediate_size":11008,"max_position_embeddings":4096,"tie_word_embeddings":false},"vision_config":{"hidden_size":1024,"intermediate_size":4096,"num_hidden_layers":24,"patch_size":14,"image_size":336}}' \
+  >"$TMP/llava.json"
+expect_status 0 --model "$TMP/llava.json" --gpu h100 --max-num-seqs 256
+has 'encodes min\(256 x 1, 8,192 / 576\) = 14'
+has 'an image.s embeddings: 576 tokens x hidden 4096 x 2 B = 4\.50 MiB'
+has 'prefill with images peaks'
+has '126 KV tokens'
+has 'peak: prefill with images'
+expect_status 0 --model "$TMP/llava.json" --gpu h100 --max-num-seqs 256 --max-num-batched-tokens 2048 \
+  --images-per-request 4 --encoder-cache-tokens 32768 --json
+has '^		"encoder_images":[[:space:]]*56,'
+has '^		"peak_phase":[[:space:]]*"encoder",'
+has '^		"pool_tokens_lost":[[:space:]]*1392,'
+expect_status 0 --model llama-3.1-8b --gpu h100 --json
+has '^	"multimodal":[[:space:]]*null'
+expect_error "--images-per-request: '0'" --model "$TMP/llava.json" --gpu h100 --images-per-request 0
+# decode-time CP: the partial softmax results per token and layer
+expect_status 0 --model llama-3.1-8b --gpu h100 --prompt 100000 --output 1000 --cp 4
+has '\(4 - 1\) x 32 heads x \(128 \+ 2\) x 4 B = 49,920 B per'
+expect_status 0 --model llama-3.1-8b --gpu h100 --prompt 100000 --output 1000 --cp 4 --json
+has '^			"bytes_per_token_layer":[[:space:]]*49920,'
+
 # every shared config plans, and none of them crashes
 for cfg in "$CONFIGS"/*.json; do
   for tp in 1 8; do
