@@ -462,6 +462,8 @@ static void jamba_is_modelled_as_a_hybrid(void **state)
     /* a decode step at context 1,100 reads 4,096 B x 4 layers x 1,100 of KV and reads and
      * writes the state: 18,022,400 + 2 x 8,716,288 = 35,454,976 B per sequence */
     assert_true(r->decode_bytes_per_seq == 35454976.0);
+    /* attention's FLOP per KV byte leaves the state out: 2 x 4 query heads per KV head / 2 B */
+    assert_true(r->attention_flops_per_kv_byte == 4.0);
     /* a cached 1,000-token prompt: 62 full blocks (992 tokens) x 16,384 = 16,252,928 of KV and
      * floor(1,000 / 512) = 1 checkpoint: 24,969,216; 100 of them 2,496,921,600; the pool holds
      * 16 GiB / 24,969,216 = 688 */
@@ -511,6 +513,11 @@ static void jamba_is_modelled_as_a_hybrid(void **state)
     char msg[256] = "";
     assert_int_equal(kvc_plan_compute(&m, &h100, &p, r, msg, sizeof msg), KVC_EINVAL);
     assert_non_null(strstr(msg, "recurrent"));
+    /* verifying drafts needs a state per draft position: refused, naming it */
+    p.cp = 1;
+    p.spec_tokens = 4;
+    assert_int_equal(kvc_plan_compute(&m, &h100, &p, r, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "--spec-tokens 4: speculative decoding on recurrent layers"));
     free(r);
 }
 

@@ -871,7 +871,7 @@ KVC_API int kvc_plan_compute(const kvc_plan_model_t *model, const kvc_plan_gpu_t
  * 2^62).  r must be a result of kvc_plan_compute. */
 KVC_API uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n_tokens);
 
-/* Render the derivation as text (twelve sections: formula, numbers
+/* Render the derivation as text (twelve sections and, where they apply, 13-16: formula, numbers
  * substituted, result, kind) or as one JSON object (keys in docs/plan.md).
  * *out is a NUL-terminated string the caller frees with kvc_plan_string_free.
  * Names from the input (the model's, the GPU's) appear in the text with their

@@ -452,6 +452,11 @@ static int validate_deployment(const kvc_plan_model_t *m, const kvc_plan_params_
         if (p->cp > 1)
             BAD("--cp %u: context parallelism of recurrent (Mamba) layers is not modelled", p->cp);
         if (p->lora_rank) BAD("--lora-rank: LoRA on a recurrent model's mixers is not modelled");
+        /* verifying k drafts needs the state at each of them to roll back to */
+        if (p->spec_tokens)
+            BAD("--spec-tokens %u: speculative decoding on recurrent layers (a state per draft "
+                "position) is not modelled",
+                p->spec_tokens);
         if (m->ssm_d_inner % p->tp)
             BAD("--tp %u does not divide the mixer's %u inner channels", p->tp, m->ssm_d_inner);
     }
@@ -1071,7 +1076,9 @@ static void compute_concurrency(calc_t *c)
     r->decode_attention_flops_per_seq = roof->attn_tok;
     r->decode_bytes_per_seq = roof->kv_read;
     r->weight_read_bytes = weight_read(roof, 1);
-    r->attention_flops_per_kv_byte = roof->kv_read > 0 ? roof->attn_tok / roof->kv_read : 0;
+    /* per byte of KV: a recurrent state's read and write-back are not attention's */
+    const double kv_only = roof->kv_read - 2.0 * (double)st->state_bytes;
+    r->attention_flops_per_kv_byte = kv_only > 0 ? roof->attn_tok / kv_only : 0;
     {
         const double tpd = p->tp, H = m->hidden_size;
         r->tp_comm_bytes_per_token_layer = p->tp > 1 ? 2 * 2 * H * 2 * (tpd - 1) / tpd : 0;

@@ -1095,13 +1095,14 @@ static void sec_longctx(rc_t *c, const kvc_plan_result_t *r)
         const unsigned dv = m->mla ? m->kv_lora_rank : m->v_head_dim;
         P("   decode     each step all-gathers every attention layer's partial results (per query "
           "head the\n"
-          "              output, its max and its sum, fp32): (%u - 1) x %u heads x (%u + 2) x 4 B "
+          "              output, its max and its sum, fp32): (%u - 1) x %u heads/GPU x (%u + 2) x "
+          "4 B "
           "= "
           "%s B per\n"
           "              token and layer, over %u layers, each exchange %s of latency\n",
           p->cp, m->n_heads / p->tp, dv, I(c, r->cp_decode_bytes_per_token_layer),
           r->cp_decode_layers, TIME(c, r->cp_decode_latency_s));
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < (r->cp_decode_batch > 1 ? 2 : 1); i++) {
             const double bb = i ? (double)r->cp_decode_batch : 1;
             P("              batch %-6s %s x %s B / %s + %u x %s = %s against a %s step (%s)\n",
               I(c, (uint64_t)bb), I(c, (uint64_t)bb),
@@ -1150,7 +1151,8 @@ static void sec_multimodal(rc_t *c, const kvc_plan_result_t *r)
       I(c, m->image_tokens), r->images_per_request, r->images_per_request == 1 ? "" : "s");
     if (r->counts.vision)
         P("   tower      %s parameters, %s per GPU in the weights, run on images only (never "
-          "by a decode step)\n",
+          "by a\n"
+          "              decode step)\n",
           I(c, r->counts.vision), G(c, (double)r->vision_bytes_per_gpu));
     P("   budget     the encoder's budget %s tokens (max(max_num_batched_tokens %s, %s), vLLM's\n"
       "              compute_encoder_budget; --encoder-cache-tokens) encodes min(%u x %u, %s / "
@@ -1160,9 +1162,8 @@ static void sec_multimodal(rc_t *c, const kvc_plan_result_t *r)
       p->max_num_seqs, r->images_per_request, I(c, r->encoder_budget_tokens), I(c, m->image_tokens),
       I(c, r->encoder_images));
     if (r->encoder_live_elems_per_token)
-        P("   encoder    per image %u tokens (patches + class) x (5 x %u + (3 x %u + %u) / TP %u) "
-          "= %s live\n"
-          "              values x 2 B; x %s images = %s of activations\n",
+        P("   encoder    per image %u tokens (patches + class) x (5 x %u + (3 x %u + %u) / TP %u)\n"
+          "              = %s live values x 2 B; x %s images = %s of activations\n",
           m->vision_tokens, m->vision_hidden, m->vision_hidden, m->vision_intermediate, p->tp,
           I(c, r->encoder_live_elems_per_token), I(c, r->encoder_images),
           BY(c, r->encoder_activation_bytes));
@@ -1174,8 +1175,8 @@ static void sec_multimodal(rc_t *c, const kvc_plan_result_t *r)
       "              keep %s until their prefill consumes them (the encoder cache)\n",
       I(c, m->image_tokens), m->hidden_size, BY(c, r->encoder_cache_bytes_per_image),
       I(c, r->encoder_images), BY(c, r->encoder_cache_bytes));
-    P("   phases     encoder %s, prefill with images %s, decode %s: %s peaks (%s; text only "
-      "%s)\n",
+    P("   phases     encoder %s, prefill with images %s, decode %s:\n"
+      "              %s peaks (%s; text only %s)\n",
       G(c, (double)r->phase_bytes[0]), G(c, (double)r->phase_bytes[1]),
       G(c, (double)r->phase_bytes[2]), phase_names[r->peak_phase],
       G(c, (double)r->activation_bytes), G(c, (double)r->text_only_activation_bytes));

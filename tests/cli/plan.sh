@@ -338,7 +338,7 @@ has '^	"multimodal":[[:space:]]*null'
 expect_error "--images-per-request: '0'" --model "$TMP/llava.json" --gpu h100 --images-per-request 0
 # decode-time CP: the partial softmax results per token and layer
 expect_status 0 --model llama-3.1-8b --gpu h100 --prompt 100000 --output 1000 --cp 4
-has '\(4 - 1\) x 32 heads x \(128 \+ 2\) x 4 B = 49,920 B per'
+has '\(4 - 1\) x 32 heads/GPU x \(128 \+ 2\) x 4 B = 49,920 B per'
 expect_status 0 --model llama-3.1-8b --gpu h100 --prompt 100000 --output 1000 --cp 4 --json
 has '^			"bytes_per_token_layer":[[:space:]]*49920,'
 
