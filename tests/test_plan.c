@@ -981,6 +981,28 @@ static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
     assert_int_equal(kvc_plan_model_from_json(bad, strlen(bad), "b", &m, msg, sizeof msg),
                      KVC_EINVAL);
     assert_non_null(strstr(msg, "attn_layer_offset 2 must be below attn_layer_period 2"));
+    /* two layers below the attention offset 4: no layer attends, a pure state-space model,
+     * which the pool arithmetic (blocks of KV) does not cover: refused */
+    const char *pure = "{\"model_type\": \"jamba\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                       " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\":"
+                       " 128, \"num_experts\": 1, \"num_experts_per_tok\": 1}";
+    assert_int_equal(kvc_plan_model_from_json(pure, strlen(pure), "p", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "no attention layer: a pure state-space model is not modelled"));
+    /* one expert is a dense MLP (JambaConfig): 8 layers, layer 4 attends, no MoE */
+    const char *one = "{\"model_type\": \"jamba\", \"hidden_size\": 64, \"num_hidden_layers\": 8,"
+                      " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\":"
+                      " 128, \"num_experts\": 1, \"num_experts_per_tok\": 1}";
+    assert_ok(kvc_plan_model_from_json(one, strlen(one), "o", &m, msg, sizeof msg));
+    assert_int_equal(m.n_experts, 0);
+    assert_int_equal(m.n_recurrent_layers, 7);
+    /* an expert offset past its period: refused, naming it */
+    const char *eoff = "{\"model_type\": \"jamba\", \"hidden_size\": 64, \"num_hidden_layers\": 8,"
+                       " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\":"
+                       " 128, \"expert_layer_period\": 2, \"expert_layer_offset\": 3}";
+    assert_int_equal(kvc_plan_model_from_json(eoff, strlen(eoff), "e", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "expert_layer_offset 3 must be below expert_layer_period 2"));
     /* Nemotron-H's pattern string is not modelled: refused, naming the field */
     const char *nemo = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
                        " \"vocab_size\": 100, \"intermediate_size\": 128,"

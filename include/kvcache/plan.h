@@ -219,7 +219,12 @@ KVC_API void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_cou
  * heads, an MLA head_dim that is not nope + rope, more active experts than
  * experts, more dense or sliding layers than layers, sliding layers without a
  * window, KV bytes per token past KVC_PLAN_MAX_KV_BYTES_PER_TOKEN or
- * parameters past KVC_PLAN_MAX_PARAMS, or m NULL.  Reads only *m. */
+ * parameters past KVC_PLAN_MAX_PARAMS; for a recurrent model a zero mixer width
+ * (d_inner, d_state, d_conv, dt_rank), an unknown kind, MLA, an attention or MoE
+ * offset not below its period, a recurrent or dense layer count the periods do
+ * not give, no attention layer at all (a pure state-space model), more sliding
+ * layers than attention layers; recurrent layers without a kind; or m NULL.
+ * Reads only *m. */
 KVC_API int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t msg_len);
 
 /* KV bytes one token takes in the whole model, one copy, with K/V stored as
@@ -858,7 +863,10 @@ typedef struct {
  * fraction out of range; a request or context longer than max_model_len, or
  * no max_model_len at all; a value past its bound (plan.h: tokens, measured
  * bytes, rates, engine limits, GPUs); an activation or CUDA-graph estimate
- * past KVC_PLAN_MAX_BYTES (pass the measured number); an argument NULL.  A
+ * past KVC_PLAN_MAX_BYTES (pass the measured number); for a recurrent model,
+ * cp > 1, a LoRA rank, draft tokens, or a TP that does not divide d_inner;
+ * images_per_request past 4,096, encoder_cache_tokens, state_checkpoint_interval
+ * or cached_prefixes past KVC_PLAN_MAX_TOKENS; an argument NULL.  A
  * deployment that does not start is NOT an error: out->fits is false and
  * out->failed_phase names the phase.  Writes only *out and msg. */
 KVC_API int kvc_plan_compute(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
