@@ -314,6 +314,13 @@ expect_error "--cp 2: context parallelism of recurrent (Mamba) layers is not mod
   --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --tp 2 --cp 2
 expect_error "--mamba-ssm-cache-dtype: 'fp64' is not auto, bfloat16 or float32" \
   --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --mamba-ssm-cache-dtype fp64
+# the simulator holds KV blocks only: a hybrid is refused there rather than run without its state
+timeout 60 "$KVC" sim --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --weight-dtype fp8 \
+  --workload 'poisson:rate=1,n=2,prompt=16,output=4' >"$TMP/out" 2>"$TMP/err"
+rc=$?
+[ "$rc" -eq 1 ] || fail "sim on Jamba: exit $rc, want 1"
+grep -qF "28 recurrent (Mamba) layers: their per-sequence state is not simulated" "$TMP/err" ||
+  fail "sim on Jamba: $(cat "$TMP/err")"
 printf '{"model_type":"mamba","hidden_size":768,"num_hidden_layers":24,"num_attention_heads":1,"vocab_size":50280,"intermediate_size":1536,"state_size":16}' \
   >"$TMP/mamba.json"
 expect_error "state_size: a recurrent or hybrid" --model "$TMP/mamba.json" --gpu h100
