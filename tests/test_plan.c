@@ -953,18 +953,63 @@ static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
     kvc_plan_model_t m;
     char msg[256];
     /* Jamba-v0.1 (ai21labs/Jamba-v0.1 config.json, trimmed): one attention layer in 8, MoE on
-     * every other layer; sized as all-attention with MoE everywhere it came out 92 billion
-     * parameters instead of about 52, so it is refused, naming the field */
+     * every other layer.  Sized as all-attention with MoE everywhere it came out 92 billion
+     * parameters; modelled, it is 51.57 billion (tests/test_plan_golden.c derives it), and the
+     * fields Jamba leaves out take JambaConfig's defaults: mamba_d_conv 4, mamba_expand 2,
+     * mamba_dt_rank "auto" = 4096 / 16 = 256, expert_layer_offset 1 */
     const char *jamba =
         "{\"model_type\": \"jamba\", \"hidden_size\": 4096, \"num_hidden_layers\": 32,"
         " \"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"vocab_size\":"
         " 65536, \"intermediate_size\": 14336, \"num_experts\": 16,"
         " \"num_experts_per_tok\": 2, \"attn_layer_period\": 8,"
         " \"attn_layer_offset\": 4, \"expert_layer_period\": 2,"
-        " \"mamba_d_state\": 16, \"max_position_embeddings\": 262144}";
-    assert_int_equal(kvc_plan_model_from_json(jamba, strlen(jamba), "jamba", &m, msg, sizeof msg),
+        " \"mamba_d_state\": 16, \"max_position_embeddings\": 262144,"
+        " \"tie_word_embeddings\": false}";
+    assert_ok(kvc_plan_model_from_json(jamba, strlen(jamba), "jamba", &m, msg, sizeof msg));
+    assert_int_equal(m.n_recurrent_layers, 28);
+    assert_int_equal(m.ssm_d_conv, 4);
+    assert_int_equal(m.ssm_d_inner, 8192);
+    assert_int_equal(m.ssm_dt_rank, 256);
+    assert_int_equal(m.moe_layer_offset, 1);
+    kvc_plan_param_count_t pc;
+    kvc_plan_model_params(&m, &pc);
+    assert_int_equal(pc.total, UINT64_C(51570323328));
+    /* an attention offset past its period attends nowhere: refused, naming it */
+    const char *bad = "{\"model_type\": \"jamba\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                      " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\":"
+                      " 128, \"attn_layer_period\": 2, \"attn_layer_offset\": 2}";
+    assert_int_equal(kvc_plan_model_from_json(bad, strlen(bad), "b", &m, msg, sizeof msg),
                      KVC_EINVAL);
-    assert_non_null(strstr(msg, "attn_layer_period: a recurrent or hybrid"));
+    assert_non_null(strstr(msg, "attn_layer_offset 2 must be below attn_layer_period 2"));
+    /* two layers below the attention offset 4: no layer attends, a pure state-space model,
+     * which the pool arithmetic (blocks of KV) does not cover: refused */
+    const char *pure = "{\"model_type\": \"jamba\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                       " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\":"
+                       " 128, \"num_experts\": 1, \"num_experts_per_tok\": 1}";
+    assert_int_equal(kvc_plan_model_from_json(pure, strlen(pure), "p", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "no attention layer: a pure state-space model is not modelled"));
+    /* one expert is a dense MLP (JambaConfig): 8 layers, layer 4 attends, no MoE */
+    const char *one = "{\"model_type\": \"jamba\", \"hidden_size\": 64, \"num_hidden_layers\": 8,"
+                      " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\":"
+                      " 128, \"num_experts\": 1, \"num_experts_per_tok\": 1}";
+    assert_ok(kvc_plan_model_from_json(one, strlen(one), "o", &m, msg, sizeof msg));
+    assert_int_equal(m.n_experts, 0);
+    assert_int_equal(m.n_recurrent_layers, 7);
+    /* an expert offset past its period: refused, naming it */
+    const char *eoff = "{\"model_type\": \"jamba\", \"hidden_size\": 64, \"num_hidden_layers\": 8,"
+                       " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\":"
+                       " 128, \"expert_layer_period\": 2, \"expert_layer_offset\": 3}";
+    assert_int_equal(kvc_plan_model_from_json(eoff, strlen(eoff), "e", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "expert_layer_offset 3 must be below expert_layer_period 2"));
+    /* Nemotron-H's pattern string is not modelled: refused, naming the field */
+    const char *nemo = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                       " \"vocab_size\": 100, \"intermediate_size\": 128,"
+                       " \"hybrid_override_pattern\": \"M*\"}";
+    assert_int_equal(kvc_plan_model_from_json(nemo, strlen(nemo), "n", &m, msg, sizeof msg),
+                     KVC_EINVAL);
+    assert_non_null(strstr(msg, "hybrid_override_pattern: a recurrent or hybrid"));
     /* a Qwen3-Next style layer list with linear attention */
     const char *next = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
                        " \"vocab_size\": 100, \"intermediate_size\": 128, \"layer_types\":"
@@ -1014,6 +1059,140 @@ static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
     assert_int_equal(kvc_plan_model_from_json(half, strlen(half), "h", &m, msg, sizeof msg),
                      KVC_EINVAL);
     assert_non_null(strstr(msg, "vision_config.intermediate_size is missing"));
+}
+
+static void cp_decode_exchanges_partial_softmax_results(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m = preset_model("llama-3.1-8b");
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.prompt_tokens = 100000;
+    p.output_tokens = 1000;
+    p.cp = 4;
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* each of the 4 ranks attends over a quarter of the context and receives the other 3
+     * partials per token and layer: per query head (32 at TP 1) the 128-wide output, its max
+     * and its sum in fp32: 3 x 32 x (128 + 2) x 4 B = 49,920 B, over 32 layers */
+    assert_int_equal(r->cp_decode_bytes_per_token_layer, 49920);
+    assert_int_equal(r->cp_decode_layers, 32);
+    /* 4 GPUs fit a node: the H100's 450 GB/s link and 10 us a collective; at batch 1:
+     * 32 x (49,920 / 450e9 + 10e-6) = 32 x (0.1109 + 10) us = 323.5 us */
+    assert_false(r->ring_inter_node);
+    assert_true(fabs(r->cp_decode_comm_s[0] - 32 * (49920 / 450e9 + 10e-6)) < 1e-12);
+    /* against the step at the achieved rates: max((weights + KV read) / (3.35 TB/s x 0.8),
+     * FLOPs / (989.5 TFLOP/s x 0.5)), the KV read a quarter of the context's */
+    const double step1 = fmax((r->weight_read_bytes + r->decode_bytes_per_seq) / (3.35e12 * 0.8),
+                              r->decode_flops_per_seq / (989.5e12 * 0.5));
+    assert_true(fabs(r->cp_decode_step_s[0] - step1) < 1e-12);
+    /* the second row at the binding ceiling's batch, bytes times the batch */
+    const double b = (double)r->cp_decode_batch;
+    assert_int_equal(r->cp_decode_batch, r->ceilings[r->binding_ceiling]);
+    assert_true(fabs(r->cp_decode_comm_s[1] - 32 * (b * 49920 / 450e9 + 10e-6)) < 1e-12);
+    free(r);
+    /* past the node (TP 4 x CP 4 = 16 GPUs): the inter-node link (50 GB/s) and 30 us; TP 4
+     * leaves 8 query heads per GPU: 3 x 8 x 130 x 4 = 12,480 B */
+    p.tp = 4;
+    r = plan(&m, &g, &p);
+    assert_true(r->ring_inter_node);
+    assert_int_equal(r->cp_decode_bytes_per_token_layer, 12480);
+    assert_true(fabs(r->cp_decode_comm_s[0] - 32 * (12480 / 50e9 + 30e-6)) < 1e-12);
+    free(r);
+    /* MLA decodes in the absorbed form: the partial output is the 512-wide latent per head;
+     * DeepSeek-V3 at TP 8 (16 heads per GPU) x CP 2: 1 x 16 x (512 + 2) x 4 B = 32,896 B over
+     * its 61 layers */
+    m = preset_model("deepseek-v3");
+    p = defaults();
+    p.tp = 8;
+    p.cp = 2;
+    p.weight_dtype = KVC_PLAN_FP8;
+    g = preset_gpu("h200");
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->cp_decode_bytes_per_token_layer, 32896);
+    assert_int_equal(r->cp_decode_layers, 61);
+    free(r);
+    /* CP 1: no exchange */
+    p.cp = 1;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->cp_decode_bytes_per_token_layer, 0);
+    free(r);
+}
+
+static void multimodal_phases_peak_and_the_encoder_cache(void **state)
+{
+    (void)state;
+    /* LLaVA-1.5-7B (as in hybrid_configs_are_refused_and_vision_towers_counted): a Llama LM
+     * of hidden 4096, 32 heads and 32 KV heads, vocab 32,064; CLIP ViT-L/14 at 336 px:
+     * hidden 1024, intermediate 4096, 24 layers, (336 / 14)^2 = 576 patches + 1 class token */
+    const char *llava =
+        "{\"model_type\": \"llava\", \"text_config\": {\"model_type\": \"llama\","
+        " \"hidden_size\": 4096, \"num_hidden_layers\": 32, \"num_attention_heads\":"
+        " 32, \"num_key_value_heads\": 32, \"vocab_size\": 32064,"
+        " \"intermediate_size\": 11008, \"max_position_embeddings\": 4096,"
+        " \"tie_word_embeddings\": false}, \"vision_config\": {\"hidden_size\":"
+        " 1024, \"intermediate_size\": 4096, \"num_hidden_layers\": 24,"
+        " \"patch_size\": 14, \"image_size\": 336}}";
+    kvc_plan_model_t m;
+    char msg[256];
+    assert_ok(kvc_plan_model_from_json(llava, strlen(llava), "llava", &m, msg, sizeof msg));
+    assert_int_equal(m.vision_tokens, 577);
+    kvc_plan_gpu_t g = preset_gpu("h100-sxm");
+    kvc_plan_params_t p = defaults(); /* 256 sequences, 8,192 batched tokens */
+    kvc_plan_result_t *r = plan(&m, &g, &p);
+    /* the encoder budget max(8,192, 576) = 8,192 tokens encodes min(256 x 1, 8,192 / 576 = 14)
+     * = 14 images; a ViT layer keeps 5 x 1024 + (3 x 1024 + 4096) = 12,288 live values per
+     * token: 14 x 577 x 12,288 x 2 B = 198,524,928 B of activations */
+    assert_int_equal(r->encoder_budget_tokens, 8192);
+    assert_int_equal(r->encoder_images, 14);
+    assert_int_equal(r->encoder_live_elems_per_token, 12288);
+    assert_int_equal(r->encoder_activation_bytes, 198524928);
+    /* an image's embeddings 576 x 4096 x 2 B = 4,718,592 B; 14 of them 66,060,288 */
+    assert_int_equal(r->encoder_cache_bytes_per_image, 4718592);
+    assert_int_equal(r->encoder_cache_bytes, 66060288);
+    /* phases: encoder 198,524,928 + 66,060,288 = 264,585,216; prefill with images: the forward
+     * 8,192 x 65,792 live values (q, k, v, o 16,384 + MLP 3 x 11,008 + 4 x 4096) x 2 B =
+     * 1,077,936,128 + the embeddings = 1,143,996,416; decode: the sampler 256 x 32,064 x 40 B =
+     * 328,335,360.  The prefill peaks, 66,060,288 B above the text-only peak: 126 KV tokens of
+     * 524,288 B (2 x 32 x 32 x 128 x 2) the pool gives up and decode never uses */
+    assert_int_equal(r->phase_bytes[0], 264585216);
+    assert_int_equal(r->phase_bytes[1], UINT64_C(1143996416));
+    assert_int_equal(r->phase_bytes[2], 328335360);
+    assert_int_equal(r->peak_phase, 1);
+    assert_int_equal(r->activation_bytes, UINT64_C(1143996416));
+    assert_int_equal(r->text_only_activation_bytes, UINT64_C(1077936128));
+    assert_int_equal(r->encoder_pool_tokens_lost, 126);
+    /* the typical request with its image: 1,200 + 576 = 1,776 tokens, 111 blocks x 16 x
+     * 524,288 B = 931,135,488 */
+    assert_int_equal(r->image_request_bytes_per_gpu, 931135488);
+    free(r);
+    /* a small token budget and a large encoder cache: the encoder peaks.  2,048 batched
+     * tokens, 4 images per request, a 32,768-token encoder budget: min(256 x 4, 32,768 / 576 =
+     * 56) = 56 images, 56 x 577 x 12,288 x 2 B = 794,099,712 + 56 x 4,718,592 = 264,241,152:
+     * 1,058,340,864 against the prefill's 2,048 x 65,792 x 2 B = 269,484,032 + 264,241,152 and
+     * the sampler's 328,335,360 (the text-only peak): 730,005,504 B over it = 1,392 KV tokens */
+    p.max_num_batched_tokens = 2048;
+    p.images_per_request = 4;
+    p.encoder_cache_tokens = 32768;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->encoder_images, 56);
+    assert_int_equal(r->phase_bytes[0], UINT64_C(1058340864));
+    assert_int_equal(r->phase_bytes[1], 533725184);
+    assert_int_equal(r->peak_phase, 0);
+    assert_int_equal(r->activation_bytes, UINT64_C(1058340864));
+    assert_int_equal(r->encoder_pool_tokens_lost, 1392);
+    free(r);
+    /* TP 2 splits the ViT's q, k, v and MLP: 5 x 1024 + 7,168 / 2 = 8,704 live values */
+    p = defaults();
+    p.tp = 2;
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->encoder_live_elems_per_token, 8704);
+    free(r);
+    /* a text model has none of it */
+    m = preset_model("llama-3.1-8b");
+    r = plan(&m, &g, &p);
+    assert_int_equal(r->encoder_images, 0);
+    assert_int_equal(r->phase_bytes[1], 0);
+    free(r);
 }
 
 static void a_million_tokens_on_eight_h100s(void **state)
@@ -2827,6 +3006,8 @@ int main(void)
         cmocka_unit_test(lora_adapters_take_from_the_kv_pool),
         cmocka_unit_test(the_dtype_grid_replans_every_pair),
         cmocka_unit_test(a_million_tokens_on_eight_h100s),
+        cmocka_unit_test(multimodal_phases_peak_and_the_encoder_cache),
+        cmocka_unit_test(cp_decode_exchanges_partial_softmax_results),
         cmocka_unit_test(hybrid_configs_are_refused_and_vision_towers_counted),
         cmocka_unit_test(quantized_kv_and_weights_price_their_scales),
         cmocka_unit_test(config_reads_what_the_math_needs),

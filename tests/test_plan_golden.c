@@ -402,6 +402,125 @@ static void gpu_presets_match_their_sources(void **state)
     }
 }
 
+/* ai21labs/AI21-Jamba-1.5-Mini's config.json (tests/data/PROVENANCE.md): hidden_size 4096, 32
+ * layers, attn_layer_period 8 / attn_layer_offset 4 (layers 4, 12, 20, 28 attend: 4 attention
+ * layers, 28 Mamba), expert_layer_period 2 / offset 1 (16 MoE layers of num_experts 16,
+ * num_experts_per_tok 2, intermediate_size 14336; 16 dense MLPs), mamba_expand 2 (d_inner
+ * 8,192), mamba_d_state 16, mamba_d_conv 4, mamba_dt_rank 256, mamba_conv_bias true,
+ * mamba_proj_bias false, num_key_value_heads 8, vocab_size 65536, untied. */
+static void jamba_is_modelled_as_a_hybrid(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("jamba-1.5-mini.json", &m);
+    assert_int_equal(m.recurrent, KVC_PLAN_RECURRENT_MAMBA1);
+    assert_int_equal(m.n_recurrent_layers, 28);
+    assert_int_equal(m.n_dense_layers, 16);
+    assert_int_equal(m.ssm_d_inner, 8192);
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* attention: q 4096^2 + k, v 2 x 4096 x 1024 + o 4096^2 = 41,943,040, x 4 = 167,772,160 */
+    assert_int_equal(c.attention, UINT64_C(167772160));
+    /* a Mamba mixer: in_proj 4096 x 2 x 8192 = 67,108,864; x_proj 8192 x (256 + 2 x 16) =
+     * 2,359,296; dt_proj 256 x 8192 = 2,097,152; out_proj 8192 x 4096 = 33,554,432 (105,119,744
+     * in projections); conv 8192 x 4 + bias 8192, dt bias 8192, A_log 8192 x 16 = 131,072, D
+     * 8192, dt/B/C norms 256 + 32 (188,704): 105,308,448, x 28 = 2,948,636,544 */
+    assert_int_equal(c.recurrent, UINT64_C(2948636544));
+    /* 16 x 16 experts x 3 x 4096 x 14336 = 45,097,156,608; 16 dense MLPs 2,818,572,288; router
+     * 16 x 4096 x 16 = 1,048,576; norms 32 x 2 x 4096 + 4096 = 266,240; embedding and LM head
+     * 2 x 65,536 x 4096 = 536,870,912: 51,570,323,328 (about 52 billion, not the 92 it was
+     * sized as all-attention with MoE everywhere); active: 14 of 16 experts skipped on 16
+     * layers, 16 x 14 x 176,160,768 = 39,460,012,032 less: 12,110,311,296 (about 12 billion) */
+    assert_int_equal(c.experts_routed, UINT64_C(45097156608));
+    assert_int_equal(c.mlp_dense, UINT64_C(2818572288));
+    assert_int_equal(c.total, UINT64_C(51570323328));
+    assert_int_equal(c.active, UINT64_C(12110311296));
+
+    kvc_plan_gpu_t h100 = gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.weight_dtype = KVC_PLAN_FP8;
+    p.kv_cache_bytes = 16 * GIB; /* an explicit pool, so the arithmetic below is exact */
+    kvc_plan_result_t *r = plan(&m, &h100, &p);
+    /* KV: 2 x 4 attention layers x 8 x 128 x 2 B = 16,384 B per token; all 32 attending would
+     * be 131,072 */
+    assert_int_equal(r->kv_bytes_per_token, 16384);
+    assert_int_equal(r->all_attention_kv_bytes_per_token, 131072);
+    assert_int_equal(r->kv_layers_per_gpu, 4);
+    /* state per layer: conv (4 - 1) x 8192 x 2 B = 49,152; SSM 8192 x 16 x 2 B = 262,144;
+     * x 28 = 8,716,288 B (8.31 MiB) per sequence whatever its length = 532 tokens of KV */
+    assert_int_equal(r->conv_state_bytes_per_layer, 49152);
+    assert_int_equal(r->ssm_state_bytes_per_layer, 262144);
+    assert_int_equal(r->state_bytes_per_seq, 8716288);
+    assert_int_equal(r->state_bytes_per_seq_per_gpu, 8716288);
+    assert_int_equal(r->state_kv_tokens, 532);
+    /* a 1,200-token request: 75 blocks x 16 x 16,384 = 19,660,800 of KV + the state =
+     * 28,377,088; 16 GiB / that = 605 sequences (1,971 if KV took nothing) */
+    assert_int_equal(r->request_kv_bytes, 19660800);
+    assert_int_equal(r->kv_bytes_per_request, 28377088);
+    assert_int_equal(r->max_concurrency, 605);
+    assert_int_equal(r->state_only_sequences, 1971);
+    /* a decode step at context 1,100 reads 4,096 B x 4 layers x 1,100 of KV and reads and
+     * writes the state: 18,022,400 + 2 x 8,716,288 = 35,454,976 B per sequence */
+    assert_true(r->decode_bytes_per_seq == 35454976.0);
+    /* attention's FLOP per KV byte leaves the state out: 2 x 4 query heads per KV head / 2 B */
+    assert_true(r->attention_flops_per_kv_byte == 4.0);
+    /* a cached 1,000-token prompt: 62 full blocks (992 tokens) x 16,384 = 16,252,928 of KV and
+     * floor(1,000 / 512) = 1 checkpoint: 24,969,216; 100 of them 2,496,921,600; the pool holds
+     * 16 GiB / 24,969,216 = 688 */
+    assert_int_equal(r->checkpoint_interval, 512);
+    assert_int_equal(r->checkpoints_per_prefix, 1);
+    assert_int_equal(r->prefix_bytes_per_gpu, 24969216);
+    assert_int_equal(r->cached_prefixes_bytes_per_gpu, UINT64_C(2496921600));
+    assert_int_equal(r->prefixes_in_pool, 688);
+    /* every layer resumes at lcm(16, 512) = 512: 256 tokens recomputed on average; the whole
+     * prompt cached resumes at floor(999 / 512) x 512 = 512 and recomputes 488 */
+    assert_int_equal(r->restart_boundary_tokens, 512);
+    assert_true(r->mean_recomputed_tokens == 256.0);
+    assert_int_equal(r->prompt_resume_tokens, 512);
+    assert_int_equal(r->prompt_recomputed_tokens, 488);
+    free(r);
+
+    /* a checkpoint every 100 tokens: lcm(16, 100) = 400 (gcd 4), 200 on average; the prompt
+     * resumes at 800 and recomputes 200; 10 checkpoints: 16,252,928 + 10 x 8,716,288 =
+     * 103,415,808 (24,969,216 keeping only the last) */
+    p.state_checkpoint_interval = 100;
+    r = plan(&m, &h100, &p);
+    assert_int_equal(r->restart_boundary_tokens, 400);
+    assert_int_equal(r->prompt_resume_tokens, 800);
+    assert_int_equal(r->prompt_recomputed_tokens, 200);
+    assert_int_equal(r->checkpoints_per_prefix, 10);
+    assert_int_equal(r->prefix_bytes_per_gpu, 103415808);
+    assert_int_equal(r->prefix_bytes_last_checkpoint_per_gpu, 24969216);
+    free(r);
+
+    /* TP 2 splits the inner channels: 4,358,144 B of state and 8,192 B of KV per token per GPU;
+     * an fp32 SSM state (8192 / 2 x 16 x 4 B = 262,144 per layer, conv 24,576): 28 x 286,720 =
+     * 8,028,160 */
+    p.state_checkpoint_interval = 0;
+    p.tp = 2;
+    r = plan(&m, &h100, &p);
+    assert_int_equal(r->state_bytes_per_seq_per_gpu, 4358144);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 8192);
+    free(r);
+    p.ssm_state_fp32 = true;
+    r = plan(&m, &h100, &p);
+    assert_int_equal(r->state_bytes_per_seq_per_gpu, 8028160);
+    assert_int_equal(r->ssm_state_bytes_per_layer, 524288);
+    free(r);
+    /* ring attention does not split a recurrent state: refused, naming it */
+    p.cp = 2;
+    r = malloc(sizeof *r);
+    char msg[256] = "";
+    assert_int_equal(kvc_plan_compute(&m, &h100, &p, r, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "recurrent"));
+    /* verifying drafts needs a state per draft position: refused, naming it */
+    p.cp = 1;
+    p.spec_tokens = 4;
+    assert_int_equal(kvc_plan_compute(&m, &h100, &p, r, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "--spec-tokens 4: speculative decoding on recurrent layers"));
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -412,6 +531,7 @@ int main(void)
         cmocka_unit_test(qwen2_5_72b_has_qkv_biases),
         cmocka_unit_test(gemma_2_27b_alternates_windows),
         cmocka_unit_test(deepseek_v3_mla_under_tp8),
+        cmocka_unit_test(jamba_is_modelled_as_a_hybrid),
         cmocka_unit_test(gpu_presets_match_their_sources),
     };
     return cmocka_run_group_tests_name("plan_golden", tests, NULL, NULL);

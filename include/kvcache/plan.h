@@ -87,6 +87,8 @@ KVC_API uint64_t kvc_plan_dtype_bytes(kvc_plan_dtype_t dt, uint64_t n);
 #define KVC_PLAN_MAX_INTERMEDIATE       (UINT32_C(1) << 20)
 /* routed experts (and shared ones): most 512 (Qwen3-Next), 384 (Kimi K2). */
 #define KVC_PLAN_MAX_EXPERTS            (UINT32_C(1) << 14)
+/* A Mamba mixer's d_state and d_conv: 16 and 4 (Mamba-1, Jamba), 128 and 4 (Mamba-2). */
+#define KVC_PLAN_MAX_SSM_STATE          (UINT32_C(1) << 16)
 /* KV tokens one image takes: LLaVA-1.5 576, Qwen2-VL up to 16,384. */
 #define KVC_PLAN_MAX_IMAGE_TOKENS       (UINT32_C(1) << 20)
 /* sliding_window / attention_chunk_size: 4,096 (Mistral), 262,144 (Phi-3). */
@@ -114,6 +116,12 @@ KVC_API uint64_t kvc_plan_dtype_bytes(kvc_plan_dtype_t dt, uint64_t n);
 #define KVC_PLAN_MAX_BATCHED            (UINT32_C(1) << 30)
 #define KVC_PLAN_MAX_FORKS              UINT32_C(1024)
 #define KVC_PLAN_MAX_GPUS               (UINT64_C(1) << 24)
+
+/* What a recurrent layer keeps per sequence.  MAMBA1: Mamba's selective scan (Jamba's
+ * mixer): a conv state of (d_conv - 1) x d_inner and an SSM state of d_inner x d_state. */
+typedef enum { KVC_PLAN_RECURRENT_NONE = 0, KVC_PLAN_RECURRENT_MAMBA1 } kvc_plan_recurrent_t;
+/* "none", "mamba1"; "?" for an invalid value.  Never fails. */
+KVC_API const char *kvc_plan_recurrent_name(kvc_plan_recurrent_t k);
 
 /* ---- the model -------------------------------------------------------------
  * What the math needs from a transformer decoder.  A zeroed field means "not
@@ -157,7 +165,29 @@ typedef struct {
                                a ViT of its widths and a two-layer projector); 0: none.  Held
                                in 16 bits on the first stage, split by TP, run only on images:
                                never read by a decode step */
+    /* the vision tower's widths (vision_config), for its activation peak; 0: not given */
+    uint32_t vision_hidden;
+    uint32_t vision_intermediate;
+    uint32_t vision_layers;
+    uint32_t vision_tokens; /* tokens one image enters the tower as: patches + the class token */
     uint64_t max_position_embeddings; /* 0: not given */
+    /* recurrent and hybrid models (Jamba): some layers keep a fixed-size state per sequence, a
+     * causal convolution's window and a selective-scan (SSM) state, instead of KV; the state
+     * does not grow with the context.  recurrent NONE: every layer attends */
+    kvc_plan_recurrent_t recurrent;
+    uint32_t n_recurrent_layers; /* layers with a state instead of attention (derived) */
+    uint32_t attn_layer_period;  /* hybrid: layer i attends iff i % period == offset */
+    uint32_t attn_layer_offset;
+    uint32_t moe_layer_period; /* MoE on layer i iff i % period == offset (Jamba's
+                                  expert_layer_period); 0: the first n_dense_layers are dense */
+    uint32_t moe_layer_offset;
+    uint32_t ssm_d_inner; /* the mixer's inner width: expand x hidden_size */
+    uint32_t ssm_d_state; /* SSM state per inner channel */
+    uint32_t ssm_d_conv;  /* the convolution's kernel: the state keeps d_conv - 1 columns */
+    uint32_t ssm_dt_rank; /* the time-step projection's rank */
+    bool ssm_conv_bias;   /* the convolution has a bias */
+    bool ssm_proj_bias;   /* in_proj and out_proj have biases */
+    bool ssm_inner_norms; /* Jamba: RMSNorms on dt, B and C (dt_rank + 2 x d_state weights) */
 } kvc_plan_model_t;
 
 /* Parameter counts of a model, by part. */
@@ -170,9 +200,10 @@ typedef struct {
     uint64_t experts_shared;
     uint64_t router;
     uint64_t norms;
-    uint64_t total;  /* the language model; the vision tower is counted apart */
-    uint64_t active; /* what one token touches: total minus the routed experts it skips */
-    uint64_t vision; /* the vision tower and projector (model.vision_params) */
+    uint64_t total;     /* the language model; the vision tower is counted apart */
+    uint64_t active;    /* what one token touches: total minus the routed experts it skips */
+    uint64_t vision;    /* the vision tower and projector (model.vision_params) */
+    uint64_t recurrent; /* every recurrent layer's mixer (in place of attention; in total) */
 } kvc_plan_param_count_t;
 
 /* Count parameters (gated MLPs, RMSNorm weights, no biases beyond qkv_bias).
@@ -188,7 +219,12 @@ KVC_API void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_cou
  * heads, an MLA head_dim that is not nope + rope, more active experts than
  * experts, more dense or sliding layers than layers, sliding layers without a
  * window, KV bytes per token past KVC_PLAN_MAX_KV_BYTES_PER_TOKEN or
- * parameters past KVC_PLAN_MAX_PARAMS, or m NULL.  Reads only *m. */
+ * parameters past KVC_PLAN_MAX_PARAMS; for a recurrent model a zero mixer width
+ * (d_inner, d_state, d_conv, dt_rank), an unknown kind, MLA, an attention or MoE
+ * offset not below its period, a recurrent or dense layer count the periods do
+ * not give, no attention layer at all (a pure state-space model), more sliding
+ * layers than attention layers; recurrent layers without a kind; or m NULL.
+ * Reads only *m. */
 KVC_API int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t msg_len);
 
 /* KV bytes one token takes in the whole model, one copy, with K/V stored as
@@ -212,11 +248,14 @@ KVC_API const char *kvc_plan_model_preset_name(size_t i);
  * wins over its top level; a vision_config is sized as a ViT of its widths (its
  * hidden_size, intermediate_size, num_hidden_layers, patch_size and image_size
  * are then required) plus a two-layer projector; unknown fields are ignored,
- * except those of recurrent and hybrid models (Mamba, Jamba, Nemotron-H,
- * Qwen3-Next, ...: attn_layer_period, layers_block_type, hybrid_override_pattern,
- * full_attention_interval, an SSM state, a layer_types entry that is not
- * attention), which change memory in ways the planner does not model and are
- * refused (KVC_EINVAL, naming the field) rather than sized as attention.  The text must be one
+ * except those of recurrent and hybrid models: Jamba's (model_type jamba, or
+ * attn_layer_period / mamba_d_state: Mamba-1 layers with attention every
+ * attn_layer_period-th layer and MoE every expert_layer_period-th) are modelled;
+ * the others (Mamba, Mamba2, Nemotron-H, Qwen3-Next, ...: layers_block_type,
+ * hybrid_override_pattern, full_attention_interval, ssm_state_size, a layer_types
+ * entry that is not attention, such a model_type) change memory in ways the
+ * planner does not model and are refused (KVC_EINVAL, naming the field) rather
+ * than sized as attention.  The text must be one
  * JSON object and nothing else.  Fails, with one line in msg naming what and
  * where, and *out untouched, with
  *   KVC_EPARSE  malformed JSON; a NUL byte or a raw control byte anywhere;
@@ -357,6 +396,18 @@ typedef struct {
     uint32_t lora_rank;
     uint32_t lora_adapters;
     uint32_t lora_resident;
+    /* recurrent state (a model with recurrent layers) */
+    bool ssm_state_fp32; /* the SSM state in fp32 (vLLM's --mamba-ssm-cache-dtype float32);
+                            false: 16 bits, the model's dtype (vLLM's auto) */
+    uint64_t state_checkpoint_interval; /* tokens between the states prefix caching keeps of a
+                                           cached prompt; 0 reads as 512 */
+    uint64_t cached_prefixes;           /* cached prompts to price (section 15); 0 reads as 100 */
+    /* multimodal (a model with image tokens) */
+    uint32_t images_per_request;   /* images in the typical request (vLLM's --limit-mm-per-prompt
+                                      caps them); 0 reads as 1 */
+    uint64_t encoder_cache_tokens; /* the encoder cache and compute budget in embedding tokens;
+                                      0: max(max_num_batched_tokens, image tokens), as vLLM's
+                                      compute_encoder_budget */
 } kvc_plan_params_t;
 
 /* TP/PP/DP 1, bf16 weights and KV, block 16, utilization 0.9, max_model_len
@@ -709,6 +760,18 @@ typedef struct {
     double ring_attention_step_s; /* one step's attention, which the transfer hides behind */
     bool ring_hidden;
     bool ring_inter_node;
+    /* Decode under CP: each rank attends over its 1/cp of the context, and the partial results
+     * (per query head the output vector, its running max and its sum, fp32) are all-gathered
+     * per attention layer and combined.  Per GPU: (cp - 1) x heads/GPU x (d_v + 2) x 4 B per
+     * token and layer (MLA: d_v is the 512-wide latent the absorbed form outputs); each layer's
+     * exchange also pays a collective's latency.  Priced at batch 1 and at the batch the
+     * ceilings allow, against the decode step at the achieved rates. */
+    uint64_t cp_decode_bytes_per_token_layer;
+    uint32_t cp_decode_layers;  /* the binding stage's attention layers: one exchange each */
+    double cp_decode_latency_s; /* per exchange: within a node, or between nodes */
+    uint64_t cp_decode_batch;   /* the second row's batch: the binding ceiling */
+    double cp_decode_comm_s[2]; /* per step: layers x (batch x bytes / link + latency) */
+    double cp_decode_step_s[2]; /* the decode step without the exchange */
     kvc_plan_layout_t layouts[KVC_PLAN_LAYOUT_ROWS]; /* computed for long contexts (>= 65,536
                                                         tokens) or cp > 1 */
     uint32_t n_layouts;
@@ -738,6 +801,59 @@ typedef struct {
     bool tenant_over_max_model_len; /* params.tenant_tokens > max_model_len: the engine would
                                        refuse such a request; it is priced anyway */
     uint64_t image_bytes_per_gpu; /* KV one image adds (image_tokens x bytes per token); 0: none */
+
+    /* 15. recurrent state (model.recurrent): a sequence's state does not grow with its length.
+     * kv_bytes_per_request and kvc_plan_request_bytes include it; everything per GPU is on
+     * the binding stage, split by TP (each GPU holds d_inner / tp channels) */
+    uint32_t kv_layers_per_gpu; /* attention layers of the binding stage (all its layers
+                                   without recurrent ones) */
+    uint32_t recurrent_layers_per_gpu;
+    uint64_t conv_state_bytes_per_layer; /* one sequence and layer, whole model: (d_conv - 1) x
+                                            d_inner x 2 B */
+    uint64_t ssm_state_bytes_per_layer;  /* d_inner x d_state x 2 B (4 B in fp32) */
+    uint64_t state_bytes_per_seq;        /* whole model: recurrent layers x (conv + SSM) */
+    uint64_t state_bytes_per_seq_per_gpu;
+    uint64_t all_attention_kv_bytes_per_token; /* the same widths with every layer attending */
+    uint64_t state_kv_tokens;         /* tokens of KV that weigh as much as one state (per GPU) */
+    uint64_t request_kv_bytes;        /* the typical request's KV alone, per GPU */
+    uint64_t state_only_sequences;    /* pool / state: the sequences if KV took nothing */
+    uint64_t checkpoint_interval;     /* resolved params.state_checkpoint_interval */
+    uint64_t checkpoints_per_prefix;  /* the typical prompt cached: floor(prompt / interval) */
+    uint64_t prefix_kv_bytes_per_gpu; /* its full blocks of KV */
+    uint64_t prefix_bytes_per_gpu;    /* KV + every checkpoint (any shorter hit can resume) */
+    uint64_t prefix_bytes_last_checkpoint_per_gpu; /* KV + its last checkpoint only */
+    uint64_t cached_prefixes;                      /* resolved params.cached_prefixes */
+    uint64_t cached_prefixes_bytes_per_gpu;        /* that many prompts, every checkpoint kept */
+    uint64_t prefixes_in_pool;                     /* how many such prompts the pool holds */
+    uint64_t restart_boundary_tokens; /* lcm(block_size, interval): where every layer can resume */
+    double mean_recomputed_tokens;    /* boundary / 2: a hit of uniform length loses that much */
+    double mean_recompute_s;          /* those tokens at recompute_s_per_token */
+    uint64_t prompt_resume_tokens;    /* the typical prompt, cached whole, resumes here: the last
+                                         boundary at or before prompt - 1 */
+    uint64_t prompt_recomputed_tokens;
+
+    /* 16. multimodal (model.image_tokens): the vision encoder's activation peak, the encoder
+     * cache (image embeddings kept for reuse) and which phase of the profile run peaks, on the
+     * first pipeline stage, per GPU.  The ledger's activation_peak is the largest phase. */
+    uint32_t images_per_request;           /* resolved */
+    uint64_t encoder_budget_tokens;        /* resolved params.encoder_cache_tokens */
+    uint64_t encoder_images;               /* images the profile encodes at once: min(max_num_seqs x
+                                              images_per_request, budget / image tokens), at least 1 */
+    uint64_t encoder_live_elems_per_token; /* a ViT layer's live values per token per GPU: 5 x
+                                              hidden + (3 x hidden + intermediate) / tp; 0: no
+                                              vision widths (the encoder is then not estimated) */
+    uint64_t encoder_activation_bytes;     /* images x vision tokens x live x 2 B */
+    uint64_t encoder_cache_bytes_per_image; /* image tokens x the LM's hidden x 2 B */
+    uint64_t encoder_cache_bytes;           /* encoder_images of them */
+    /* the profile run's phases: the encoder (its activations and outputs), the prefill with
+     * the images (the forward at the token budget and the embeddings it consumes), decode (the
+     * sampler over max_num_seqs rows) */
+    uint64_t phase_bytes[3];
+    int peak_phase;                       /* 0 encoder, 1 prefill, 2 decode */
+    uint64_t text_only_activation_bytes;  /* the peak without images */
+    uint64_t encoder_pool_tokens_lost;    /* KV tokens the images' share of the peak takes from
+                                             the pool (memory decode never uses) */
+    uint64_t image_request_bytes_per_gpu; /* the typical request with its images' KV tokens */
 } kvc_plan_result_t;
 
 /* Plan a deployment.  The only error is KVC_EINVAL, with one line in msg
@@ -747,7 +863,10 @@ typedef struct {
  * fraction out of range; a request or context longer than max_model_len, or
  * no max_model_len at all; a value past its bound (plan.h: tokens, measured
  * bytes, rates, engine limits, GPUs); an activation or CUDA-graph estimate
- * past KVC_PLAN_MAX_BYTES (pass the measured number); an argument NULL.  A
+ * past KVC_PLAN_MAX_BYTES (pass the measured number); for a recurrent model,
+ * cp > 1, a LoRA rank, draft tokens, or a TP that does not divide d_inner;
+ * images_per_request past 4,096, encoder_cache_tokens, state_checkpoint_interval
+ * or cached_prefixes past KVC_PLAN_MAX_TOKENS; an argument NULL.  A
  * deployment that does not start is NOT an error: out->fits is false and
  * out->failed_phase names the phase.  Writes only *out and msg. */
 KVC_API int kvc_plan_compute(const kvc_plan_model_t *model, const kvc_plan_gpu_t *gpu,
@@ -760,7 +879,7 @@ KVC_API int kvc_plan_compute(const kvc_plan_model_t *model, const kvc_plan_gpu_t
  * 2^62).  r must be a result of kvc_plan_compute. */
 KVC_API uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n_tokens);
 
-/* Render the derivation as text (twelve sections: formula, numbers
+/* Render the derivation as text (twelve sections and, where they apply, 13-16: formula, numbers
  * substituted, result, kind) or as one JSON object (keys in docs/plan.md).
  * *out is a NUL-terminated string the caller frees with kvc_plan_string_free.
  * Names from the input (the model's, the GPU's) appear in the text with their

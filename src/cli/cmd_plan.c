@@ -44,6 +44,11 @@ enum {
     O_LORA_RANK,
     O_LORA_ADAPTERS,
     O_LORA_RESIDENT,
+    O_SSM_DTYPE,
+    O_CHECKPOINT,
+    O_CACHED_PREFIXES,
+    O_IMAGES,
+    O_ENCODER_CACHE,
     O_JSON,
     O_LIST,
 };
@@ -60,7 +65,8 @@ static void help(FILE *f)
         "tensor parallelism, the startup ledger, whether the engine starts (and which phase\n"
         "fails), concurrency and the ceilings on the batch, sliding windows, prefill FLOPs,\n"
         "forks, disaggregated prefill, recompute vs fetch per tier, Little's law, speculative\n"
-        "decoding, and tenancy.\n"
+        "decoding, and tenancy; then, where they apply, long context (13), the dtype grid (14),\n"
+        "a recurrent model's state (15) and a multimodal model's encoder (16).\n"
         "\n"
         "model and hardware:\n"
         "  --model NAME|PATH          a preset (see --list) or a Hugging Face config.json\n"
@@ -125,6 +131,16 @@ static void help(FILE *f)
            "                             S-LoRA adapters: M of N resident, taken from the KV pool\n"
            "  --grid dtypes              every weight dtype x KV dtype pair: starts, pool, "
            "concurrency\n"
+           "recurrent and hybrid models (Jamba; section 15):\n"
+           "  --mamba-ssm-cache-dtype T  the SSM state's dtype: auto (the model's 16 bits) or "
+           "float32\n"
+           "  --state-checkpoint-interval N  tokens between the states prefix caching keeps "
+           "(512)\n"
+           "  --cached-prefixes N        cached prompts to price (default 100)\n"
+           "multimodal models (section 16):\n"
+           "  --images-per-request N     images in the typical request (default 1)\n"
+           "  --encoder-cache-tokens N   the encoder's budget in embedding tokens (default\n"
+           "                             max(max_num_batched_tokens, image tokens), as vLLM)\n"
            "output:\n"
            "  --json                     one JSON object (keys in docs/plan.md)\n"
            "  --list                     the model and GPU presets\n"
@@ -162,6 +178,11 @@ static const struct option own_options[] = {
     {"lora-rank", required_argument, NULL, O_LORA_RANK},
     {"lora-adapters", required_argument, NULL, O_LORA_ADAPTERS},
     {"lora-resident", required_argument, NULL, O_LORA_RESIDENT},
+    {"mamba-ssm-cache-dtype", required_argument, NULL, O_SSM_DTYPE},
+    {"state-checkpoint-interval", required_argument, NULL, O_CHECKPOINT},
+    {"cached-prefixes", required_argument, NULL, O_CACHED_PREFIXES},
+    {"images-per-request", required_argument, NULL, O_IMAGES},
+    {"encoder-cache-tokens", required_argument, NULL, O_ENCODER_CACHE},
     {"json", no_argument, NULL, O_JSON},
     {"list", no_argument, NULL, O_LIST},
     {"help", no_argument, NULL, 'h'},
@@ -274,6 +295,26 @@ static int own_option(plan_args_t *a, int ch, const char *opt_name, const char *
         break;
     case O_LORA_RESIDENT:
         U64(0, 1u << 20, pp->lora_resident);
+        break;
+    case O_SSM_DTYPE:
+        if (!strcmp(arg, "float32") || !strcmp(arg, "fp32"))
+            pp->ssm_state_fp32 = true;
+        else if (!strcmp(arg, "auto") || !strcmp(arg, "bfloat16") || !strcmp(arg, "bf16"))
+            pp->ssm_state_fp32 = false;
+        else
+            return kvc_cli_error(CMD, "%s: '%s' is not auto, bfloat16 or float32", opt_name, arg);
+        break;
+    case O_CHECKPOINT:
+        TOK(1, KVC_PLAN_MAX_TOKENS, pp->state_checkpoint_interval);
+        break;
+    case O_CACHED_PREFIXES:
+        U64(1, KVC_PLAN_MAX_TOKENS, pp->cached_prefixes);
+        break;
+    case O_IMAGES:
+        U64(1, 4096, pp->images_per_request);
+        break;
+    case O_ENCODER_CACHE:
+        TOK(1, KVC_PLAN_MAX_TOKENS, pp->encoder_cache_tokens);
         break;
     case O_GRID:
         if (strcmp(arg, "dtypes"))

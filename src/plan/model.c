@@ -89,6 +89,35 @@ int kvc_plan_rope_parse(const char *s, kvc_plan_rope_t *type, double *factor)
     return KVC_EINVAL;
 }
 
+const char *kvc_plan_recurrent_name(kvc_plan_recurrent_t k)
+{
+    return k == KVC_PLAN_RECURRENT_NONE ? "none" : k == KVC_PLAN_RECURRENT_MAMBA1 ? "mamba1" : "?";
+}
+
+bool kvc__layer_recurrent(const kvc_plan_model_t *m, uint32_t i)
+{
+    if (!m->recurrent) return false;
+    return !m->attn_layer_period || i % m->attn_layer_period != m->attn_layer_offset;
+}
+
+bool kvc__layer_moe(const kvc_plan_model_t *m, uint32_t i)
+{
+    if (!m->n_experts) return false;
+    if (m->moe_layer_period) return i % m->moe_layer_period == m->moe_layer_offset;
+    return i >= m->n_dense_layers;
+}
+
+void kvc__mamba_params(const kvc_plan_model_t *m, uint32_t tp, uint64_t *linear, uint64_t *wide)
+{
+    const uint64_t H = m->hidden_size, d = kvc__ceil_div(m->ssm_d_inner, tp), r = m->ssm_dt_rank,
+                   n = m->ssm_d_state, k = m->ssm_d_conv;
+    /* in_proj (x and the gate), x_proj (dt, B, C), dt_proj, out_proj: TP splits d_inner */
+    *linear = H * 2 * d + d * (r + 2 * n) + r * d + d * H;
+    /* the depthwise convolution, dt_proj's bias, A_log, D; biases; Jamba's dt/B/C norms */
+    *wide = d * k + (m->ssm_conv_bias ? d : 0) + d + d * n + d +
+            (m->ssm_proj_bias ? 2 * d + H : 0) + (m->ssm_inner_norms ? r + 2 * n : 0);
+}
+
 int kvc_plan_dtype_parse(const char *name, kvc_plan_dtype_t *out)
 {
     static const struct {
@@ -266,7 +295,7 @@ int kvc_plan_model_preset(const char *name, kvc_plan_model_t *out)
  */
 typedef struct {
     kvc__u128 embedding, lm_head, attention, mlp_dense, experts_routed, experts_shared, router,
-        norms, total, active, vision;
+        norms, total, active, vision, recurrent;
 } wide_count_t;
 
 static void count_params(const kvc_plan_model_t *m, wide_count_t *c)
@@ -289,8 +318,13 @@ static void count_params(const kvc_plan_model_t *m, wide_count_t *c)
         attn = H * q + 2 * H * kv + nh * m->v_head_dim * H;
         if (m->qkv_bias) attn += q + 2 * kv;
     }
-    c->attention = L * attn;
-    /* n_dense_layers <= n_layers is checked before anything is counted */
+    /* n_recurrent_layers and n_dense_layers <= n_layers are checked before anything is counted */
+    c->attention = (L - m->n_recurrent_layers) * attn;
+    if (m->recurrent) {
+        uint64_t lin, wide;
+        kvc__mamba_params(m, 1, &lin, &wide);
+        c->recurrent = (kvc__u128)m->n_recurrent_layers * (lin + wide);
+    }
     const kvc__u128 n_dense = m->n_experts ? m->n_dense_layers : L, n_moe = L - n_dense;
     c->mlp_dense = n_dense * 3 * H * m->intermediate_size;
     if (m->n_experts) {
@@ -304,8 +338,8 @@ static void count_params(const kvc_plan_model_t *m, wide_count_t *c)
     c->norms = L * 2 * H + H;
     c->embedding = (kvc__u128)m->vocab_size * H;
     c->lm_head = m->tie_embeddings ? 0 : c->embedding;
-    c->total = c->embedding + c->lm_head + c->attention + c->mlp_dense + c->experts_routed +
-               c->experts_shared + c->router + c->norms;
+    c->total = c->embedding + c->lm_head + c->attention + c->recurrent + c->mlp_dense +
+               c->experts_routed + c->experts_shared + c->router + c->norms;
     c->vision = m->vision_params;
     c->active = c->total;
     if (m->n_experts)
@@ -329,6 +363,7 @@ void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_count_t *c)
         .total = (uint64_t)w.total,
         .active = (uint64_t)w.active,
         .vision = (uint64_t)w.vision,
+        .recurrent = (uint64_t)w.recurrent,
     };
 }
 
@@ -371,6 +406,15 @@ static int check_bounds(const kvc_plan_model_t *m, char *msg, size_t len)
         {m->n_sliding_layers, "sliding layers", KVC_PLAN_MAX_LAYERS},
         {m->image_tokens, "image tokens", KVC_PLAN_MAX_IMAGE_TOKENS},
         {m->max_position_embeddings, "max_position_embeddings", KVC_PLAN_MAX_TOKENS},
+        {m->vision_hidden, "vision_config.hidden_size", KVC_PLAN_MAX_HIDDEN},
+        {m->vision_intermediate, "vision_config.intermediate_size", KVC_PLAN_MAX_INTERMEDIATE},
+        {m->vision_layers, "vision_config.num_hidden_layers", KVC_PLAN_MAX_LAYERS},
+        {m->vision_tokens, "vision tokens (patches + 1)", KVC_PLAN_MAX_IMAGE_TOKENS + 1},
+        {m->n_recurrent_layers, "recurrent layers", KVC_PLAN_MAX_LAYERS},
+        {m->ssm_d_inner, "mamba_expand x hidden_size", KVC_PLAN_MAX_INTERMEDIATE},
+        {m->ssm_d_state, "mamba_d_state", KVC_PLAN_MAX_SSM_STATE},
+        {m->ssm_d_conv, "mamba_d_conv", KVC_PLAN_MAX_SSM_STATE},
+        {m->ssm_dt_rank, "mamba_dt_rank", KVC_PLAN_MAX_HIDDEN},
     };
     for (size_t i = 0; i < KVC_ARRAY_LEN(bounds); i++)
         if (bounds[i].v > bounds[i].max)
@@ -383,7 +427,8 @@ static int check_totals(const kvc_plan_model_t *m, char *msg, size_t len)
 {
     const kvc__u128 kv16 =
         m->mla ? ((kvc__u128)m->kv_lora_rank + m->qk_rope_head_dim) * m->n_layers * 2
-               : (kvc__u128)2 * m->n_layers * m->n_kv_heads * m->head_dim * 2;
+               : (kvc__u128)2 * (m->n_layers - m->n_recurrent_layers) * m->n_kv_heads *
+                     m->head_dim * 2;
     if (kv16 > KVC_PLAN_MAX_KV_BYTES_PER_TOKEN)
         return kvc__msgf(KVC_EINVAL, msg, len,
                          "KV bytes per token at 16 bits (%u layers x %s) are %.4g, over the bound "
@@ -436,6 +481,52 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
         if (m->n_dense_layers > m->n_layers)
             return kvc__msgf(KVC_EINVAL, msg, len, "%u dense layers but only %u layers",
                              m->n_dense_layers, m->n_layers);
+    }
+    if (m->recurrent) {
+        if (m->recurrent != KVC_PLAN_RECURRENT_MAMBA1)
+            return kvc__msgf(KVC_EINVAL, msg, len, "recurrent kind %d is not one the planner knows",
+                             (int)m->recurrent);
+        NEED(ssm_d_inner, "mamba_expand");
+        NEED(ssm_d_state, "mamba_d_state");
+        NEED(ssm_d_conv, "mamba_d_conv");
+        NEED(ssm_dt_rank, "mamba_dt_rank");
+        if (m->mla)
+            return kvc__msgf(KVC_EINVAL, msg, len, "a recurrent model with MLA is not modelled");
+        if (m->attn_layer_period && m->attn_layer_offset >= m->attn_layer_period)
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "attn_layer_offset %u is not below attn_layer_period %u",
+                             m->attn_layer_offset, m->attn_layer_period);
+        uint32_t n_rec = 0;
+        for (uint32_t i = 0; i < m->n_layers; i++) n_rec += kvc__layer_recurrent(m, i);
+        if (n_rec != m->n_recurrent_layers)
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "%u recurrent layers, but attn_layer_period %u and offset %u give %u",
+                             m->n_recurrent_layers, m->attn_layer_period, m->attn_layer_offset,
+                             n_rec);
+        /* Every layer recurrent (Mamba): no KV at all, which the pool arithmetic (blocks of
+         * KV) does not cover. */
+        if (n_rec == m->n_layers)
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "no attention layer: a pure state-space model is not modelled");
+        if (m->n_sliding_layers > m->n_layers - n_rec)
+            return kvc__msgf(KVC_EINVAL, msg, len, "%u sliding layers but only %u attention layers",
+                             m->n_sliding_layers, m->n_layers - n_rec);
+    } else if (m->n_recurrent_layers) {
+        return kvc__msgf(KVC_EINVAL, msg, len, "%u recurrent layers without a recurrent kind",
+                         m->n_recurrent_layers);
+    }
+    if (m->moe_layer_period) {
+        if (!m->n_experts || m->moe_layer_offset >= m->moe_layer_period)
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "expert_layer_offset %u with expert_layer_period %u and %u experts",
+                             m->moe_layer_offset, m->moe_layer_period, m->n_experts);
+        uint32_t n_moe = 0;
+        for (uint32_t i = 0; i < m->n_layers; i++) n_moe += kvc__layer_moe(m, i);
+        if (m->n_layers - n_moe != m->n_dense_layers)
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "%u dense layers, but expert_layer_period %u and offset %u give %u",
+                             m->n_dense_layers, m->moe_layer_period, m->moe_layer_offset,
+                             m->n_layers - n_moe);
     }
 #undef NEED
     if ((!m->n_experts || m->n_dense_layers) && m->intermediate_size == 0)
@@ -719,25 +810,116 @@ static int parse_images(const cfg_t *c, kvc_plan_model_t *m)
     return 0;
 }
 
-/* Recurrent and hybrid models (Mamba, Jamba, Nemotron-H, Qwen3-Next, Falcon-H1, Zamba, ...)
- * keep a fixed-size state per layer instead of KV in some or all layers, and Jamba puts MoE
- * on every other layer only: sized as all-attention they come out wrong (Jamba-v0.1 as 92
- * billion parameters instead of 52), so the field that says so is named and refused. */
+/* Jamba (ai21labs/Jamba-v0.1; transformers' JambaConfig): Mamba-1 mixers in every layer but
+ * every attn_layer_period-th (from attn_layer_offset), which attends; MoE every
+ * expert_layer_period-th layer (from expert_layer_offset), a dense MLP in the others.  Absent
+ * fields take JambaConfig's defaults (8, 4, 2, 1; d_state 16, d_conv 4, expand 2, dt_rank
+ * "auto" = ceil(hidden / 16), a conv bias, no projection biases; 16 experts, 2 per token). */
+static bool is_jamba(const cfg_t *c, const kvc_plan_model_t *m)
+{
+    return !strcmp(m->model_type, "jamba") || find(c, KEYS("attn_layer_period"), NULL) ||
+           find(c, KEYS("mamba_d_state"), NULL);
+}
+
+static int parse_jamba(const cfg_t *c, kvc_plan_model_t *m)
+{
+    uint32_t period = 8, offset = 4, e_period = 2, e_offset = 1, d_state = 16, d_conv = 4,
+             expand = 2;
+    int rc;
+    uint64_t v;
+    bool present;
+#define OPT(key, max, out)                                                     \
+    do {                                                                       \
+        if ((rc = get_uint(c, KEYS(key), max, true, &v, &present))) return rc; \
+        if (present) out = (uint32_t)v;                                        \
+    } while (0)
+    OPT("attn_layer_period", KVC_PLAN_MAX_LAYERS, period);
+    OPT("attn_layer_offset", KVC_PLAN_MAX_LAYERS, offset);
+    OPT("expert_layer_period", KVC_PLAN_MAX_LAYERS, e_period);
+    OPT("expert_layer_offset", KVC_PLAN_MAX_LAYERS, e_offset);
+    OPT("mamba_d_state", KVC_PLAN_MAX_SSM_STATE, d_state);
+    OPT("mamba_d_conv", KVC_PLAN_MAX_SSM_STATE, d_conv);
+    OPT("mamba_expand", 64, expand);
+#undef OPT
+    if (!period || offset >= period)
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                         "attn_layer_offset %u must be below attn_layer_period %u", offset, period);
+    if (!d_state || d_conv < 2 || !expand)
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                         "mamba_d_state %u, mamba_d_conv %u, mamba_expand %u: expected d_state and "
+                         "expand >= 1, d_conv >= 2",
+                         d_state, d_conv, expand);
+    const uint64_t d_inner = (uint64_t)expand * m->hidden_size;
+    if (d_inner > KVC_PLAN_MAX_INTERMEDIATE)
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                         "mamba_expand %u x hidden_size %u is out of range: at most %u", expand,
+                         m->hidden_size, KVC_PLAN_MAX_INTERMEDIATE);
+    uint32_t dt_rank = (m->hidden_size + 15) / 16; /* "auto" */
+    const cJSON *dt = find(c, KEYS("mamba_dt_rank"), NULL);
+    if (dt && !(cJSON_IsString(dt) && !strcmp(dt->valuestring, "auto"))) {
+        if ((rc = get_uint(c, KEYS("mamba_dt_rank"), KVC_PLAN_MAX_HIDDEN, false, &v, &present)))
+            return rc;
+        dt_rank = (uint32_t)v;
+    }
+    bool conv_bias = true, proj_bias = false;
+    if ((rc = get_bool(c, KEYS("mamba_conv_bias"), &conv_bias, NULL))) return rc;
+    if ((rc = get_bool(c, KEYS("mamba_proj_bias"), &proj_bias, NULL))) return rc;
+    m->recurrent = KVC_PLAN_RECURRENT_MAMBA1;
+    m->attn_layer_period = period;
+    m->attn_layer_offset = offset;
+    m->ssm_d_inner = (uint32_t)d_inner;
+    m->ssm_d_state = d_state;
+    m->ssm_d_conv = d_conv;
+    m->ssm_dt_rank = dt_rank;
+    m->ssm_conv_bias = conv_bias;
+    m->ssm_proj_bias = proj_bias;
+    m->ssm_inner_norms = true;
+    m->n_recurrent_layers = 0;
+    for (uint32_t i = 0; i < m->n_layers; i++) m->n_recurrent_layers += kvc__layer_recurrent(m, i);
+    /* MoE: JambaConfig's defaults when num_experts is absent; one expert is a dense MLP */
+    if (!find(c, KEYS("num_experts"), NULL)) {
+        m->n_experts = 16;
+        m->moe_intermediate_size = m->intermediate_size;
+        if (!find(c, KEYS("num_experts_per_tok"), NULL)) m->n_experts_active = 2;
+    }
+    if (m->n_experts <= 1) {
+        m->n_experts = m->n_experts_active = m->moe_intermediate_size = 0;
+        m->n_dense_layers = 0;
+        return 0;
+    }
+    if (!e_period || e_offset >= e_period)
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                         "expert_layer_offset %u must be below expert_layer_period %u", e_offset,
+                         e_period);
+    m->moe_layer_period = e_period;
+    m->moe_layer_offset = e_offset;
+    uint32_t n_moe = 0;
+    for (uint32_t i = 0; i < m->n_layers; i++) n_moe += kvc__layer_moe(m, i);
+    m->n_dense_layers = m->n_layers - n_moe;
+    return 0;
+}
+
+/* Recurrent and hybrid models other than Jamba's (Mamba, Nemotron-H, Qwen3-Next, Falcon-H1,
+ * Zamba, ...) keep a fixed-size state per layer instead of KV in some or all layers in ways
+ * the planner does not model: sized as all-attention they come out wrong, so the field that
+ * says so is named and refused. */
 static int refuse_recurrent(const cfg_t *c, const kvc_plan_model_t *m)
 {
     static const char *const keys[] = {
-        "attn_layer_period",
-        "attn_layer_offset",
         "layers_block_type",
         "hybrid_override_pattern",
         "full_attention_interval",
         "linear_num_value_heads",
-        "mamba_d_state",
-        "mamba_expand",
         "ssm_state_size",
         "ssm_cfg",
-        "mamba_d_conv",
-        "expert_layer_period",
+        "mamba_n_groups",
+        "mamba_n_heads",
+        "mamba_head_dim",
+        "mamba_num_heads",
+        "state_size",
+        "time_step_rank",
+        "lru_width",
+        "block_types",
     };
     for (size_t i = 0; i < KVC_ARRAY_LEN(keys); i++) {
         const char *k[] = {keys[i], NULL};
@@ -750,8 +932,8 @@ static int refuse_recurrent(const cfg_t *c, const kvc_plan_model_t *m)
                 keys[i]);
     }
     static const char *const types[] = {
-        "mamba", "mamba2", "jamba",           "falcon_h1", "nemotron_h", "qwen3_next",
-        "zamba", "zamba2", "recurrent_gemma", "rwkv",      "bamba",      "granitemoehybrid"};
+        "mamba",  "mamba2",          "falcon_h1", "nemotron_h", "qwen3_next",      "zamba",
+        "zamba2", "recurrent_gemma", "rwkv",      "bamba",      "granitemoehybrid"};
     for (size_t i = 0; i < KVC_ARRAY_LEN(types); i++)
         if (!strcmp(m->model_type, types[i]))
             return kvc__msgf(KVC_EINVAL, c->msg, c->len,
@@ -804,6 +986,10 @@ static int parse_vision_tower(const cfg_t *c, kvc_plan_model_t *m)
     const uint64_t embed = (uint64_t)ch * patch * patch * H + H + (side * side + 1) * H + H;
     const uint64_t projector = H * Ht + Ht + Ht * Ht + Ht;
     m->vision_params = lv * layer + embed + projector + 2 * H; /* + the final LayerNorm */
+    m->vision_hidden = hv;
+    m->vision_intermediate = iv;
+    m->vision_layers = lv;
+    m->vision_tokens = (uint32_t)KVC_MIN(side * side + 1, UINT32_MAX);
     return 0;
 }
 
@@ -884,6 +1070,7 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
 
     if ((rc = refuse_recurrent(c, m))) return rc;
     if ((rc = parse_moe(c, m))) return rc;
+    if (is_jamba(c, m) && (rc = parse_jamba(c, m))) return rc;
     if ((rc = parse_sliding(c, m))) return rc;
     if ((rc = parse_images(c, m))) return rc;
     if ((rc = parse_vision_tower(c, m))) return rc;

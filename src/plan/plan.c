@@ -121,11 +121,20 @@ static uint32_t kv_replication(const kvc_plan_model_t *m, uint32_t tp)
     return tp > m->n_kv_heads ? tp / m->n_kv_heads : 1;
 }
 
-static void layer_shard(const kvc_plan_model_t *m, uint32_t tp, bool moe, shard_t *s)
+static void layer_shard(const kvc_plan_model_t *m, uint32_t tp, bool moe, bool recurrent,
+                        shard_t *s)
 {
     const uint64_t H = m->hidden_size, nh = m->n_heads / tp;
     memset(s, 0, sizeof *s);
-    if (m->mla) {
+    if (recurrent) {
+        /* a Mamba mixer in place of attention: TP splits the inner channels */
+        uint64_t lin, wide;
+        kvc__mamba_params(m, tp, &lin, &wide);
+        s->linear += lin;
+        s->wide += wide;
+        const uint64_t d = kvc__ceil_div(m->ssm_d_inner, tp);
+        s->act_elems += 4 * d + m->ssm_dt_rank + 2 * (uint64_t)m->ssm_d_state;
+    } else if (m->mla) {
         const uint64_t qk = (uint64_t)m->qk_nope_head_dim + m->qk_rope_head_dim;
         if (m->q_lora_rank) {
             s->linear += H * m->q_lora_rank + m->q_lora_rank * nh * qk; /* q_a replicated */
@@ -178,6 +187,8 @@ static uint64_t linear_bytes(uint64_t n, kvc_plan_dtype_t dt)
 /* One pipeline stage on one GPU. */
 typedef struct {
     uint32_t first_layer, n_layers, n_sliding;
+    uint32_t n_recurrent, n_attn; /* layers with a state; the rest attend (and hold KV) */
+    uint64_t state_bytes;         /* one sequence's recurrent state on this GPU */
     uint64_t linear, wide, expert_linear;
     double flop_params;    /* decode, per token, LM head included on the last stage */
     uint64_t weight_bytes; /* estimated */
@@ -187,10 +198,13 @@ typedef struct {
     uint64_t lora_bytes;   /* one LoRA adapter's shard on this stage's layers */
     uint64_t act_elems;    /* per token, the widest layer */
     uint64_t act_fwd, act_sampler, act, graphs, non_torch, ctx; /* bytes */
-    uint64_t kv_per_layer; /* KV bytes per token per layer on this GPU */
-    uint64_t kv_per_token; /* all of the stage's layers */
-    int64_t pool;          /* signed: the budget can be overdrawn */
-    double blocks;         /* pool / block bytes, may be negative */
+    uint64_t act_text;                                          /* the peak without images */
+    uint64_t enc_act, enc_cache; /* first stage of a multimodal model: the vision encoder's
+                                    activations and the image embeddings it hands over */
+    uint64_t kv_per_layer;       /* KV bytes per token per layer on this GPU */
+    uint64_t kv_per_token;       /* all of the stage's layers */
+    int64_t pool;                /* signed: the budget can be overdrawn */
+    double blocks;               /* pool / block bytes, may be negative */
 } stage_t;
 
 static uint64_t kv_per_layer(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype_t dt)
@@ -203,15 +217,16 @@ static uint64_t kv_per_layer(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dt
 static void stage_weights(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype_t wdt,
                           bool first_stage, bool last_stage, bool pp, stage_t *s)
 {
-    shard_t dense, moe;
-    layer_shard(m, tp, false, &dense);
-    if (m->n_experts) layer_shard(m, tp, true, &moe);
-    const uint32_t n_dense_model = m->n_experts ? m->n_dense_layers : m->n_layers;
+    shard_t shards[2][2]; /* [recurrent][moe] */
+    for (int rec = 0; rec < 2; rec++)
+        for (int e = 0; e < 2; e++)
+            if ((!rec || m->recurrent) && (!e || m->n_experts))
+                layer_shard(m, tp, e, rec, &shards[rec][e]);
     s->linear = s->wide = s->expert_linear = 0;
     s->flop_params = 0;
     s->act_elems = 0;
     for (uint32_t i = s->first_layer; i < s->first_layer + s->n_layers; i++) {
-        const shard_t *sh = i < n_dense_model ? &dense : &moe;
+        const shard_t *sh = &shards[kvc__layer_recurrent(m, i)][kvc__layer_moe(m, i)];
         s->linear += sh->linear;
         s->wide += sh->wide;
         s->expert_linear += sh->expert_linear;
@@ -258,12 +273,31 @@ static uint64_t cp_share(uint64_t n, uint32_t cp)
     return cp > 1 ? kvc__ceil_div(n, cp) : n;
 }
 
+/* A recurrent layer's state for one sequence on one GPU of a TP group: the convolution's last
+ * d_conv - 1 inputs and the SSM state, d_inner / tp channels each. */
+static void state_per_layer(const kvc_plan_model_t *m, uint32_t tp, bool ssm_fp32, uint64_t *conv,
+                            uint64_t *ssm)
+{
+    const uint64_t d = kvc__ceil_div(m->ssm_d_inner, tp);
+    *conv = m->recurrent ? 2 * ((uint64_t)m->ssm_d_conv - 1) * d : 0;
+    *ssm = m->recurrent ? (ssm_fp32 ? 4 : 2) * d * m->ssm_d_state : 0;
+}
+
+static uint32_t attn_layers(const kvc_plan_model_t *m)
+{
+    return m->n_layers - m->n_recurrent_layers;
+}
+
 uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n)
 {
     const uint32_t cp = r->params.cp;
-    return request_bytes(r->kv_bytes_per_token_per_layer_per_gpu, r->layers_per_gpu,
-                         r->sliding_layers_per_gpu, (uint32_t)cp_share(r->model.sliding_window, cp),
-                         r->params.block_size, r->params.window_freeing, cp_share(n, cp));
+    const uint64_t kv =
+        request_bytes(r->kv_bytes_per_token_per_layer_per_gpu, r->kv_layers_per_gpu,
+                      r->sliding_layers_per_gpu, (uint32_t)cp_share(r->model.sliding_window, cp),
+                      r->params.block_size, r->params.window_freeing, cp_share(n, cp));
+    /* a recurrent state per sequence, whatever its length */
+    const uint64_t st = r->state_bytes_per_seq_per_gpu;
+    return n == 0 ? 0 : kv > UINT64_MAX - st ? UINT64_MAX : kv + st;
 }
 
 /* Attention FLOPs one token spends on keys at context c, summed over layers. */
@@ -412,6 +446,32 @@ static int validate_deployment(const kvc_plan_model_t *m, const kvc_plan_params_
         BAD("--tp %u neither divides the %u KV heads nor is a multiple of them", p->tp,
             m->n_kv_heads);
     if (p->pp > m->n_layers) BAD("--pp %u exceeds the %u layers", p->pp, m->n_layers);
+    if (m->recurrent) {
+        /* A recurrent state is one per sequence and scans the tokens in order: ring attention
+         * does not split it, and adapters on the mixers are not sized. */
+        if (p->cp > 1)
+            BAD("--cp %u: context parallelism of recurrent (Mamba) layers is not modelled", p->cp);
+        if (p->lora_rank) BAD("--lora-rank: LoRA on a recurrent model's mixers is not modelled");
+        /* verifying k drafts needs the state at each of them to roll back to */
+        if (p->spec_tokens)
+            BAD("--spec-tokens %u: speculative decoding on recurrent layers (a state per draft "
+                "position) is not modelled",
+                p->spec_tokens);
+        if (m->ssm_d_inner % p->tp)
+            BAD("--tp %u does not divide the mixer's %u inner channels", p->tp, m->ssm_d_inner);
+    }
+    if (p->state_checkpoint_interval > KVC_PLAN_MAX_TOKENS)
+        BAD("--state-checkpoint-interval %llu is out of range: at most %llu",
+            (unsigned long long)p->state_checkpoint_interval,
+            (unsigned long long)KVC_PLAN_MAX_TOKENS);
+    if (p->images_per_request > 4096)
+        BAD("--images-per-request %u is out of range: at most 4096", p->images_per_request);
+    if (p->encoder_cache_tokens > KVC_PLAN_MAX_TOKENS)
+        BAD("--encoder-cache-tokens %llu is out of range: at most %llu",
+            (unsigned long long)p->encoder_cache_tokens, (unsigned long long)KVC_PLAN_MAX_TOKENS);
+    if (p->cached_prefixes > KVC_PLAN_MAX_TOKENS)
+        BAD("--cached-prefixes %llu is out of range: at most %llu",
+            (unsigned long long)p->cached_prefixes, (unsigned long long)KVC_PLAN_MAX_TOKENS);
     if ((unsigned)p->weight_dtype >= KVC_PLAN_DTYPE__COUNT) BAD("invalid weight dtype");
     if ((unsigned)p->kv_dtype >= KVC_PLAN_DTYPE__COUNT) BAD("invalid KV dtype");
     if (p->kv_dtype == KVC_PLAN_INT4)
@@ -667,7 +727,7 @@ static int compute_inputs(calc_t *c, char *msg, size_t len)
 
 uint64_t kvc_plan_kv_bytes_per_token(const kvc_plan_model_t *m, kvc_plan_dtype_t kv_dtype)
 {
-    return kv_per_layer(m, 1, kv_dtype) * m->n_layers;
+    return kv_per_layer(m, 1, kv_dtype) * attn_layers(m);
 }
 
 /* 1. KV bytes per token, and what TP does to them. */
@@ -692,13 +752,19 @@ static void compute_kv(calc_t *c)
             .tp = t,
             .kv_heads_per_gpu = kv_heads_per_gpu(m, t),
             .replication = kv_replication(m, t),
-            .kv_bytes_per_token_per_gpu = kv_per_layer(m, t, p->kv_dtype) * m->n_layers,
+            .kv_bytes_per_token_per_gpu = kv_per_layer(m, t, p->kv_dtype) * attn_layers(m),
             .weight_bytes_per_gpu = s.weight_bytes,
         };
     }
     stage_t whole = {.first_layer = 0, .n_layers = m->n_layers};
     stage_weights(m, 1, p->weight_dtype, true, true, false, &whole);
     r->weight_bytes_total = whole.weight_bytes;
+    /* the recurrent state's inventory, whole model (section 15) */
+    state_per_layer(m, 1, p->ssm_state_fp32, &r->conv_state_bytes_per_layer,
+                    &r->ssm_state_bytes_per_layer);
+    r->state_bytes_per_seq =
+        m->n_recurrent_layers * (r->conv_state_bytes_per_layer + r->ssm_state_bytes_per_layer);
+    r->all_attention_kv_bytes_per_token = kv_per_layer(m, 1, p->kv_dtype) * m->n_layers;
 }
 
 /* One LoRA adapter's bytes per layer on one GPU of a TP group: A (in x r) and B (r x out) in 16
@@ -725,14 +791,34 @@ static int plan_stage(calc_t *c, uint32_t i, uint32_t first, char *msg, size_t l
     memset(s, 0, sizeof *s);
     s->first_layer = first;
     s->n_layers = m->n_layers / pp + (i < m->n_layers % pp);
-    s->n_sliding = (uint32_t)llround((double)m->n_sliding_layers * s->n_layers / m->n_layers);
+    for (uint32_t l = first; l < first + s->n_layers; l++)
+        s->n_recurrent += kvc__layer_recurrent(m, l);
+    s->n_attn = s->n_layers - s->n_recurrent;
+    s->n_sliding = (uint32_t)llround((double)m->n_sliding_layers * s->n_attn / attn_layers(m));
+    {
+        uint64_t conv, ssm;
+        state_per_layer(m, tp, p->ssm_state_fp32, &conv, &ssm);
+        s->state_bytes = s->n_recurrent * (conv + ssm);
+    }
     stage_weights(m, tp, p->weight_dtype, i == 0, i == pp - 1, pp > 1, s);
     if (p->weight_bytes != KVC_PLAN_AUTO) s->weight_bytes = p->weight_bytes;
     s->act_fwd = kvc__mul_sat(kvc__mul_sat(p->max_num_batched_tokens, s->act_elems), 2);
     s->act_sampler =
         i == pp - 1 ? (uint64_t)p->max_num_seqs * m->vocab_size * KVC__SAMPLER_BYTES_PER_LOGIT : 0;
-    s->act = p->activation_bytes != KVC_PLAN_AUTO ? p->activation_bytes
-                                                  : KVC_MAX(s->act_fwd, s->act_sampler);
+    s->act_text = KVC_MAX(s->act_fwd, s->act_sampler);
+    uint64_t act_auto = s->act_text;
+    if (i == 0 && m->image_tokens) {
+        /* The profile run encodes as many images as the encoder budget holds, keeps their
+         * embeddings for the prefill, then runs the forward at the token budget. */
+        const uint64_t H = m->vision_hidden;
+        r->encoder_live_elems_per_token =
+            H ? 5 * H + kvc__ceil_div(3 * H + (uint64_t)m->vision_intermediate, tp) : 0;
+        s->enc_act = kvc__mul_sat(kvc__mul_sat(r->encoder_images, m->vision_tokens),
+                                  2 * r->encoder_live_elems_per_token);
+        s->enc_cache = kvc__mul_sat(r->encoder_images, r->encoder_cache_bytes_per_image);
+        act_auto = KVC_MAX(KVC_MAX(s->enc_act, s->act_fwd) + s->enc_cache, s->act_sampler);
+    }
+    s->act = p->activation_bytes != KVC_PLAN_AUTO ? p->activation_bytes : act_auto;
     s->graphs = p->enforce_eager ? 0
                 : p->cuda_graph_bytes != KVC_PLAN_AUTO
                     ? p->cuda_graph_bytes
@@ -757,7 +843,7 @@ static int plan_stage(calc_t *c, uint32_t i, uint32_t first, char *msg, size_t l
     s->ctx =
         p->cuda_context_bytes != KVC_PLAN_AUTO ? p->cuda_context_bytes : KVC__CUDA_CONTEXT_BYTES;
     s->kv_per_layer = r->kv_bytes_per_token_per_layer_per_gpu;
-    s->kv_per_token = s->kv_per_layer * s->n_layers;
+    s->kv_per_token = s->kv_per_layer * s->n_attn;
     s->lora_bytes = p->lora_rank ? lora_layer_bytes(m, tp, p->lora_rank) * s->n_layers : 0;
     /* Every term is at most KVC_PLAN_MAX_BYTES (validate, and the checks above), so the
      * signed sum cannot overflow. */
@@ -785,6 +871,19 @@ static int compute_ledger(calc_t *c, char *msg, size_t len)
         r->max_graph_batch = KVC_MIN(p->max_num_seqs, (uint32_t)KVC__GRAPH_MAX_BATCH);
         for (uint32_t b = 1; b <= r->max_graph_batch; b = b < 8 ? b * 2 : b + 8) r->n_cuda_graphs++;
     }
+    /* multimodal: the encoder's budget and the images the profile run encodes at once */
+    const kvc_plan_model_t *m = c->m;
+    if (m->image_tokens) {
+        r->images_per_request = p->images_per_request ? p->images_per_request : 1;
+        r->encoder_budget_tokens =
+            p->encoder_cache_tokens
+                ? p->encoder_cache_tokens
+                : KVC_MAX((uint64_t)p->max_num_batched_tokens, (uint64_t)m->image_tokens);
+        const uint64_t by_budget = r->encoder_budget_tokens / m->image_tokens;
+        r->encoder_images =
+            KVC_MAX(1, KVC_MIN(by_budget, (uint64_t)p->max_num_seqs * r->images_per_request));
+        r->encoder_cache_bytes_per_image = (uint64_t)m->image_tokens * m->hidden_size * 2;
+    }
     const stage_t *st = NULL;
     uint32_t next = 0;
     for (uint32_t i = 0; i < pp; i++) {
@@ -800,6 +899,9 @@ static int compute_ledger(calc_t *c, char *msg, size_t len)
     }
     c->st = st;
     r->layers_per_gpu = st->n_layers;
+    r->kv_layers_per_gpu = st->n_attn;
+    r->recurrent_layers_per_gpu = st->n_recurrent;
+    r->state_bytes_per_seq_per_gpu = st->state_bytes;
     r->sliding_layers_per_gpu = st->n_sliding;
     r->kv_bytes_per_token_per_gpu = st->kv_per_token;
     uint64_t all_stage_kv = 0;
@@ -854,9 +956,10 @@ static bool phase_need(const calc_t *c, kvc_plan_phase_id_t ph, const stage_t *s
         *have = kv_explicit ? (visible > s->ctx ? visible - s->ctx : 0) : r->budget_bytes;
         break;
     case KVC_PLAN_PHASE_CHECK_MAX_LEN:
-        *need = request_bytes(s->kv_per_layer, s->n_layers, s->n_sliding,
+        *need = request_bytes(s->kv_per_layer, s->n_attn, s->n_sliding,
                               (uint32_t)cp_share(c->m->sliding_window, p->cp), p->block_size,
-                              p->window_freeing, cp_share(r->max_model_len, p->cp));
+                              p->window_freeing, cp_share(r->max_model_len, p->cp)) +
+                s->state_bytes;
         *have = s->pool > 0 ? (uint64_t)s->pool : 0;
         break;
     case KVC_PLAN_PHASE_CAPTURE_GRAPHS:
@@ -950,14 +1053,17 @@ static void compute_concurrency(calc_t *c)
         .lin_tok = 2 * st->flop_params,
         /* with CP each GPU attends over, and reads, its 1/cp of the context */
         .attn_tok =
-            attn_flops_token(m, st->n_layers, st->n_sliding, heads_gpu, dqk_dec, dv_dec, c_dec) /
+            attn_flops_token(m, st->n_attn, st->n_sliding, heads_gpu, dqk_dec, dv_dec, c_dec) /
             p->cp,
         .f_lin = r->peak_flops,
         .f_attn = g->bf16_flops,
-        .kv_read = (double)st->kv_per_layer *
-                   ((st->n_layers - st->n_sliding) * c_dec +
-                    st->n_sliding * (m->sliding_window ? fmin(c_dec, m->sliding_window) : c_dec)) /
-                   p->cp,
+        /* a recurrent state is read and written back every step */
+        .kv_read =
+            (double)st->kv_per_layer *
+                ((st->n_attn - st->n_sliding) * c_dec +
+                 st->n_sliding * (m->sliding_window ? fmin(c_dec, m->sliding_window) : c_dec)) /
+                p->cp +
+            2.0 * (double)st->state_bytes,
         .w_dense = fmax(0, (double)st->weight_bytes -
                                (double)(p->weight_bytes != KVC_PLAN_AUTO ? 0 : st->expert_bytes) -
                                (double)st->embed_bytes - (double)st->vision_bytes),
@@ -970,7 +1076,9 @@ static void compute_concurrency(calc_t *c)
     r->decode_attention_flops_per_seq = roof->attn_tok;
     r->decode_bytes_per_seq = roof->kv_read;
     r->weight_read_bytes = weight_read(roof, 1);
-    r->attention_flops_per_kv_byte = roof->kv_read > 0 ? roof->attn_tok / roof->kv_read : 0;
+    /* per byte of KV: a recurrent state's read and write-back are not attention's */
+    const double kv_only = roof->kv_read - 2.0 * (double)st->state_bytes;
+    r->attention_flops_per_kv_byte = kv_only > 0 ? roof->attn_tok / kv_only : 0;
     {
         const double tpd = p->tp, H = m->hidden_size;
         r->tp_comm_bytes_per_token_layer = p->tp > 1 ? 2 * 2 * H * 2 * (tpd - 1) / tpd : 0;
@@ -1009,15 +1117,15 @@ static void compute_sliding(calc_t *c)
     kvc_plan_result_t *r = c->r;
     const uint64_t per_layer_model = kv_per_layer(m, 1, p->kv_dtype);
     r->swa_bytes_with_freeing =
-        request_bytes(per_layer_model, m->n_layers, m->n_sliding_layers, m->sliding_window,
+        request_bytes(per_layer_model, attn_layers(m), m->n_sliding_layers, m->sliding_window,
                       p->block_size, true, r->context_tokens);
-    r->swa_bytes_without_freeing =
-        request_bytes(per_layer_model, m->n_layers, 0, 0, p->block_size, false, r->context_tokens);
+    r->swa_bytes_without_freeing = request_bytes(per_layer_model, attn_layers(m), 0, 0,
+                                                 p->block_size, false, r->context_tokens);
     r->kv_bytes_per_request_model =
         p->window_freeing ? r->swa_bytes_with_freeing : r->swa_bytes_without_freeing;
     r->sliding_window_saving =
         1.0 - (double)r->swa_bytes_with_freeing / (double)r->swa_bytes_without_freeing;
-    r->sliding_window_saving_limit = (double)m->n_sliding_layers / m->n_layers;
+    r->sliding_window_saving_limit = (double)m->n_sliding_layers / attn_layers(m);
 }
 
 /* Attention FLOPs of a whole-model prefill of n tokens (causal pairs counted once). */
@@ -1025,7 +1133,7 @@ static double prefill_attention(const kvc_plan_model_t *m, double n)
 {
     const double dqk_pre = m->head_dim, dv_pre = m->v_head_dim;
     return 2.0 * m->n_heads * (dqk_pre + dv_pre) *
-           ((m->n_layers - m->n_sliding_layers) * causal_pairs(n, 0) +
+           ((attn_layers(m) - m->n_sliding_layers) * causal_pairs(n, 0) +
             m->n_sliding_layers * causal_pairs(n, m->sliding_window));
 }
 
@@ -1052,13 +1160,15 @@ static void compute_forks(calc_t *c)
     const uint32_t bs = p->block_size;
     const uint64_t blk = (uint64_t)bs * c->st->kv_per_token;
     const uint64_t all = kvc__ceil_div(r->request_tokens, bs), prompt_full = p->prompt_tokens / bs;
-    r->fork_unshared_bytes_samples = kvc__mul_sat((uint64_t)p->n_samples * all, blk);
+    /* a recurrent state cannot be shared: every sample and beam holds its own copy */
+    const uint64_t st = c->st->state_bytes, ns = p->n_samples, nb = p->beams;
+    r->fork_unshared_bytes_samples = kvc__mul_sat(ns * all, blk) + ns * st;
     r->fork_shared_bytes_samples =
-        kvc__mul_sat(prompt_full + (uint64_t)p->n_samples * (all - prompt_full), blk);
-    r->fork_unshared_bytes_beams = kvc__mul_sat((uint64_t)p->beams * all, blk);
-    r->fork_shared_bytes_beams = kvc__mul_sat(all + (uint64_t)p->beams - 1, blk);
+        kvc__mul_sat(prompt_full + ns * (all - prompt_full), blk) + ns * st;
+    r->fork_unshared_bytes_beams = kvc__mul_sat(nb * all, blk) + nb * st;
+    r->fork_shared_bytes_beams = kvc__mul_sat(all + nb - 1, blk) + nb * st;
     r->fork_shared_bytes_beams_diverged =
-        kvc__mul_sat(prompt_full + (uint64_t)p->beams * (all - prompt_full), blk);
+        kvc__mul_sat(prompt_full + nb * (all - prompt_full), blk) + nb * st;
 }
 
 /* 8. Disaggregated prefill: a replica's prefill rate (compute-bound), its KV.
@@ -1084,7 +1194,10 @@ static void compute_disagg(calc_t *c)
         r->prefill_tokens_per_s = gpus_replica * n_p / c->prefill_work_s;
         r->prefill_rate_kind = KVC_PLAN_ESTIMATED;
     }
-    r->prefill_kv_bytes_per_s = (double)r->kv_bytes_per_token * r->prefill_tokens_per_s;
+    /* a recurrent model hands over one state per prompt with its attention layers' KV */
+    r->prefill_kv_bytes_per_s =
+        (double)r->kv_bytes_per_token * r->prefill_tokens_per_s +
+        (n_p > 0 ? (double)r->state_bytes_per_seq * r->prefill_tokens_per_s / n_p : 0);
     r->prefill_kv_bytes_per_s_per_gpu = r->prefill_kv_bytes_per_s / gpus_replica;
     r->prefill_kv_bytes_per_s_linear_only =
         (double)r->kv_bytes_per_token * f_eff / (2 * c->linear_params);
@@ -1359,6 +1472,23 @@ static void compute_tenancy(calc_t *c)
                                              KVC_MAX(p->lora_resident, 1));
     }
     r->image_bytes_per_gpu = (uint64_t)c->m->image_tokens * c->st->kv_per_token;
+    if (c->m->image_tokens) {
+        /* the profile's phases on the first stage, where the vision tower runs */
+        const stage_t *s0 = &c->stages[0];
+        r->encoder_activation_bytes = s0->enc_act;
+        r->encoder_cache_bytes = s0->enc_cache;
+        r->phase_bytes[0] = s0->enc_act + s0->enc_cache;
+        r->phase_bytes[1] = s0->act_fwd + s0->enc_cache;
+        r->phase_bytes[2] = c->stages[c->p->pp - 1].act_sampler;
+        r->peak_phase = 0;
+        for (int i = 1; i < 3; i++)
+            if (r->phase_bytes[i] > r->phase_bytes[r->peak_phase]) r->peak_phase = i;
+        r->text_only_activation_bytes = s0->act_text;
+        const uint64_t extra = s0->act > s0->act_text ? s0->act - s0->act_text : 0;
+        r->encoder_pool_tokens_lost = s0->kv_per_token ? extra / s0->kv_per_token * c->p->cp : 0;
+        r->image_request_bytes_per_gpu = kvc_plan_request_bytes(
+            r, r->request_tokens + (uint64_t)r->images_per_request * c->m->image_tokens);
+    }
 }
 
 /* 13. Long context: one request at the context, its KV per GPU under context parallelism, its
@@ -1391,6 +1521,74 @@ static void compute_longctx(calc_t *c)
         2.0 * ((double)m->head_dim + m->v_head_dim) * ((double)m->n_heads / p->tp);
     r->ring_attention_step_s = n * n / (2 * cp * cp) * pair_flops / (g->bf16_flops * p->mfu);
     r->ring_hidden = r->ring_step_s <= r->ring_attention_step_s;
+
+    /* decode: the partial softmax results of each attention layer, all-gathered */
+    const double dv_dec = m->mla ? (double)m->kv_lora_rank : m->v_head_dim;
+    const uint64_t heads_gpu = m->n_heads / p->tp;
+    r->cp_decode_bytes_per_token_layer =
+        (uint64_t)(p->cp - 1) * heads_gpu * ((uint64_t)dv_dec + 2) * 4;
+    r->cp_decode_layers = c->st->n_attn;
+    r->cp_decode_latency_s =
+        r->ring_inter_node ? KVC__COLLECTIVE_LATENCY_INTER_S : KVC__COLLECTIVE_LATENCY_S;
+    uint64_t b = r->ceilings[r->binding_ceiling];
+    if (b == KVC_PLAN_UNBOUNDED || b < 1) b = 1;
+    r->cp_decode_batch = b;
+    const roof_t *f = &c->roof;
+    for (int i = 0; i < 2; i++) {
+        const double bb = i ? (double)b : 1;
+        r->cp_decode_comm_s[i] =
+            r->cp_decode_layers *
+            (bb * (double)r->cp_decode_bytes_per_token_layer / r->ring_link_bytes_per_s +
+             r->cp_decode_latency_s);
+        const double mem = (weight_read(f, bb) + bb * f->kv_read) / (f->bw * p->mbu);
+        const double comp = bb * token_time(f) / p->mfu;
+        r->cp_decode_step_s[i] = p->pp * fmax(mem, comp);
+    }
+}
+
+static uint64_t gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        const uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* 15. Recurrent state: what a sequence holds whatever its length, how many fit, and what
+ * prefix caching costs and loses when a recurrent layer can only resume from a saved state
+ * (a checkpoint every `interval` tokens), while attention layers resume at any block. */
+static void compute_recurrent(calc_t *c)
+{
+    const kvc_plan_params_t *p = c->p;
+    kvc_plan_result_t *r = c->r;
+    const stage_t *st = c->st;
+    if (!c->m->recurrent) return;
+    const uint64_t bs = p->block_size, P = p->prompt_tokens, state = st->state_bytes;
+    r->checkpoint_interval = p->state_checkpoint_interval ? p->state_checkpoint_interval : 512;
+    r->cached_prefixes = p->cached_prefixes ? p->cached_prefixes : 100;
+    r->state_kv_tokens = st->kv_per_token ? state / st->kv_per_token : 0;
+    r->request_kv_bytes = r->kv_bytes_per_request - state;
+    r->state_only_sequences = state ? r->kv_pool_bytes_per_gpu / state : 0;
+    /* a cached prompt: its full blocks of KV, and a state at every interval it covers */
+    r->checkpoints_per_prefix = P / r->checkpoint_interval;
+    r->prefix_kv_bytes_per_gpu = kvc__mul_sat(P / bs * bs, st->kv_per_token);
+    r->prefix_bytes_per_gpu =
+        r->prefix_kv_bytes_per_gpu + kvc__mul_sat(r->checkpoints_per_prefix, state);
+    r->prefix_bytes_last_checkpoint_per_gpu =
+        r->prefix_kv_bytes_per_gpu + (r->checkpoints_per_prefix ? state : 0);
+    r->cached_prefixes_bytes_per_gpu = kvc__mul_sat(r->cached_prefixes, r->prefix_bytes_per_gpu);
+    r->prefixes_in_pool =
+        r->prefix_bytes_per_gpu ? r->kv_pool_bytes_per_gpu / r->prefix_bytes_per_gpu : 0;
+    /* every layer resumes at a multiple of both the block and the interval */
+    const uint64_t g = gcd_u64(bs, r->checkpoint_interval);
+    r->restart_boundary_tokens = kvc__mul_sat(bs / g, r->checkpoint_interval);
+    r->mean_recomputed_tokens = (double)r->restart_boundary_tokens / 2;
+    r->mean_recompute_s = r->mean_recomputed_tokens * r->recompute_s_per_token;
+    /* a hit never covers the last prompt token */
+    r->prompt_resume_tokens = (P - 1) / r->restart_boundary_tokens * r->restart_boundary_tokens;
+    r->prompt_recomputed_tokens = P - r->prompt_resume_tokens;
 }
 
 /* Whether the GPU's name (at most its 32 bytes) holds `needle`, case-insensitively. */
@@ -1452,6 +1650,7 @@ static int compute_core(const kvc_plan_model_t *m, const kvc_plan_gpu_t *g,
     compute_spec(&c);
     compute_tenancy(&c);
     compute_longctx(&c);
+    compute_recurrent(&c);
     return 0;
 }
 

@@ -39,6 +39,14 @@ char *kvc__fmt_num(char *buf, size_t len, double v);            /* 3 significant
  * control bytes on a terminal.  Truncates to fit.  Returns out. */
 char *kvc__escape(char *out, size_t cap, const char *s);
 
+/* Layer kinds of a hybrid model (model.c): whether layer i keeps a recurrent state instead
+ * of attention, and whether its MLP is MoE. */
+bool kvc__layer_recurrent(const kvc_plan_model_t *m, uint32_t i);
+bool kvc__layer_moe(const kvc_plan_model_t *m, uint32_t i);
+/* One Mamba-1 mixer's parameters on one GPU of a TP group: the quantizable projections and
+ * the 16-bit rest (convolution, A, D, biases, norms). */
+void kvc__mamba_params(const kvc_plan_model_t *m, uint32_t tp, uint64_t *linear, uint64_t *wide);
+
 /* Integer helpers (saturating where a product could overflow). */
 static inline uint64_t kvc__ceil_div(uint64_t a, uint64_t b)
 {
@@ -60,26 +68,30 @@ static inline uint64_t kvc__mul_sat(uint64_t a, uint64_t b)
  * of Llama-3-8B on an H100 (github.com/vllm-project/vllm/pull/10511): 1.26 GiB
  * of activation peak at TP 1 and at TP 2, i.e. not sharded by TP; this gives
  * 256 x 128,256 x 40 B = 1.22 GiB. */
-#define KVC__SAMPLER_BYTES_PER_LOGIT 40
+#define KVC__SAMPLER_BYTES_PER_LOGIT    40
 /* Graph pools: each captured batch size keeps per-layer buffers alive.  One
  * public observation (github.com/vllm-project/vllm/issues/7553: 2,464 MiB for 35
  * graphs of a 60-layer model at TP 4, about 1.2 MiB per graph and layer with
  * the all-reduce buffers) says real pools can be larger than this. */
-#define KVC__GRAPH_BYTES_PER_LAYER   (512 * KVC__KIB)
-#define KVC__GRAPH_MAX_BATCH         512 /* vLLM captures batch sizes 1, 2, 4, 8, 16, ... 512 */
+#define KVC__GRAPH_BYTES_PER_LAYER      (512 * KVC__KIB)
+#define KVC__GRAPH_MAX_BATCH            512 /* vLLM captures batch sizes 1, 2, 4, 8, 16, ... 512 */
 /* Memory outside the framework allocator used by the profile run: cuBLAS and
  * attention workspaces (vLLM logs 0.16-0.20 GiB, pull/12126 and pull/14447),
  * plus NCCL channels and custom all-reduce buffers when GPUs talk. */
-#define KVC__NON_TORCH_BYTES         (256 * KVC__MIB)
-#define KVC__NON_TORCH_COMM_BYTES    (512 * KVC__MIB)
+#define KVC__NON_TORCH_BYTES            (256 * KVC__MIB)
+#define KVC__NON_TORCH_COMM_BYTES       (512 * KVC__MIB)
 /* The CUDA context, created before the engine measures anything. */
-#define KVC__CUDA_CONTEXT_BYTES      (512 * KVC__MIB)
+#define KVC__CUDA_CONTEXT_BYTES         (512 * KVC__MIB)
 /* Per-transfer latencies of the tiers (launch and setup, not bandwidth). */
-#define KVC__LATENCY_HBM_S           5e-6
-#define KVC__LATENCY_HOST_S          10e-6
-#define KVC__LATENCY_NVME_S          100e-6
-#define KVC__LATENCY_NETWORK_S       30e-6
+#define KVC__LATENCY_HBM_S              5e-6
+#define KVC__LATENCY_HOST_S             10e-6
+#define KVC__LATENCY_NVME_S             100e-6
+#define KVC__LATENCY_NETWORK_S          30e-6
+/* One small collective (the decode-time CP exchange of partial attention results): NCCL's
+ * latency floor for a few KiB, within a node over NVLink and between nodes. */
+#define KVC__COLLECTIVE_LATENCY_S       10e-6
+#define KVC__COLLECTIVE_LATENCY_INTER_S 30e-6
 /* Pipeline stages planned at most (each a struct on the stack). */
-#define KVC__MAX_STAGES              64
+#define KVC__MAX_STAGES                 64
 
 #endif

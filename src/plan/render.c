@@ -139,6 +139,15 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     else if (m->sliding_window)
         P("           sliding window %s tokens on %u of %u layers\n", I(c, m->sliding_window),
           m->n_sliding_layers, m->n_layers);
+    if (m->recurrent) {
+        P("           hybrid: %u %s (Mamba) layers hold a fixed state, %u attend (layer i when i "
+          "%% %u = %u)",
+          m->n_recurrent_layers, kvc_plan_recurrent_name(m->recurrent),
+          m->n_layers - m->n_recurrent_layers, m->attn_layer_period, m->attn_layer_offset);
+        if (m->moe_layer_period)
+            P("; MoE when i %% %u = %u", m->moe_layer_period, m->moe_layer_offset);
+        P("\n");
+    }
     if (m->image_tokens) P("           an image takes %s KV tokens\n", I(c, m->image_tokens));
     P("           %s parameters, %s active per token\n", BIL(c, (double)r->counts.total),
       BIL(c, (double)r->counts.active));
@@ -193,8 +202,13 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
           BY(c, r->kv_bytes_per_token));
     } else {
         P("   formula  2 (K and V) x layers x KV heads x head_dim x bytes per element\n");
-        P("   model    2 x %u x %u x %u x %s B = %s B (%s) per token\n", m->n_layers, m->n_kv_heads,
-          m->head_dim, eb, I(c, r->kv_bytes_per_token), BY(c, r->kv_bytes_per_token));
+        if (m->recurrent)
+            P("            only the %u attention layers of %u hold KV; the %u recurrent ones a "
+              "fixed state (section 15)\n",
+              m->n_layers - m->n_recurrent_layers, m->n_layers, m->n_recurrent_layers);
+        P("   model    2 x %u x %u x %u x %s B = %s B (%s) per token\n",
+          m->n_layers - m->n_recurrent_layers, m->n_kv_heads, m->head_dim, eb,
+          I(c, r->kv_bytes_per_token), BY(c, r->kv_bytes_per_token));
     }
     P("            1,048,576 tokens: %s; max_model_len %s: %s\n",
       G(c, (double)r->kv_bytes_per_token * 1048576.0), I(c, r->max_model_len),
@@ -221,7 +235,7 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
             P("; PP %u: %u of %u layers on the binding stage", p->pp, r->layers_per_gpu,
               m->n_layers);
         P("\n            2 x %u x %u x %u x %s B = %s B (%s) per token per GPU\n",
-          r->layers_per_gpu, r->kv_heads_per_gpu, m->head_dim, eb,
+          r->kv_layers_per_gpu, r->kv_heads_per_gpu, m->head_dim, eb,
           I(c, r->kv_bytes_per_token_per_gpu), BY(c, r->kv_bytes_per_token_per_gpu));
     }
     if (r->kv_head_replication <= 1) {
@@ -349,9 +363,34 @@ static void sec_ledger(rc_t *c, const kvc_plan_result_t *r)
           : r->vision_bytes_per_gpu               ? ", vision tower"
                                                   : "",
           G(c, (double)r->weight_bytes_per_gpu));
-    if (p->activation_bytes != KVC_PLAN_AUTO)
+    static const char *const phase_names[3] = {"encoder", "prefill with images", "decode"};
+    if (p->activation_bytes != KVC_PLAN_AUTO) {
         P("   activation peak  measured: %s\n", G(c, (double)r->activation_bytes));
-    else {
+    } else if (m->image_tokens && r->binding_stage == 0) {
+        P("   activation peak  the profile run's largest phase (section 16):\n");
+        if (r->encoder_live_elems_per_token)
+            P("                        encoder: %s images x %u tokens x %s live values x 2 B = %s "
+              "+ their\n"
+              "                        embeddings %s = %s\n",
+              I(c, r->encoder_images), m->vision_tokens, I(c, r->encoder_live_elems_per_token),
+              G(c, (double)r->encoder_activation_bytes), G(c, (double)r->encoder_cache_bytes),
+              G(c, (double)r->phase_bytes[0]));
+        else
+            P("                        encoder: not estimated (the config gives no vision "
+              "widths): pass\n"
+              "                        --activation-memory; its embeddings %s\n",
+              G(c, (double)r->encoder_cache_bytes));
+        P("                        prefill with images: %s tokens x %s live values x 2 B = %s + "
+          "the\n"
+          "                        embeddings = %s\n",
+          I(c, p->max_num_batched_tokens), I(c, r->activation_elems_per_token),
+          G(c, (double)r->activation_forward_bytes), G(c, (double)r->phase_bytes[1]));
+        P("                        decode: sampler, %u sequences x %s vocab x %d B = %s\n"
+          "                        peak: %s, %s (text only: %s)\n",
+          p->max_num_seqs, I(c, m->vocab_size), KVC__SAMPLER_BYTES_PER_LOGIT,
+          G(c, (double)r->phase_bytes[2]), phase_names[r->peak_phase],
+          G(c, (double)r->activation_bytes), G(c, (double)r->text_only_activation_bytes));
+    } else {
         P("   activation peak  max(forward: %s tokens x %s live values x 2 B = %s,\n",
           I(c, p->max_num_batched_tokens), I(c, r->activation_elems_per_token),
           G(c, (double)r->activation_forward_bytes));
@@ -1052,6 +1091,27 @@ static void sec_longctx(rc_t *c, const kvc_plan_result_t *r)
           r->ring_hidden ? "the transfer hides behind compute" : "the transfer is exposed");
     else
         P("   ring       CP 1: no ring; --cp N splits each request's KV over N GPUs\n");
+    if (p->cp > 1) {
+        const unsigned dv = m->mla ? m->kv_lora_rank : m->v_head_dim;
+        P("   decode     each step all-gathers every attention layer's partial results (per query "
+          "head the\n"
+          "              output, its max and its sum, fp32): (%u - 1) x %u heads/GPU x (%u + 2) x "
+          "4 B "
+          "= "
+          "%s B per\n"
+          "              token and layer, over %u layers, each exchange %s of latency\n",
+          p->cp, m->n_heads / p->tp, dv, I(c, r->cp_decode_bytes_per_token_layer),
+          r->cp_decode_layers, TIME(c, r->cp_decode_latency_s));
+        for (int i = 0; i < (r->cp_decode_batch > 1 ? 2 : 1); i++) {
+            const double bb = i ? (double)r->cp_decode_batch : 1;
+            P("              batch %-6s %s x %s B / %s + %u x %s = %s against a %s step (%s)\n",
+              I(c, (uint64_t)bb), I(c, (uint64_t)bb),
+              I(c, (uint64_t)r->cp_decode_layers * r->cp_decode_bytes_per_token_layer),
+              RT(c, r->ring_link_bytes_per_s), r->cp_decode_layers, TIME(c, r->cp_decode_latency_s),
+              TIME(c, r->cp_decode_comm_s[i]), TIME(c, r->cp_decode_step_s[i]),
+              PCT(c, r->cp_decode_comm_s[i] / r->cp_decode_step_s[i]));
+        }
+    }
     if (!r->n_layouts) {
         P("\n");
         return;
@@ -1082,6 +1142,117 @@ static void sec_longctx(rc_t *c, const kvc_plan_result_t *r)
     P("\n");
 }
 
+static void sec_multimodal(rc_t *c, const kvc_plan_result_t *r)
+{
+    static const char *const phase_names[3] = {"encoder", "prefill with images", "decode"};
+    const kvc_plan_model_t *m = &r->model;
+    const kvc_plan_params_t *p = &r->params;
+    P("16. Multimodal: %s KV tokens an image, %u image%s per request (--images-per-request)\n",
+      I(c, m->image_tokens), r->images_per_request, r->images_per_request == 1 ? "" : "s");
+    if (r->counts.vision)
+        P("   tower      %s parameters, %s per GPU in the weights, run on images only (never "
+          "by a\n"
+          "              decode step)\n",
+          I(c, r->counts.vision), G(c, (double)r->vision_bytes_per_gpu));
+    P("   budget     the encoder's budget %s tokens (max(max_num_batched_tokens %s, %s), vLLM's\n"
+      "              compute_encoder_budget; --encoder-cache-tokens) encodes min(%u x %u, %s / "
+      "%s) = %s\n"
+      "              images at once in the profile run\n",
+      I(c, r->encoder_budget_tokens), I(c, p->max_num_batched_tokens), I(c, m->image_tokens),
+      p->max_num_seqs, r->images_per_request, I(c, r->encoder_budget_tokens), I(c, m->image_tokens),
+      I(c, r->encoder_images));
+    if (r->encoder_live_elems_per_token)
+        P("   encoder    per image %u tokens (patches + class) x (5 x %u + (3 x %u + %u) / TP %u)\n"
+          "              = %s live values x 2 B; x %s images = %s of activations\n",
+          m->vision_tokens, m->vision_hidden, m->vision_hidden, m->vision_intermediate, p->tp,
+          I(c, r->encoder_live_elems_per_token), I(c, r->encoder_images),
+          BY(c, r->encoder_activation_bytes));
+    else
+        P("   encoder    not estimated: the config gives no vision widths (pass "
+          "--activation-memory)\n");
+    P("   cache      an image's embeddings: %s tokens x hidden %u x 2 B = %s; the %s encoded "
+      "images\n"
+      "              keep %s until their prefill consumes them (the encoder cache)\n",
+      I(c, m->image_tokens), m->hidden_size, BY(c, r->encoder_cache_bytes_per_image),
+      I(c, r->encoder_images), BY(c, r->encoder_cache_bytes));
+    P("   phases     encoder %s, prefill with images %s, decode %s:\n"
+      "              %s peaks (%s; text only %s)\n",
+      G(c, (double)r->phase_bytes[0]), G(c, (double)r->phase_bytes[1]),
+      G(c, (double)r->phase_bytes[2]), phase_names[r->peak_phase],
+      G(c, (double)r->activation_bytes), G(c, (double)r->text_only_activation_bytes));
+    if (r->encoder_pool_tokens_lost)
+        P("   pool       the images' share of the peak, %s, is memory the KV pool never gets "
+          "and decode\n"
+          "              never uses: %s KV tokens\n",
+          G(c, (double)(r->activation_bytes - r->text_only_activation_bytes)),
+          I(c, r->encoder_pool_tokens_lost));
+    else
+        P("   pool       the images do not raise the peak: no KV tokens lost to them\n");
+    P("   KV         an image adds %s KV tokens, %s per GPU; the typical request with %u: %s "
+      "per GPU\n\n",
+      I(c, m->image_tokens), BY(c, r->image_bytes_per_gpu), r->images_per_request,
+      BY(c, r->image_request_bytes_per_gpu));
+}
+
+static void sec_recurrent(rc_t *c, const kvc_plan_result_t *r)
+{
+    const kvc_plan_model_t *m = &r->model;
+    const kvc_plan_params_t *p = &r->params;
+    const uint32_t n_attn = m->n_layers - m->n_recurrent_layers;
+    const char *ssm_b = p->ssm_state_fp32 ? "4" : "2";
+    P("15. Recurrent state: %u Mamba (%s) layers and %u attention layers of %u\n",
+      m->n_recurrent_layers, kvc_plan_recurrent_name(m->recurrent), n_attn, m->n_layers);
+    P("   per layer  conv (d_conv %u - 1) x d_inner %u x 2 B = %s; SSM d_inner %u x d_state %u x "
+      "%s B = %s\n"
+      "              (%s; --mamba-ssm-cache-dtype float32 doubles the SSM part)\n",
+      m->ssm_d_conv, m->ssm_d_inner, BY(c, r->conv_state_bytes_per_layer), m->ssm_d_inner,
+      m->ssm_d_state, ssm_b, BY(c, r->ssm_state_bytes_per_layer),
+      p->ssm_state_fp32 ? "fp32 SSM state" : "16-bit, the model's dtype");
+    P("   state      %u layers x %s = %s per sequence, whatever its length; per GPU (TP %u, %u "
+      "of the\n"
+      "              layers): %s, as much as %s tokens of KV\n",
+      m->n_recurrent_layers, BY(c, r->conv_state_bytes_per_layer + r->ssm_state_bytes_per_layer),
+      BY(c, r->state_bytes_per_seq), p->tp, r->recurrent_layers_per_gpu,
+      BY(c, r->state_bytes_per_seq_per_gpu), I(c, r->state_kv_tokens));
+    P("   KV         the %u attention layers: %s B per token (all %u layers attending would hold "
+      "%s B)\n",
+      n_attn, I(c, r->kv_bytes_per_token), m->n_layers, I(c, r->all_attention_kv_bytes_per_token));
+    P("   sequences  the typical request (%s tokens): state %s + KV %s = %s per GPU;\n"
+      "              the pool (%s) holds %s of them (max concurrency); %s if KV took nothing\n",
+      I(c, r->request_tokens), BY(c, r->state_bytes_per_seq_per_gpu), BY(c, r->request_kv_bytes),
+      BY(c, r->kv_bytes_per_request), G(c, (double)r->kv_pool_bytes_per_gpu),
+      I(c, r->max_concurrency), I(c, r->state_only_sequences));
+    P("   decode     each step reads and writes every running sequence's state: 2 x %s per "
+      "sequence\n",
+      BY(c, r->state_bytes_per_seq_per_gpu));
+    P("   checkpoints prefix caching keeps a state every %s tokens "
+      "(--state-checkpoint-interval),\n"
+      "              %s each;\n"
+      "              a cached %s-token prompt: %s blocks of KV (%s) + %s checkpoint%s = %s\n"
+      "              (%s keeping only its last); %s cached prompts (--cached-prefixes): %s;\n"
+      "              the pool holds %s\n",
+      I(c, r->checkpoint_interval), BY(c, r->state_bytes_per_seq_per_gpu), I(c, p->prompt_tokens),
+      I(c, p->prompt_tokens / p->block_size), BY(c, r->prefix_kv_bytes_per_gpu),
+      I(c, r->checkpoints_per_prefix), r->checkpoints_per_prefix == 1 ? "" : "s",
+      BY(c, r->prefix_bytes_per_gpu), BY(c, r->prefix_bytes_last_checkpoint_per_gpu),
+      I(c, r->cached_prefixes), G(c, (double)r->cached_prefixes_bytes_per_gpu),
+      I(c, r->prefixes_in_pool));
+    if (!r->checkpoints_per_prefix)
+        P("              the prompt is shorter than the interval: no state of it is kept, and a "
+          "hit on it\n"
+          "              recomputes it whole\n");
+    P("   restart    attention layers resume at any block (%u tokens), recurrent layers only at a "
+      "checkpoint:\n"
+      "              every layer resumes at multiples of lcm(%u, %s) = %s tokens; a hit of h "
+      "tokens resumes\n"
+      "              at the last one at or before h, recomputing %s tokens on average (%s at the "
+      "recompute\n"
+      "              rate); the typical prompt cached whole resumes at %s and recomputes %s\n\n",
+      p->block_size, p->block_size, I(c, r->checkpoint_interval), I(c, r->restart_boundary_tokens),
+      N(c, r->mean_recomputed_tokens), TIME(c, r->mean_recompute_s), I(c, r->prompt_resume_tokens),
+      I(c, r->prompt_recomputed_tokens));
+}
+
 int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
 {
     if (!r || !out) return KVC_EINVAL;
@@ -1102,6 +1273,8 @@ int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
     sec_tenancy(c, r);
     if (r->params.cp > 1 || r->n_layouts || r->max_position_embeddings_scaled) sec_longctx(c, r);
     if (r->n_dtype_grid) sec_grid(c, r);
+    if (r->model.recurrent) sec_recurrent(c, r);
+    if (r->model.image_tokens) sec_multimodal(c, r);
     if (r->fits)
         P("verdict: starts; the KV pool holds %s sequences of %s tokens per replica, and the "
           "running batch\n         stops at %s (%s)\n",
@@ -1225,6 +1398,7 @@ static cJSON *json_model(jctx_t *j, const kvc_plan_result_t *r)
     add_u64(j, o, "params_total", r->counts.total);
     add_u64(j, o, "params_active", r->counts.active);
     add_u64(j, o, "params_vision", r->counts.vision);
+    add_u64(j, o, "params_recurrent", r->counts.recurrent);
     return o;
 }
 
@@ -1596,6 +1770,28 @@ static void json_longctx(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
     add_num(j, cp, "ring_attention_step_s", r->ring_attention_step_s);
     add_bool(j, cp, "ring_hidden", p->cp <= 1 || r->ring_hidden);
     add_bool(j, cp, "ring_inter_node", r->ring_inter_node);
+    if (p->cp > 1) {
+        cJSON *d = chk(j, cJSON_AddObjectToObject(cp, "decode_exchange"));
+        add_u64(j, d, "bytes_per_token_layer", r->cp_decode_bytes_per_token_layer);
+        add_u64(j, d, "layers", r->cp_decode_layers);
+        add_num(j, d, "latency_s", r->cp_decode_latency_s);
+        add_num(j, d, "link_bytes_per_s", r->ring_link_bytes_per_s);
+        cJSON *rows = chk(j, cJSON_AddArrayToObject(d, "rows"));
+        for (int i = 0; i < 2; i++) {
+            cJSON *e = chk(j, cJSON_CreateObject());
+            const uint64_t bb = i ? r->cp_decode_batch : 1;
+            add_u64(j, e, "batch", bb);
+            add_u64(j, e, "bytes_per_step",
+                    kvc__mul_sat(bb, (uint64_t)r->cp_decode_layers *
+                                         r->cp_decode_bytes_per_token_layer));
+            add_num(j, e, "exchange_s", r->cp_decode_comm_s[i]);
+            add_num(j, e, "step_s", r->cp_decode_step_s[i]);
+            add_num(j, e, "exchange_share", r->cp_decode_comm_s[i] / r->cp_decode_step_s[i]);
+            attach(j, rows, NULL, e);
+        }
+    } else {
+        add_null(j, cp, "decode_exchange");
+    }
     cJSON *rows = chk(j, cJSON_AddArrayToObject(cp, "layouts"));
     for (uint32_t i = 0; i < r->n_layouts; i++) {
         const kvc_plan_layout_t *x = &r->layouts[i];
@@ -1614,6 +1810,88 @@ static void json_longctx(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
         add_bool(j, e, "ring_hidden", x->ring_hidden);
         attach(j, rows, NULL, e);
     }
+}
+
+/* 15. recurrent state */
+static void json_recurrent(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    const kvc_plan_model_t *m = &r->model;
+    if (!m->recurrent) {
+        add_null(j, o, "recurrent");
+        return;
+    }
+    cJSON *x = chk(j, cJSON_AddObjectToObject(o, "recurrent"));
+    add_str(j, x, "kind", kvc_plan_recurrent_name(m->recurrent));
+    add_u64(j, x, "recurrent_layers", m->n_recurrent_layers);
+    add_u64(j, x, "attention_layers", m->n_layers - m->n_recurrent_layers);
+    add_u64(j, x, "attn_layer_period", m->attn_layer_period);
+    add_u64(j, x, "attn_layer_offset", m->attn_layer_offset);
+    add_u64(j, x, "d_inner", m->ssm_d_inner);
+    add_u64(j, x, "d_state", m->ssm_d_state);
+    add_u64(j, x, "d_conv", m->ssm_d_conv);
+    add_str(j, x, "ssm_state_dtype", r->params.ssm_state_fp32 ? "float32" : "auto");
+    add_u64(j, x, "conv_state_bytes_per_layer", r->conv_state_bytes_per_layer);
+    add_u64(j, x, "ssm_state_bytes_per_layer", r->ssm_state_bytes_per_layer);
+    add_u64(j, x, "state_bytes_per_seq", r->state_bytes_per_seq);
+    add_u64(j, x, "state_bytes_per_seq_per_gpu", r->state_bytes_per_seq_per_gpu);
+    add_u64(j, x, "recurrent_layers_per_gpu", r->recurrent_layers_per_gpu);
+    add_u64(j, x, "kv_layers_per_gpu", r->kv_layers_per_gpu);
+    add_u64(j, x, "kv_bytes_per_token", r->kv_bytes_per_token);
+    add_u64(j, x, "all_attention_kv_bytes_per_token", r->all_attention_kv_bytes_per_token);
+    add_u64(j, x, "state_kv_tokens", r->state_kv_tokens);
+    add_u64(j, x, "request_kv_bytes_per_gpu", r->request_kv_bytes);
+    add_u64(j, x, "request_bytes_per_gpu", r->kv_bytes_per_request);
+    add_u64(j, x, "max_sequences", r->max_concurrency);
+    add_u64(j, x, "state_only_sequences", r->state_only_sequences);
+    add_u64(j, x, "checkpoint_interval", r->checkpoint_interval);
+    add_u64(j, x, "checkpoint_bytes_per_gpu", r->state_bytes_per_seq_per_gpu);
+    add_u64(j, x, "checkpoints_per_prefix", r->checkpoints_per_prefix);
+    add_u64(j, x, "prefix_kv_bytes_per_gpu", r->prefix_kv_bytes_per_gpu);
+    add_u64(j, x, "prefix_bytes_per_gpu", r->prefix_bytes_per_gpu);
+    add_u64(j, x, "prefix_bytes_last_checkpoint_per_gpu", r->prefix_bytes_last_checkpoint_per_gpu);
+    add_u64(j, x, "cached_prefixes", r->cached_prefixes);
+    add_u64(j, x, "cached_prefixes_bytes_per_gpu", r->cached_prefixes_bytes_per_gpu);
+    add_u64(j, x, "prefixes_in_pool", r->prefixes_in_pool);
+    add_u64(j, x, "restart_boundary_tokens", r->restart_boundary_tokens);
+    add_u64(j, x, "attention_restart_tokens", r->params.block_size);
+    add_num(j, x, "mean_recomputed_tokens", r->mean_recomputed_tokens);
+    add_num(j, x, "mean_recompute_s", r->mean_recompute_s);
+    add_u64(j, x, "prompt_resume_tokens", r->prompt_resume_tokens);
+    add_u64(j, x, "prompt_recomputed_tokens", r->prompt_recomputed_tokens);
+}
+
+/* 16. multimodal */
+static void json_multimodal(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
+{
+    static const char *const phase_names[3] = {"encoder", "prefill", "decode"};
+    const kvc_plan_model_t *m = &r->model;
+    if (!m->image_tokens) {
+        add_null(j, o, "multimodal");
+        return;
+    }
+    cJSON *x = chk(j, cJSON_AddObjectToObject(o, "multimodal"));
+    add_u64(j, x, "image_tokens", m->image_tokens);
+    add_u64(j, x, "images_per_request", r->images_per_request);
+    add_u64(j, x, "vision_params", r->counts.vision);
+    add_u64(j, x, "vision_bytes_per_gpu", r->vision_bytes_per_gpu);
+    add_u64(j, x, "vision_tokens_per_image", m->vision_tokens);
+    add_u64(j, x, "encoder_budget_tokens", r->encoder_budget_tokens);
+    add_u64(j, x, "encoder_images", r->encoder_images);
+    add_u64(j, x, "encoder_live_elems_per_token", r->encoder_live_elems_per_token);
+    if (r->encoder_live_elems_per_token)
+        add_u64(j, x, "encoder_activation_bytes", r->encoder_activation_bytes);
+    else
+        add_null(j, x, "encoder_activation_bytes");
+    add_u64(j, x, "encoder_cache_bytes_per_image", r->encoder_cache_bytes_per_image);
+    add_u64(j, x, "encoder_cache_bytes", r->encoder_cache_bytes);
+    cJSON *ph = chk(j, cJSON_AddObjectToObject(x, "phases"));
+    for (int i = 0; i < 3; i++) add_u64(j, ph, phase_names[i], r->phase_bytes[i]);
+    add_str(j, x, "peak_phase", phase_names[r->peak_phase]);
+    add_u64(j, x, "activation_peak_bytes", r->activation_bytes);
+    add_u64(j, x, "text_only_activation_bytes", r->text_only_activation_bytes);
+    add_u64(j, x, "pool_tokens_lost", r->encoder_pool_tokens_lost);
+    add_u64(j, x, "image_kv_bytes_per_gpu", r->image_bytes_per_gpu);
+    add_u64(j, x, "request_with_images_bytes_per_gpu", r->image_request_bytes_per_gpu);
 }
 
 static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
@@ -1637,6 +1915,8 @@ static cJSON *build_json(jctx_t *j, const kvc_plan_result_t *r)
     json_spec(j, o, r);
     json_tenancy(j, o, r);
     json_longctx(j, o, r);
+    json_recurrent(j, o, r);
+    json_multimodal(j, o, r);
     if (r->params.grid_dtypes) {
         cJSON *grid = chk(j, cJSON_AddArrayToObject(o, "dtype_grid"));
         for (uint32_t i = 0; i < r->n_dtype_grid; i++) {

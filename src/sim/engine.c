@@ -942,6 +942,12 @@ static int plan_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_si
         return kvc__msgf(KVC_EINVAL, err, cap, "eviction policy %d is not one of %s",
                          (int)cfg->eviction, names);
     }
+    /* The planner sizes a hybrid's recurrent state; the simulated pool holds KV blocks only. */
+    if (cfg->model.recurrent)
+        return kvc__msgf(KVC_EINVAL, err, cap,
+                         "%u recurrent (Mamba) layers: their per-sequence state is not simulated "
+                         "(kvcache plan sizes it)",
+                         cfg->model.n_recurrent_layers);
     int rc = 0;
     if (cfg->planned) { /* the caller planned this deployment already */
         out->planned = *cfg->planned;

@@ -293,6 +293,62 @@ expect_status 0 --model llama-3.1-8b --gpu h100 --beams 4 --prompt 1000 --output
 has 'unshared   4 x 75 blocks = 600 MiB'
 has '75 \+ 3 = 78 blocks = 156 MiB'
 
+# a hybrid (Jamba): section 15's state, checkpoints and restart boundary, and its JSON section
+expect_status 0 --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --weight-dtype fp8 --kv-cache-memory 16GiB
+has '51\.57 billion parameters, 12\.11 billion active'
+has '^   model    2 x 4 x 8 x 128 x 2 B = 16,384 B \(16 KiB\) per token'
+has '28 layers x 304 KiB = 8\.31 MiB per sequence'
+has 'every layer resumes at multiples of lcm\(16, 512\) = 512 tokens'
+has 'resumes at 512 and recomputes 488'
+expect_status 0 --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --weight-dtype fp8 --kv-cache-memory 16GiB --json
+has '^		"state_bytes_per_seq":[[:space:]]*8716288,'
+has '^		"max_sequences":[[:space:]]*605,'
+has '^		"restart_boundary_tokens":[[:space:]]*512,'
+expect_status 0 --model llama-3.1-8b --gpu h100 --json
+has '^	"recurrent":[[:space:]]*null'
+expect_status 0 --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --weight-dtype fp8 --state-checkpoint-interval 100 \
+  --mamba-ssm-cache-dtype float32 --cached-prefixes 10
+has 'lcm\(16, 100\) = 400 tokens'
+has 'd_state 16 x 4 B = 512 KiB'
+expect_error "--cp 2: context parallelism of recurrent (Mamba) layers is not modelled" \
+  --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --tp 2 --cp 2
+expect_error "--mamba-ssm-cache-dtype: 'fp64' is not auto, bfloat16 or float32" \
+  --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --mamba-ssm-cache-dtype fp64
+# the simulator holds KV blocks only: a hybrid is refused there rather than run without its state
+timeout 60 "$KVC" sim --model "$CONFIGS/jamba-1.5-mini.json" --gpu h100 --weight-dtype fp8 \
+  --workload 'poisson:rate=1,n=2,prompt=16,output=4' >"$TMP/out" 2>"$TMP/err"
+rc=$?
+[ "$rc" -eq 1 ] || fail "sim on Jamba: exit $rc, want 1"
+grep -qF "28 recurrent (Mamba) layers: their per-sequence state is not simulated" "$TMP/err" ||
+  fail "sim on Jamba: $(cat "$TMP/err")"
+printf '{"model_type":"mamba","hidden_size":768,"num_hidden_layers":24,"num_attention_heads":1,"vocab_size":50280,"intermediate_size":1536,"state_size":16}' \
+  >"$TMP/mamba.json"
+expect_error "state_size: a recurrent or hybrid" --model "$TMP/mamba.json" --gpu h100
+
+# a LLaVA-style config: section 16's encoder peak, encoder cache and phases; the ledger names the
+# peak phase
+printf '{"model_type":"llava","text_config":{"model_type":"llama","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":32,"vocab_size":32064,"intermediate_size":11008,"max_position_embeddings":4096,"tie_word_embeddings":false},"vision_config":{"hidden_size":1024,"intermediate_size":4096,"num_hidden_layers":24,"patch_size":14,"image_size":336}}' \
+  >"$TMP/llava.json"
+expect_status 0 --model "$TMP/llava.json" --gpu h100 --max-num-seqs 256
+has 'encodes min\(256 x 1, 8,192 / 576\) = 14'
+has 'an image.s embeddings: 576 tokens x hidden 4096 x 2 B = 4\.50 MiB'
+has 'prefill with images peaks'
+has '126 KV tokens'
+has 'peak: prefill with images'
+expect_status 0 --model "$TMP/llava.json" --gpu h100 --max-num-seqs 256 --max-num-batched-tokens 2048 \
+  --images-per-request 4 --encoder-cache-tokens 32768 --json
+has '^		"encoder_images":[[:space:]]*56,'
+has '^		"peak_phase":[[:space:]]*"encoder",'
+has '^		"pool_tokens_lost":[[:space:]]*1392,'
+expect_status 0 --model llama-3.1-8b --gpu h100 --json
+has '^	"multimodal":[[:space:]]*null'
+expect_error "--images-per-request: '0'" --model "$TMP/llava.json" --gpu h100 --images-per-request 0
+# decode-time CP: the partial softmax results per token and layer
+expect_status 0 --model llama-3.1-8b --gpu h100 --prompt 100000 --output 1000 --cp 4
+has '\(4 - 1\) x 32 heads/GPU x \(128 \+ 2\) x 4 B = 49,920 B per'
+expect_status 0 --model llama-3.1-8b --gpu h100 --prompt 100000 --output 1000 --cp 4 --json
+has '^			"bytes_per_token_layer":[[:space:]]*49920,'
+
 # every shared config plans, and none of them crashes
 for cfg in "$CONFIGS"/*.json; do
   for tp in 1 8; do

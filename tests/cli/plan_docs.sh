@@ -78,6 +78,28 @@ section13 5 --model llama-3.1-70b --gpu h100-sxm --tp 8 --rope-scaling yarn:8 --
 section13 6 --model "$3/configs/llama-3.1-70b-mha.json" --gpu h100-sxm --tp 8 --rope-scaling yarn:8 --max-model-len 1M \
   --prompt 1M --output 0
 
+# the hybrid, multimodal and CP-decode examples show one section each
+section() {
+  local sec=$1 n=$2
+  shift 2
+  block "$n" >"$TMP/doc"
+  [ -s "$TMP/doc" ] || { fail "docs/plan.md: example $n not found"; return; }
+  "$KVC" plan "$@" 2>/dev/null | sed -n "/^$sec\./,/^\$/p" | sed '$d' >"$TMP/out"
+  diff -u "$TMP/doc" "$TMP/out" >"$TMP/diff" || { fail "example $n drifted:"; cat "$TMP/diff" >&2; }
+}
+section 15 7 --model "$3/configs/jamba-1.5-mini.json" --gpu h100-sxm --weight-dtype fp8
+section 16 8 --model "$3/configs/llava-1.5-7b.json" --gpu h100-sxm --max-num-seqs 256
+section 13 9 --model "$3/configs/llama-3.1-70b-mha.json" --gpu h100-sxm --tp 8 --cp 8 --rope-scaling yarn:8 \
+  --max-model-len 1M --prompt 1000000 --output 8000
+# the ledger excerpt of example 6: each of its lines is in the output
+awk '/^## Example 6/ { on = 1 } on && /^```/ { n++; if (n == 3) { inside = 1; next } if (n == 4) exit }
+  inside { print }' "$DOC" >"$TMP/doc"
+[ -s "$TMP/doc" ] || fail "docs/plan.md: the ledger excerpt of example 6 not found"
+"$KVC" plan --model "$3/configs/llava-1.5-7b.json" --gpu h100-sxm --max-num-seqs 256 >"$TMP/out"
+while IFS= read -r line; do
+  grep -qxF -- "$line" "$TMP/out" || fail "example 6 ledger line not in the output: $line"
+done <"$TMP/doc"
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed" >&2
   exit 1
