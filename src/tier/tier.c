@@ -68,7 +68,12 @@ static uint64_t record_sum(const void *rec, size_t len)
     kvc__tier_hdr_t t;
     memcpy(&t, rec, sizeof t);
     t.checksum = 0;
+    /* Zeroed first (xxhash.h: XXH3_INITSTATE): libxxhash 0.8.1's reset_withSeed keeps the
+     * state's old secret when its seed field already equals the seed and extSecret is NULL,
+     * so a stack state over a previous call's frame could hash with garbage as its secret
+     * (seen as random checksum failures of 128 KiB records in bench_tier). */
     XXH3_state_t st;
+    memset(&st, 0, sizeof st);
     XXH3_64bits_reset_withSeed(&st, 0x72656364u);
     XXH3_64bits_update(&st, &t, sizeof t);
     XXH3_64bits_update(&st, (const char *)rec + sizeof t, len - sizeof t);
