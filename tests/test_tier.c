@@ -1036,6 +1036,43 @@ static void redis_corrupt_and_truncated_values_are_misses(void **state)
     kvc_tier_destroy(s);
 }
 
+/* Another writer (a replica with a bug, or a forged value) stores a well-formed record of
+ * another block under this block's key: its checksum is right, its identity is not, so it
+ * is a mismatch, dropped, never served. */
+static void redis_value_under_the_wrong_key_is_a_mismatch(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    redis_flush();
+    kvc_tier_store_t *s = make_redis(0, NULL);
+    redisContext *c = redis_admin();
+    size_t rec = kvc_tier_record_bytes(BB, BT);
+    unsigned char *buf = malloc(rec), d[BB];
+    assert_non_null(buf);
+    char key[256];
+    for (int field = 0; field < 3; field++) {
+        tkey_t other;
+        mk(&other, 5);
+        if (field == 0) other.ns.weight_epoch = 9; /* another namespace */
+        if (field == 1) other.ns.salt[0] = 3;
+        if (field == 2) other.tokens[0] ^= 8; /* other tokens */
+        payload(d, 5);
+        kvc__tier_record_encode(buf, &other.key, d, BB, 0);
+        redis_key_of(NULL, 5, key, sizeof key, "t", "test-model", 0);
+        redisReply *r = redisCommand(c, "SET %s %b", key, buf, rec);
+        freeReplyObject(r);
+        assert_int_equal(get_i(s, 5), KVC_ENOENT);
+        assert_int_equal(stats(s).n_mismatch, (uint64_t)field + 1);
+        assert_int_equal(stats(s).n_corrupt, 0);
+        r = redisCommand(c, "EXISTS %s", key);
+        assert_int_equal(r->integer, 0);
+        freeReplyObject(r);
+    }
+    free(buf);
+    redisFree(c);
+    kvc_tier_destroy(s);
+}
+
 static void redis_ttl_and_prefixes(void **state)
 {
     (void)state;
@@ -1320,6 +1357,20 @@ static void decide_matches_hand_arithmetic(void **state)
     assert_ok(kvc_tier_decide(&run, &d));
     assert_false(d.fetch);
     assert_int_equal(d.break_even, UINT32_MAX);
+    /* A run exactly at break-even gains nothing: recompute wins ties.  Free bytes, 1 s a
+     * block to recompute, 3 s latency: n = 3 costs 3 s both ways, so n* = 4. */
+    kvc_tier_run_t tie = {.n_blocks = 3,
+                          .block_bytes = 0,
+                          .block_tokens = 1,
+                          .bandwidth_Bps = 1,
+                          .latency_s = 3,
+                          .prefill_tokens_per_s = 1};
+    assert_ok(kvc_tier_decide(&tie, &d));
+    assert_false(d.fetch);
+    assert_int_equal(d.break_even, 4);
+    tie.n_blocks = 4;
+    assert_ok(kvc_tier_decide(&tie, &d));
+    assert_true(d.fetch);
     /* An empty run fetches nothing. */
     run.n_blocks = 0;
     assert_ok(kvc_tier_decide(&run, &d));
@@ -1412,6 +1463,7 @@ int main(void)
         cmocka_unit_test(redis_put_get_contains_delete),
         cmocka_unit_test(redis_batches_are_pipelined),
         cmocka_unit_test(redis_corrupt_and_truncated_values_are_misses),
+        cmocka_unit_test(redis_value_under_the_wrong_key_is_a_mismatch),
         cmocka_unit_test(redis_ttl_and_prefixes),
         cmocka_unit_test(redis_killed_is_a_miss_and_the_store_reconnects),
         cmocka_unit_test(redis_matches_a_reference_map),
