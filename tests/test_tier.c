@@ -1426,6 +1426,13 @@ static void estimator_recovers_latency_and_bandwidth(void **state)
     assert_float_equal(e.bandwidth_Bps, 1e6 / 1.5e-3, 1e-3);
     assert_ok(kvc_tier_estimator_observe(&e, 1000000, 3.5e-3));
     assert_float_equal(e.bandwidth_Bps, 1e6 / 2e-3, 1e-3);
+    /* Fetches faster than the seeded latency: 1 ms seed, 1 MB in 0.4 ms: the latency is
+     * halved into the mean time (0.2 ms) and the bandwidth takes the rest, 1e6 / 0.2e-3. */
+    kvc_tier_estimator_t f;
+    assert_ok(kvc_tier_estimator_init(&f, 1e-3, 1e9, 1));
+    assert_ok(kvc_tier_estimator_observe(&f, 1000000, 4e-4));
+    assert_float_equal(f.latency_s, 2e-4, 1e-15);
+    assert_float_equal(f.bandwidth_Bps, 5e9, 1);
     assert_int_equal(kvc_tier_estimator_observe(&e, 0, 1), KVC_EINVAL);
     assert_int_equal(kvc_tier_estimator_observe(&e, 1, 0), KVC_EINVAL);
     assert_int_equal(kvc_tier_estimator_init(&e, -1, 1, 0), KVC_EINVAL);

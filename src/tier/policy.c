@@ -71,9 +71,12 @@ int kvc_tier_estimator_observe(kvc_tier_estimator_t *e, uint64_t bytes, double s
         }
     }
     double t = e->my - e->latency_s;
-    if (t > 0)
-        e->bandwidth_Bps = e->mx / t;
-    else /* a fetch faster than the assumed latency: the latency was overestimated */
-        e->latency_s = e->my * 0.5, e->bandwidth_Bps = e->mx / (e->my * 0.5);
+    if (t <= 0) {
+        /* Fetches faster than the assumed latency: it was overestimated.  Split the mean
+         * time evenly until sizes that vary say better. */
+        e->latency_s = e->my * 0.5;
+        t = e->my * 0.5;
+    }
+    e->bandwidth_Bps = e->mx / t;
     return 0;
 }
