@@ -82,8 +82,10 @@ static void host_ops(const uint8_t *d, size_t n)
     if (n > 0 && d[0] & 1) (void)!kvc_tier_admission_parse("second-hit", &p.admission);
     kvc_tier_store_t *s = NULL;
     if (kvc_tier_host_create(&p, &s)) return;
-    unsigned char last[NK][BB];
+    enum { REC = 168 }; /* kvc_tier_record_bytes(BB, BT) */
+    unsigned char last[NK][BB], image[NK][REC];
     bool valid[NK] = {false}; /* last[] is what a hit must return */
+    if (kvc_tier_record_bytes(BB, BT) != REC) abort();
     for (size_t i = 1; i + 1 < n; i += 2) {
         uint64_t key = d[i + 1] % NK;
         kvc_token_t tok[BT];
@@ -98,6 +100,7 @@ static void host_ops(const uint8_t *d, size_t n)
             if (kvc_tier_put(s, &k, buf, &st)) abort();
             if (st == KVC_TIER_PUT_STORED) {
                 memcpy(last[key], buf, BB);
+                memcpy(image[key], kvc__tier_host_record(s, &k), REC);
                 valid[key] = true;
             }
             break;
@@ -116,8 +119,10 @@ static void host_ops(const uint8_t *d, size_t n)
         case 4: {
             unsigned char *r = kvc__tier_host_record(s, &k);
             if (r) {
-                r[d[i] % kvc_tier_record_bytes(BB, BT)] ^= (unsigned char)(1u << (d[i + 1] % 8));
-                valid[key] = false; /* whatever is there now must never be served */
+                r[d[i] % REC] ^= (unsigned char)(1u << (d[i + 1] % 8));
+                /* Servable only if the flips so far cancelled out (the written bytes again). */
+                /* (a record the index holds was written by this key's last STORED put) */
+                valid[key] = memcmp(r, image[key], REC) == 0;
             }
             break;
         }
