@@ -7,10 +7,11 @@
  * one pipelined round trip; host and disk loop), medians of --reps runs.  The disk tier is
  * measured twice: warm (its file in the page cache, what a recently written block costs)
  * and cold (fdatasync + POSIX_FADV_DONTNEED before the gets, what the device costs).
- * Latency and bandwidth are then fitted from batches of 1, 4, 16 and 64 blocks
- * (kvc_tier_estimator: seconds = latency + bytes / bandwidth), and kvc_tier_decide gives
- * the break-even run against the model's prefill rate (the engine's pp512 on this machine,
- * README's table; --prefill overrides both).
+ * Latency and bandwidth are then fitted from batches of 1 to 64 blocks (least squares over
+ * the medians: seconds = latency + bytes / bandwidth), and kvc_tier_decide gives the
+ * break-even run against the model's prefill rate (the engine's pp512 on this machine,
+ * README's table; --prefill overrides it) and against 1e4, 1e5 and 1e6 tokens/s, the rates
+ * of engines that prefill faster (a GPU's).
  *
  * Redis: a redis-server started here on a free port (or --redis HOST:PORT).
  *
@@ -171,23 +172,35 @@ static result_t measure(kvc_tier_store_t *s, int reps, const char *cold_path, ui
     r.put_us = kvc_bench_median(put, reps) * 1e6;
     r.get_us = kvc_bench_median(get, reps) * 1e6;
     r.get_batch_us = kvc_bench_median(getb, reps) * 1e6;
-    /* Fit latency and bandwidth from batches of several sizes: one batch is one fetch. */
-    kvc_tier_estimator_t e;
-    if (kvc_tier_estimator_init(&e, 1e-4, 1e9, 0.2)) r.ok = false;
-    static const int sizes[] = {1, 4, 16, 64};
-    uint64_t sa = ++*salt;
-    if (put_round(s, sa, false) < 0) r.ok = false;
-    for (int rep = 0; rep < reps; rep++)
-        for (size_t k = 0; k < KVC_ARRAY_LEN(sizes); k++) {
+    /* Fit latency and bandwidth from batches of several sizes (one batch is one fetch):
+     * least squares over the medians, seconds = latency + bytes / bandwidth. */
+    static const int sizes[] = {1, 2, 4, 8, 16, 32, 64};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    double med[NS];
+    if (put_round(s, ++*salt, false) < 0) r.ok = false;
+    for (int k = 0; k < NS; k++) {
+        double v[MAXRP];
+        for (int rep = 0; rep < reps; rep++) {
             drop_cache(cold_path);
             double t0 = now_s();
             if (kvc_tier_get_many(s, kk, op, (size_t)sizes[k], res) != sizes[k]) r.ok = false;
-            double t = now_s() - t0;
-            if (kvc_tier_estimator_observe(&e, (uint64_t)sizes[k] * s->block_bytes, t))
-                r.ok = false;
+            v[rep] = now_s() - t0;
         }
-    r.lat_s = e.latency_s;
-    r.bw_Bps = e.bandwidth_Bps;
+        med[k] = kvc_bench_median(v, reps);
+    }
+    double mx = 0, my = 0, sxx = 0, sxy = 0;
+    for (int k = 0; k < NS; k++) {
+        mx += (double)sizes[k] * (double)s->block_bytes / NS;
+        my += med[k] / NS;
+    }
+    for (int k = 0; k < NS; k++) {
+        double dx = (double)sizes[k] * (double)s->block_bytes - mx;
+        sxx += dx * dx;
+        sxy += dx * (med[k] - my);
+    }
+    double slope = sxy / sxx;
+    r.bw_Bps = slope > 0 ? 1.0 / slope : 1e12;
+    r.lat_s = my - slope * mx > 0 ? my - slope * mx : 0;
     return r;
 }
 
@@ -234,8 +247,8 @@ int main(int argc, char **argv)
 
     printf("| model | block | tier | put us/block | get us/block | batch get us/block | "
            "batch put us/block | fitted latency us | fitted GB/s | recompute ms/block | "
-           "break-even run (blocks) |\n");
-    printf("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "break-even (blocks) | at 1e4 tok/s | at 1e5 tok/s | at 1e6 tok/s |\n");
+    printf("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     uint64_t salt = 0;
     for (size_t m = 0; m < KVC_ARRAY_LEN(models); m++) {
         const model_t *md = &models[m];
@@ -268,7 +281,7 @@ int main(int argc, char **argv)
                 rc = kvc_tier_disk_create(path, &p, &s);
             } else {
                 if (rport <= 0) {
-                    printf("| %s | %zu KiB | redis | (no redis-server) |||||||| \n", md->name,
+                    printf("| %s | %zu KiB | redis | (no redis-server) ||||||||||| \n", md->name,
                            bb >> 10);
                     continue;
                 }
@@ -278,25 +291,37 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_tier: %s: %s\n", tiers[t], kvc_strerror(rc));
                 return 1;
             }
+            /* Fill the store once first: the measured rounds then reuse memory and file
+             * blocks already touched (first-touch page faults are not the tier's cost). */
+            for (int w = 0; w < 4; w++)
+                if (put_round(s, ++salt, false) < 0) fprintf(stderr, "warm-up put failed\n");
             result_t r = measure(s, reps, t == 2 ? path : NULL, &salt);
             double bput = batch_put_us(s, reps, &salt);
-            kvc_tier_run_t run = {.n_blocks = 1,
-                                  .block_bytes = bb,
-                                  .block_tokens = BT,
-                                  .bandwidth_Bps = r.bw_Bps,
-                                  .latency_s = r.lat_s,
-                                  .prefill_tokens_per_s = rate};
-            kvc_tier_decision_t d;
-            if (kvc_tier_decide(&run, &d)) return 1;
-            char be[32];
-            if (d.break_even == UINT32_MAX)
-                snprintf(be, sizeof be, "never");
-            else
-                snprintf(be, sizeof be, "%u", d.break_even);
-            printf("| %s | %zu KiB | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %s%s "
-                   "|\n",
+            /* Break-even at this engine's rate, then at faster engines' (a GPU prefills a
+             * small model at 1e4..1e6 tokens/s): where recompute starts to win. */
+            const double rates[] = {rate, 1e4, 1e5, 1e6};
+            char be[4][32];
+            double rec_ms = 0;
+            for (int q = 0; q < 4; q++) {
+                kvc_tier_run_t run = {.n_blocks = 1,
+                                      .block_bytes = bb,
+                                      .block_tokens = BT,
+                                      .bandwidth_Bps = r.bw_Bps,
+                                      .latency_s = r.lat_s,
+                                      .prefill_tokens_per_s = rates[q]};
+                kvc_tier_decision_t d;
+                if (kvc_tier_decide(&run, &d)) return 1;
+                if (q == 0) rec_ms = d.recompute_s * 1e3;
+                if (d.break_even == UINT32_MAX)
+                    snprintf(be[q], sizeof be[q], "never");
+                else
+                    snprintf(be[q], sizeof be[q], "%u", d.break_even);
+            }
+            printf("| %s | %zu KiB | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %s | "
+                   "%s | %s | %s%s |\n",
                    md->name, bb >> 10, tiers[t], r.put_us, r.get_us, r.get_batch_us, bput,
-                   r.lat_s * 1e6, r.bw_Bps / 1e9, d.recompute_s * 1e3, be, r.ok ? "" : " (errors)");
+                   r.lat_s * 1e6, r.bw_Bps / 1e9, rec_ms, be[0], be[1], be[2], be[3],
+                   r.ok ? "" : " (errors)");
             kvc_tier_stats_t st;
             kvc_tier_stats(s, &st);
             if (st.n_faults || st.n_corrupt || st.n_mismatch)
@@ -309,7 +334,10 @@ int main(int argc, char **argv)
         free(data);
         free(out);
     }
-    printf("\nprefill rate: %s; blocks of %d tokens, f16 K and V; %d reps, medians\n",
+    double load[3] = {0};
+    if (getloadavg(load, 3) < 1) load[0] = -1;
+    printf("\nload average %.2f; ", load[0]);
+    printf("prefill rate: %s; blocks of %d tokens, f16 K and V; %d reps, medians\n",
            prefill > 0 ? "--prefill" : "README's pp512 (58M q8_0: 528, 0.5B q8_0: 54.3 tok/s)", BT,
            reps);
     if (redis_pid > 0) {
