@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -717,6 +718,35 @@ static void disk_matches_a_reference_lru(void **state)
         model_based(make_disk, seed, 3000 / KVC_TEST_SANITIZER_DIVISOR);
 }
 
+/* A clock that moves 30 us each time it is read: a get reads it twice, so every get takes
+ * 30 us and lands in the histogram's (25 us, 50 us] bucket, hit or miss. */
+static uint64_t ticking_now;
+static uint64_t ticking_clock(void *ctx)
+{
+    (void)ctx;
+    return ticking_now += 30000;
+}
+
+static void fetch_latency_histogram_buckets(void **state)
+{
+    (void)state;
+    const uint64_t *b = kvc_tier_latency_bounds_ns();
+    for (int i = 1; i < KVC_TIER_LAT_BUCKETS - 1; i++) assert_true(b[i] > b[i - 1]);
+    assert_int_equal(b[1], 25000);
+    assert_int_equal(b[2], 50000);
+    kvc_tier_params_t p = params(4);
+    p.clock_ns = ticking_clock;
+    kvc_tier_store_t *s = make_host(4, &p);
+    put_i(s, 1);
+    assert_int_equal(get_i(s, 1), 0);
+    assert_int_equal(get_i(s, 2), KVC_ENOENT);
+    kvc_tier_stats_t st = stats(s);
+    for (int i = 0; i < KVC_TIER_LAT_BUCKETS; i++)
+        assert_int_equal(st.latency_counts[i], i == 2 ? 2 : 0);
+    assert_int_equal(st.latency_sum_ns, 60000);
+    done(s);
+}
+
 static void create_rejects_bad_parameters(void **state)
 {
     (void)state;
@@ -796,6 +826,7 @@ static bool redis_start(void)
     pid_t pid = fork();
     if (pid < 0) return false;
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives a crashed parent */
         int devnull = open("/dev/null", O_WRONLY);
         if (devnull >= 0) {
             dup2(devnull, 1);
@@ -1461,6 +1492,7 @@ int main(void)
         cmocka_unit_test(disk_admission_policies),
         cmocka_unit_test(host_matches_a_reference_lru),
         cmocka_unit_test(disk_matches_a_reference_lru),
+        cmocka_unit_test(fetch_latency_histogram_buckets),
         cmocka_unit_test(create_rejects_bad_parameters),
         cmocka_unit_test(specs_parse),
         cmocka_unit_test(decide_matches_hand_arithmetic),

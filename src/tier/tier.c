@@ -436,13 +436,6 @@ bool kvc__tier_budget_take(kvc__tier_base_t *b, uint64_t bytes)
     return true;
 }
 
-void kvc__tier_budget_refund(kvc__tier_base_t *b, uint64_t bytes)
-{
-    if (!b->p.write_budget_per_day) return;
-    b->budget_tokens += (double)bytes;
-    if (b->budget_tokens > b->budget_burst) b->budget_tokens = b->budget_burst;
-}
-
 static const uint64_t lat_bounds[KVC_TIER_LAT_BUCKETS - 1] = {
     10000,   25000,    50000,    100000,   250000,    500000,    1000000,    2500000,
     5000000, 10000000, 25000000, 50000000, 100000000, 250000000, 1000000000,

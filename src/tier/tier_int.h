@@ -143,12 +143,10 @@ void kvc__tier_note_miss(kvc__tier_base_t *b, const kvc_tier_key_t *key);
 /* The budget gate: true and the bytes charged if the budget allows writing `bytes` now;
  * false (and a refusal counted) otherwise. */
 bool kvc__tier_budget_take(kvc__tier_base_t *b, uint64_t bytes);
-/* Give back bytes charged for a write that did not happen (a fault before any byte went). */
-void kvc__tier_budget_refund(kvc__tier_base_t *b, uint64_t bytes);
 /* Record a get's duration in the histogram. */
 void kvc__tier_observe_latency(kvc__tier_base_t *b, uint64_t ns);
 
-/* Host-side reference time: wall-clock independent, from params.clock_ns. */
+/* A store as its base (every backend embeds the base first). */
 static inline kvc__tier_base_t *kvc__tier_base(kvc_tier_store_t *s)
 {
     return (kvc__tier_base_t *)s;
