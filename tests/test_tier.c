@@ -1217,6 +1217,42 @@ static void redis_killed_is_a_miss_and_the_store_reconnects(void **state)
     kvc_tier_destroy(d);
 }
 
+/* A fetch past its deadline is a miss, never a wait: the server is paused (CLIENT PAUSE,
+ * as a stalled or overloaded redis would be) longer than the store's 100 ms timeout; the
+ * get returns within about that deadline, counts a fault, and the store reconnects after
+ * the pause. */
+static void redis_fetch_past_its_deadline_is_a_miss(void **state)
+{
+    (void)state;
+    NEED_REDIS();
+    redis_flush();
+    fake_now = 0;
+    kvc_tier_params_t p = params(4);
+    p.model_id = "test-model";
+    p.timeout_ms = 100;
+    p.backoff_ms = 1;
+    kvc_tier_store_t *s = make_redis_p("t", &p);
+    put_i(s, 1);
+    assert_int_equal(get_i(s, 1), 0);
+    redisContext *c = redis_admin();
+    redisReply *r = redisCommand(c, "CLIENT PAUSE 1500 ALL");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    uint64_t t0 = kvc_now_ns();
+    assert_int_equal(get_i(s, 1), KVC_ENOENT);
+    uint64_t took = kvc_now_ns() - t0;
+    assert_true(took >= 90000000ull && took < 1000000000ull); /* the deadline, not the pause */
+    assert_int_equal(stats(s).n_faults, 1);
+    struct timespec ts = {1, 600000000};
+    nanosleep(&ts, NULL);   /* the pause is over */
+    fake_now += 1000000ull; /* and the backoff */
+    assert_int_equal(get_i(s, 1), 0);
+    assert_int_equal(stats(s).n_faults, 1);
+    redisFree(c);
+    kvc_tier_destroy(s);
+}
+
 static void redis_matches_a_reference_map(void **state)
 {
     (void)state;
@@ -1516,6 +1552,7 @@ int main(void)
         cmocka_unit_test(redis_value_under_the_wrong_key_is_a_mismatch),
         cmocka_unit_test(redis_ttl_and_prefixes),
         cmocka_unit_test(redis_killed_is_a_miss_and_the_store_reconnects),
+        cmocka_unit_test(redis_fetch_past_its_deadline_is_a_miss),
         cmocka_unit_test(redis_matches_a_reference_map),
     };
     int rc = cmocka_run_group_tests_name("tier", local, NULL, NULL);
