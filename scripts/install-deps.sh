@@ -13,6 +13,8 @@ PACKAGES=(
   libssl-dev                            # SHA-256 of tenant cache salts (libcrypto)
   libpcre2-dev                          # BPE pre-tokenizer regexes (8-bit, UTF + UCP, JIT)
   libevent-dev                          # kvcache serve: HTTP (evhttp), chunked streaming
+  libhiredis-dev                        # the redis KV tier (hiredis)
+  redis-server                          # the redis tier's tests start their own server
   curl                                  # server tests (the openai client test needs node + npm)
 )
 
