@@ -25,5 +25,6 @@
 #include "kvcache/engine.h"
 #include "kvcache/chat.h"
 #include "kvcache/llama2c.h"
+#include "kvcache/tier.h"
 
 #endif /* KVCACHE_KVCACHE_H */
