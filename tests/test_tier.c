@@ -811,7 +811,11 @@ static int free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a)) return -1;
+    if (fd < 0) return -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        return -1;
+    }
     socklen_t len = sizeof a;
     getsockname(fd, (struct sockaddr *)&a, &len);
     close(fd);

@@ -155,26 +155,34 @@ static void drop_key(redis_t *r, const char *k, size_t klen)
         freeReplyObject(rep);
 }
 
+/* One command ("GET", "EXISTS", "DEL") on a block's key, the connection made again first if it
+ * was lost: the reply, or NULL when there is no connection or the command failed (a counted
+ * fault).  k[0 .. *klen) receives the key.  The caller holds the SIGPIPE guard. */
+static redisReply *key_command(redis_t *r, const kvc_tier_key_t *key, const char *verb,
+                               char k[KEY_MAX], size_t *klen)
+{
+    redisContext *c = conn(r);
+    if (!c) return NULL;
+    make_key(r, key, k, klen);
+    redisReply *rep = redisCommand(c, "%s %b", verb, k, *klen);
+    if (!rep) fault(r);
+    return rep;
+}
+
 static int redis_get(kvc_tier_store_t *s, const kvc_tier_key_t *key, void *out)
 {
     redis_t *r = (redis_t *)s;
     pipe_guard_t g;
     pipe_block(&g);
     int rc = KVC_ENOENT;
-    redisContext *c = conn(r);
-    if (c) {
-        char k[KEY_MAX];
-        size_t klen;
-        make_key(r, key, k, &klen);
-        redisReply *rep = redisCommand(c, "GET %b", k, klen);
-        if (!rep)
-            fault(r);
-        else {
-            bool drop;
-            rc = take_reply(r, key, rep, out, &drop);
-            freeReplyObject(rep);
-            if (drop) drop_key(r, k, klen);
-        }
+    char k[KEY_MAX];
+    size_t klen;
+    redisReply *rep = key_command(r, key, "GET", k, &klen);
+    if (rep) {
+        bool drop;
+        rc = take_reply(r, key, rep, out, &drop);
+        freeReplyObject(rep);
+        if (drop) drop_key(r, k, klen);
     }
     pipe_unblock(&g);
     return rc;
@@ -338,18 +346,12 @@ static int redis_contains(kvc_tier_store_t *s, const kvc_tier_key_t *key)
     pipe_guard_t g;
     pipe_block(&g);
     int found = 0;
-    redisContext *c = conn(r);
-    if (c) {
-        char k[KEY_MAX];
-        size_t klen;
-        make_key(r, key, k, &klen);
-        redisReply *rep = redisCommand(c, "EXISTS %b", k, klen);
-        if (!rep)
-            fault(r);
-        else {
-            found = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
-            freeReplyObject(rep);
-        }
+    char k[KEY_MAX];
+    size_t klen;
+    redisReply *rep = key_command(r, key, "EXISTS", k, &klen);
+    if (rep) {
+        found = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+        freeReplyObject(rep);
     }
     pipe_unblock(&g);
     return found;
@@ -361,18 +363,12 @@ static int redis_del(kvc_tier_store_t *s, const kvc_tier_key_t *key)
     pipe_guard_t g;
     pipe_block(&g);
     int rc = KVC_ENOENT;
-    redisContext *c = conn(r);
-    if (c) {
-        char k[KEY_MAX];
-        size_t klen;
-        make_key(r, key, k, &klen);
-        redisReply *rep = redisCommand(c, "DEL %b", k, klen);
-        if (!rep)
-            fault(r);
-        else {
-            if (rep->type == REDIS_REPLY_INTEGER && rep->integer == 1) rc = 0;
-            freeReplyObject(rep);
-        }
+    char k[KEY_MAX];
+    size_t klen;
+    redisReply *rep = key_command(r, key, "DEL", k, &klen);
+    if (rep) {
+        if (rep->type == REDIS_REPLY_INTEGER && rep->integer == 1) rc = 0;
+        freeReplyObject(rep);
     }
     pipe_unblock(&g);
     return rc;
