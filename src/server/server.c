@@ -86,6 +86,7 @@ typedef struct {
     uint32_t pn, ptcap;
     bool done; /* the account below is filled */
     uint32_t prompt_tokens, cached_tokens, completion_tokens, n_top;
+    uint32_t tier_cached[KVC_ENGINE_MAX_TIERS]; /* of cached_tokens, fetched from tier i */
     kvc_token_t *out, *top_ids;
     float *lp, *top_lp;
     char *text;
@@ -153,6 +154,10 @@ struct kvc_server {
     kvc_engine_stats_t st; /* published by the engine thread, under mu */
     kvc_pool_stats_t ps;
     kvc_sched_tenant_stats_t *tst; /* (tenants.n_tenants) the scheduler's, under mu */
+    uint32_t n_tiers;              /* the engine's KV tiers (--tier), in lookup order */
+    char tier_label[KVC_ENGINE_MAX_TIERS][16]; /* "host", "disk", "redis"; "disk.2" for a
+                                                   second tier of one kind */
+    kvc_engine_tier_stats_t tier_st[KVC_ENGINE_MAX_TIERS]; /* published, under mu */
     double tst_at;                 /* when tst was last published (engine thread) */
     /* ready queue (engine -> event thread), under rmu */
     pthread_mutex_t rmu;
@@ -290,6 +295,7 @@ static bool take_account(kvc_server_t *s, const kvc_gen_done_t *d)
     pthread_mutex_lock(&j->mu);
     sb->prompt_tokens = d->prompt_tokens;
     sb->cached_tokens = d->cached_tokens;
+    memcpy(sb->tier_cached, d->tier_cached_tokens, sizeof sb->tier_cached);
     sb->completion_tokens = d->completion_tokens;
     sb->finish = d->finish;
     sb->n_top = d->n_logprobs;
@@ -368,8 +374,11 @@ static void publish_stats(kvc_server_t *s, bool all)
     kvc_pool_stats(kvc_seqs_pool(kvc_engine_seqs(s->e)), &ps);
     const double t = now_s();
     all = all || t - s->tst_at >= 0.05;
+    kvc_engine_tier_stats_t ts[KVC_ENGINE_MAX_TIERS];
+    for (uint32_t i = 0; i < s->n_tiers; i++) (void)kvc_engine_tier_stats(s->e, i, &ts[i]);
     pthread_mutex_lock(&s->mu);
     s->st = st, s->ps = ps;
+    memcpy(s->tier_st, ts, s->n_tiers * sizeof *ts);
     if (all) {
         const kvc_sched_t *sc = kvc_engine_sched(s->e);
         for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
@@ -720,10 +729,16 @@ static void timings_header(const job_t *j, char *out, size_t cap)
 
 static cJSON *usage_json(const job_t *j)
 {
-    uint32_t prompt = 0, cached = 0, completion = 0;
+    uint32_t prompt = 0, cached = 0, completion = 0, tier[KVC_ENGINE_MAX_TIERS] = {0};
+    uint32_t from_tiers = 0;
+    const kvc_server_t *s = j->srv;
     for (uint32_t i = 0; i < j->n_subs; i++) {
         const sub_t *sb = &j->subs[i];
-        if (sb->seed_k == 0) prompt += sb->prompt_tokens, cached += sb->cached_tokens;
+        if (sb->seed_k == 0) {
+            prompt += sb->prompt_tokens, cached += sb->cached_tokens;
+            for (uint32_t t = 0; t < s->n_tiers; t++)
+                tier[t] += sb->tier_cached[t], from_tiers += sb->tier_cached[t];
+        }
         completion += sb->completion_tokens;
     }
     cJSON *u = cJSON_CreateObject();
@@ -732,6 +747,12 @@ static cJSON *usage_json(const job_t *j)
     cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", cached);
+    if (s->n_tiers) { /* where the cached tokens came from: the pool, then each tier */
+        cJSON *bt = cJSON_AddObjectToObject(d, "cached_tokens_by_tier");
+        cJSON_AddNumberToObject(bt, "pool", cached >= from_tiers ? cached - from_tiers : 0);
+        for (uint32_t t = 0; t < s->n_tiers; t++)
+            cJSON_AddNumberToObject(bt, s->tier_label[t], tier[t]);
+    }
     const timings_t t = job_timings(j);
     cJSON *k = cJSON_AddObjectToObject(u, "kvcache_timings");
 #define MS(name, v) cJSON_AddNumberToObject(k, name, round((v)*1e3) / 1e3) /* to the us */
@@ -1382,11 +1403,115 @@ static void hist_out(struct evbuffer *b, const char *name, const char *label, co
                         label[0] ? "}" : "", (unsigned long long)h->count);
 }
 
+/* Each tier's label in /metrics and usage: its kind, "kind.N" for the N-th tier of a kind. */
+static void tier_labels(kvc_server_t *s)
+{
+    uint32_t seen[3] = {0};
+    for (uint32_t i = 0; i < s->n_tiers; i++) {
+        kvc_engine_tier_stats_t ts;
+        if (kvc_engine_tier_stats(s->e, i, &ts)) ts.kind = KVC_TIER_HOST;
+        const uint32_t k = (uint32_t)ts.kind < 3 ? (uint32_t)ts.kind : 0;
+        if (seen[k]++)
+            snprintf(s->tier_label[i], sizeof s->tier_label[i], "%s.%u",
+                     kvc_tier_kind_name(ts.kind), seen[k]);
+        else
+            snprintf(s->tier_label[i], sizeof s->tier_label[i], "%s", kvc_tier_kind_name(ts.kind));
+    }
+}
+
+/* The tiers' counters: kvcache_tier_*{tier="host|disk|redis"} (see docs/tiers.md). */
+static void tier_metrics(struct evbuffer *b, const kvc_server_t *s,
+                         const kvc_engine_tier_stats_t *ts)
+{
+#define TIER_U64(field) offsetof(kvc_engine_tier_stats_t, field)
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } tm[] = {
+        {"kvcache_tier_hits_total", "counter", "fetches that returned verified bytes",
+         TIER_U64(store.n_hits)},
+        {"kvcache_tier_misses_total", "counter",
+         "fetches that did not (absent, corrupt, a fault, a timeout)", TIER_U64(store.n_misses)},
+        {"kvcache_tier_read_bytes_total", "counter", "record bytes read by hits",
+         TIER_U64(store.bytes_read)},
+        {"kvcache_tier_written_bytes_total", "counter", "record bytes written",
+         TIER_U64(store.bytes_written)},
+        {"kvcache_tier_fetched_blocks_total", "counter",
+         "blocks copied from the tier into the pool, verified and made matchable",
+         TIER_U64(fetched_blocks)},
+        {"kvcache_tier_recompute_chosen_total", "counter",
+         "blocks found in the tier but recomputed: the fetch would have cost more",
+         TIER_U64(recompute_blocks)},
+        {"kvcache_tier_fetch_failed_total", "counter",
+         "blocks whose fetch failed (corrupt, a fault, a timeout) and were recomputed",
+         TIER_U64(fetch_failed_blocks)},
+        {"kvcache_tier_offloaded_blocks_total", "counter",
+         "blocks copied down ahead of their eviction (mode evict)", TIER_U64(offloaded_blocks)},
+        {"kvcache_tier_written_through_blocks_total", "counter",
+         "blocks written as they were computed (mode write-through)",
+         TIER_U64(written_through_blocks)},
+        {"kvcache_tier_faults_total", "counter",
+         "medium failures: write errors, lost connections, timeouts", TIER_U64(store.n_faults)},
+        {"kvcache_tier_corrupt_total", "counter",
+         "records dropped: checksum or format wrong", TIER_U64(store.n_corrupt)},
+        {"kvcache_tier_mismatch_total", "counter",
+         "records dropped: another identity under the block's hash", TIER_U64(store.n_mismatch)},
+        {"kvcache_tier_budget_refused_total", "counter", "writes refused by the write budget",
+         TIER_U64(store.n_budget_refused)},
+        {"kvcache_tier_admission_refused_total", "counter",
+         "writes refused by the admission policy", TIER_U64(store.n_admission_refused)},
+        {"kvcache_tier_evictions_total", "counter", "records dropped for space",
+         TIER_U64(store.n_evictions)},
+        {"kvcache_tier_records", "gauge", "records held (host, disk; 0 for redis)",
+         TIER_U64(store.n_records)},
+    };
+#undef TIER_U64
+    for (size_t k = 0; k < KVC_ARRAY_LEN(tm); k++) {
+        metric(b, tm[k].name, tm[k].type, tm[k].help);
+        for (uint32_t i = 0; i < s->n_tiers; i++)
+            evbuffer_add_printf(
+                b, "%s{tier=\"%s\"} %llu\n", tm[k].name, s->tier_label[i],
+                (unsigned long long)*(const uint64_t *)((const char *)&ts[i] + tm[k].off));
+    }
+    metric(b, "kvcache_tier_fetch_latency_estimate_seconds", "gauge",
+           "the fetch-or-recompute decision's current round-trip estimate");
+    for (uint32_t i = 0; i < s->n_tiers; i++)
+        evbuffer_add_printf(b, "kvcache_tier_fetch_latency_estimate_seconds{tier=\"%s\"} %.9g\n",
+                            s->tier_label[i], ts[i].latency_s);
+    metric(b, "kvcache_tier_bandwidth_estimate_bytes_per_second", "gauge",
+           "the fetch-or-recompute decision's current bandwidth estimate");
+    for (uint32_t i = 0; i < s->n_tiers; i++)
+        evbuffer_add_printf(b,
+                            "kvcache_tier_bandwidth_estimate_bytes_per_second{tier=\"%s\"} %.6g\n",
+                            s->tier_label[i], ts[i].bandwidth_Bps);
+    metric(b, "kvcache_tier_fetch_seconds", "histogram", "time per fetch from the tier");
+    const uint64_t *bounds = kvc_tier_latency_bounds_ns();
+    for (uint32_t i = 0; i < s->n_tiers; i++) {
+        const kvc_tier_stats_t *st = &ts[i].store;
+        uint64_t cum = 0;
+        for (int k = 0; k < KVC_TIER_LAT_BUCKETS - 1; k++) {
+            cum += st->latency_counts[k];
+            evbuffer_add_printf(b, "kvcache_tier_fetch_seconds_bucket{tier=\"%s\",le=\"%g\"} %llu\n",
+                                s->tier_label[i], (double)bounds[k] * 1e-9,
+                                (unsigned long long)cum);
+        }
+        cum += st->latency_counts[KVC_TIER_LAT_BUCKETS - 1];
+        evbuffer_add_printf(b, "kvcache_tier_fetch_seconds_bucket{tier=\"%s\",le=\"+Inf\"} %llu\n",
+                            s->tier_label[i], (unsigned long long)cum);
+        evbuffer_add_printf(b, "kvcache_tier_fetch_seconds_sum{tier=\"%s\"} %.9g\n",
+                            s->tier_label[i], (double)st->latency_sum_ns * 1e-9);
+        evbuffer_add_printf(b, "kvcache_tier_fetch_seconds_count{tier=\"%s\"} %llu\n",
+                            s->tier_label[i], (unsigned long long)cum);
+    }
+}
+
 static void handle_metrics(kvc_server_t *s, struct evhttp_request *req)
 {
     pthread_mutex_lock(&s->mu);
     const kvc_engine_stats_t st = s->st;
     const kvc_pool_stats_t ps = s->ps;
+    kvc_engine_tier_stats_t ts[KVC_ENGINE_MAX_TIERS];
+    memcpy(ts, s->tier_st, s->n_tiers * sizeof *ts);
     uint32_t queued = 0;
     for (job_t *j = s->sub_head; j; j = j->next_submit) queued += j->n_subs;
     pthread_mutex_unlock(&s->mu);
@@ -1490,6 +1615,7 @@ static void handle_metrics(kvc_server_t *s, struct evhttp_request *req)
         evbuffer_add_printf(b, "kvcache_tenant_kv_token_seconds_total{tenant=\"%s\"} %.6g\n",
                             s->tenants.tenants[i].name, s->tst[i].kv_token_s);
     pthread_mutex_unlock(&s->mu);
+    tier_metrics(b, s, ts);
     metric(b, "kvcache_tenant_requests_in_flight", "gauge", "requests being served");
     for (uint32_t i = 0; i < s->tenants.n_tenants; i++)
         evbuffer_add_printf(b, "kvcache_tenant_requests_in_flight{tenant=\"%s\"} %u\n",
@@ -1668,6 +1794,8 @@ int kvc_server_create(const kvc_llm_t *m, const kvc_engine_params_t *ep,
         kvc_engine_stats(s->e, &st);
         s->block_size = st.block_size;
         s->max_num_seqs = ep->max_num_seqs ? ep->max_num_seqs : 64;
+        s->n_tiers = KVC_MIN(kvc_engine_n_tiers(s->e), (uint32_t)KVC_ENGINE_MAX_TIERS);
+        tier_labels(s);
         publish_stats(s, true);
     }
     if (!rc && (make_pipe(s->wake) || make_pipe(s->stop_fd)))
