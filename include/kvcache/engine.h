@@ -40,6 +40,7 @@
 #include "kvcache/model.h"
 #include "kvcache/pool.h"
 #include "kvcache/sched.h"
+#include "kvcache/tier.h"
 #include "kvcache/tokenizer.h"
 
 #ifdef __cplusplus
@@ -71,6 +72,16 @@ KVC_API uint64_t kvc_llm_weight_bytes_per_token(const kvc_llm_t *m);
 KVC_API size_t kvc_llm_packed_bytes(const kvc_llm_t *m);
 
 /* ---- the engine ------------------------------------------------------------ */
+#define KVC_ENGINE_MAX_TIERS 4
+
+/* How a run of blocks found in a tier is taken (kvc_engine_params_t.tier_fetch). */
+typedef enum {
+    KVC_TIER_FETCH_DECIDE = 0, /* kvc_tier_decide from the tier's measured latency and
+                                  bandwidth against the engine's measured prefill rate */
+    KVC_TIER_FETCH_ALWAYS,     /* fetch every run found (tests, benchmarks) */
+    KVC_TIER_FETCH_NEVER,      /* recompute every run found (the baseline; counted) */
+} kvc_tier_fetch_t;
+
 typedef struct {
     uint32_t n_threads;              /* kernel threads, the step loop's included (0: all cores) */
     kvc_dtype_t kv_dtype;            /* the pool's K/V storage (default f16) */
@@ -99,6 +110,25 @@ typedef struct {
     uint32_t n_tenants;              /* the scheduler's tenants (kvc_gen_params_t.tenant below
                                         it; 0: KVC_SCHED_DEFAULT_TENANTS, at most
                                         KVC_SCHED_MAX_TENANTS) */
+    /* KV tiers (docs/tiers.md "In the engine"): copies of blocks outside the pool.  Evict-mode
+     * tiers get every block the pool evicts (all of them: inclusive); write-through tiers every
+     * block as it is cached; a request's prefix lookup continues in the tiers, in order. */
+    const kvc_tier_spec_t *tiers;        /* (n_tiers), in lookup order; copied at create */
+    uint32_t n_tiers;                    /* 0..KVC_ENGINE_MAX_TIERS */
+    kvc_tier_admission_t tier_admission; /* admission of the host and disk tiers (default
+                                            always) */
+    uint64_t tier_disk_write_budget;     /* bytes/day for disk tiers; 0: unlimited */
+    uint32_t tier_timeout_ms;            /* each fetch's deadline (redis command timeout; 0: 100) */
+    const char *tier_model_id;           /* redis key part (copied); NULL: derived from the model
+                                            (a digest of the GGUF metadata and tensor table, a
+                                            sample of every tensor's bytes) plus kv dtype and
+                                            block size, so replicas of one model share and
+                                            nothing else meets */
+    kvc_tier_fetch_t tier_fetch;         /* fetch-or-recompute: decide (default), always, never */
+    uint64_t prefix_hash_seed;           /* the prefix cache's deployment seed (0: random per
+                                            process; with tiers, derived from the model id, so
+                                            that a disk tier reopened and replicas sharing a
+                                            Redis find the same hashes) */
 } kvc_engine_params_t;
 
 KVC_API kvc_engine_params_t kvc_engine_params_default(void);
@@ -206,6 +236,8 @@ typedef struct {
     uint32_t preemptions;
     uint32_t draft_tokens, accepted_tokens;
     uint32_t sample_index; /* which of the request's n parallel samples */
+    uint32_t tier_cached_tokens[KVC_ENGINE_MAX_TIERS]; /* of cached_tokens, those fetched from
+                                                          tiers[i]; the rest came from the pool */
 } kvc_gen_done_t;
 
 /* The request ids finished in the last step and their accounts (borrowed
@@ -228,9 +260,36 @@ typedef struct {
 
 KVC_API void kvc_engine_stats(const kvc_engine_t *e, kvc_engine_stats_t *out);
 
+/* ---- tiers ------------------------------------------------------------------ */
+typedef struct {
+    kvc_tier_kind_t kind;
+    kvc_tier_mode_t mode;
+    kvc_tier_stats_t store;          /* the store's counters (hits, misses, bytes, faults,
+                                        corrupt, latency histogram...) */
+    uint64_t fetched_blocks;         /* copied from this tier into the pool, verified, committed */
+    uint64_t recompute_blocks;       /* found here, but the decision chose recompute */
+    uint64_t fetch_failed_blocks;    /* fetch failed (miss after contains, corrupt, fault,
+                                        timeout): recomputed */
+    uint64_t offloaded_blocks;       /* evict mode: copied down as the pool evicted them */
+    uint64_t written_through_blocks; /* write-through mode: copied as computed */
+    double latency_s, bandwidth_Bps; /* the estimator's current values */
+} kvc_engine_tier_stats_t;
+
+/* The number of tiers the engine was created with (0 for NULL). */
+KVC_API uint32_t kvc_engine_n_tiers(const kvc_engine_t *e);
+/* Tier i's counters into *out.  KVC_EINVAL for e or out NULL or i >= kvc_engine_n_tiers
+ * (*out unchanged).  Not thread-safe with kvc_engine_step (the server reads it on the step
+ * thread). */
+KVC_API int kvc_engine_tier_stats(const kvc_engine_t *e, uint32_t i, kvc_engine_tier_stats_t *out);
+/* The model id the tiers' keys carry (params.tier_model_id or the derived one: 32 hex digits);
+ * "" without tiers or for NULL.  Borrowed for the engine's life. */
+KVC_API const char *kvc_engine_tier_model_id(const kvc_engine_t *e);
+
 /* The seq table and scheduler the engine runs on (borrowed), for tests and
  * reports that check their invariants. */
 KVC_API kvc_seqs_t *kvc_engine_seqs(const kvc_engine_t *e);
+/* The prefix cache (NULL with no_prefix_cache or no_kv_cache), for kvc_prefix_check. */
+KVC_API kvc_prefix_t *kvc_engine_prefix(const kvc_engine_t *e);
 KVC_API kvc_sched_t *kvc_engine_sched(const kvc_engine_t *e);
 
 /* ---- beam search ------------------------------------------------------------

@@ -135,11 +135,17 @@ enum {
     KVC_CLI_ENGINE_NO_BI,
     KVC_CLI_ENGINE_PREEMPT,
     KVC_CLI_ENGINE_ISA,
+    KVC_CLI_ENGINE_TIER,
+    KVC_CLI_ENGINE_TIER_BUDGET,
+    KVC_CLI_ENGINE_TIER_ADMISSION,
+    KVC_CLI_ENGINE_TIER_FETCH,
 };
 /* The getopt_long table of the engine's options (--threads, --kv-dtype, --kv-memory, --ctx,
  * --block-size, --max-seqs/--max-num-seqs, --batch-tokens/--max-num-batched-tokens, --chunk,
- * --no-kv-cache, --no-prefix-cache, --no-batch-invariance, --preemption, --isa),
- * NULL-terminated. */
+ * --no-kv-cache, --no-prefix-cache, --no-batch-invariance, --preemption, --isa, --tier (up to
+ * KVC_ENGINE_MAX_TIERS, in order; the specs are kept in this file's static storage, which
+ * ep->tiers points to: one command per process), --tier-disk-write-budget, --tier-admission,
+ * --tier-fetch), NULL-terminated. */
 extern const struct option kvc_cli_engine_options[];
 /* Handle option ch into ep if it is an engine option: 1 handled, 0 not ours, -1 bad value
  * (the one-line error is printed).  --block-size's power of two is the caller's to check. */

@@ -63,8 +63,9 @@ static void usage(FILE *f)
            "  --length-penalty A    beams score sum logprob / len^A (default 1)\n"
            "  --early-stopping      stop once N hypotheses have ended\n"
            "  --spec-tokens K       drafts per step (default 4)\n"
-           "engine\n"
-           "  --threads N           kernel threads (default: all cores)\n"
+           "engine\n");
+    fprintf(
+        f, "  --threads N           kernel threads (default: all cores)\n"
            "  --kv-dtype T          K/V storage: f32, f16 (default), bf16, fp8-e4m3, fp8-e5m2\n"
            "  --kv-memory SIZE      K/V pool size (e.g. 256MiB); default: enough for the requests\n"
            "  --ctx N               tokens per request, prompt + output (default: the model's,\n"
@@ -80,11 +81,20 @@ static void usage(FILE *f)
            "                        victim's K/V to host memory and back) or backpressure\n"
            "  --no-kv-cache         recompute the whole sequence for every token (the quadratic\n"
            "                        baseline); same outputs\n"
-           "output\n"
-           "  --json                one JSON object per request (id, prompt_tokens,\n"
-           "                        cached_tokens, completion_tokens, output_ids, text,\n"
-           "                        finish_reason, ttft_ms, tpot_ms, logprobs), then a summary\n"
-           "  -h, --help            this help\n");
+           "  --tier SPEC           a KV tier (repeatable, in lookup order, at most 4):\n"
+           "                        host:SIZE, disk:PATH:SIZE or redis://HOST:PORT[/PREFIX],\n"
+           "                        each with an optional ,mode=evict|write-through\n"
+           "  --tier-disk-write-budget SIZE/day   what a disk tier may write a day\n"
+           "  --tier-admission P    what host and disk tiers admit: always (default),\n"
+           "                        second-hit, depth:N\n"
+           "  --tier-fetch P        a run found in a tier: decide (default: fetch when it beats\n"
+           "                        recomputing it), always, never\n");
+    fprintf(f,
+            "output\n"
+            "  --json                one JSON object per request (id, prompt_tokens,\n"
+            "                        cached_tokens, completion_tokens, output_ids, text,\n"
+            "                        finish_reason, ttft_ms, tpot_ms, logprobs), then a summary\n"
+            "  -h, --help            this help\n");
 }
 
 enum {
@@ -910,6 +920,29 @@ int kvc_cmd_run(int argc, char **argv)
             if (spec_model)
                 printf(", \"draft_computed_tokens\": %llu",
                        (unsigned long long)st.draft_computed_tokens);
+            if (kvc_engine_n_tiers(e)) {
+                printf(", \"tiers\": [");
+                for (uint32_t i = 0; i < kvc_engine_n_tiers(e); i++) {
+                    kvc_engine_tier_stats_t ts;
+                    if (kvc_engine_tier_stats(e, i, &ts)) continue;
+                    printf("%s{\"kind\": \"%s\", \"mode\": \"%s\", \"hits\": %llu, "
+                           "\"misses\": %llu, \"fetched_blocks\": %llu, \"recompute_blocks\": "
+                           "%llu, \"fetch_failed_blocks\": %llu, \"offloaded_blocks\": %llu, "
+                           "\"written_through_blocks\": %llu, \"faults\": %llu, \"corrupt\": "
+                           "%llu}",
+                           i ? ", " : "", kvc_tier_kind_name(ts.kind), kvc_tier_mode_name(ts.mode),
+                           (unsigned long long)ts.store.n_hits,
+                           (unsigned long long)ts.store.n_misses,
+                           (unsigned long long)ts.fetched_blocks,
+                           (unsigned long long)ts.recompute_blocks,
+                           (unsigned long long)ts.fetch_failed_blocks,
+                           (unsigned long long)ts.offloaded_blocks,
+                           (unsigned long long)ts.written_through_blocks,
+                           (unsigned long long)ts.store.n_faults,
+                           (unsigned long long)(ts.store.n_corrupt + ts.store.n_mismatch));
+                }
+                printf("]");
+            }
             printf("}\n");
         } else {
             fflush(stdout); /* the text first, then the account */
@@ -923,6 +956,23 @@ int kvc_cmd_run(int argc, char **argv)
                     st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0.0,
                     (unsigned long long)st.hit_tokens, st.peak_blocks, st.n_blocks,
                     (unsigned long long)st.preemptions);
+            for (uint32_t i = 0; i < kvc_engine_n_tiers(e); i++) {
+                kvc_engine_tier_stats_t ts;
+                if (kvc_engine_tier_stats(e, i, &ts)) continue;
+                fprintf(stderr,
+                        "kvcache run: tier %u %s (%s): %llu hits, %llu misses, %llu blocks "
+                        "fetched, %llu recomputes chosen, %llu fetches failed, %llu offloaded, "
+                        "%llu written through, %llu faults, %llu corrupt\n",
+                        i, kvc_tier_kind_name(ts.kind), kvc_tier_mode_name(ts.mode),
+                        (unsigned long long)ts.store.n_hits, (unsigned long long)ts.store.n_misses,
+                        (unsigned long long)ts.fetched_blocks,
+                        (unsigned long long)ts.recompute_blocks,
+                        (unsigned long long)ts.fetch_failed_blocks,
+                        (unsigned long long)ts.offloaded_blocks,
+                        (unsigned long long)ts.written_through_blocks,
+                        (unsigned long long)ts.store.n_faults,
+                        (unsigned long long)(ts.store.n_corrupt + ts.store.n_mismatch));
+            }
         }
     }
     kvc_engine_destroy(e);

@@ -23,8 +23,15 @@ const struct option kvc_cli_engine_options[] = {
     {"no-batch-invariance", no_argument, 0, KVC_CLI_ENGINE_NO_BI},
     {"preemption", required_argument, 0, KVC_CLI_ENGINE_PREEMPT},
     {"isa", required_argument, 0, KVC_CLI_ENGINE_ISA},
+    {"tier", required_argument, 0, KVC_CLI_ENGINE_TIER},
+    {"tier-disk-write-budget", required_argument, 0, KVC_CLI_ENGINE_TIER_BUDGET},
+    {"tier-admission", required_argument, 0, KVC_CLI_ENGINE_TIER_ADMISSION},
+    {"tier-fetch", required_argument, 0, KVC_CLI_ENGINE_TIER_FETCH},
     {0, 0, 0, 0},
 };
+
+/* --tier's specs, in order: ep->tiers points here (the engine copies them at create). */
+static kvc_tier_spec_t cli_tiers[KVC_ENGINE_MAX_TIERS];
 
 int kvc_cli_engine_option(kvc_engine_params_t *ep, const char *cmd, int ch, const char *value)
 {
@@ -85,6 +92,40 @@ int kvc_cli_engine_option(kvc_engine_params_t *ep, const char *cmd, int ch, cons
     case KVC_CLI_ENGINE_ISA:
         if (kvc_isa_parse(value, &ep->isa))
             return kvc_cli_error(cmd, "--isa: '%s' is not auto, scalar, avx2 or avx512", value), -1;
+        return 1;
+    case KVC_CLI_ENGINE_TIER: {
+        char msg[256];
+        if (ep->n_tiers >= KVC_ENGINE_MAX_TIERS)
+            return kvc_cli_error(cmd, "--tier: at most %d tiers", KVC_ENGINE_MAX_TIERS), -1;
+        if (kvc_tier_spec_parse(value, &cli_tiers[ep->n_tiers], msg, sizeof msg))
+            return kvc_cli_error(cmd, "--tier: '%s': %s", value, msg), -1;
+        ep->tiers = cli_tiers;
+        ep->n_tiers++;
+        return 1;
+    }
+    case KVC_CLI_ENGINE_TIER_BUDGET:
+        if (kvc_tier_budget_parse(value, &ep->tier_disk_write_budget))
+            return kvc_cli_error(cmd,
+                                 "--tier-disk-write-budget: '%s' is not SIZE/day (e.g. 50GiB/day)",
+                                 value),
+                   -1;
+        return 1;
+    case KVC_CLI_ENGINE_TIER_ADMISSION:
+        if (kvc_tier_admission_parse(value, &ep->tier_admission))
+            return kvc_cli_error(cmd, "--tier-admission: '%s' is not always, second-hit or depth:N",
+                                 value),
+                   -1;
+        return 1;
+    case KVC_CLI_ENGINE_TIER_FETCH:
+        if (!strcmp(value, "decide"))
+            ep->tier_fetch = KVC_TIER_FETCH_DECIDE;
+        else if (!strcmp(value, "always"))
+            ep->tier_fetch = KVC_TIER_FETCH_ALWAYS;
+        else if (!strcmp(value, "never"))
+            ep->tier_fetch = KVC_TIER_FETCH_NEVER;
+        else
+            return kvc_cli_error(cmd, "--tier-fetch: '%s' is not decide, always or never", value),
+                   -1;
         return 1;
     default:
         return 0;

@@ -12,6 +12,7 @@
 
 #include "forward_int.h"
 #include "engine_int.h"
+#include "engine_tier_int.h"
 #include "util/msg.h"
 
 typedef struct {
@@ -48,6 +49,8 @@ typedef struct {
     /* draft model: the request's sequence in the draft pool (created at its first draft) */
     kvc_seq_t dseq;
     bool has_dseq;
+    /* tiers: what its prefix fetch holds until admission, and where the blocks came from */
+    kvc__tier_fetch_t tf;
 } req_t;
 
 struct kvc_engine {
@@ -95,6 +98,9 @@ struct kvc_engine {
     kvc_seqs_t *dseqs;
     kvc__fwd_t dfwd;
     float *dlogits; /* (vocab) */
+    /* KV tiers (engine_tier.c); NULL without */
+    kvc__etiers_t *tiers;
+    uint32_t *tier_fetched, n_tier_fetched; /* requests whose fetch holds blocks this step */
 };
 
 static double wall_s(void)
@@ -141,6 +147,10 @@ kvc_sched_t *kvc_engine_sched(const kvc_engine_t *e)
 {
     return e->sched;
 }
+kvc_prefix_t *kvc_engine_prefix(const kvc_engine_t *e)
+{
+    return e->pc;
+}
 
 static void req_clear(req_t *r)
 {
@@ -157,9 +167,12 @@ static void req_clear(req_t *r)
 void kvc_engine_destroy(kvc_engine_t *e)
 {
     if (!e) return;
+    if (e->reqs)
+        for (uint32_t i = 0; i < e->n_reqs; i++) kvc__etiers_release(e->tiers, &e->reqs[i].tf);
     kvc_sched_destroy(e->sched);
     kvc_seqs_destroy(e->seqs);
     kvc_prefix_destroy(e->pc);
+    kvc__etiers_destroy(e->tiers); /* after the cache: no more events */
     kvc__fwd_free(&e->fwd);
     kvc_pool_destroy(e->pool);
     kvc__fwd_free(&e->nfwd);
@@ -178,6 +191,7 @@ void kvc_engine_destroy(kvc_engine_t *e)
     free(e->logits), free(e->sel), free(e->segs), free(e->results), free(e->live);
     free(e->rows), free(e->n_emit);
     free(e->emit), free(e->emit_lp);
+    free(e->tier_fetched);
     free(e);
 }
 
@@ -541,7 +555,23 @@ int kvc_engine_create(const kvc_llm_t *m, const kvc_engine_params_t *pp, kvc_eng
     if ((rc = kvc_pool_create(&pp2, &e->pool))) goto fail;
     kvc_prefix_params_t cp = kvc_prefix_params_default();
     for (uint32_t g = 0; g < m->n_groups; g++) cp.group_window[g] = m->group_window[g];
+    cp.hash_seed = p.prefix_hash_seed;
+    if (p.n_tiers) {
+        if ((rc = kvc__etiers_create(m, &p, block_bytes, (uint32_t)n_blocks, ctx_blocks,
+                                     &cp.hash_seed, &e->tiers, msg, cap)))
+            goto fail_quiet;
+        cp.on_event = kvc__etiers_event;
+        cp.event_ctx = e->tiers;
+        if (!(e->tier_fetched = malloc(p.max_num_seqs * sizeof *e->tier_fetched))) {
+            rc = KVC_ENOMEM;
+            goto fail;
+        }
+    }
+    /* copied (the specs and the id live in the tiers now) */
+    e->p.tiers = NULL;
+    e->p.tier_model_id = NULL;
     if (!p.no_prefix_cache && (rc = kvc_prefix_create(e->pool, &cp, &e->pc))) goto fail;
+    if (e->tiers) kvc__etiers_attach(e->tiers, e->pool, e->pc);
     kvc_seqs_params_t sp = kvc_seqs_params_default();
     sp.max_seqs = 2 * p.max_num_seqs + 8;
     sp.max_batch = p.max_num_seqs;
@@ -602,6 +632,7 @@ static int req_slot(kvc_engine_t *e, uint32_t *out)
 
 static void req_release(kvc_engine_t *e, uint32_t i)
 {
+    kvc__etiers_release(e->tiers, &e->reqs[i].tf);
     draft_drop(e, &e->reqs[i]);
     req_clear(&e->reqs[i]);
     e->free_reqs[e->n_free++] = i;
@@ -876,26 +907,33 @@ static int done_push(kvc_engine_t *e, uint32_t slot, uint32_t cached, uint32_t p
     if (!ds) return KVC_ENOMEM;
     e->done_slot = ds;
     e->done_slot[e->n_done] = slot;
-    e->done[e->n_done++] =
-        (kvc_gen_done_t){.id = r->id,
-                         .tag = r->gp.tag,
-                         .prompt_tokens = r->n_prompt,
-                         .cached_tokens = cached,
-                         .completion_tokens = r->n_out,
-                         .output = r->out,
-                         .logprobs = r->gp.logprobs || r->gp.n_logprobs ? r->lp : NULL,
-                         .top_ids = r->top_ids,
-                         .top_logprobs = r->top_lp,
-                         .n_logprobs = r->gp.n_logprobs,
-                         .text = r->text ? r->text : "",
-                         .finish = r->finish,
-                         .submit_s = r->submit_s,
-                         .first_token_s = r->first_s,
-                         .finish_s = finish,
-                         .preemptions = preempt,
-                         .draft_tokens = r->drafts,
-                         .accepted_tokens = r->accepted,
-                         .sample_index = r->sample_index};
+    kvc_gen_done_t *dn = &e->done[e->n_done];
+    *dn = (kvc_gen_done_t){.id = r->id,
+                           .tag = r->gp.tag,
+                           .prompt_tokens = r->n_prompt,
+                           .cached_tokens = cached,
+                           .completion_tokens = r->n_out,
+                           .output = r->out,
+                           .logprobs = r->gp.logprobs || r->gp.n_logprobs ? r->lp : NULL,
+                           .top_ids = r->top_ids,
+                           .top_logprobs = r->top_lp,
+                           .n_logprobs = r->gp.n_logprobs,
+                           .text = r->text ? r->text : "",
+                           .finish = r->finish,
+                           .submit_s = r->submit_s,
+                           .first_token_s = r->first_s,
+                           .finish_s = finish,
+                           .preemptions = preempt,
+                           .draft_tokens = r->drafts,
+                           .accepted_tokens = r->accepted,
+                           .sample_index = r->sample_index};
+    e->n_done++;
+    /* of the blocks the scheduler's lookup hit, those this request's fetch brought in */
+    const uint32_t hit_blocks = cached / e->p.block_size;
+    for (uint32_t k = 0; k < r->tf.n_runs; k++) {
+        const uint32_t a = r->tf.run_start[k], b = KVC_MIN(r->tf.run_end[k], hit_blocks);
+        if (b > a) dn->tier_cached_tokens[r->tf.run_tier[k]] += (b - a) * e->p.block_size;
+    }
     return 0;
 }
 
@@ -925,6 +963,21 @@ void kvc_engine_stats(const kvc_engine_t *e, kvc_engine_stats_t *out)
         out->swapped_out_bytes = s.swapped_out_bytes;
         out->swapped_in_bytes = s.swapped_in_bytes;
     }
+}
+
+uint32_t kvc_engine_n_tiers(const kvc_engine_t *e)
+{
+    return e ? kvc__etiers_n(e->tiers) : 0;
+}
+
+int kvc_engine_tier_stats(const kvc_engine_t *e, uint32_t i, kvc_engine_tier_stats_t *out)
+{
+    return e ? kvc__etiers_stats(e->tiers, i, out) : KVC_EINVAL;
+}
+
+const char *kvc_engine_tier_model_id(const kvc_engine_t *e)
+{
+    return e ? kvc__etiers_model_id(e->tiers) : "";
 }
 
 /* Sample one position of request r from its logits row. */
@@ -1016,19 +1069,58 @@ static bool hold_back(const kvc_engine_t *e, const req_t *p)
     return false;
 }
 
+/* The engine's prefill rate for the fetch-or-recompute decision: measured once it has
+ * prefilled enough, seeded before from the weights a token streams (a CPU's prefill moves
+ * roughly 200 GB/s of weight reuse through its caches; the measurement replaces it soon). */
+static double prefill_rate(const kvc_engine_t *e)
+{
+    if (e->st.prefill_tokens >= 256 && e->st.prefill_s > 0)
+        return (double)e->st.prefill_tokens / e->st.prefill_s;
+    const uint64_t wb = kvc_llm_weight_bytes_per_token(e->m);
+    return 2e11 / (double)(wb ? wb : 1);
+}
+
+/* Continue r's prefix lookup in the tiers as it is given to the scheduler, which (see
+ * admit_pending) admits it in this very step unless memory or the step's budget is short.  The
+ * references the fetch holds (at most half the pool, all fetches together) are dropped once
+ * the step is planned: an admitted request's sequence holds the blocks from then on (and
+ * invariant 1 holds between steps); one that still waits may lose what was fetched to
+ * eviction, which costs a recompute, never a wrong block. */
+static void tier_fetch(kvc_engine_t *e, uint32_t slot)
+{
+    req_t *r = &e->reqs[slot];
+    if (r->tf.held || r->tf.n_runs) return;
+    const uint32_t cap = e->st.n_blocks / 2, held = kvc__etiers_held(e->tiers);
+    if (held >= cap) return;
+    (void)kvc__etiers_fetch(e->tiers, &r->gp.ns, r->all, r->n_prompt, prefill_rate(e), cap - held,
+                            &r->tf); /* ENOMEM: no fetch, recomputed */
+    if (r->tf.held) e->tier_fetched[e->n_tier_fetched++] = slot;
+}
+
 /* Give the scheduler the pending requests that need not wait; finish the aborted ones. */
 static int admit_pending(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *ctx)
 {
     uint32_t kept = 0;
     int rc = 0;
+    /* With tiers, a request is given to the scheduler (and fetched) only when it can be
+     * admitted now: nothing waits there and a running slot is free.  The others wait here, in
+     * arrival order, so that their fetch happens at their admission, not long before it. */
+    uint32_t room = UINT32_MAX;
+    if (e->tiers && e->n_pend) {
+        kvc_sched_stats_t ss;
+        kvc_sched_stats(e->sched, &ss);
+        room = ss.n_waiting || ss.n_running >= e->p.max_num_seqs ? 0
+                                                                 : e->p.max_num_seqs - ss.n_running;
+    }
     for (uint32_t i = 0; i < e->n_pend; i++) {
         const uint32_t slot = e->pend[i];
         req_t *r = &e->reqs[slot];
-        if (!rc && !r->finish && hold_back(e, r)) {
+        if (!rc && !r->finish && (!room || hold_back(e, r))) {
             e->pend[kept++] = slot;
             continue;
         }
         if (!rc && !r->finish) {
+            if (e->tiers) room--, tier_fetch(e, slot);
             kvc_sched_req_t q = {.prompt = r->all,
                                  .n_prompt = r->n_prompt,
                                  .max_output = r->max_out,
@@ -1067,6 +1159,10 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
     rc = kvc_sched_step(e->sched, now, &plan);
     if (rc) return rc;
     const uint32_t n = plan->n_entries;
+    /* admitted: their sequences hold what their fetches held (see tier_fetch) */
+    for (uint32_t i = 0; i < e->n_tier_fetched; i++)
+        kvc__etiers_release(e->tiers, &e->reqs[e->tier_fetched[i]].tf);
+    e->n_tier_fetched = 0;
     /* a step that only swapped a request back in (it runs from the next step) is progress */
     *idle =
         n == 0 && e->n_pend == 0 && !plan->n_swapped_in && !plan->n_admitted && !plan->n_preempted;
@@ -1165,6 +1261,7 @@ static int step_cached(kvc_engine_t *e, double now, kvc_gen_event_fn fn, void *c
         }
     }
     if ((rc = kvc_sched_complete(e->sched, e->results, n, now))) return rc;
+    kvc__etiers_flush(e->tiers); /* the blocks this step cached, to the write-through tiers */
     kvc_pool_stats_t ps;
     kvc_pool_stats(e->pool, &ps);
     e->st.peak_blocks = KVC_MAX(e->st.peak_blocks, ps.n_used);
