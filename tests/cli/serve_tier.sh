@@ -8,7 +8,7 @@
 #   - redis-server killed mid-run: B answers every request, right, and counts the faults;
 #   - a replica with a host tier and a pool too small for its turns: a later turn fetches
 #     (cached_tokens_by_tier.host > 0) with the output of a server that has no tier;
-#   - bad --tier values are one line on stderr, exit 2.
+#   - bad --tier values are one line on stderr, exit 1.
 # Skipped (77) where redis-server is not installed (scripts/install-deps.sh installs it).
 # usage: serve_tier.sh <kvcache-binary> <source-dir> <test-data-dir>
 set -u
@@ -34,13 +34,13 @@ for bad in "nvme:1GiB" "host:" "host:0" "disk::1GiB" "redis://:6379" "redis://12
   "host:1GiB,mode=sometimes"; do
   "$KVC" serve --model "$S" --port 0 --tier "$bad" >"$TMP/o" 2>"$TMP/e"
   rc=$?
-  [ $rc -eq 2 ] || fail "--tier $bad: exit $rc, want 2"
+  [ $rc -eq 1 ] || fail "--tier $bad: exit $rc, want 1"
   [ "$(wc -l <"$TMP/e")" -eq 1 ] || fail "--tier $bad: not one line: $(cat "$TMP/e")"
 done
 "$KVC" serve --model "$S" --port 0 --tier host:1MiB --tier-admission often >/dev/null 2>"$TMP/e"
-[ $? -eq 2 ] && [ "$(wc -l <"$TMP/e")" -eq 1 ] || fail "--tier-admission often: $(cat "$TMP/e")"
+[ $? -eq 1 ] && [ "$(wc -l <"$TMP/e")" -eq 1 ] || fail "--tier-admission often: $(cat "$TMP/e")"
 "$KVC" serve --model "$S" --port 0 --tier host:1MiB --tier-disk-write-budget 5GiB >/dev/null 2>"$TMP/e"
-[ $? -eq 2 ] && [ "$(wc -l <"$TMP/e")" -eq 1 ] || fail "--tier-disk-write-budget 5GiB: $(cat "$TMP/e")"
+[ $? -eq 1 ] && [ "$(wc -l <"$TMP/e")" -eq 1 ] || fail "--tier-disk-write-budget 5GiB: $(cat "$TMP/e")"
 
 if ! command -v redis-server >/dev/null 2>&1; then
   [ $fails -eq 0 ] || exit 1
@@ -113,7 +113,10 @@ TIER="redis://127.0.0.1:$RPORT/test$$"
 
 # ---- two replicas sharing one Redis ----------------------------------------------------------
 start A --tier "$TIER" || exit 1
-start B --tier "$TIER" || exit 1
+# B fetches whatever it finds (--tier-fetch always): stories260K recomputes a block in well
+# under Redis's round trip, so the cost decision alone would (rightly) recompute; the point
+# here is that the bytes another replica wrote are exact.
+start B --tier "$TIER" --tier-fetch always || exit 1
 post "$URL_A" "$(body "$P1" 24)" >"$TMP/a1"
 CA=$(J 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <"$TMP/a1")
 PT=$(J 'd["usage"]["prompt_tokens"]' <"$TMP/a1")
