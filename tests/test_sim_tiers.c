@@ -289,6 +289,55 @@ static void a_redis_tier_is_shared_by_the_replicas(void **state)
     kvc_workload_destroy(w);
 }
 
+/* Replicas are simulated one after another, so a shared tier must not show a replica what
+ * another wrote later in simulated time: request 0 (replica 0) computes a prompt at t = 10 s;
+ * the same prompt on replica 1 at t = 0 finds nothing in redis, at t = 20 s it fetches. */
+static void a_shared_tier_shows_a_block_only_after_it_was_written(void **state)
+{
+    (void)state;
+    for (int late = 0; late < 2; late++) {
+        kvc_workload_t *w;
+        assert_ok(kvc_workload_create(NULL, &w));
+        static kvc_token_t prompt[4096];
+        for (int i = 0; i < 4096; i++) prompt[i] = 1 + (i * 7919) % 30000;
+        kvc_sim_request_t q = {.tokens = prompt, .n_prompt = 4096, .n_output = 4};
+        q.arrival_s = 0;
+        kvc_sim_request_t first = q;
+        first.arrival_s = late ? 0 : 10; /* replica 0's */
+        kvc_sim_request_t second = q;
+        second.arrival_s = late ? 20 : 10; /* replica 1's, in arrival order with a filler */
+        /* arrival order is required: replica 0 gets index 0 and 2, replica 1 index 1 and 3 */
+        kvc_sim_request_t filler = {.tokens = prompt + 1, .n_prompt = 16, .n_output = 1};
+        if (late) {
+            assert_ok(kvc_workload_add(w, &first));  /* 0: replica 0 at 0 s */
+            assert_ok(kvc_workload_add(w, &filler)); /* 1: replica 1 at 0 s */
+            filler.arrival_s = 20;
+            assert_ok(kvc_workload_add(w, &filler)); /* 2: replica 0 at 20 s */
+            assert_ok(kvc_workload_add(w, &second)); /* 3: replica 1 at 20 s */
+        } else {
+            filler.arrival_s = 0;
+            assert_ok(kvc_workload_add(w, &filler)); /* 0: replica 0 at 0 s */
+            q.arrival_s = 0;
+            assert_ok(kvc_workload_add(w, &q));     /* 1: replica 1 at 0 s */
+            assert_ok(kvc_workload_add(w, &first)); /* 2: replica 0 at 10 s */
+        }
+        kvc_sim_config_t c = config(3000);
+        c.closed_loop = false;
+        c.plan.dp = 2;
+        kvc_tier_spec_t t = spec("redis://kv:6379,bw=50GB/s,rtt=1ms");
+        c.tiers = &t;
+        c.n_tiers = 1;
+        kvc_sim_result_t r;
+        run(&c, w, &r, NULL);
+        assert_true(r.tiers[0].puts > 0);
+        if (late)
+            assert_int_equal(r.tiers[0].fetched_blocks, 4095 / 16);
+        else
+            assert_int_equal(r.tiers[0].hits, 0);
+        kvc_workload_destroy(w);
+    }
+}
+
 static void disk_admission_and_write_budget_refuse_writes(void **state)
 {
     (void)state;
@@ -420,6 +469,7 @@ int main(void)
         cmocka_unit_test(a_tier_too_far_away_is_never_fetched_from_and_changes_nothing),
         cmocka_unit_test(break_even_follows_the_closed_form),
         cmocka_unit_test(a_redis_tier_is_shared_by_the_replicas),
+        cmocka_unit_test(a_shared_tier_shows_a_block_only_after_it_was_written),
         cmocka_unit_test(disk_admission_and_write_budget_refuse_writes),
         cmocka_unit_test(tiers_keep_the_invariants_at_every_step),
         cmocka_unit_test(the_report_has_a_tiers_section_and_is_deterministic),

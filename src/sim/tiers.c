@@ -207,24 +207,24 @@ int kvc_sim_tier_table_write_json(const kvc_sim_tier_table_t *t, FILE *f, const 
 {
     if (!t || !f) return KVC_EINVAL;
     if (!ind) ind = "";
-    fprintf(f, "{\"block_tokens\": %u, \"block_bytes\": %llu, \"prefill_tokens_per_s\": %.6g,\n",
+    fprintf(f, "{\"block_tokens\": %u, \"block_bytes\": %llu, \"prefill_tokens_per_s\": %.9g,\n",
             t->block_tokens, (unsigned long long)t->block_bytes, t->prefill_tokens_per_s);
     fprintf(f, "%s \"tiers\": [", ind);
     for (uint32_t k = 0; k < t->n_tiers; k++) {
         fprintf(
-            f, "%s\n%s  {\"kind\": \"%s\", \"bandwidth_Bps\": %.6g, \"rtt_s\": %.6g, \"rows\": [",
+            f, "%s\n%s  {\"kind\": \"%s\", \"bandwidth_Bps\": %.9g, \"rtt_s\": %.9g, \"rows\": [",
             k ? "," : "", ind, kvc_tier_kind_name(t->kind[k]), t->bandwidth_Bps[k], t->rtt_s[k]);
         for (uint32_t i = 0; i < t->n_lengths; i++) {
             const kvc_sim_break_even_t *c = &t->cells[k][i];
             fprintf(f,
                     "%s\n%s    {\"tokens\": %u, \"blocks\": %u, \"bytes\": %.17g, \"recompute_s\": "
-                    "%.6g, \"transfer_s\": %.6g, \"break_even_rtt_s\": ",
+                    "%.9g, \"transfer_s\": %.9g, \"break_even_rtt_s\": ",
                     i ? "," : "", ind, c->n_tokens, c->n_blocks, c->bytes, c->recompute_s,
                     c->transfer_s);
             if (c->never)
                 fputs("null", f);
             else
-                fprintf(f, "%.6g", c->rtt_s);
+                fprintf(f, "%.9g", c->rtt_s);
             fprintf(f, ", \"fetch_wins\": %s}",
                     !c->never && t->rtt_s[k] < c->rtt_s ? "true" : "false");
         }
@@ -727,8 +727,8 @@ int kvc__report_tiers_text(const kvc_report_t *r, FILE *f)
     fprintf(f, "\ntiers (prompt tokens fetched instead of recomputed: %llu)\n",
             (unsigned long long)x->saved);
     fprintf(f, "  %-5s %-13s %10s %11s %9s %10s %9s %11s %10s %10s %10s %9s\n", "tier", "mode",
-            "capacity", "bandwidth", "rtt", "hits", "fetches", "fetched tok", "recomputed", "read",
-            "written", "evicted");
+            "capacity", "bandwidth", "rtt", "hit blk", "fetches", "fetched tok", "recomp blk",
+            "read", "written", "evicted");
     for (uint32_t k = 0; k < x->n; k++) {
         const kvc_sim_tier_stats_t *s = &x->tiers[k];
         fprintf(
@@ -760,7 +760,7 @@ int kvc__report_tiers_json(const kvc_report_t *r, FILE *f)
         const kvc_sim_tier_stats_t *s = &x->tiers[k];
         fprintf(f,
                 "%s\n    {\"kind\": \"%s\", \"mode\": \"%s\", \"capacity_bytes\": %llu, "
-                "\"capacity_records\": %llu, \"bandwidth_Bps\": %.6g, \"rtt_s\": %.6g, \"hits\": "
+                "\"capacity_records\": %llu, \"bandwidth_Bps\": %.9g, \"rtt_s\": %.9g, \"hits\": "
                 "%llu, \"fetches\": %llu, \"fetched_blocks\": %llu, \"fetched_tokens\": %llu, "
                 "\"recompute_chosen_blocks\": %llu, \"bytes_read\": %llu, \"bytes_written\": "
                 "%llu, \"puts\": %llu, \"evictions\": %llu, \"admission_refused\": %llu, "
