@@ -428,6 +428,59 @@ static void the_report_has_a_tiers_section_and_is_deterministic(void **state)
     kvc_workload_destroy(w);
 }
 
+/* Fail allocation 1, 2, 3, ... of a run with a host and a redis tier on two replicas: each run
+ * either fails with KVC_ENOMEM and one line, or completes; nothing leaks; the run that fails
+ * nothing gives the reference report. */
+static void runs_with_tiers_fail_cleanly_under_allocation_faults(void **state)
+{
+    (void)state;
+    kvc_workload_t *w = multiturn(16);
+    kvc_sim_config_t c = config(400);
+    c.plan.dp = 2;
+    kvc_tier_spec_t t[2] = {spec("host:1GiB"), spec("redis://r:1,bw=50GB/s")};
+    c.tiers = t;
+    c.n_tiers = 2;
+    kvc_plan_result_t pr;
+    char err[512];
+    assert_ok(kvc_plan_compute(&c.model, &c.gpu, &c.plan, &pr, err, sizeof err));
+    c.planned = &pr;
+    kvc_sim_result_t res;
+    char *want;
+    run(&c, w, &res, &want);
+    assert_true(res.tiers[0].fetched_blocks + res.tiers[1].fetched_blocks > 0);
+    uint64_t n_failed = 0;
+    for (uint64_t n = 1;; n++) {
+        kvc_failing_alloc_t st = {.fail_at = n};
+        c.allocator = kvc_failing_allocator(&st);
+        kvc_report_params_t rp = kvc_report_params_default();
+        rp.tenant_names = kvc_workload_tenant_names(w);
+        rp.n_tenants = kvc_workload_n_tenants(w);
+        rp.class_names = kvc_workload_class_names(w);
+        rp.n_classes = kvc_workload_n_classes(w);
+        rp.allocator = c.allocator;
+        kvc_report_t *r = NULL;
+        int rc = kvc_report_create(&rp, &r);
+        if (!rc) rc = kvc_sim_run(&c, w, r, &res, err, sizeof err);
+        if (st.n_failed && rc) {
+            if (rc != KVC_ENOMEM) fail_msg("allocation %llu: %s", (unsigned long long)n, err);
+            if (r) assert_true(err[0] != '\0' && !strchr(err, '\n'));
+            n_failed++;
+        } else if (!st.n_failed) {
+            assert_ok(rc);
+            char *got = write_report(r, true);
+            assert_string_equal(got, want);
+            free(got);
+        }
+        kvc_report_destroy(r);
+        assert_int_equal(st.n_live, 0); /* nothing leaked */
+        if (!st.n_failed) break;
+    }
+    print_message("%llu allocations failed the run\n", (unsigned long long)n_failed);
+    assert_true(n_failed > 40);
+    free(want);
+    kvc_workload_destroy(w);
+}
+
 static void bad_tier_configurations_are_refused(void **state)
 {
     (void)state;
@@ -473,6 +526,7 @@ int main(void)
         cmocka_unit_test(disk_admission_and_write_budget_refuse_writes),
         cmocka_unit_test(tiers_keep_the_invariants_at_every_step),
         cmocka_unit_test(the_report_has_a_tiers_section_and_is_deterministic),
+        cmocka_unit_test(runs_with_tiers_fail_cleanly_under_allocation_faults),
         cmocka_unit_test(bad_tier_configurations_are_refused),
     };
     if (getenv("KVC_TEST_FILTER")) cmocka_set_test_filter(getenv("KVC_TEST_FILTER"));

@@ -736,7 +736,12 @@ typedef struct {
  *                 deployment that does not start (and no num_blocks), a model
  *                 whose KV cache takes no bytes or a cost model no step time
  *                 can come from, a simulation that is stuck (requests wait
- *                 and nothing can ever run), an eviction policy out of range
+ *                 and nothing can ever run), an eviction policy out of range,
+ *                 tiers (cfg->tiers) more than KVC_SIM_MAX_TIERS or NULL with
+ *                 n_tiers > 0, with the prefix cache off (also the no-KV-cache
+ *                 and contiguous baselines), for a model with sliding-window
+ *                 layers, or a host or disk tier that holds not one block or
+ *                 more than 2^30
  *   KVC_ENOMEM    an allocation failed, or the run would need more memory
  *                 than max_memory_bytes or the machine has (the message says
  *                 how much)

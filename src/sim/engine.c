@@ -889,6 +889,7 @@ static int run_replica(run_t *r)
     r->pc = rep.pc;
     if (r->tiers && (rc = kvc__sim_tiers_replica_begin(r->tiers, rep.pc, r->num_blocks, &r->now))) {
         (void)kvc__sim_tiers_replica_end(r->tiers);
+        r->pc = NULL;
         replica_close(&rep);
         return rc;
     }

@@ -313,8 +313,8 @@ int kvc__sim_tiers_create(const kvc_sim_config_t *cfg, const kvc_plan_result_t *
 {
     *out = NULL;
     if (cfg->n_tiers > KVC_SIM_MAX_TIERS || !cfg->tiers)
-        return kvc__msgf(KVC_EINVAL, err, cap, "%u tiers: at most %d", cfg->n_tiers,
-                         KVC_SIM_MAX_TIERS);
+        return kvc__msgf(KVC_EINVAL, err, cap, "%u tiers%s: at most %d", cfg->n_tiers,
+                         cfg->tiers ? "" : " and no array of them", KVC_SIM_MAX_TIERS);
     if (!cfg->prefix_caching)
         return kvc__msgf(KVC_EINVAL, err, cap,
                          "tiers need the prefix cache (not with --no-prefix-caching, "
