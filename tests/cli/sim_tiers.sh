@@ -5,6 +5,7 @@
 # usage: sim_tiers.sh <kvcache-binary> <source-dir> <test-data-dir>
 set -u
 KVC=$1
+SRC=$2
 DATA=$3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -71,6 +72,17 @@ assert row["bytes"] == 4096 * 131072, row
 assert abs(row["transfer_s"] - row["bytes"] / 100e9) < 1e-8, row
 assert abs(row["break_even_rtt_s"] - (row["recompute_s"] - row["transfer_s"])) < 1e-8, row
 assert row["fetch_wins"] is True, row
+PY
+
+# the scenario: one command, the tiers side by side
+"$KVC" sim --scenario "$SRC/examples/scenarios/tiers.json" --json >"$TMP/sc.json" 2>/dev/null || fail "tiers scenario: exit $?"
+python3 - "$TMP/sc.json" <<'PY' || fail "tiers scenario: the host tier does not beat no tier, or the 10 GbE Redis is not the no-tier run"
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = {v["name"]: v["metrics"] for v in d["variants"]}
+none, host, lan = rows["no tier"], rows["host 64GiB"], rows["redis 10GbE LAN"]
+assert host["ttft_ms.p50"] < none["ttft_ms.p50"] and host["tier_saved_tokens"] > 0, (none, host)
+assert lan == none, (lan, none)
 PY
 
 # bad flags
