@@ -13,6 +13,7 @@
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1397,6 +1398,123 @@ static void specs_parse(void **state)
     kvc_tier_destroy(s);
 }
 
+/* bw= and rtt=: units, any order with mode=, the last one wins, and every bad form refused
+ * with one line and *out untouched. */
+static void specs_parse_bandwidth_and_rtt(void **state)
+{
+    (void)state;
+    kvc_tier_spec_t t;
+    char msg[256];
+    assert_ok(kvc_tier_spec_parse("host:1GiB", &t, msg, sizeof msg));
+    assert_true(t.bandwidth_Bps == 0 && t.rtt_s == 0); /* not given */
+    assert_ok(kvc_tier_spec_parse("host:1GiB,bw=25GB/s,rtt=5us", &t, msg, sizeof msg));
+    assert_true(t.bandwidth_Bps == 25e9);
+    assert_true(fabs(t.rtt_s - 5e-6) < 1e-18);
+    assert_int_equal(t.mode, KVC_TIER_MODE_EVICT);
+    assert_ok(
+        kvc_tier_spec_parse("redis://h:1/p,rtt=80ms,mode=evict,bw=1.25GB/s", &t, msg, sizeof msg));
+    assert_true(t.bandwidth_Bps == 1.25e9);
+    assert_true(fabs(t.rtt_s - 0.08) < 1e-15);
+    assert_int_equal(t.mode, KVC_TIER_MODE_EVICT);
+    assert_string_equal(t.prefix, "p");
+    assert_ok(
+        kvc_tier_spec_parse("disk:/x:1GiB,bw=10Gbit/s,rtt=0.5ms,bw=2GiB/s", &t, msg, sizeof msg));
+    assert_true(t.bandwidth_Bps == 2.0 * 1073741824.0); /* the last one given */
+    assert_true(fabs(t.rtt_s - 5e-4) < 1e-15);
+    assert_ok(kvc_tier_spec_parse("host:1GiB,bw=10Gbit/s,rtt=2s", &t, msg, sizeof msg));
+    assert_true(t.bandwidth_Bps == 1.25e9);
+    assert_true(t.rtt_s == 2);
+    assert_ok(kvc_tier_spec_parse("host:1GiB,bw=1e3MB/s,rtt=250ns", &t, msg, sizeof msg));
+    assert_true(t.bandwidth_Bps == 1e9);
+    assert_true(fabs(t.rtt_s - 250e-9) < 1e-20);
+    const char *bad[] = {"host:1GiB,bw=",        "host:1GiB,bw=25",       "host:1GiB,bw=25GB",
+                         "host:1GiB,bw=0GB/s",   "host:1GiB,bw=-1GB/s",   "host:1GiB,bw=xGB/s",
+                         "host:1GiB,bw=inf",     "host:1GiB,bw=nanGB/s",  "host:1GiB,bw=25gb/s",
+                         "host:1GiB,rtt=",       "host:1GiB,rtt=5",       "host:1GiB,rtt=0us",
+                         "host:1GiB,rtt=5min",   "host:1GiB,rtt=-1ms",    "host:1GiB,rtt=2e6s",
+                         "host:1GiB,rtt=0x10ms", "host:1GiB,latency=5us", "host:1GiB,bw=1e999GB/s"};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(bad); i++) {
+        t.kind = KVC_TIER_DISK;
+        msg[0] = '\0';
+        if (kvc_tier_spec_parse(bad[i], &t, msg, sizeof msg) != KVC_EINVAL)
+            fail_msg("'%s' parsed", bad[i]);
+        assert_true(msg[0] != '\0');
+        assert_null(strchr(msg, '\n'));
+        assert_int_equal(t.kind, KVC_TIER_DISK); /* untouched */
+    }
+}
+
+/* The index-only store the simulator models tiers with holds, evicts, admits and refuses
+ * exactly what the host store of the same capacity does: the same operations on both give
+ * the same statuses, the same contains and hits, the same counters. */
+static void meta_store_matches_the_host_store(void **state)
+{
+    (void)state;
+    const kvc_tier_admission_t adms[] = {
+        {KVC_TIER_ADMIT_ALWAYS, 0}, {KVC_TIER_ADMIT_SECOND_HIT, 0}, {KVC_TIER_ADMIT_DEPTH, 3}};
+    for (size_t a = 0; a < KVC_ARRAY_LEN(adms); a++) {
+        kvc_tier_params_t p = params(16);
+        p.capacity_bytes = 16 * kvc_tier_record_bytes(BB, BT);
+        p.admission = adms[a];
+        /* always: a budget of 10 records a second, 2 deep, against 25 puts a second */
+        p.write_budget_per_day = a == 0 ? 86400ull * 10 * kvc_tier_record_bytes(BB, BT) : 0;
+        p.write_budget_burst = 2 * kvc_tier_record_bytes(BB, BT);
+        fake_now = 1000000000ull;
+        kvc_tier_store_t *host, *meta;
+        assert_ok(kvc_tier_host_create(&p, &host));
+        assert_ok(kvc_tier_meta_create(&p, &meta));
+        assert_string_equal(kvc_tier_name(meta), "meta");
+        uint64_t rng = 12345 + a;
+        for (int op = 0; op < 3000; op++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            uint64_t i = (rng >> 33) % 40, what = (rng >> 20) % 4;
+            fake_now += 20000000ull; /* 20 ms */
+            tkey_t k;
+            mk(&k, i);
+            unsigned char d[BB], out[BB];
+            payload(d, i);
+            if (what < 2) {
+                kvc_tier_put_status_t sh = KVC_TIER_PUT_FAULT, sm = KVC_TIER_PUT_FAULT;
+                assert_ok(kvc_tier_put(host, &k.key, d, &sh));
+                assert_ok(kvc_tier_put(meta, &k.key, d, &sm));
+                assert_int_equal(sh, sm);
+            } else if (what == 2) {
+                assert_int_equal(kvc_tier_get(host, &k.key, out), kvc_tier_get(meta, &k.key, out));
+            } else {
+                assert_int_equal(kvc_tier_contains(host, &k.key), kvc_tier_contains(meta, &k.key));
+            }
+            assert_store_ok(meta);
+        }
+        kvc_tier_stats_t h = stats(host), m = stats(meta);
+        assert_int_equal(h.n_hits, m.n_hits);
+        assert_int_equal(h.n_misses, m.n_misses);
+        assert_int_equal(h.n_puts, m.n_puts);
+        assert_int_equal(h.n_put_present, m.n_put_present);
+        assert_int_equal(h.n_evictions, m.n_evictions);
+        assert_int_equal(h.n_admission_refused, m.n_admission_refused);
+        assert_int_equal(h.n_budget_refused, m.n_budget_refused);
+        assert_int_equal(h.bytes_written, m.bytes_written);
+        assert_int_equal(h.bytes_read, m.bytes_read);
+        assert_int_equal(h.n_records, m.n_records);
+        assert_int_equal(h.capacity_records, m.capacity_records);
+        assert_true(m.n_evictions > 0 && m.n_hits > 0);
+        if (a) assert_true(m.n_admission_refused > 0);
+        if (a == 0) assert_true(m.n_budget_refused > 0);
+        kvc_tier_destroy(host);
+        kvc_tier_destroy(meta);
+    }
+    kvc_tier_params_t p = params(4);
+    kvc_tier_store_t *s = NULL;
+    p.capacity_bytes = 10;
+    assert_int_equal(kvc_tier_meta_create(&p, &s), KVC_EINVAL);
+    assert_int_equal(kvc_tier_meta_create(NULL, &s), KVC_EINVAL);
+    p = params(4);
+    assert_int_equal(kvc_tier_meta_create(&p, NULL), KVC_EINVAL);
+    p.capacity_bytes = (2ull << 30) * kvc_tier_record_bytes(BB, BT); /* 2^31 records */
+    assert_int_equal(kvc_tier_meta_create(&p, &s), KVC_EINVAL);
+    assert_null(s);
+}
+
 /* ---- fetch or recompute --------------------------------------------------------------- */
 static void decide_matches_hand_arithmetic(void **state)
 {
@@ -1546,6 +1664,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(fetch_latency_histogram_buckets),
         cmocka_unit_test(create_rejects_bad_parameters),
         cmocka_unit_test(specs_parse),
+        cmocka_unit_test(specs_parse_bandwidth_and_rtt),
+        cmocka_unit_test(meta_store_matches_the_host_store),
         cmocka_unit_test(decide_matches_hand_arithmetic),
         cmocka_unit_test(estimator_recovers_latency_and_bandwidth),
     };

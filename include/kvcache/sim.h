@@ -29,6 +29,7 @@
 #include "kvcache/prefix.h"
 #include "kvcache/sched.h"
 #include "kvcache/plan.h"
+#include "kvcache/tier.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -207,6 +208,65 @@ KVC_API int kvc_workload_add_class(kvc_workload_t *w, const char *name, uint32_t
  * no request is added on failure. */
 KVC_API int kvc_workload_add(kvc_workload_t *w, const kvc_sim_request_t *req);
 
+/* ---- KV tiers in the simulator ---------------------------------------------------------
+ * A tier is modelled by its capacity, its link's bandwidth and round-trip time (the spec's
+ * bw= and rtt=, or its kind's default: kvc_sim_tier_link), and its mode.  Blocks the
+ * simulated pool evicts go to its evict-mode tiers; blocks it caches go to its write-through
+ * tiers.  host and disk tiers are per replica and hold what a real store of their capacity
+ * would (kvc_tier_meta_create: records of kvc_tier_record_bytes each, LRU); a redis tier is
+ * one store shared by every replica, unbounded, where a block is visible from the simulated
+ * time it was first written.  At admission a prefix match that ends in the pool continues in
+ * the tiers (the first tier, in order, that holds a block serves it); each contiguous run of
+ * blocks one tier serves goes through kvc_tier_decide, the first run that recompute wins ends
+ * the fetch.  A fetched run holds the request back for its fetch time on the tier's link
+ * (one fetch at a time per replica and tier: a queue), then its blocks are cached in the pool
+ * and the scheduler hits them. */
+#define KVC_SIM_MAX_TIERS          8
+/* The prefix lengths of the break-even table: 1K, 4K, 16K and 64K tokens (those under the
+ * context length). */
+#define KVC_SIM_BREAK_EVEN_LENGTHS 4
+
+typedef struct {
+    kvc_tier_kind_t kind;
+    kvc_tier_mode_t mode;
+    uint64_t capacity_bytes;     /* the spec's; 0: unbounded (redis) */
+    uint64_t capacity_records;   /* per replica (host, disk); 0: unbounded */
+    double bandwidth_Bps, rtt_s; /* as modelled (the spec's or the kind's default) */
+    uint64_t hits;               /* blocks admission lookups found here */
+    uint64_t fetches;            /* runs fetched */
+    uint64_t fetched_blocks, fetched_tokens;
+    uint64_t recompute_chosen_blocks;   /* found here and recomputed: recompute won their run
+                                           (or an earlier run of the prefix) */
+    uint64_t bytes_read, bytes_written; /* record bytes (headers included) */
+    uint64_t puts, evictions, admission_refused, budget_refused;
+    uint64_t dropped_blocks; /* fetched but not cached: the pool's prefix they chain from was
+                                evicted during the fetch, or no block was free (counted at
+                                the first tier) */
+    double link_busy_s;      /* seconds its links spent fetching, summed over replicas */
+} kvc_sim_tier_stats_t;
+
+/* Fetching a prefix of n_tokens from a tier against recomputing it. */
+typedef struct {
+    uint32_t n_tokens; /* the prefix, in whole blocks */
+    uint32_t n_blocks;
+    double bytes;       /* n_blocks x the KV bytes of a block */
+    double recompute_s; /* kvc_sim_prefill_s of the prefix from position 0 */
+    double transfer_s;  /* bytes / bandwidth */
+    double rtt_s;       /* rtt* = recompute_s - transfer_s: below it a fetch wins */
+    bool never;         /* rtt* <= 0: the link moves the prefix slower than prefill computes it */
+} kvc_sim_break_even_t;
+
+typedef struct {
+    uint32_t n_tiers, n_lengths;
+    uint32_t block_tokens;
+    uint64_t block_bytes;        /* KV bytes of one block, all of a replica's GPUs */
+    double prefill_tokens_per_s; /* at position 0 (a full chunk), for reference */
+    uint32_t lengths[KVC_SIM_BREAK_EVEN_LENGTHS];
+    kvc_tier_kind_t kind[KVC_SIM_MAX_TIERS];
+    double bandwidth_Bps[KVC_SIM_MAX_TIERS], rtt_s[KVC_SIM_MAX_TIERS];
+    kvc_sim_break_even_t cells[KVC_SIM_MAX_TIERS][KVC_SIM_BREAK_EVEN_LENGTHS];
+} kvc_sim_tier_table_t;
+
 /* ======================================================================
  * reports
  * ==================================================================== */
@@ -293,6 +353,13 @@ KVC_API int kvc_report_finish(kvc_report_t *r, const kvc_report_totals_t *t);
  * (NULL/empty key, NULL value, non-finite number), KVC_ENOMEM. */
 KVC_API int kvc_report_add_config(kvc_report_t *r, const char *key, const char *value);
 KVC_API int kvc_report_add_config_num(kvc_report_t *r, const char *key, double value);
+
+/* The tiers section (a run with tiers: kvc_sim_run sets it): per tier what it did, the
+ * tokens it saved and the break-even table, printed by the text and JSON writers ("tiers",
+ * "tier_saved_tokens", "break_even").  Copied.  A second call replaces the first.
+ * KVC_EINVAL (r, tiers or table NULL, n over KVC_SIM_MAX_TIERS), KVC_ENOMEM. */
+KVC_API int kvc_report_set_tiers(kvc_report_t *r, const kvc_sim_tier_stats_t *tiers, uint32_t n,
+                                 uint64_t saved_tokens, const kvc_sim_tier_table_t *table);
 
 /* Writers: KVC_EINVAL before kvc_report_finish, KVC_EIO on a write error.
  * The text report escapes control bytes in names and settings (\n, \t, \r,
@@ -535,9 +602,61 @@ typedef struct {
      * paged one would).  Defaults: paged, with a KV cache */
     kvc_sim_allocation_t allocation;
     bool no_kv_cache;
+    /* KV tiers (docs/sim.md, "Tiers"): copies of blocks outside the pool, modelled by
+     * capacity, bandwidth and round-trip time, in lookup order.  Borrowed; n_tiers <=
+     * KVC_SIM_MAX_TIERS; 0: none (the default).  The admission policy and the write budget
+     * in bytes a day (0: unlimited) apply to disk tiers, as --tier-admission and
+     * --tier-disk-write-budget do */
+    const kvc_tier_spec_t *tiers;
+    uint32_t n_tiers;
+    kvc_tier_admission_t tier_admission;
+    uint64_t tier_disk_write_budget;
 } kvc_sim_config_t;
 
 KVC_API kvc_sim_config_t kvc_sim_config_default(void);
+
+/* ---- KV tiers: links and the break-even table (the types are above, by the report) ---- */
+/* The link a tier is modelled with: the spec's bw and rtt where given, else its kind's
+ * default: host, the GPU's host link (cm->host_link_bytes_per_s, PCIe; pinned memcpy reaches
+ * about that) and 10 us (a copy's launch and completion); disk, one NVMe SSD, 7 GB/s (PCIe 4
+ * x4 sequential reads; no more than the host link) and 100 us (a read's latency); redis, a
+ * 10 GbE LAN, 1.25 GB/s and 200 us (a same-datacenter round trip plus Redis's own handling).
+ * Never fails. */
+KVC_API void kvc_sim_tier_link(const kvc_tier_spec_t *spec, const kvc_sim_cost_model_t *cm,
+                               double *bandwidth_Bps, double *rtt_s);
+
+/* Seconds the deployment spends computing the prefill of n_tokens tokens that start at
+ * first_pos: n_tokens at the prefill rate of a full chunk of chunk_tokens (the engine's token
+ * budget) placed at the run's midpoint, rate = chunk_tokens / (kvc_sim_step_time of that one
+ * chunk - the step overhead).  The midpoint makes the attention term exact (it grows linearly
+ * with the position).  chunk_tokens 0 counts as 1.  Never fails; 0 for n_tokens 0. */
+KVC_API double kvc_sim_prefill_s(const kvc_sim_cost_model_t *cm, uint32_t chunk_tokens,
+                                 uint64_t first_pos, uint64_t n_tokens);
+
+/* The break-even row of one prefix: n_tokens rounded down to whole blocks, recompute_s from
+ * kvc_sim_prefill_s at position 0, transfer_s = bytes / bandwidth, rtt* = their difference.
+ * KVC_EINVAL (cm or out NULL, block_tokens 0, a bandwidth not finite and > 0). */
+KVC_API KVC_NODISCARD int kvc_sim_break_even(const kvc_sim_cost_model_t *cm, uint32_t chunk_tokens,
+                                             uint32_t block_tokens, uint64_t block_bytes,
+                                             double bandwidth_Bps, uint32_t n_tokens,
+                                             kvc_sim_break_even_t *out);
+
+/* The break-even table of cfg's tiers for cfg's deployment, without running anything: plans
+ * it (or takes cfg->planned), builds its cost model (with cfg->profile) and fills *out for
+ * each tier and each length of KVC_SIM_BREAK_EVEN_LENGTHS under the context length (at least
+ * one: the context length less one token, rounded down to a block, when even 1K is over it).
+ * Errors, with one line in err: KVC_EINVAL (NULL arguments, no tiers or more than
+ * KVC_SIM_MAX_TIERS, what kvc_plan_compute or kvc_sim_cost_model refuse). */
+KVC_API KVC_NODISCARD int kvc_sim_tier_table(const kvc_sim_config_t *cfg, kvc_sim_tier_table_t *out,
+                                             char *err, size_t err_cap);
+
+/* Write the table: text (one row a tier, one column a length, rtt* in us or ms, "never") or
+ * JSON (an array of {"kind", "bandwidth_Bps", "rtt_s", "rows": [{"tokens", "blocks",
+ * "bytes", "recompute_s", "transfer_s", "break_even_rtt_s" (null: never), "fetch_wins"}]}).
+ * `indent` prefixes every JSON line after the first.  KVC_EINVAL (NULL), KVC_EIO. */
+KVC_API int kvc_sim_tier_table_write_text(const kvc_sim_tier_table_t *t, FILE *f);
+KVC_API int kvc_sim_tier_table_write_json(const kvc_sim_tier_table_t *t, FILE *f,
+                                          const char *indent);
 
 typedef struct {
     kvc_plan_result_t planned; /* the planner's view of the deployment */
@@ -564,6 +683,12 @@ typedef struct {
      * the mean over steps and the peak; the most blocks reserved at once.  0 when paged */
     double fragmentation_mean, fragmentation_peak;
     uint64_t peak_reserved_blocks;
+    /* KV tiers (cfg->tiers, in order): what each did, summed over the replicas; the prompt
+     * tokens fetched instead of recomputed; the break-even table (n_tiers 0: no tiers) */
+    uint32_t n_tiers;
+    kvc_sim_tier_stats_t tiers[KVC_SIM_MAX_TIERS];
+    uint64_t tier_saved_tokens;
+    kvc_sim_tier_table_t break_even;
 } kvc_sim_result_t;
 
 /* Run the workload through the deployment and fill `report` (created by the
@@ -611,7 +736,12 @@ typedef struct {
  *                 deployment that does not start (and no num_blocks), a model
  *                 whose KV cache takes no bytes or a cost model no step time
  *                 can come from, a simulation that is stuck (requests wait
- *                 and nothing can ever run), an eviction policy out of range
+ *                 and nothing can ever run), an eviction policy out of range,
+ *                 tiers (cfg->tiers) more than KVC_SIM_MAX_TIERS or NULL with
+ *                 n_tiers > 0, with the prefix cache off (also the no-KV-cache
+ *                 and contiguous baselines), for a model with sliding-window
+ *                 layers, or a host or disk tier that holds not one block or
+ *                 more than 2^30
  *   KVC_ENOMEM    an allocation failed, or the run would need more memory
  *                 than max_memory_bytes or the machine has (the message says
  *                 how much)

@@ -211,6 +211,14 @@ KVC_API KVC_NODISCARD int kvc_tier_disk_create(const char *path, const kvc_tier_
 KVC_API KVC_NODISCARD int kvc_tier_redis_create(const char *host, uint16_t port, const char *prefix,
                                                 const kvc_tier_params_t *params,
                                                 kvc_tier_store_t **out);
+/* An index-only store: what a host (or disk) store of params->capacity_bytes holds, which
+ * identities, in which LRU order, with the same admission policy, write budget and counters
+ * (bytes_read and bytes_written count the record bytes a real store would move), but no
+ * bytes: a put ignores its data and a get writes nothing to its out.  For the simulator,
+ * which models a tier of any size without the memory.  Errors: as kvc_tier_host_create
+ * (KVC_EINVAL for a capacity of more than 2^30 records).  Free with kvc_tier_destroy. */
+KVC_API KVC_NODISCARD int kvc_tier_meta_create(const kvc_tier_params_t *params,
+                                               kvc_tier_store_t **out);
 /* Free the store (the disk file and the Redis keys stay).  NULL is a no-op. */
 KVC_API void kvc_tier_destroy(kvc_tier_store_t *s);
 
@@ -258,7 +266,13 @@ KVC_API int kvc_tier_check(const kvc_tier_store_t *s, char *msg, size_t msg_cap)
  * each optionally followed by ",mode=evict" or ",mode=write-through".  The default mode is
  * evict for host and disk (blocks the pool evicts are copied down) and write-through for
  * redis (blocks are written as they are computed, so other replicas hit them at once).
- * SIZE is kvc_plan_parse_bytes's form. */
+ * SIZE is kvc_plan_parse_bytes's form.
+ * Two more options, in any order with mode= (the last of each given wins), say what the
+ * tier's link is expected to do: ",bw=RATE" (a number and B/s, KB/s, MB/s, GB/s, TB/s in
+ * powers of 1000, KiB/s .. TiB/s in powers of 1024, or Kbit/s .. Tbit/s: "bw=25GB/s",
+ * "bw=10Gbit/s") and ",rtt=TIME" (a number and ns, us, ms or s, at most 1e6 s: "rtt=5us",
+ * "rtt=0.5ms").  Both must be > 0.  The engine seeds its estimator (kvc_tier_estimator_init)
+ * with them; the simulator models the link by them (docs/sim.md says its defaults). */
 typedef enum { KVC_TIER_HOST = 0, KVC_TIER_DISK, KVC_TIER_REDIS } kvc_tier_kind_t;
 typedef enum { KVC_TIER_MODE_EVICT = 0, KVC_TIER_MODE_WRITE_THROUGH } kvc_tier_mode_t;
 
@@ -274,11 +288,14 @@ typedef struct {
     char host[KVC_TIER_HOST_MAX];     /* redis */
     uint16_t port;                    /* redis */
     char prefix[KVC_TIER_PREFIX_MAX]; /* redis; "kvc" when the URL has none */
+    double bandwidth_Bps;             /* ",bw=": bytes/s; 0 = not given */
+    double rtt_s;                     /* ",rtt=": seconds; 0 = not given */
 } kvc_tier_spec_t;
 
 /* Parse one --tier value.  Returns 0, or KVC_EINVAL (*out untouched) with one line in msg
- * (if msg) for an unknown kind or mode, a missing or bad size (0 among them), an empty path,
- * a bad host, port (1..65535) or prefix, a component too long, or an argument NULL. */
+ * (if msg) for an unknown kind, mode or option, a missing or bad size (0 among them), an
+ * empty path, a bad host, port (1..65535) or prefix, a component too long, a bandwidth or
+ * round-trip time that is not a positive number with a known unit, or an argument NULL. */
 KVC_API KVC_NODISCARD int kvc_tier_spec_parse(const char *s, kvc_tier_spec_t *out, char *msg,
                                               size_t msg_cap);
 /* "host", "disk", "redis"; "?" if invalid.  "evict", "write-through"; "?" if invalid. */

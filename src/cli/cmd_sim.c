@@ -65,6 +65,10 @@ enum {
     O_VICTIM,
     O_PROFILE,
     O_HOLD_SHARED,
+    O_TIER,
+    O_TIER_ADMISSION,
+    O_TIER_BUDGET,
+    O_BREAK_EVEN,
 };
 
 static const struct option own_options[] = {
@@ -89,6 +93,10 @@ static const struct option own_options[] = {
     {"step-overhead-ms", required_argument, NULL, O_STEP_OVERHEAD},
     {"profile", required_argument, NULL, O_PROFILE},
     {"hold-shared-prefix", no_argument, NULL, O_HOLD_SHARED},
+    {"tier", required_argument, NULL, O_TIER},
+    {"tier-admission", required_argument, NULL, O_TIER_ADMISSION},
+    {"tier-disk-write-budget", required_argument, NULL, O_TIER_BUDGET},
+    {"break-even", no_argument, NULL, O_BREAK_EVEN},
     {"closed-loop", no_argument, NULL, O_CLOSED_LOOP},
     {"slo-ttft-ms", required_argument, NULL, O_SLO_TTFT},
     {"slo-tpot-ms", required_argument, NULL, O_SLO_TPOT},
@@ -121,6 +129,10 @@ typedef struct {
         double share;
     } caps[MAX_CAPS];
     int n_caps;
+    kvc_tier_spec_t tiers[KVC_SIM_MAX_TIERS]; /* --tier, in order (cfg.tiers points here at
+                                                 run time: opts are copied by scenarios) */
+    uint32_t n_tiers;
+    bool break_even; /* --break-even: print the tiers' break-even table, run nothing */
 } opts_t;
 
 static void help(FILE *f)
@@ -141,6 +153,20 @@ static void help(FILE *f)
         "  --weight-dtype, --kv-dtype, --block-size, --gpu-memory-utilization,\n"
         "  --max-model-len, --max-num-seqs, --max-num-batched-tokens, --mfu, --mbu, ...)\n"
         "  --num-blocks N            KV blocks per replica (default: what the planner derives)\n");
+    fprintf(f,
+            "tiers (docs/sim.md, \"Tiers\"):\n"
+            "  --tier SPEC               a KV tier, repeatable, in lookup order: host:SIZE,\n"
+            "                            disk:PATH:SIZE (PATH only names it here) or\n"
+            "                            redis://HOST:PORT[/PREFIX] (shared by the replicas),\n"
+            "                            then ,mode=evict|write-through ,bw=RATE ,rtt=TIME\n"
+            "                            (e.g. host:256GiB,bw=25GB/s,rtt=10us; defaults: host\n"
+            "                            the GPU's PCIe and 10 us, disk 7 GB/s and 100 us,\n"
+            "                            redis 1.25 GB/s (10 GbE) and 200 us)\n"
+            "  --tier-admission P        disk tiers write: always (default), second-hit, depth:N\n"
+            "  --tier-disk-write-budget SIZE/day  bytes a disk tier may write a day\n"
+            "  --break-even              print only the tiers' break-even table: the round trip\n"
+            "                            below which fetching a 1K..64K-token prefix beats\n"
+            "                            recomputing it (no --workload needed)\n");
     fprintf(
         f, "workload:\n"
            "  --workload FILE|SPEC      a Mooncake or kvcache JSONL trace, a synthetic spec file,\n"
@@ -372,6 +398,28 @@ static int parse(int argc, char **argv, opts_t *o)
         case O_CLOSED_LOOP:
             o->cfg.closed_loop = true;
             break;
+        case O_TIER: {
+            char msg[256];
+            if (o->n_tiers == KVC_SIM_MAX_TIERS)
+                return sim_error("--tier: at most %d tiers", KVC_SIM_MAX_TIERS);
+            if (kvc_tier_spec_parse(optarg, &o->tiers[o->n_tiers], msg, sizeof msg))
+                return sim_error("--tier: %s", msg);
+            o->n_tiers++;
+            break;
+        }
+        case O_TIER_ADMISSION:
+            if (kvc_tier_admission_parse(optarg, &o->cfg.tier_admission))
+                return sim_error("--tier-admission: '%s' is not always, second-hit or depth:N",
+                                 optarg);
+            break;
+        case O_TIER_BUDGET:
+            if (kvc_tier_budget_parse(optarg, &o->cfg.tier_disk_write_budget))
+                return sim_error("--tier-disk-write-budget: '%s' is not SIZE/day (e.g. 50GiB/day)",
+                                 optarg);
+            break;
+        case O_BREAK_EVEN:
+            o->break_even = true;
+            break;
         case O_SLO_TTFT:
             DBL(1e-9, 1e12, o->cfg.slo_ttft_ms);
             break;
@@ -525,9 +573,15 @@ static int run_profiled(opts_t *o, bool print, kvc_report_t **report_out, kvc_si
 static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_t *res)
 {
     *report_out = NULL;
-    if (!o->workload) return sim_error("no --workload (a trace file or a spec; try --help)");
+    if (o->break_even && !o->n_tiers)
+        return sim_error(
+            "--break-even: give the tiers (--tier SPEC, e.g. redis://x:6379,rtt=80ms)");
+    if (!o->workload && !o->break_even)
+        return sim_error("no --workload (a trace file or a spec; try --help)");
     if (kvc_cli_deploy_resolve(&o->dep, CMD, &o->cfg.model, &o->cfg.gpu)) return 1;
     o->cfg.plan = o->dep.p;
+    o->cfg.tiers = o->n_tiers ? o->tiers : NULL;
+    o->cfg.n_tiers = o->n_tiers;
     char err[512];
     kvc_sim_profile_t *prof = NULL;
     if (o->profile) {
@@ -536,7 +590,21 @@ static int run(opts_t *o, bool print, kvc_report_t **report_out, kvc_sim_result_
         o->cfg.profile = prof;
         if (!o->overhead_set) o->cfg.step_overhead_s = 0; /* the measured steps include it */
     }
-    int rc = run_profiled(o, print, report_out, res, err, sizeof err);
+    int rc;
+    if (o->break_even) { /* the table alone */
+        kvc_sim_tier_table_t table;
+        rc = kvc_sim_tier_table(&o->cfg, &table, err, sizeof err);
+        if (rc)
+            rc = sim_error("%s", err);
+        else if (print && (o->json ? kvc_sim_tier_table_write_json(&table, stdout, "") ||
+                                         fputc('\n', stdout) == EOF
+                                   : kvc_sim_tier_table_write_text(&table, stdout)))
+            rc = sim_error("cannot write the table");
+        o->cfg.profile = NULL;
+        kvc_sim_profile_destroy(prof);
+        return rc ? rc : 3; /* 3: printed, no report */
+    }
+    rc = run_profiled(o, print, report_out, res, err, sizeof err);
     o->cfg.profile = NULL;
     kvc_sim_profile_destroy(prof);
     return rc;
@@ -698,6 +766,8 @@ static bool metric(const kvc_report_t *r, const kvc_sim_result_t *res, const kvc
         *out = (double)s.recomputed_tokens;
     else if (scope == KVC_REPORT_ALL && !strcmp(key, "swapped_bytes"))
         *out = (double)(res->swapped_out_bytes + res->swapped_in_bytes);
+    else if (scope == KVC_REPORT_ALL && !strcmp(key, "tier_saved_tokens"))
+        *out = (double)res->tier_saved_tokens;
     else if (scope == KVC_REPORT_ALL && !strcmp(key, "peak_kv_blocks"))
         *out = res->peak_kv_blocks;
     else if (scope == KVC_REPORT_ALL && !strcmp(key, "fragmentation.mean"))
@@ -846,6 +916,9 @@ static int scenario(const char *path, bool json)
         if (!rc && o.json)
             rc = sim_error("--scenario %s: variant '%s' gives --json: give it next to --scenario",
                            path, names[v]);
+        if (!rc && o.break_even)
+            rc = sim_error("--scenario %s: variant '%s' gives --break-even: it runs nothing", path,
+                           names[v]);
         if (!rc) {
             o.quiet = true;
             if (!json && isatty(2))
@@ -942,6 +1015,7 @@ int kvc_cmd_sim(int argc, char **argv)
     kvc_report_t *report = NULL;
     kvc_sim_result_t res;
     rc = run(&o, true, &report, &res);
+    if (rc == 3) rc = 0; /* --break-even: the table alone */
     kvc_report_destroy(report);
     if (!rc && fflush(stdout) != 0)
         return sim_error("cannot write the output: %s", strerror(errno));

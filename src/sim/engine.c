@@ -24,6 +24,7 @@
 
 #include "util/fmt.h"
 #include "util/msg.h"
+#include "tiers_int.h"    /* KV tiers: tiers.c */
 #include "workload_int.h" /* the bytes a workload holds, for the memory estimate */
 
 #include <math.h>
@@ -229,6 +230,7 @@ typedef struct {
     uint64_t last_progress;
     double frag_sum; /* contiguous allocation: fragmentation summed over the steps */
     uint64_t frag_steps;
+    kvc__sim_tiers_t *tiers; /* cfg->tiers modelled (tiers.c), or NULL */
     char *err;
     size_t err_cap;
 } run_t;
@@ -332,6 +334,7 @@ static int replica_open(run_t *r, const kvc_allocator_t *a, uint32_t num_blocks,
         cp.eviction = cfg->eviction;
         memcpy(cp.group_window, r->window, sizeof cp.group_window);
         cp.allocator = *a;
+        if (r->tiers) kvc__sim_tiers_hook(r->tiers, &cp);
         if ((rc = kvc_prefix_create(rep->pool, &cp, &rep->pc))) {
             if (rc != KVC_ENOMEM)
                 kvc__msgf(rc, r->err, r->err_cap, "prefix cache: %s", kvc_strerror(rc));
@@ -629,6 +632,18 @@ static int admit_one(run_t *r, kvc_sched_t *s, arrival_t a, bool force)
             int rc = kvc_namespace_set_salt(&ns, kvc_workload_tenant_name(r->w, q->tenant));
             if (rc) return internal(r, rc, "kvc_namespace_set_salt");
         }
+        if (r->tiers) { /* the lookup goes on past the pool; a fetch holds the request back */
+            const kvc_prefix_query_t pq = {
+                .ns = &ns,
+                .tokens = prompt,
+                .n_tokens = q->n_prompt,
+                .priority = KVC_MIN(q->priority, (uint32_t)KVC_PREFIX_MAX_PRIORITY)};
+            bool wait;
+            double ready;
+            int rc = kvc__sim_tiers_admit(r->tiers, &pq, a.idx, &a.t, &wait, &ready);
+            if (rc) return internal(r, rc, "the tier lookup");
+            if (wait) return heap_push(&r->heap, r->a, (arrival_t){ready, a.idx});
+        }
         kvc_sched_req_t req = {.prompt = prompt,
                                .n_prompt = q->n_prompt,
                                .max_output = max_out,
@@ -872,6 +887,12 @@ static int run_replica(run_t *r)
     if (rc) return rc;
     kvc_sched_t *s = rep.s;
     r->pc = rep.pc;
+    if (r->tiers && (rc = kvc__sim_tiers_replica_begin(r->tiers, rep.pc, r->num_blocks, &r->now))) {
+        (void)kvc__sim_tiers_replica_end(r->tiers);
+        r->pc = NULL;
+        replica_close(&rep);
+        return rc;
+    }
     r->heap.n = 0;
     r->n_held = r->n_computing = 0;
     r->now = 0;
@@ -912,6 +933,10 @@ out:
         if (crc == KVC_ECORRUPT) rc = crc;
     }
     r->pc = NULL;
+    if (r->tiers) {
+        int trc = kvc__sim_tiers_replica_end(r->tiers);
+        if (!rc) rc = trc;
+    }
     replica_close(&rep);
     return rc;
 }
@@ -1153,6 +1178,9 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
         if (!r.computed || !r.computing || !r.held) rc = KVC_ENOMEM;
         for (size_t i = 0; !rc && i < n; i++) r.computed[i] = KVC_NONE;
     }
+    if (!rc && cfg->n_tiers)
+        rc = kvc__sim_tiers_create(cfg, &out->planned, &out->cost, out->n_groups, &a, &r.tiers, err,
+                                   cap);
     kvc_rng_seed(&r.rng, cfg->seed);
     out->requests = n;
     if (!rc) rc = link_turns(&r);
@@ -1172,6 +1200,8 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     kvc_free(&a, r.held);
     kvc_free(&a, r.heap.v);
     kvc_free(&a, r.results);
+    if (r.tiers) kvc__sim_tiers_result(r.tiers, out);
+    kvc__sim_tiers_destroy(r.tiers);
     out->peak_bytes = mem.peak;
     if (rc) {
         char x[32], y[32], z[32];
@@ -1195,7 +1225,10 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
         return rc;
     }
     if (r.frag_steps) out->fragmentation_mean = r.frag_sum / (double)r.frag_steps;
-    rc = finish_report(cfg, out, report);
+    if (out->n_tiers)
+        rc = kvc_report_set_tiers(report, out->tiers, out->n_tiers, out->tier_saved_tokens,
+                                  &out->break_even);
+    if (!rc) rc = finish_report(cfg, out, report);
     if (rc) return kvc__msgf(rc, err, cap, "the report: %s", kvc_strerror(rc));
     out->wall_s = (double)(kvc_now_ns() - t0) * 1e-9;
     return 0;

@@ -9,6 +9,7 @@
  * the output does not depend on the order records arrived in.  Every
  * number is printed with a fixed format: the same run gives the same bytes. */
 #include "report_int.h"
+#include "tiers_int.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -154,6 +155,7 @@ void kvc_report_destroy(kvc_report_t *r)
         rfree(r, r->config[i].text);
     }
     rfree(r, r->config);
+    kvc__report_tiers_free(r);
     for (int m = 0; m < 3; m++) rfree(r, r->sorted[m]);
     kvc_allocator_t a = r->p.allocator;
     kvc_free(&a, r);
@@ -621,6 +623,7 @@ int kvc_report_write_json(const kvc_report_t *r, FILE *f)
     num(f, r->interval, 6);
     json_groups(r, f, "tenants", &r->tenants, "tenant");
     json_groups(r, f, "classes", &r->classes, "class");
+    kvc__report_tiers_json(r, f);
     fputs(",\n  \"config\": {", f);
     for (size_t i = 0; i < r->n_config; i++) {
         fputs(i ? ",\n    " : "\n    ", f);
@@ -773,6 +776,7 @@ int kvc_report_write_text(const kvc_report_t *r, FILE *f)
     text_latency(f, "E2E", &s.e2e_ms);
     text_groups(r, f, "tenant", &r->tenants, "tenant");
     text_groups(r, f, "class", &r->classes, "class");
+    kvc__report_tiers_text(r, f);
     if (r->n_config) {
         fputs("\nconfig\n", f);
         for (size_t i = 0; i < r->n_config; i++) {

@@ -61,6 +61,7 @@ struct kvc_report {
     double *sorted[3];   /* ttft, tpot, e2e of every record, ascending (finish) */
     size_t n_sorted[3];
     double mean_used, mean_running;
+    struct kvc__report_tiers *tiers; /* kvc_report_set_tiers (tiers.c); NULL: none */
 };
 
 /* The name of group i: the named one, or "<prefix><i>" in buf. */

@@ -682,6 +682,77 @@ static int parse_size(const char *s, size_t n, uint64_t *out)
     return 0;
 }
 
+/* A positive finite decimal number that fills [s, s + n) up to a unit suffix: its value and
+ * where the suffix starts.  false for no digits, a sign, a hex or inf/nan spelling. */
+static bool parse_number(const char *s, size_t n, double *v, const char **unit)
+{
+    char buf[64];
+    size_t k = 0;
+    while (k < n && k + 1 < sizeof buf &&
+           (isdigit((unsigned char)s[k]) || s[k] == '.' ||
+            ((s[k] == 'e' || s[k] == 'E') && k + 1 < n &&
+             (isdigit((unsigned char)s[k + 1]) || s[k + 1] == '-' || s[k + 1] == '+')) ||
+            ((s[k] == '-' || s[k] == '+') && k > 0 && (s[k - 1] == 'e' || s[k - 1] == 'E'))))
+        k++;
+    if (k == 0 || k + 1 >= sizeof buf || !isdigit((unsigned char)s[0])) return false;
+    memcpy(buf, s, k);
+    buf[k] = 0;
+    char *end;
+    double x = strtod(buf, &end);
+    if (end != buf + k || !isfinite(x) || !(x > 0)) return false;
+    *v = x;
+    *unit = s + k;
+    return true;
+}
+
+/* "RATE": a number and a unit, bytes (B/s, KB/s, MB/s, GB/s, TB/s: powers of 1000; KiB/s,
+ * MiB/s, GiB/s, TiB/s: of 1024) or bits (Kbit/s, Mbit/s, Gbit/s, Tbit/s: 1000s of bits).
+ * 0 and a value that is not finite are refused. */
+static int parse_rate(const char *s, size_t n, double *out)
+{
+    static const struct {
+        const char *unit;
+        double scale;
+    } units[] = {{"B/s", 1},           {"KB/s", 1e3},           {"MB/s", 1e6},
+                 {"GB/s", 1e9},        {"TB/s", 1e12},          {"KiB/s", 1024.0},
+                 {"MiB/s", 1048576.0}, {"GiB/s", 1073741824.0}, {"TiB/s", 1099511627776.0},
+                 {"Kbit/s", 1e3 / 8},  {"Mbit/s", 1e6 / 8},     {"Gbit/s", 1e9 / 8},
+                 {"Tbit/s", 1e12 / 8}};
+    double v;
+    const char *u;
+    if (!parse_number(s, n, &v, &u)) return KVC_EINVAL;
+    size_t un = (size_t)(s + n - u);
+    for (size_t i = 0; i < KVC_ARRAY_LEN(units); i++)
+        if (strlen(units[i].unit) == un && strncmp(u, units[i].unit, un) == 0) {
+            double r = v * units[i].scale;
+            if (!isfinite(r) || !(r > 0)) return KVC_EINVAL;
+            *out = r;
+            return 0;
+        }
+    return KVC_EINVAL;
+}
+
+/* "TIME": a number and ns, us, ms or s.  0 is refused (a tier without a round trip is none). */
+static int parse_time(const char *s, size_t n, double *out)
+{
+    static const struct {
+        const char *unit;
+        double scale;
+    } units[] = {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}};
+    double v;
+    const char *u;
+    if (!parse_number(s, n, &v, &u)) return KVC_EINVAL;
+    size_t un = (size_t)(s + n - u);
+    for (size_t i = 0; i < KVC_ARRAY_LEN(units); i++)
+        if (strlen(units[i].unit) == un && strncmp(u, units[i].unit, un) == 0) {
+            double r = v * units[i].scale;
+            if (!isfinite(r) || !(r > 0) || r > 1e6) return KVC_EINVAL;
+            *out = r;
+            return 0;
+        }
+    return KVC_EINVAL;
+}
+
 int kvc_tier_spec_parse(const char *s, kvc_tier_spec_t *out, char *msg, size_t msg_cap)
 {
     if (!s || !out) return kvc__msgf(KVC_EINVAL, msg, msg_cap, "no tier given");
@@ -698,10 +769,22 @@ int kvc_tier_spec_parse(const char *s, kvc_tier_spec_t *out, char *msg, size_t m
             mode_opt = KVC_TIER_MODE_EVICT;
         else if (n == 18 && strncmp(o + 1, "mode=write-through", 18) == 0)
             mode_opt = KVC_TIER_MODE_WRITE_THROUGH;
-        else
+        else if (n > 3 && strncmp(o + 1, "bw=", 3) == 0) {
+            if (parse_rate(o + 4, n - 3, &t.bandwidth_Bps))
+                return kvc__msgf(KVC_EINVAL, msg, msg_cap,
+                                 "tier '%s': bad bandwidth '%.*s' (e.g. bw=25GB/s, bw=1.25GB/s, "
+                                 "bw=10Gbit/s)",
+                                 s, (int)n, o + 1);
+        } else if (n > 4 && strncmp(o + 1, "rtt=", 4) == 0) {
+            if (parse_time(o + 5, n - 4, &t.rtt_s))
+                return kvc__msgf(KVC_EINVAL, msg, msg_cap,
+                                 "tier '%s': bad round-trip time '%.*s' (e.g. rtt=5us, rtt=0.5ms, "
+                                 "rtt=80ms)",
+                                 s, (int)n, o + 1);
+        } else
             return kvc__msgf(KVC_EINVAL, msg, msg_cap,
-                             "tier '%s': unknown option '%.*s' (mode=evict or "
-                             "mode=write-through)",
+                             "tier '%s': unknown option '%.*s' (mode=evict, mode=write-through, "
+                             "bw=RATE or rtt=TIME)",
                              s, (int)n, o + 1);
     }
     if (body > 5 && strncmp(s, "host:", 5) == 0) {
