@@ -17,8 +17,9 @@ Configurations, each on a fresh server (and a fresh redis-server namespace):
   disk         --tier disk:OUT/tier.bin:SIZE (its file in the page cache: what a recently
                written block costs; the device's own cost is bench_tier's "disk cold");
   redis        --tier redis://127.0.0.1:PORT/... (a redis-server started here);
-  2x host      two replicas, each its own host tier; every turn goes to a random replica;
-  2x redis     two replicas sharing one Redis; the same random routing.
+  2x host      two replicas, each its own host tier; request i goes to replica i mod 2 (the
+               simulator's routing), so a session's turns alternate between them;
+  2x redis     two replicas sharing one Redis; the same routing.
 Per configuration: TTFT p50 / p99, the prompt tokens recomputed (prompt - cached), the
 cached tokens by source (usage.prompt_tokens_details.cached_tokens_by_tier) and, unless
 --no-sim, `kvcache sim --profile` on the same requests with the same tiers (bandwidth and
@@ -119,7 +120,9 @@ def workload(args):
     users = [[[1] + serve_bench.toks(rng, args.user - 1, args.vocab) if k == 0 else
               serve_bench.toks(rng, args.user, args.vocab) for k in range(args.turns)]
              for _ in range(args.sessions)]
-    route = [[rng.randrange(2) for _ in range(args.turns)] for _ in range(args.sessions)]
+    # request i (in the order sent) goes to replica i mod 2, the simulator's routing (--dp 2);
+    # with an odd number of sessions a session's turns alternate between the replicas
+    route = [[(k * args.sessions + s) % 2 for k in range(args.turns)] for s in range(args.sessions)]
     return users, route
 
 
@@ -197,9 +200,9 @@ def sim(args, row, trace, kind, replicas, tag):
     cmd = [args.kvcache, "sim", "--model", args.model_config, "--gpu", "h100-sxm", "--quiet",
            "--json", "--workload", path, "--profile", args.profile, "--num-blocks", str(blocks),
            "--block-size", str(args.block_size), "--max-num-seqs", "8", "--max-model-len",
-           str(args.ctx), "--seed", "1", "--closed-loop", "--hold-shared-prefix"]
+           str(max(args.ctx, 2048)), "--seed", "1", "--hold-shared-prefix"]  # open loop: the real run's send times
     if replicas > 1:
-        cmd += ["--replicas", str(replicas)]
+        cmd += ["--dp", str(replicas)]
     if kind != "none":
         e = row["estimates"].get(kind, {})
         bw = e.get("bandwidth_estimate_bytes_per_second") or 1e9
@@ -212,29 +215,25 @@ def sim(args, row, trace, kind, replicas, tag):
         log("kvcache sim failed (%s): %s" % (" ".join(cmd), out.stderr.strip()[:300]))
         return None
     r = json.loads(out.stdout)
-    prompt = sum(len(t["tokens"]) for t in trace)
-    hit = r.get("prefix_hit_rate", 0)
-    tiers = r.get("tiers") or []
-    fetched = sum(t.get("fetched_tokens", 0) for t in tiers)
+    fetched = sum(t.get("fetched_tokens", 0) for t in r.get("tiers") or [])
     return {"ttft_p50_ms": r["ttft_ms"]["p50"], "ttft_p99_ms": r["ttft_ms"].get("p99"),
-            "prefix_hit_rate": hit, "fetched_tokens": fetched,
-            "recompute_tokens": r.get("recompute_tokens", round(prompt * (1 - hit)) - fetched),
-            "cmd": " ".join(cmd)}
+            "prefix_hit_rate": r["prefix_hit_rate"], "fetched_tokens": fetched,
+            "recompute_tokens": r["prompt_tokens"] - r["hit_tokens"], "cmd": " ".join(cmd)}
 
 
 def table(rows):
     f = lambda x: "-" if x is None else ("%.1f" % x if x >= 10 else "%.2f" % x)
-    L = ["| configuration | replicas | TTFT p50 / p99 (ms) | later turns TTFT p50 / p99 (ms) | prompt tokens recomputed | cached from the pool / tiers | sim: TTFT p50 / p99 (ms) | sim: recomputed |",
+    L = ["| configuration | replicas | TTFT p50 / p99 (ms) | later turns TTFT p50 / p99 (ms) | prompt tokens recomputed | cached from the pool / tiers | sim: TTFT p50 / p99 (ms) | sim: recomputed / from tiers |",
          "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         tiers = sum(r["fetched_tokens_by_tier"].values())
         s = r.get("sim") or {}
-        L.append("| %s | %d | %s / %s | %s / %s | %d of %d (%.0f%%) | %d / %d | %s / %s | %s |" % (
+        L.append("| %s | %d | %s / %s | %s / %s | %d of %d (%.0f%%) | %d / %d | %s / %s | %s / %s |" % (
             r["config"], r["replicas"], f(r["ttft_p50_ms"]), f(r["ttft_p99_ms"]),
             f(r["later_ttft_p50_ms"]), f(r["later_ttft_p99_ms"]), r["recompute_tokens"],
             r["prompt_tokens"], 100.0 * r["recompute_tokens"] / r["prompt_tokens"],
             max(0, r["cached_tokens"] - tiers), tiers, f(s.get("ttft_p50_ms")),
-            f(s.get("ttft_p99_ms")), s.get("recompute_tokens", "-")))
+            f(s.get("ttft_p99_ms")), s.get("recompute_tokens", "-"), s.get("fetched_tokens", "-")))
     return "\n".join(L) + "\n"
 
 
@@ -247,7 +246,7 @@ def main():
     ap.add_argument("--no-sim", action="store_true")
     ap.add_argument("--out", default=os.path.join(os.environ.get("KVC_BENCH_DIR", "/tmp/kvc-bench"), "tier"))
     ap.add_argument("--configs", default="none,host,disk,redis,2x host,2x redis")
-    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--sessions", type=int, default=9, help="odd: turns alternate replicas")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--user", type=int, default=96, help="new user tokens per turn")
     ap.add_argument("--output", type=int, default=16, help="output tokens per turn")
@@ -264,7 +263,7 @@ def main():
         print(table(json.load(open(args.table))["rows"]), end="")
         return
     if args.quick:
-        args.sessions, args.turns, args.configs = 4, 3, "none,host,2x redis"
+        args.sessions, args.turns, args.configs = 5, 3, "none,host,2x redis"
     os.makedirs(args.out, exist_ok=True)
     if not args.model:
         args.model = os.path.join(args.out, "llama-58M-q8_0.gguf")
@@ -276,15 +275,20 @@ def main():
     info = subprocess.run([args.kvcache, "model", "info", args.model], capture_output=True, text=True).stdout
     m = re.search(r"vocab (\d+)", info)
     args.vocab = int(m.group(1)) if m else 512
-    args.model_config = serve_bench.gguf_config(args)
+    # the simulator checks its deployment's typical request (1200 tokens) against the
+    # context: give the config at least 2048 (the requests themselves stay under --ctx)
+    cfg_args = argparse.Namespace(**vars(args))
+    cfg_args.ctx = max(args.ctx, 2048)
+    args.model_config = serve_bench.gguf_config(cfg_args)
     if not args.profile and not args.no_sim:
         args.profile = os.path.join(args.out, "profile.json")
         if not os.path.exists(args.profile):
             log("measuring the profile (bench_profile) ...")
             subprocess.run([args.bench_profile, "--model", args.model, "--threads", str(args.threads),
-                            "--block-size", str(args.block_size), "--max-num-seqs", "8", "--ctx",
-                            str(args.ctx), "--tokens", "1,2,4,8,16,32,64,128,256,512", "--context",
-                            "16,64,256,1024", "--reps", "3", "-o", args.profile], check=True)
+                            "--block-size", str(args.block_size), "--max-num-seqs", "16",
+                            "--max-num-batched-tokens", "512", "--ctx", "2048", "--tokens",
+                            "1,2,4,8,16,32,64,128,256,512", "--context", "16,64,256,1024",
+                            "--reps", "3", "-o", args.profile], check=True)
     users, route = workload(args)
     redis = Redis(args.out) if shutil.which("redis-server") else None
     rows = []
