@@ -612,6 +612,40 @@ static void bad_tier_parameters_are_refused(void **state)
     kvc_engine_destroy(e);
 }
 
+/* gemma2's sliding layers make a second KV group: tiers are refused there, in one line. */
+static void models_with_sliding_layers_refuse_tiers(void **state)
+{
+    (void)state;
+    char msg[256], path[256];
+    kvc_gguf_t *vocab = NULL;
+    assert_ok(kvc_gguf_open(KVC_DATA_DIR "/models/vocab/ggml-vocab-llama-spm.gguf", NULL, &vocab,
+                            msg, sizeof msg));
+    kvc_model_synth_t p = kvc_model_synth_default();
+    p.arch = KVC_ARCH_GEMMA2;
+    p.dim = 64, p.n_layers = 2, p.n_heads = 2, p.n_kv_heads = 1, p.ff = 128, p.ctx = 256;
+    p.type = KVC_GGML_F32;
+    p.sliding_window = 16;
+    scratch_path(path, sizeof path, "gemma2");
+    if (kvc_model_synth(&p, vocab, path, msg, sizeof msg)) fail_msg("synth: %s", msg);
+    kvc_gguf_close(vocab);
+    kvc_llm_t *g = load(path);
+    kvc_tier_spec_t t = spec("host:1MiB");
+    kvc_engine_params_t ep = kvc_engine_params_default();
+    ep.n_threads = 1;
+    ep.tiers = &t;
+    ep.n_tiers = 1;
+    kvc_engine_t *e = NULL;
+    assert_int_equal(kvc_engine_create(g, &ep, &e, msg, sizeof msg), KVC_ENOTSUP);
+    assert_null(e);
+    assert_non_null(strstr(msg, "sliding-window"));
+    assert_null(strchr(msg, '\n'));
+    ep.n_tiers = 0; /* without tiers it runs */
+    assert_ok(kvc_engine_create(g, &ep, &e, msg, sizeof msg));
+    kvc_engine_destroy(e);
+    kvc_llm_free(g);
+    unlink(path);
+}
+
 /* ---- redis ----------------------------------------------------------------------------------- */
 static pid_t redis_pid = -1;
 static int redis_port;
@@ -830,6 +864,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(namespaces_are_kept_apart_in_the_tiers),
         cmocka_unit_test(randomized_against_no_tier),
         cmocka_unit_test(bad_tier_parameters_are_refused),
+        cmocka_unit_test(models_with_sliding_layers_refuse_tiers),
     };
     const struct CMUnitTest remote[] = {
         cmocka_unit_test(redis_write_through_serves_a_second_engine),
