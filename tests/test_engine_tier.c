@@ -49,6 +49,9 @@ typedef struct {
     uint64_t tier_tokens; /* sum of tier_cached_tokens over every request and tier */
 } wl_t;
 
+/* The namespace every request of the workload runs in (NULL: the default). */
+static const kvc_namespace_t *wl_ns;
+
 /* Called before each turn (the fault tests break a tier there). */
 typedef void (*turn_fn)(uint32_t turn);
 
@@ -109,6 +112,7 @@ static void workload(const kvc_engine_params_t *ep, bool together, turn_fn on_tu
     gp.max_tokens = N_OUT;
     gp.ignore_eos = true;
     gp.logprobs = true;
+    if (wl_ns) gp.ns = *wl_ns;
     int step = 0;
     for (uint32_t t = 0; t < N_TURN; t++) {
         if (on_turn) on_turn(t);
@@ -303,6 +307,48 @@ static void disk_tier_turns_fetch_and_a_reopened_file_serves_a_new_engine(void *
     for (uint32_t c = 0; c < N_CONV; c++) first += w2.tier_tok[c][0][0];
     assert_true(first > 0);
     assert_true(w2.st.prefill_tokens < w.st.prefill_tokens);
+    unlink(path);
+}
+
+/* A tenant's salt is part of a block's identity in the tiers too: its blocks are stored and
+ * fetched under its namespace (a root block's namespace is found from the request that
+ * computed it), and a file written under one salt serves nothing to another (or to none). */
+static void namespaces_are_kept_apart_in_the_tiers(void **state)
+{
+    (void)state;
+    char path[256], s[300];
+    scratch_path(path, sizeof path, "ns");
+    snprintf(s, sizeof s, "disk:%s:8MiB", path);
+    kvc_tier_spec_t t = spec(s);
+    kvc_engine_params_t ep = params(POOL);
+    ep.tiers = &t;
+    ep.n_tiers = 1;
+    ep.tier_fetch = KVC_TIER_FETCH_ALWAYS;
+    kvc_namespace_t a = {0}, b = {0};
+    assert_ok(kvc_namespace_set_salt(&a, "tenant-a"));
+    assert_ok(kvc_namespace_set_salt(&b, "tenant-b"));
+    wl_t w;
+    wl_ns = &a;
+    workload(&ep, false, NULL, &w);
+    assert_same_outputs(&w, &ref_seq, "salted");
+    expect_fetches(&w, &ref_seq, 0, true);
+    /* another tenant, the same prompts: nothing from the first turns on */
+    wl_ns = &b;
+    workload(&ep, false, NULL, &w);
+    assert_same_outputs(&w, &ref_seq, "another salt");
+    for (uint32_t c = 0; c < N_CONV; c++) assert_int_equal(w.tier_tok[c][0][0], 0);
+    /* and the shared namespace neither */
+    wl_ns = NULL;
+    workload(&ep, false, NULL, &w);
+    for (uint32_t c = 0; c < N_CONV; c++) assert_int_equal(w.tier_tok[c][0][0], 0);
+    /* the first tenant again: its blocks are there */
+    wl_ns = &a;
+    workload(&ep, false, NULL, &w);
+    wl_ns = NULL;
+    assert_same_outputs(&w, &ref_seq, "salted again");
+    uint32_t first = 0;
+    for (uint32_t c = 0; c < N_CONV; c++) first += w.tier_tok[c][0][0];
+    assert_true(first > 0);
     unlink(path);
 }
 
@@ -566,6 +612,40 @@ static void bad_tier_parameters_are_refused(void **state)
     kvc_engine_destroy(e);
 }
 
+/* gemma2's sliding layers make a second KV group: tiers are refused there, in one line. */
+static void models_with_sliding_layers_refuse_tiers(void **state)
+{
+    (void)state;
+    char msg[256], path[256];
+    kvc_gguf_t *vocab = NULL;
+    assert_ok(kvc_gguf_open(KVC_DATA_DIR "/models/vocab/ggml-vocab-llama-spm.gguf", NULL, &vocab,
+                            msg, sizeof msg));
+    kvc_model_synth_t p = kvc_model_synth_default();
+    p.arch = KVC_ARCH_GEMMA2;
+    p.dim = 64, p.n_layers = 2, p.n_heads = 2, p.n_kv_heads = 1, p.ff = 128, p.ctx = 256;
+    p.type = KVC_GGML_F32;
+    p.sliding_window = 16;
+    scratch_path(path, sizeof path, "gemma2");
+    if (kvc_model_synth(&p, vocab, path, msg, sizeof msg)) fail_msg("synth: %s", msg);
+    kvc_gguf_close(vocab);
+    kvc_llm_t *g = load(path);
+    kvc_tier_spec_t t = spec("host:1MiB");
+    kvc_engine_params_t ep = kvc_engine_params_default();
+    ep.n_threads = 1;
+    ep.tiers = &t;
+    ep.n_tiers = 1;
+    kvc_engine_t *e = NULL;
+    assert_int_equal(kvc_engine_create(g, &ep, &e, msg, sizeof msg), KVC_ENOTSUP);
+    assert_null(e);
+    assert_non_null(strstr(msg, "sliding-window"));
+    assert_null(strchr(msg, '\n'));
+    ep.n_tiers = 0; /* without tiers it runs */
+    assert_ok(kvc_engine_create(g, &ep, &e, msg, sizeof msg));
+    kvc_engine_destroy(e);
+    kvc_llm_free(g);
+    unlink(path);
+}
+
 /* ---- redis ----------------------------------------------------------------------------------- */
 static pid_t redis_pid = -1;
 static int redis_port;
@@ -781,8 +861,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(disk_flipped_bytes_are_counted_and_recomputed),
         cmocka_unit_test(disk_file_size_limit_faults_are_counted),
         cmocka_unit_test(host_then_disk_inclusive),
+        cmocka_unit_test(namespaces_are_kept_apart_in_the_tiers),
         cmocka_unit_test(randomized_against_no_tier),
         cmocka_unit_test(bad_tier_parameters_are_refused),
+        cmocka_unit_test(models_with_sliding_layers_refuse_tiers),
     };
     const struct CMUnitTest remote[] = {
         cmocka_unit_test(redis_write_through_serves_a_second_engine),

@@ -338,6 +338,41 @@ static void a_shared_tier_shows_a_block_only_after_it_was_written(void **state)
     }
 }
 
+/* Two requests that miss the same evicted prefix at once fetch it once: the second waits for
+ * the first's fetch (the engine's fence refuses a second fetch of an identity), and both hit. */
+static void a_prefix_in_flight_is_fetched_once(void **state)
+{
+    (void)state;
+    static kvc_token_t tok[8][2048];
+    for (int p = 0; p < 8; p++)
+        for (int i = 0; i < 2048; i++) tok[p][i] = 1 + (p * 2048 + i) % 30000;
+    kvc_workload_t *w;
+    assert_ok(kvc_workload_create(NULL, &w));
+    kvc_sim_request_t q = {.tokens = tok[0], .n_prompt = 2048, .n_output = 2};
+    assert_ok(kvc_workload_add(w, &q)); /* computes the prefix at t = 0 */
+    for (int p = 1; p <= 6; p++) {      /* 6 x 128 blocks: the 600-block pool evicts it */
+        kvc_sim_request_t f = {.tokens = tok[p], .n_prompt = 2048, .n_output = 2, .arrival_s = p};
+        assert_ok(kvc_workload_add(w, &f));
+    }
+    q.arrival_s = 10;
+    assert_ok(kvc_workload_add(w, &q)); /* both miss it in the pool at t = 10 */
+    assert_ok(kvc_workload_add(w, &q));
+    kvc_sim_config_t c = config(600);
+    c.closed_loop = false;
+    c.check_every_step = true;
+    kvc_tier_spec_t t = spec("host:64GiB,bw=10GB/s");
+    c.tiers = &t;
+    c.n_tiers = 1;
+    kvc_sim_result_t r;
+    kvc_report_summary_t s = run(&c, w, &r, NULL);
+    assert_int_equal(s.completed, 9);
+    assert_int_equal(r.tiers[0].fetched_blocks, 2047 / 16); /* once */
+    assert_int_equal(r.tiers[0].fetches, 1);
+    assert_int_equal(r.tier_saved_tokens, 2047 / 16 * 16);
+    assert_int_equal(s.hit_tokens, 2 * (2047 / 16 * 16)); /* and both hit it */
+    kvc_workload_destroy(w);
+}
+
 static void disk_admission_and_write_budget_refuse_writes(void **state)
 {
     (void)state;
@@ -523,6 +558,7 @@ int main(void)
         cmocka_unit_test(break_even_follows_the_closed_form),
         cmocka_unit_test(a_redis_tier_is_shared_by_the_replicas),
         cmocka_unit_test(a_shared_tier_shows_a_block_only_after_it_was_written),
+        cmocka_unit_test(a_prefix_in_flight_is_fetched_once),
         cmocka_unit_test(disk_admission_and_write_budget_refuse_writes),
         cmocka_unit_test(tiers_keep_the_invariants_at_every_step),
         cmocka_unit_test(the_report_has_a_tiers_section_and_is_deterministic),

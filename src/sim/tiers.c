@@ -9,7 +9,8 @@
  * request's admission (the lookup past the pool, the decision per run, the fetch's time on
  * the link, and, when the fetch is complete, the blocks cached in the pool), and the
  * replica's start and end.  The link of a tier serves one fetch at a time per replica: a
- * fetch waits for the one before it (a queue, not a shared bandwidth).  Writes to a tier
+ * fetch waits for the one before it (a queue, not a shared bandwidth); a request that misses
+ * blocks another request is fetching waits for that fetch (the fence).  Writes to a tier
  * are asynchronous and cost the link nothing (the engine copies them off the request's
  * path); what they cost a disk is its write budget. */
 #include "tiers_int.h"
@@ -250,11 +251,16 @@ typedef struct {
     size_t map_cap, map_n;
 } tier_t;
 
-typedef struct { /* a request whose fetch is in flight */
+typedef struct { /* a request whose fetch is in flight (until it is committed) */
     uint32_t wi;
     double arrival;
-    uint32_t start, n; /* blocks [start, start + n) of its prompt come from the tiers */
+    double ready;          /* when its last run has arrived */
+    uint32_t start, n;     /* blocks [start, start + n) of its prompt come from the tiers */
+    kvc_hash128_t *hashes; /* (n) theirs: a request that misses them meanwhile waits */
 } fetch_t;
+
+/* where[] for a block another request's fetch is bringing in */
+#define JOINED 0xff
 
 struct kvc__sim_tiers {
     const kvc_allocator_t *a;
@@ -278,6 +284,7 @@ struct kvc__sim_tiers {
     kvc_hash128_t *hashes;
     uint32_t *blocks;
     uint8_t *where;
+    double *ready_at; /* (scratch) JOINED blocks: when their fetch completes */
     size_t scratch;
     uint64_t saved_tokens;
     int err; /* the first error an event met */
@@ -387,10 +394,12 @@ void kvc__sim_tiers_destroy(kvc__sim_tiers_t *t)
         kvc_free(a, t->tier[k].map);
     }
     kvc_free(a, t->depth);
+    for (size_t i = 0; i < t->n_fetch; i++) kvc_free(a, t->fetch[i].hashes);
     kvc_free(a, t->fetch);
     kvc_free(a, t->hashes);
     kvc_free(a, t->blocks);
     kvc_free(a, t->where);
+    kvc_free(a, t->ready_at);
     kvc_free(a, t);
 }
 
@@ -510,6 +519,7 @@ int kvc__sim_tiers_replica_end(kvc__sim_tiers_t *t)
     t->depth = NULL;
     t->pc = NULL;
     t->pool = NULL;
+    for (size_t i = 0; i < t->n_fetch; i++) kvc_free(t->a, t->fetch[i].hashes);
     t->n_fetch = 0;
     int rc = t->err;
     t->err = 0;
@@ -524,10 +534,12 @@ static int grow_scratch(kvc__sim_tiers_t *t, size_t n)
     kvc_free(t->a, t->hashes);
     kvc_free(t->a, t->blocks);
     kvc_free(t->a, t->where);
+    kvc_free(t->a, t->ready_at);
     t->hashes = kvc_alloc(t->a, cap * sizeof *t->hashes, 0);
     t->blocks = kvc_alloc(t->a, cap * sizeof *t->blocks, 0);
     t->where = kvc_alloc(t->a, cap, 0);
-    t->scratch = t->hashes && t->blocks && t->where ? cap : 0;
+    t->ready_at = kvc_alloc(t->a, cap * sizeof *t->ready_at, 0);
+    t->scratch = t->hashes && t->blocks && t->where && t->ready_at ? cap : 0;
     return t->scratch ? 0 : KVC_ENOMEM;
 }
 
@@ -584,18 +596,20 @@ int kvc__sim_tiers_admit(kvc__sim_tiers_t *t, const kvc_prefix_query_t *q0, uint
 {
     *wait = false;
     if (t->err) return t->err;
+    int rc;
     for (size_t i = 0; i < t->n_fetch; i++)
         if (t->fetch[i].wi == wi) { /* its fetch is complete */
             fetch_t f = t->fetch[i];
             t->fetch[i] = t->fetch[--t->n_fetch];
             *arrival = f.arrival;
-            return commit(t, q0, &f);
+            rc = commit(t, q0, &f);
+            kvc_free(t->a, f.hashes);
+            return rc;
         }
     const uint32_t bs = t->bs;
     if (q0->n_tokens < 2) return 0;
     size_t n_full;
-    int rc = hash_query(t, q0, &n_full);
-    if (rc) return rc;
+    if ((rc = hash_query(t, q0, &n_full))) return rc;
     const size_t limit = KVC_MIN(n_full, (q0->n_tokens - 1) / bs); /* the last token computes */
     if (limit == 0) return 0;
     kvc_prefix_query_t q = *q0;
@@ -604,9 +618,23 @@ int kvc__sim_tiers_admit(kvc__sim_tiers_t *t, const kvc_prefix_query_t *q0, uint
     size_t h = 0;
     while (h < limit && t->blocks[h] != KVC_NONE) h++;
     const double now = *t->now;
-    /* the blocks past the pool, each served by the first tier that holds it */
+    /* the blocks past the pool: one another request is fetching is waited for (the engine's
+     * fence: a second fetch of an identity is refused); any other is served by the first tier
+     * that holds it */
     size_t e = h;
     for (; e < limit; e++) {
+        const fetch_t *f = NULL;
+        for (size_t i = 0; i < t->n_fetch && !f; i++) {
+            const fetch_t *g = &t->fetch[i];
+            if (e >= g->start && e - g->start < g->n &&
+                kvc_hash128_eq(g->hashes[e - g->start], t->hashes[e]))
+                f = g;
+        }
+        if (f) {
+            t->where[e] = JOINED;
+            t->ready_at[e] = f->ready;
+            continue;
+        }
         const kvc_tier_key_t key = {.hash = t->hashes[e],
                                     .tokens = q0->tokens + e * bs,
                                     .n_tokens = bs,
@@ -620,6 +648,22 @@ int kvc__sim_tiers_admit(kvc__sim_tiers_t *t, const kvc_prefix_query_t *q0, uint
         if (k == t->n) break;
         t->where[e] = (uint8_t)k;
     }
+    if (e == h) return 0;
+    /* what a fetch needs, before anything is counted: the run fails whole or not at all */
+    kvc_hash128_t *mine = kvc_alloc(t->a, (e - h) * sizeof *mine, 0);
+    if (!mine) return KVC_ENOMEM;
+    if (t->n_fetch == t->cap_fetch) {
+        size_t cap = t->cap_fetch ? 2 * t->cap_fetch : 64;
+        fetch_t *v = kvc_alloc(t->a, cap * sizeof *v, 0);
+        if (!v) {
+            kvc_free(t->a, mine);
+            return KVC_ENOMEM;
+        }
+        if (t->n_fetch) memcpy(v, t->fetch, t->n_fetch * sizeof *v);
+        kvc_free(t->a, t->fetch);
+        t->fetch = v;
+        t->cap_fetch = cap;
+    }
     double ready = now;
     size_t fetched_end = h;
     bool stopped = false;
@@ -627,6 +671,12 @@ int kvc__sim_tiers_admit(kvc__sim_tiers_t *t, const kvc_prefix_query_t *q0, uint
         const uint32_t k = t->where[i];
         size_t j = i;
         while (j < e && t->where[j] == k) j++;
+        if (k == JOINED) { /* no link time of its own: it arrives with the other's fetch */
+            for (size_t m = i; !stopped && m < j; m++) ready = fmax(ready, t->ready_at[m]);
+            if (!stopped) fetched_end = j;
+            i = j;
+            continue;
+        }
         tier_t *x = &t->tier[k];
         const uint32_t n = (uint32_t)(j - i);
         x->st.hits += n;
@@ -665,18 +715,17 @@ int kvc__sim_tiers_admit(kvc__sim_tiers_t *t, const kvc_prefix_query_t *q0, uint
         if (stopped) x->st.recompute_chosen_blocks += n;
         i = j;
     }
-    if (fetched_end == h) return 0;
-    if (t->n_fetch == t->cap_fetch) {
-        size_t cap = t->cap_fetch ? 2 * t->cap_fetch : 64;
-        fetch_t *v = kvc_alloc(t->a, cap * sizeof *v, 0);
-        if (!v) return KVC_ENOMEM;
-        if (t->n_fetch) memcpy(v, t->fetch, t->n_fetch * sizeof *v);
-        kvc_free(t->a, t->fetch);
-        t->fetch = v;
-        t->cap_fetch = cap;
+    if (fetched_end == h) {
+        kvc_free(t->a, mine);
+        return 0;
     }
-    t->fetch[t->n_fetch++] = (fetch_t){
-        .wi = wi, .arrival = *arrival, .start = (uint32_t)h, .n = (uint32_t)(fetched_end - h)};
+    memcpy(mine, t->hashes + h, (fetched_end - h) * sizeof *mine);
+    t->fetch[t->n_fetch++] = (fetch_t){.wi = wi,
+                                       .arrival = *arrival,
+                                       .ready = ready,
+                                       .start = (uint32_t)h,
+                                       .n = (uint32_t)(fetched_end - h),
+                                       .hashes = mine};
     *wait = true;
     *ready_s = ready;
     return 0;
