@@ -202,20 +202,19 @@ int kvc__etiers_create(const kvc_llm_t *m, const kvc_engine_params_t *p, size_t 
         int rc = kvc_tier_create(&et->spec, &tp, &et->store);
         if (rc) {
             const size_t rec = kvc_tier_record_bytes(block_bytes, p->block_size);
+            const kvc_tier_spec_t *sp = &p->tiers[i]; /* the caller's: t goes now */
             kvc__etiers_destroy(t);
-            if (rc == KVC_EINVAL && et->spec.kind != KVC_TIER_REDIS &&
-                et->spec.capacity_bytes < rec)
+            if (rc == KVC_EINVAL && sp->kind != KVC_TIER_REDIS && sp->capacity_bytes < rec)
                 return kvc__msgf(rc, msg, cap,
                                  "--tier %s: %llu bytes hold no block (a record is %zu bytes)",
-                                 kind, (unsigned long long)et->spec.capacity_bytes, rec);
+                                 kind, (unsigned long long)sp->capacity_bytes, rec);
             if (rc == KVC_EEXIST)
                 return kvc__msgf(rc, msg, cap,
                                  "--tier disk:%s: the file holds blocks of another size or "
                                  "capacity (remove it or give another path)",
-                                 et->spec.path);
-            if (et->spec.kind == KVC_TIER_DISK)
-                return kvc__msgf(rc, msg, cap, "--tier disk:%s: %s", et->spec.path,
-                                 kvc_strerror(rc));
+                                 sp->path);
+            if (sp->kind == KVC_TIER_DISK)
+                return kvc__msgf(rc, msg, cap, "--tier disk:%s: %s", sp->path, kvc_strerror(rc));
             return kvc__msgf(rc, msg, cap, "--tier %s: %s", kind, kvc_strerror(rc));
         }
         t->n++;
