@@ -219,6 +219,7 @@ typedef struct {
     size_t n_computing;
     arrival_t *held;
     size_t n_held;
+    uint32_t tier_room; /* with tiers: requests admit_arrivals may still hand the scheduler */
     kvc_rng_t rng;
     uint64_t done_total, total;
     /* the replica being simulated */
@@ -588,6 +589,12 @@ static int admit_arrivals(run_t *r, kvc_sched_t *s, bool force)
 {
     size_t n_held = r->n_held;
     r->n_held = 0;
+    if (r->tiers) { /* the engine's rule (engine.c, admit_pending): see admit_one */
+        kvc_sched_stats_t st;
+        kvc_sched_stats(s, &st); /* sched: */
+        const uint32_t max = r->cfg->plan.max_num_seqs;
+        r->tier_room = st.n_waiting || st.n_running >= max ? 0 : max - st.n_running;
+    }
     for (size_t i = 0; i < n_held; i++) {
         int rc = admit_one(r, s, r->held[i], force);
         if (rc) return rc;
@@ -631,6 +638,17 @@ static int admit_one(run_t *r, kvc_sched_t *s, arrival_t a, bool force)
         if (cfg->tenant_salts) {
             int rc = kvc_namespace_set_salt(&ns, kvc_workload_tenant_name(r->w, q->tenant));
             if (rc) return internal(r, rc, "kvc_namespace_set_salt");
+        }
+        /* With tiers, the engine hands a request to the scheduler (and fetches for it) only when
+         * it can be admitted now: nothing waits there and a running slot is free.  Else it
+         * waits, in arrival order, so that its lookup sees the pool and the tiers as they are at
+         * its admission: a prefix evicted while it queued is fetched, not recomputed. */
+        if (r->tiers && !force && !kvc__sim_tiers_fetching(r->tiers, a.idx)) {
+            if (!r->tier_room) {
+                r->held[r->n_held++] = a; /* room for every request: allocated with the run */
+                return 0;
+            }
+            r->tier_room--;
         }
         if (r->tiers) { /* the lookup goes on past the pool; a fetch holds the request back */
             const kvc_prefix_query_t pq = {
@@ -1174,10 +1192,12 @@ int kvc_sim_run(const kvc_sim_config_t *cfg, const kvc_workload_t *w, kvc_report
     if (!rc && cfg->hold_shared_prefix && cfg->prefix_caching) {
         r.computed = kvc_alloc(&a, (n ? n : 1) * sizeof(uint32_t), 0);
         r.computing = kvc_alloc(&a, (n ? n : 1) * sizeof(uint32_t), 0);
-        r.held = kvc_alloc(&a, (n ? n : 1) * sizeof(arrival_t), 0);
-        if (!r.computed || !r.computing || !r.held) rc = KVC_ENOMEM;
+        if (!r.computed || !r.computing) rc = KVC_ENOMEM;
         for (size_t i = 0; !rc && i < n; i++) r.computed[i] = KVC_NONE;
     }
+    if (!rc && ((cfg->hold_shared_prefix && cfg->prefix_caching) || cfg->n_tiers) &&
+        !(r.held = kvc_alloc(&a, (n ? n : 1) * sizeof(arrival_t), 0)))
+        rc = KVC_ENOMEM;
     if (!rc && cfg->n_tiers)
         rc = kvc__sim_tiers_create(cfg, &out->planned, &out->cost, out->n_groups, &a, &r.tiers, err,
                                    cap);

@@ -591,6 +591,13 @@ static int commit(kvc__sim_tiers_t *t, const kvc_prefix_query_t *q0, const fetch
     return 0;
 }
 
+bool kvc__sim_tiers_fetching(const kvc__sim_tiers_t *t, uint32_t wi)
+{
+    for (size_t i = 0; i < t->n_fetch; i++)
+        if (t->fetch[i].wi == wi) return true;
+    return false;
+}
+
 int kvc__sim_tiers_admit(kvc__sim_tiers_t *t, const kvc_prefix_query_t *q0, uint32_t wi,
                          double *arrival, bool *wait, double *ready_s)
 {

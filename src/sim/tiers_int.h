@@ -33,6 +33,9 @@ int kvc__sim_tiers_replica_end(kvc__sim_tiers_t *t);
  * KVC_ENOMEM, KVC_ECORRUPT (a layer below refused what only a bug would make it refuse). */
 int kvc__sim_tiers_admit(kvc__sim_tiers_t *t, const kvc_prefix_query_t *q, uint32_t wi,
                          double *arrival, bool *wait, double *ready_s);
+/* Whether workload request wi has a fetch in flight or complete (its admission is the second
+ * call above, which must not be held back again). */
+bool kvc__sim_tiers_fetching(const kvc__sim_tiers_t *t, uint32_t wi);
 /* The tiers' counters and table into out. */
 void kvc__sim_tiers_result(const kvc__sim_tiers_t *t, kvc_sim_result_t *out);
 
