@@ -3030,12 +3030,18 @@ static void recurrent_configs_name_what_is_wrong(void **state)
                           " \"mamba_num_heads\": 4, \"mamba_head_dim\": 16, \"ssm_state_size\": 8, "
                           "\"conv_kernel\": 4}",
                           KVC_EINVAL, "n_groups is missing");
-    /* heads x head_dim against expand x hidden_size */
-    expect_config_refused(
-        NEMO_HEAD
+    /* Nemotron-H's mixer is heads x head_dim wide whatever expand says (the Nemotron 3 Nano:
+     * 64 x 64 with expand 2 and hidden 2,688); Mamba2Config refuses the mismatch, and so do we */
+    const char *nano = NEMO_HEAD
         "\"num_hidden_layers\": 4, \"hybrid_override_pattern\": \"M*-M\", \"expand\": 2" NEMO_MIXER
-        "}",
-        KVC_EINVAL, "expand 2 x hidden_size 64 is not mamba_num_heads 4 x mamba_head_dim 16");
+        "}";
+    assert_ok(kvc_plan_model_from_json(nano, strlen(nano), "nano", &m, msg, sizeof msg));
+    assert_int_equal(m.ssm_d_inner, 64);
+    expect_config_refused(
+        "{\"model_type\": \"mamba2\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+        " \"vocab_size\": 100, \"num_heads\": 4, \"head_dim\": 16, \"state_size\": 8,"
+        " \"n_groups\": 1, \"conv_kernel\": 4, \"expand\": 2}",
+        KVC_EINVAL, "expand 2 x hidden_size 64 is not num_heads 4 x head_dim 16");
     /* the layers_block_type spelling, with an unknown kind */
     expect_config_refused(
         NEMO_HEAD

@@ -773,6 +773,48 @@ static void qwen3_next_80b_gated_deltanet(void **state)
     free(r);
 }
 
+/* nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B (tests/data/PROVENANCE.md): the pattern's 23 M, 6 * and
+ * 23 E blocks; hidden 2688, 64 Mamba heads x 64 (d_inner 4,096 though expand x hidden is 5,376:
+ * NemotronHMamba2Mixer is heads x head_dim wide), state 128, 8 groups, conv 4; 32 heads, 2 KV
+ * heads x 128; 128 routed squared-ReLU experts of 1856, 6 per token, one shared of 3712. */
+static void nemotron_3_nano_has_moe_blocks(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("nemotron-3-nano-30b-a3b.json", &m);
+    assert_int_equal(m.n_recurrent_layers, 23);
+    assert_int_equal(m.ssm_d_inner, 4096);
+    assert_int_equal(m.n_experts, 128);
+    assert_int_equal(m.shared_expert_intermediate_size, 3712);
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* mixer: in_proj 2688 x (2 x 4096 + 2 x 8 x 128 + 64 = 10,304) = 27,697,152, out_proj
+     * 4096 x 2688 = 11,010,048, conv (4096 + 2,048 = 6,144) x 4 + 6,144, 3 x 64, norm 4,096:
+     * 38,742,208 x 23 = 891,070,784; attention 2 x 2688 x 4096 + 2 x 2688 x 256 = 23,396,352 x 6 =
+     * 140,378,112; an MoE block: 128 x 2 x 2688 x 1856 = 1,277,165,568 routed, 2 x 2688 x 3712 =
+     * 19,955,712 shared, 2688 x 128 router; x 23: 29,374,808,064 + 458,981,376 + 7,913,472;
+     * norms 53 x 2688 = 142,464; embedding and LM head 704,643,072: 31,577,937,344 (published:
+     * 31.6 billion); active: 122 of 128 experts skipped, 23 x 122 x 9,977,856 = 27,997,863,936
+     * less: 3,580,073,408 (published: 3.6 billion with embeddings) */
+    assert_int_equal(c.recurrent, UINT64_C(891070784));
+    assert_int_equal(c.attention, UINT64_C(140378112));
+    assert_int_equal(c.experts_routed, UINT64_C(29374808064));
+    assert_int_equal(c.total, UINT64_C(31577937344));
+    assert_int_equal(c.active, UINT64_C(3580073408));
+    kvc_plan_gpu_t h100 = gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.kv_cache_bytes = 16 * GIB;
+    kvc_plan_result_t *r = plan(&m, &h100, &p);
+    /* state 23 x (3 x 6,144 x 2 + 64 x 64 x 128 x 2 = 36,864 + 1,048,576) = 24,965,120; KV
+     * 2 x 6 x 2 x 128 x 2 = 6,144 B per token; a 1,200-token request 75 x 16 x 6,144 +
+     * 24,965,120 = 32,337,920: 16 GiB holds 531 */
+    assert_int_equal(r->state_bytes_per_seq, 24965120);
+    assert_int_equal(r->kv_bytes_per_token, 6144);
+    assert_int_equal(r->kv_bytes_per_request, 32337920);
+    assert_int_equal(r->max_concurrency, 531);
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -787,6 +829,7 @@ int main(void)
         cmocka_unit_test(mamba2_codestral_has_no_kv),
         cmocka_unit_test(nemotron_h_8b_follows_its_pattern),
         cmocka_unit_test(qwen3_next_80b_gated_deltanet),
+        cmocka_unit_test(nemotron_3_nano_has_moe_blocks),
         cmocka_unit_test(gpu_presets_match_their_sources),
     };
     return cmocka_run_group_tests_name("plan_golden", tests, NULL, NULL);

@@ -898,7 +898,9 @@ typedef struct {
  * no max_model_len at all; a value past its bound (plan.h: tokens, measured
  * bytes, rates, engine limits, GPUs); an activation or CUDA-graph estimate
  * past KVC_PLAN_MAX_BYTES (pass the measured number); for a recurrent model,
- * cp > 1, a LoRA rank, draft tokens, or a TP that does not divide d_inner;
+ * cp > 1, a LoRA rank, draft tokens, a TP that does not divide d_inner, the
+ * SSM heads or (Gated DeltaNet) the key heads, or a PP that leaves a stage with
+ * recurrent layers and no attention layer while the model has some;
  * images_per_request past 4,096, encoder_cache_tokens, state_checkpoint_interval
  * or cached_prefixes past KVC_PLAN_MAX_TOKENS; an argument NULL.  A
  * deployment that does not start is NOT an error: out->fits is false and

@@ -1111,7 +1111,8 @@ static int get_state_u32(const cfg_t *c, const char *const *keys, uint32_t max, 
  * n_groups, conv_kernel). */
 static int parse_mamba2_mixer(const cfg_t *c, kvc_plan_model_t *m, const char *const *heads,
                               const char *const *head_dim, const char *const *state,
-                              const char *const *groups, const char *const *kernel)
+                              const char *const *groups, const char *const *kernel,
+                              bool check_expand)
 {
     int rc;
     if ((rc = get_state_u32(c, heads, KVC_PLAN_MAX_HEADS, &m->ssm_n_heads))) return rc;
@@ -1124,13 +1125,18 @@ static int parse_mamba2_mixer(const cfg_t *c, kvc_plan_model_t *m, const char *c
         return kvc__msgf(KVC_EINVAL, c->msg, c->len, "%s %u x %s %u is out of range: at most %u",
                          heads[0], m->ssm_n_heads, head_dim[0], m->ssm_head_dim,
                          KVC_PLAN_MAX_INTERMEDIATE);
-    /* expand x hidden_size is the same width where a config gives both */
-    uint32_t expand = 0;
-    if ((rc = get_u32(c, KEYS("expand", "mamba_expand"), 64, false, &expand))) return rc;
-    if (expand && (uint64_t)expand * m->hidden_size != d_inner)
-        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
-                         "expand %u x hidden_size %u is not %s %u x %s %u", expand, m->hidden_size,
-                         heads[0], m->ssm_n_heads, head_dim[0], m->ssm_head_dim);
+    /* transformers' Mamba2Mixer is expand x hidden_size wide and Mamba2Config refuses a config
+     * where that is not num_heads x head_dim; NemotronHMamba2Mixer is mamba_num_heads x
+     * mamba_head_dim wide whatever expand says (the Nemotron 3 Nano: 64 x 64 = 4,096 with
+     * expand 2 and hidden 2,688) */
+    if (check_expand) {
+        uint32_t expand = 0;
+        if ((rc = get_u32(c, KEYS("expand"), 64, false, &expand))) return rc;
+        if (expand && (uint64_t)expand * m->hidden_size != d_inner)
+            return kvc__msgf(
+                KVC_EINVAL, c->msg, c->len, "expand %u x hidden_size %u is not %s %u x %s %u",
+                expand, m->hidden_size, heads[0], m->ssm_n_heads, head_dim[0], m->ssm_head_dim);
+    }
     m->recurrent = KVC_PLAN_RECURRENT_MAMBA2;
     m->ssm_d_inner = (uint32_t)d_inner;
     m->ssm_conv_bias = true; /* Mamba2Config's and NemotronHConfig's use_conv_bias */
@@ -1148,7 +1154,7 @@ static int parse_mamba2_mixer(const cfg_t *c, kvc_plan_model_t *m, const char *c
 static int parse_mamba2(const cfg_t *c, kvc_plan_model_t *m)
 {
     int rc = parse_mamba2_mixer(c, m, KEYS("num_heads"), KEYS("head_dim"), KEYS("state_size"),
-                                KEYS("n_groups"), KEYS("conv_kernel"));
+                                KEYS("n_groups"), KEYS("conv_kernel"), true);
     if (rc) return rc;
     memset(m->layer_pattern, 'M', m->n_layers);
     m->layer_pattern[m->n_layers] = 0;
@@ -1220,7 +1226,7 @@ static int parse_nemotron_h(const cfg_t *c, kvc_plan_model_t *m)
                          "rather than sized as full-width experts)");
     int rc = parse_mamba2_mixer(c, m, KEYS("mamba_num_heads"), KEYS("mamba_head_dim"),
                                 KEYS("ssm_state_size"), KEYS("n_groups", "mamba_n_groups"),
-                                KEYS("conv_kernel", "mamba_d_conv"));
+                                KEYS("conv_kernel", "mamba_d_conv"), false);
     if (rc) return rc;
     memcpy(m->layer_pattern, buf, n + 1);
     m->mlp_ungated = true;
