@@ -947,7 +947,7 @@ static void quantized_kv_and_weights_price_their_scales(void **state)
     expect_refused(&m, &g, &p, KVC_EINVAL, "int4 is a weight format");
 }
 
-static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
+static void hybrid_configs_are_read_or_refused_and_vision_towers_counted(void **state)
 {
     (void)state;
     kvc_plan_model_t m;
@@ -981,14 +981,14 @@ static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
     assert_int_equal(kvc_plan_model_from_json(bad, strlen(bad), "b", &m, msg, sizeof msg),
                      KVC_EINVAL);
     assert_non_null(strstr(msg, "attn_layer_offset 2 must be below attn_layer_period 2"));
-    /* two layers below the attention offset 4: no layer attends, a pure state-space model,
-     * which the pool arithmetic (blocks of KV) does not cover: refused */
+    /* two layers below the attention offset 4: no layer attends, a pure state-space model
+     * (Mamba-1 mixers and MLPs): no KV at all, its state the whole per-request memory */
     const char *pure = "{\"model_type\": \"jamba\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
                        " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\":"
                        " 128, \"num_experts\": 1, \"num_experts_per_tok\": 1}";
-    assert_int_equal(kvc_plan_model_from_json(pure, strlen(pure), "p", &m, msg, sizeof msg),
-                     KVC_EINVAL);
-    assert_non_null(strstr(msg, "no attention layer: a pure state-space model is not modelled"));
+    assert_ok(kvc_plan_model_from_json(pure, strlen(pure), "p", &m, msg, sizeof msg));
+    assert_int_equal(m.n_recurrent_layers, 2);
+    assert_int_equal(kvc_plan_kv_bytes_per_token(&m, KVC_PLAN_BF16), 0);
     /* one expert is a dense MLP (JambaConfig): 8 layers, layer 4 attends, no MoE */
     const char *one = "{\"model_type\": \"jamba\", \"hidden_size\": 64, \"num_hidden_layers\": 8,"
                       " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\":"
@@ -1003,13 +1003,14 @@ static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
     assert_int_equal(kvc_plan_model_from_json(eoff, strlen(eoff), "e", &m, msg, sizeof msg),
                      KVC_EINVAL);
     assert_non_null(strstr(msg, "expert_layer_offset 3 must be below expert_layer_period 2"));
-    /* Nemotron-H's pattern string is not modelled: refused, naming the field */
+    /* a Nemotron-H pattern string without the Mamba-2 fields that size its state: refused,
+     * naming the first missing one (transformers' defaults are one checkpoint's sizes) */
     const char *nemo = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
                        " \"vocab_size\": 100, \"intermediate_size\": 128,"
                        " \"hybrid_override_pattern\": \"M*\"}";
     assert_int_equal(kvc_plan_model_from_json(nemo, strlen(nemo), "n", &m, msg, sizeof msg),
                      KVC_EINVAL);
-    assert_non_null(strstr(msg, "hybrid_override_pattern: a recurrent or hybrid"));
+    assert_non_null(strstr(msg, "mamba_num_heads is missing"));
     /* a Qwen3-Next style layer list with linear attention */
     const char *next = "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
                        " \"vocab_size\": 100, \"intermediate_size\": 128, \"layer_types\":"
@@ -1022,7 +1023,7 @@ static void hybrid_configs_are_refused_and_vision_towers_counted(void **state)
         " \"num_attention_heads\": 8, \"vocab_size\": 100, \"intermediate_size\": 1}";
     assert_int_equal(kvc_plan_model_from_json(mamba, strlen(mamba), "m", &m, msg, sizeof msg),
                      KVC_EINVAL);
-    assert_non_null(strstr(msg, "model_type mamba2"));
+    assert_non_null(strstr(msg, "num_heads is missing"));
     /* LLaVA-1.5-7B (llava-hf/llava-1.5-7b-hf, trimmed): CLIP ViT-L/14 at 336 px.  Per layer
      * 4 x 1024^2 + 4 x 1024 (q, k, v, o and biases) + 2 x 1024 x 4096 + 4096 + 1024 (MLP) +
      * 4 x 1024 (two LayerNorms) = 12,596,224, x 24 = 302,309,376; patches 3 x 14 x 14 x 1024 +
@@ -1121,7 +1122,7 @@ static void cp_decode_exchanges_partial_softmax_results(void **state)
 static void multimodal_phases_peak_and_the_encoder_cache(void **state)
 {
     (void)state;
-    /* LLaVA-1.5-7B (as in hybrid_configs_are_refused_and_vision_towers_counted): a Llama LM
+    /* LLaVA-1.5-7B (as in hybrid_configs_are_read_or_refused_and_vision_towers_counted): a Llama LM
      * of hidden 4096, 32 heads and 32 KV heads, vocab 32,064; CLIP ViT-L/14 at 336 px:
      * hidden 1024, intermediate 4096, 24 layers, (336 / 14)^2 = 576 patches + 1 class token */
     const char *llava =
@@ -2969,6 +2970,141 @@ static void mangled_configs_never_crash_the_reader(void **state)
     assert_true(ok > 0 && ok < n);
 }
 
+/* Expects kvc_plan_model_from_json to refuse text with rc and one line holding needle. */
+static void expect_config_refused(const char *text, int rc, const char *needle)
+{
+    kvc_plan_model_t m;
+    char msg[256] = "";
+    const int got = kvc_plan_model_from_json(text, strlen(text), "c", &m, msg, sizeof msg);
+    if (got != rc) fail_msg("rc %d (want %d) for %s: %s", got, rc, text, msg);
+    if (!strstr(msg, needle)) fail_msg("'%s' lacks '%s'", msg, needle);
+    assert_null(strchr(msg, '\n'));
+}
+
+/* Mamba-2, Nemotron-H and Qwen3-Next configs: each field that sizes the state is required
+ * (named when missing), a malformed layer pattern is refused naming what is wrong, and the
+ * model check says the same of a hand-built model. */
+static void recurrent_configs_name_what_is_wrong(void **state)
+{
+    (void)state;
+#define NEMO_HEAD                                                                                \
+    "{\"model_type\": \"nemotron_h\", \"hidden_size\": 64, \"num_attention_heads\": 4,"          \
+    " \"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 100, \"intermediate_size\":" \
+    " 128, "
+#define NEMO_MIXER                                                                              \
+    ", \"mamba_num_heads\": 4, \"mamba_head_dim\": 16, \"ssm_state_size\": 8, \"n_groups\": 2," \
+    " \"conv_kernel\": 4"
+    /* a well-formed one: M * - M; state per M: conv 3 x (64 + 2 x 2 x 8) x 2 = 576, SSM
+     * 4 x 16 x 8 x 2 = 1,024; KV 2 x 1 x 2 x 16 x 2 = 128 B per token */
+    const char *ok =
+        NEMO_HEAD "\"num_hidden_layers\": 4, \"hybrid_override_pattern\": \"M*-M\"" NEMO_MIXER "}";
+    kvc_plan_model_t m;
+    char msg[256] = "";
+    assert_ok(kvc_plan_model_from_json(ok, strlen(ok), "ok", &m, msg, sizeof msg));
+    assert_int_equal(m.n_recurrent_layers, 2);
+    assert_int_equal(kvc_plan_kv_bytes_per_token(&m, KVC_PLAN_BF16), 128);
+    /* the pattern's length is not the layer count */
+    expect_config_refused(
+        NEMO_HEAD "\"num_hidden_layers\": 5, \"hybrid_override_pattern\": \"M*-M\"" NEMO_MIXER "}",
+        KVC_EINVAL, "hybrid_override_pattern has 4 layers but num_hidden_layers is 5");
+    /* a letter that is none of M * - E */
+    expect_config_refused(
+        NEMO_HEAD "\"num_hidden_layers\": 4, \"hybrid_override_pattern\": \"M*XM\"" NEMO_MIXER "}",
+        KVC_EINVAL, "hybrid_override_pattern: layer 2 is 'X'");
+    /* not a string */
+    expect_config_refused(NEMO_HEAD
+                          "\"num_hidden_layers\": 4, \"hybrid_override_pattern\": 7" NEMO_MIXER "}",
+                          KVC_EPARSE, "hybrid_override_pattern: expected a string");
+    /* MoE layers without experts */
+    expect_config_refused(
+        NEMO_HEAD "\"num_hidden_layers\": 4, \"hybrid_override_pattern\": \"M*EM\"" NEMO_MIXER "}",
+        KVC_EINVAL, "n_routed_experts is missing");
+    /* each Mamba-2 field that sizes the state, missing */
+    expect_config_refused(
+        NEMO_HEAD
+        "\"num_hidden_layers\": 4, \"hybrid_override_pattern\": \"M*-M\","
+        " \"mamba_num_heads\": 4, \"mamba_head_dim\": 16, \"n_groups\": 2, \"conv_kernel\": 4}",
+        KVC_EINVAL, "ssm_state_size is missing");
+    expect_config_refused(NEMO_HEAD
+                          "\"num_hidden_layers\": 4, \"hybrid_override_pattern\": \"M*-M\","
+                          " \"mamba_num_heads\": 4, \"mamba_head_dim\": 16, \"ssm_state_size\": 8, "
+                          "\"conv_kernel\": 4}",
+                          KVC_EINVAL, "n_groups is missing");
+    /* Nemotron-H's mixer is heads x head_dim wide whatever expand says (the Nemotron 3 Nano:
+     * 64 x 64 with expand 2 and hidden 2,688); Mamba2Config refuses the mismatch, and so do we */
+    const char *nano = NEMO_HEAD
+        "\"num_hidden_layers\": 4, \"hybrid_override_pattern\": \"M*-M\", \"expand\": 2" NEMO_MIXER
+        "}";
+    assert_ok(kvc_plan_model_from_json(nano, strlen(nano), "nano", &m, msg, sizeof msg));
+    assert_int_equal(m.ssm_d_inner, 64);
+    expect_config_refused(
+        "{\"model_type\": \"mamba2\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+        " \"vocab_size\": 100, \"num_heads\": 4, \"head_dim\": 16, \"state_size\": 8,"
+        " \"n_groups\": 1, \"conv_kernel\": 4, \"expand\": 2}",
+        KVC_EINVAL, "expand 2 x hidden_size 64 is not num_heads 4 x head_dim 16");
+    /* the layers_block_type spelling, with an unknown kind */
+    expect_config_refused(
+        NEMO_HEAD
+        "\"num_hidden_layers\": 2, \"layers_block_type\": [\"mamba\", \"conv\"]" NEMO_MIXER "}",
+        KVC_EINVAL, "layers_block_type: 'conv' is not mamba, attention, mlp or moe");
+    /* Mamba-2 without num_heads; Qwen3-Next without a linear-attention width, and with a layer
+     * list the interval does not give */
+    expect_config_refused(
+        "{\"model_type\": \"mamba2\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+        " \"vocab_size\": 100, \"head_dim\": 16, \"state_size\": 8, \"n_groups\": 1,"
+        " \"conv_kernel\": 4}",
+        KVC_EINVAL, "num_heads is missing");
+#define NEXT_HEAD                                                                                \
+    "{\"model_type\": \"qwen3_next\", \"hidden_size\": 64, \"num_hidden_layers\": 4,"            \
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\":" \
+    " 100, \"intermediate_size\": 128, \"linear_num_key_heads\": 2, \"linear_num_value_heads\":" \
+    " 4, \"linear_value_head_dim\": 16, \"linear_conv_kernel_dim\": 4"
+    expect_config_refused(NEXT_HEAD ", \"full_attention_interval\": 4}", KVC_EINVAL,
+                          "linear_key_head_dim is missing");
+    expect_config_refused(NEXT_HEAD ", \"linear_key_head_dim\": 8}", KVC_EINVAL,
+                          "full_attention_interval is missing");
+    expect_config_refused(NEXT_HEAD ", \"linear_key_head_dim\": 8, \"full_attention_interval\": 2,"
+                                    " \"layer_types\": [\"linear_attention\", \"full_attention\","
+                                    " \"full_attention\", \"full_attention\"]}",
+                          KVC_EINVAL, "layer_types: layer 2 is not linear_attention");
+    /* the periodic list is read: layers 1 and 3 attend */
+    const char *next =
+        NEXT_HEAD ", \"linear_key_head_dim\": 8, \"layer_types\": [\"linear_attention\","
+                  " \"full_attention\", \"linear_attention\", \"full_attention\"]}";
+    assert_ok(kvc_plan_model_from_json(next, strlen(next), "n", &m, msg, sizeof msg));
+    assert_int_equal(m.attn_layer_period, 2);
+    assert_int_equal(m.n_recurrent_layers, 2);
+
+    /* the model check on a hand-built pattern says the same */
+    assert_ok(kvc_plan_model_from_json(ok, strlen(ok), "ok", &m, msg, sizeof msg));
+    kvc_plan_model_t bad = m;
+    bad.layer_pattern[1] = '?';
+    assert_int_equal(kvc_plan_model_check(&bad, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "layer 1 is '?'"));
+    bad = m;
+    bad.layer_pattern[3] = 0;
+    assert_int_equal(kvc_plan_model_check(&bad, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "has 3 layers but num_hidden_layers is 4"));
+    bad = m;
+    bad.ssm_n_groups = 3;
+    assert_int_equal(kvc_plan_model_check(&bad, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "n_groups 3 does not divide the 4 SSM heads"));
+    bad = m;
+    bad.ssm_d_inner = 100;
+    assert_int_equal(kvc_plan_model_check(&bad, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "d_inner 100 is not 4 heads x head_dim 16"));
+    bad = m;
+    bad.recurrent = KVC_PLAN_RECURRENT__COUNT;
+    assert_int_equal(kvc_plan_model_check(&bad, msg, sizeof msg), KVC_EINVAL);
+    bad = m;
+    bad.attn_layer_period = 2;
+    assert_int_equal(kvc_plan_model_check(&bad, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "a layer pattern with attn_layer_period"));
+#undef NEMO_HEAD
+#undef NEMO_MIXER
+#undef NEXT_HEAD
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3008,7 +3144,8 @@ int main(void)
         cmocka_unit_test(a_million_tokens_on_eight_h100s),
         cmocka_unit_test(multimodal_phases_peak_and_the_encoder_cache),
         cmocka_unit_test(cp_decode_exchanges_partial_softmax_results),
-        cmocka_unit_test(hybrid_configs_are_refused_and_vision_towers_counted),
+        cmocka_unit_test(hybrid_configs_are_read_or_refused_and_vision_towers_counted),
+        cmocka_unit_test(recurrent_configs_name_what_is_wrong),
         cmocka_unit_test(quantized_kv_and_weights_price_their_scales),
         cmocka_unit_test(config_reads_what_the_math_needs),
         cmocka_unit_test(config_errors_name_the_field),

@@ -521,6 +521,300 @@ static void jamba_is_modelled_as_a_hybrid(void **state)
     free(r);
 }
 
+/* Renders r as JSON and returns the "recurrent" object's value for key (a number), or -1 for
+ * null; fails the test when the key is missing. */
+static double recurrent_json(const kvc_plan_result_t *r, const char *key)
+{
+    char *js = NULL;
+    assert_ok(kvc_plan_render_json(r, &js));
+    const char *sec = strstr(js, "\"recurrent\":");
+    assert_non_null(sec);
+    char needle[96];
+    snprintf(needle, sizeof needle, "\"%s\":", key);
+    const char *at = strstr(sec, needle);
+    if (!at) fail_msg("recurrent.%s missing from the JSON", key);
+    at += strlen(needle);
+    while (*at == ' ' || *at == '\t') at++;
+    const double v = !strncmp(at, "null", 4) ? -1 : strtod(at, NULL);
+    kvc_plan_string_free(js);
+    return v;
+}
+
+/* mistralai/Mamba-Codestral-7B-v0.1 (tests/data/PROVENANCE.md), Mamba2ForCausalLM: 64 layers of
+ * a Mamba-2 mixer and nothing else; hidden 4096, num_heads 128 x head_dim 64 = d_inner 8192
+ * (expand 2), state_size 128, n_groups 8, conv_kernel 4, use_conv_bias, vocab 32768, untied, no
+ * max_position_embeddings.  No layer attends: no KV at all. */
+static void mamba2_codestral_has_no_kv(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("mamba-codestral-7b.json", &m);
+    assert_int_equal(m.recurrent, KVC_PLAN_RECURRENT_MAMBA2);
+    assert_int_equal(m.n_recurrent_layers, 64);
+    assert_int_equal(m.ssm_d_inner, 8192);
+    assert_int_equal(kvc_plan_kv_bytes_per_token(&m, KVC_PLAN_BF16), 0);
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* a mixer: in_proj 4096 x (2 x 8192 + 2 x 8 x 128 + 128 = 18,560) = 76,021,760, out_proj
+     * 8192 x 4096 = 33,554,432; conv over 8192 + 2 x 8 x 128 = 10,240 channels x 4 = 40,960 +
+     * bias 10,240, dt_bias, A_log, D 3 x 128 = 384, the gated norm 8,192: 109,635,968, x 64 =
+     * 7,016,701,952; one norm per layer 64 x 4096 + the final 4096 = 266,240; embedding and LM
+     * head 2 x 32,768 x 4096 = 268,435,456: 7,285,403,648 (published: 7.3 billion) */
+    assert_int_equal(c.recurrent, UINT64_C(7016701952));
+    assert_int_equal(c.attention, 0);
+    assert_int_equal(c.mlp_dense, 0);
+    assert_int_equal(c.norms, 266240);
+    assert_int_equal(c.total, UINT64_C(7285403648));
+
+    kvc_plan_gpu_t h100 = gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.max_model_len = 8192; /* the config gives no max_position_embeddings */
+    p.kv_cache_bytes = 16 * GIB;
+    kvc_plan_result_t *r = plan(&m, &h100, &p);
+    /* conv (4 - 1) x 10,240 x 2 B = 61,440; SSM 128 x 64 x 128 x 2 B = 2,097,152; x 64 layers =
+     * 138,149,888 B (131.75 MiB) per sequence: all a request holds, whatever its length */
+    assert_int_equal(r->kv_bytes_per_token, 0);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 0);
+    assert_int_equal(r->conv_state_bytes_per_layer, 61440);
+    assert_int_equal(r->ssm_state_bytes_per_layer, 2097152);
+    assert_int_equal(r->state_bytes_per_seq, 138149888);
+    assert_int_equal(r->kv_bytes_per_request, 138149888);
+    assert_int_equal(kvc_plan_request_bytes(r, 1), 138149888);
+    assert_int_equal(kvc_plan_request_bytes(r, 8192), 138149888);
+    assert_int_equal(r->state_kv_tokens, 0);
+    /* the pool is state slots: floor(17,179,869,184 / 138,149,888) = 124 sequences per GPU, and
+     * holds no tokens */
+    assert_int_equal(r->num_blocks, 124);
+    assert_int_equal(r->pool_tokens, 0);
+    assert_int_equal(r->max_concurrency, 124);
+    assert_true(r->fits);
+    assert_true(isfinite(r->sliding_window_saving) && r->sliding_window_saving == 0);
+    assert_true(isfinite(r->link_limited_tokens_per_s));
+    /* without attention layers only the checkpoints count: the boundary is the interval */
+    assert_int_equal(r->restart_boundary_tokens, 512);
+    assert_int_equal(r->prompt_resume_tokens, 512);
+    assert_true(recurrent_json(r, "attention_layers") == 0);
+    assert_true(recurrent_json(r, "attention_restart_tokens") == -1);
+    assert_true(recurrent_json(r, "recurrent_restart_tokens") == 512);
+    assert_true(recurrent_json(r, "conv_channels") == 10240);
+    free(r);
+    /* --state-checkpoint-interval 100: the boundary is 100 (not lcm(16, 100) = 400); an fp32 SSM
+     * state: 64 x (61,440 + 4,194,304) = 272,367,616, floor(16 GiB / that) = 63 */
+    p.state_checkpoint_interval = 100;
+    p.ssm_state_fp32 = true;
+    r = plan(&m, &h100, &p);
+    assert_int_equal(r->restart_boundary_tokens, 100);
+    assert_int_equal(r->prompt_resume_tokens, 900);
+    assert_int_equal(r->state_bytes_per_seq, 272367616);
+    assert_int_equal(r->max_concurrency, 63);
+    free(r);
+    /* TP 2: 64 heads and 4 groups per GPU, conv (3 x (4096 + 1024) x 2) = 30,720, SSM
+     * 64 x 64 x 128 x 2 = 1,048,576: 64 x 1,079,296 = 69,074,944 */
+    p.state_checkpoint_interval = 0;
+    p.ssm_state_fp32 = false;
+    p.tp = 2;
+    r = plan(&m, &h100, &p);
+    assert_int_equal(r->state_bytes_per_seq_per_gpu, 69074944);
+    free(r);
+    /* the text never prints a division by zero */
+    p.tp = 1;
+    p.kv_cache_bytes = KVC_PLAN_AUTO;
+    r = plan(&m, &h100, &p);
+    char *txt = NULL;
+    assert_ok(kvc_plan_render_text(r, &txt));
+    assert_null(strstr(txt, " inf"));
+    assert_null(strstr(txt, " nan")); /* "Tenancy" holds "nan" */
+    assert_null(strstr(txt, "-nan"));
+    assert_non_null(strstr(txt, "none: no layer attends"));
+    kvc_plan_string_free(txt);
+    free(r);
+}
+
+/* nvidia/Nemotron-H-8B-Base-8K (tests/data/PROVENANCE.md): 52 single-block layers by
+ * hybrid_override_pattern, 24 Mamba-2 (M), 4 attention (*), 24 squared-ReLU MLP (-); hidden
+ * 4096; attention 32 heads, 8 KV heads x 128; Mamba-2 128 heads x 64, ssm_state_size 128,
+ * n_groups 8, conv_kernel 4; intermediate_size 21504 (up and down only), vocab 131072, untied. */
+static void nemotron_h_8b_follows_its_pattern(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("nemotron-h-8b.json", &m);
+    assert_int_equal(m.recurrent, KVC_PLAN_RECURRENT_MAMBA2);
+    assert_int_equal(m.n_recurrent_layers, 24);
+    assert_true(m.mlp_ungated);
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* attention 4 x (2 x 4096^2 + 2 x 4096 x 1024) = 167,772,160; the mixer as Codestral's,
+     * 109,635,968 x 24 = 2,631,263,232; MLPs 24 x 2 x 4096 x 21504 = 4,227,858,432 (gated, 3
+     * matrices, it would be 10.1 billion); norms 52 x 4096 + 4096 = 217,088; embedding and LM
+     * head 2 x 131,072 x 4096 = 1,073,741,824: 8,100,852,736 (published: 8 billion) */
+    assert_int_equal(c.attention, UINT64_C(167772160));
+    assert_int_equal(c.recurrent, UINT64_C(2631263232));
+    assert_int_equal(c.mlp_dense, UINT64_C(4227858432));
+    assert_int_equal(c.total, UINT64_C(8100852736));
+
+    kvc_plan_gpu_t h100 = gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.kv_cache_bytes = 16 * GIB;
+    kvc_plan_result_t *r = plan(&m, &h100, &p);
+    /* KV of the 4 attention layers only: 2 x 4 x 8 x 128 x 2 B = 16,384 B per token (212,992 if
+     * all 52 attended); state 24 x (61,440 + 2,097,152) = 51,806,208 B = 3,162 tokens of KV */
+    assert_int_equal(r->kv_bytes_per_token, 16384);
+    assert_int_equal(r->all_attention_kv_bytes_per_token, 212992);
+    assert_int_equal(r->kv_layers_per_gpu, 4);
+    assert_int_equal(r->recurrent_layers_per_gpu, 24);
+    assert_int_equal(r->state_bytes_per_seq, 51806208);
+    assert_int_equal(r->state_kv_tokens, 3162);
+    /* a 1,200-token request: 75 x 16 x 16,384 = 19,660,800 + 51,806,208 = 71,467,008; 16 GiB
+     * holds 240 (331 if KV took nothing) */
+    assert_int_equal(r->kv_bytes_per_request, 71467008);
+    assert_int_equal(r->max_concurrency, 240);
+    assert_int_equal(r->state_only_sequences, 331);
+    /* attention layers resume at any block, Mamba layers at checkpoints: lcm(16, 512) = 512 */
+    assert_int_equal(r->restart_boundary_tokens, 512);
+    assert_true(recurrent_json(r, "attention_layers") == 4);
+    assert_true(recurrent_json(r, "attention_restart_tokens") == 16);
+    free(r);
+    p.state_checkpoint_interval = 100;
+    r = plan(&m, &h100, &p);
+    assert_int_equal(r->restart_boundary_tokens, 400);
+    free(r);
+    /* TP 2: 4 KV heads per GPU (8,192 B per token), 64 SSM heads and 4 groups per GPU
+     * (30,720 + 1,048,576) x 24 = 25,903,104 */
+    p.state_checkpoint_interval = 0;
+    p.tp = 2;
+    r = plan(&m, &h100, &p);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 8192);
+    assert_int_equal(r->state_bytes_per_seq_per_gpu, 25903104);
+    free(r);
+    /* PP 13: stages of 4 layers, the first (M-M-) holds state and no attention layer: a pool of
+     * state slots beside pools of KV blocks is not modelled, so refused, naming the stage */
+    p.tp = 1;
+    p.pp = 13;
+    r = malloc(sizeof *r);
+    char msg[256] = "";
+    assert_int_equal(kvc_plan_compute(&m, &h100, &p, r, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(
+        strstr(msg, "--pp 13: stage 0 (layers 0-3) holds recurrent state but no attention"));
+    free(r);
+}
+
+/* Qwen/Qwen3-Next-80B-A3B (tests/data/PROVENANCE.md): 48 layers, every full_attention_interval =
+ * 4th (3, 7, ..., 47) gated full attention (16 heads, 2 KV heads x 256; q_proj 2 x 16 x 256
+ * with the gate), the other 36 Gated DeltaNet (16 key heads x 128, 32 value heads x 128, conv
+ * kernel 4); MoE on every layer: 512 experts of 512, 10 per token, one shared expert of 512;
+ * hidden 2048, vocab 151936, untied. */
+static void qwen3_next_80b_gated_deltanet(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("qwen3-next-80b-a3b.json", &m);
+    assert_int_equal(m.recurrent, KVC_PLAN_RECURRENT_GDN);
+    assert_int_equal(m.n_recurrent_layers, 36);
+    assert_true(m.attn_output_gate);
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* DeltaNet: in_proj_qkvz 2048 x (2 x 2048 + 2 x 4096) = 25,165,824, in_proj_ba 2048 x 64 =
+     * 131,072, out_proj 4096 x 2048 = 8,388,608; conv 8,192 x 4 = 32,768 (no bias), dt_bias and
+     * A_log 64, norm 128: 33,718,464 x 36 = 1,213,864,704.  Attention: q 2048 x 8192 =
+     * 16,777,216, k, v 2 x 2048 x 512, o 4096 x 2048: 27,262,976 x 12 = 327,155,712.  Experts 48 x
+     * 512 x 3 x 2048 x 512 = 77,309,411,328; shared 48 x 3,145,728 = 150,994,944; router 48 x
+     * 2048 x 512 = 50,331,648; norms 48 x 2 x 2048 + 2048 = 198,656; embedding and LM head
+     * 622,329,856: 79,674,286,848 (published: 80 billion; the safetensors' 79,674,391,296 adds
+     * the q/k norms and the shared-expert gates, 104,448, not counted).  Active: 502 of 512
+     * experts skipped on 48 layers, 48 x 502 x 3,145,728 = 75,799,461,888 less: 3,874,824,960
+     * (published: 3 billion active) */
+    assert_int_equal(c.recurrent, UINT64_C(1213864704));
+    assert_int_equal(c.attention, UINT64_C(327155712));
+    assert_int_equal(c.total, UINT64_C(79674286848));
+    assert_int_equal(c.active, UINT64_C(3874824960));
+
+    kvc_plan_gpu_t h100 = gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.kv_cache_bytes = 16 * GIB;
+    kvc_plan_result_t *r = plan(&m, &h100, &p);
+    /* KV of the 12 attention layers: 2 x 12 x 2 x 256 x 2 B = 24,576 B per token; state per
+     * DeltaNet layer: conv (4 - 1) x (2 x 16 x 128 + 32 x 128 = 8,192) x 2 B = 49,152, recurrent
+     * 32 x 128 x 128 x 2 B = 1,048,576; x 36 = 39,518,208 B = 1,608 tokens of KV */
+    assert_int_equal(r->kv_bytes_per_token, 24576);
+    assert_int_equal(r->conv_state_bytes_per_layer, 49152);
+    assert_int_equal(r->ssm_state_bytes_per_layer, 1048576);
+    assert_int_equal(r->state_bytes_per_seq, 39518208);
+    assert_int_equal(r->state_kv_tokens, 1608);
+    /* a 1,200-token request: 75 x 16 x 24,576 = 29,491,200 + 39,518,208 = 69,009,408; 16 GiB
+     * holds 248 */
+    assert_int_equal(r->kv_bytes_per_request, 69009408);
+    assert_int_equal(r->max_concurrency, 248);
+    assert_int_equal(r->restart_boundary_tokens, 512);
+    assert_true(recurrent_json(r, "ssm_heads") == 32);
+    assert_true(recurrent_json(r, "ssm_groups") == 16);
+    free(r);
+    /* --mamba-ssm-cache-dtype float32: the recurrent state doubles, 36 x (49,152 + 2,097,152) =
+     * 77,266,944 */
+    p.ssm_state_fp32 = true;
+    r = plan(&m, &h100, &p);
+    assert_int_equal(r->state_bytes_per_seq, 77266944);
+    free(r);
+    /* TP 4: 4 key and 8 value heads per GPU, conv 3 x (2 x 4 x 128 + 8 x 128) x 2 = 12,288 and
+     * 8 x 128 x 128 x 2 = 262,144: 36 x 274,432 = 9,879,552; the 2 KV heads replicate to one per
+     * GPU: 12 x 2 x 256 x 2 = 12,288 B per token */
+    p.ssm_state_fp32 = false;
+    p.tp = 4;
+    r = plan(&m, &h100, &p);
+    assert_int_equal(r->state_bytes_per_seq_per_gpu, 9879552);
+    assert_int_equal(r->kv_bytes_per_token_per_gpu, 12288);
+    free(r);
+    /* TP 32 splits the 16 key heads no further: refused, naming them */
+    p.tp = 32;
+    r = malloc(sizeof *r);
+    char msg[256] = "";
+    assert_int_equal(kvc_plan_compute(&m, &h100, &p, r, msg, sizeof msg), KVC_EINVAL);
+    assert_non_null(strstr(msg, "--tp 32"));
+    free(r);
+}
+
+/* nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B (tests/data/PROVENANCE.md): the pattern's 23 M, 6 * and
+ * 23 E blocks; hidden 2688, 64 Mamba heads x 64 (d_inner 4,096 though expand x hidden is 5,376:
+ * NemotronHMamba2Mixer is heads x head_dim wide), state 128, 8 groups, conv 4; 32 heads, 2 KV
+ * heads x 128; 128 routed squared-ReLU experts of 1856, 6 per token, one shared of 3712. */
+static void nemotron_3_nano_has_moe_blocks(void **state)
+{
+    (void)state;
+    kvc_plan_model_t m;
+    load("nemotron-3-nano-30b-a3b.json", &m);
+    assert_int_equal(m.n_recurrent_layers, 23);
+    assert_int_equal(m.ssm_d_inner, 4096);
+    assert_int_equal(m.n_experts, 128);
+    assert_int_equal(m.shared_expert_intermediate_size, 3712);
+    kvc_plan_param_count_t c;
+    kvc_plan_model_params(&m, &c);
+    /* mixer: in_proj 2688 x (2 x 4096 + 2 x 8 x 128 + 64 = 10,304) = 27,697,152, out_proj
+     * 4096 x 2688 = 11,010,048, conv (4096 + 2,048 = 6,144) x 4 + 6,144, 3 x 64, norm 4,096:
+     * 38,742,208 x 23 = 891,070,784; attention 2 x 2688 x 4096 + 2 x 2688 x 256 = 23,396,352 x 6 =
+     * 140,378,112; an MoE block: 128 x 2 x 2688 x 1856 = 1,277,165,568 routed, 2 x 2688 x 3712 =
+     * 19,955,712 shared, 2688 x 128 router; x 23: 29,374,808,064 + 458,981,376 + 7,913,472;
+     * norms 53 x 2688 = 142,464; embedding and LM head 704,643,072: 31,577,937,344 (published:
+     * 31.6 billion); active: 122 of 128 experts skipped, 23 x 122 x 9,977,856 = 27,997,863,936
+     * less: 3,580,073,408 (published: 3.6 billion with embeddings) */
+    assert_int_equal(c.recurrent, UINT64_C(891070784));
+    assert_int_equal(c.attention, UINT64_C(140378112));
+    assert_int_equal(c.experts_routed, UINT64_C(29374808064));
+    assert_int_equal(c.total, UINT64_C(31577937344));
+    assert_int_equal(c.active, UINT64_C(3580073408));
+    kvc_plan_gpu_t h100 = gpu("h100-sxm");
+    kvc_plan_params_t p = defaults();
+    p.kv_cache_bytes = 16 * GIB;
+    kvc_plan_result_t *r = plan(&m, &h100, &p);
+    /* state 23 x (3 x 6,144 x 2 + 64 x 64 x 128 x 2 = 36,864 + 1,048,576) = 24,965,120; KV
+     * 2 x 6 x 2 x 128 x 2 = 6,144 B per token; a 1,200-token request 75 x 16 x 6,144 +
+     * 24,965,120 = 32,337,920: 16 GiB holds 531 */
+    assert_int_equal(r->state_bytes_per_seq, 24965120);
+    assert_int_equal(r->kv_bytes_per_token, 6144);
+    assert_int_equal(r->kv_bytes_per_request, 32337920);
+    assert_int_equal(r->max_concurrency, 531);
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -532,6 +826,10 @@ int main(void)
         cmocka_unit_test(gemma_2_27b_alternates_windows),
         cmocka_unit_test(deepseek_v3_mla_under_tp8),
         cmocka_unit_test(jamba_is_modelled_as_a_hybrid),
+        cmocka_unit_test(mamba2_codestral_has_no_kv),
+        cmocka_unit_test(nemotron_h_8b_follows_its_pattern),
+        cmocka_unit_test(qwen3_next_80b_gated_deltanet),
+        cmocka_unit_test(nemotron_3_nano_has_moe_blocks),
         cmocka_unit_test(gpu_presets_match_their_sources),
     };
     return cmocka_run_group_tests_name("plan_golden", tests, NULL, NULL);

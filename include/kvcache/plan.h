@@ -117,10 +117,26 @@ KVC_API uint64_t kvc_plan_dtype_bytes(kvc_plan_dtype_t dt, uint64_t n);
 #define KVC_PLAN_MAX_FORKS              UINT32_C(1024)
 #define KVC_PLAN_MAX_GPUS               (UINT64_C(1) << 24)
 
-/* What a recurrent layer keeps per sequence.  MAMBA1: Mamba's selective scan (Jamba's
- * mixer): a conv state of (d_conv - 1) x d_inner and an SSM state of d_inner x d_state. */
-typedef enum { KVC_PLAN_RECURRENT_NONE = 0, KVC_PLAN_RECURRENT_MAMBA1 } kvc_plan_recurrent_t;
-/* "none", "mamba1"; "?" for an invalid value.  Never fails. */
+/* What a recurrent layer keeps per sequence (elements; bytes in the state's dtype).
+ *   MAMBA1  Mamba's selective scan (Jamba's mixer): a conv state of (d_conv - 1) x d_inner and
+ *           an SSM state of d_inner x d_state.
+ *   MAMBA2  Mamba-2's SSD mixer (Mamba2ForCausalLM, Nemotron-H): a conv state of (d_conv - 1) x
+ *           (d_inner + 2 x n_groups x d_state) (x, B and C pass the convolution) and an SSM
+ *           state of heads x head_dim x d_state; d_inner = heads x head_dim.
+ *   GDN     Gated DeltaNet (Qwen3-Next's linear attention): a conv state of (d_conv - 1) x
+ *           (2 x key heads x key head dim + value heads x value head dim) (q, k and v) and a
+ *           recurrent state of value heads x key head dim x value head dim.  Stored as MAMBA2's
+ *           fields (heads = value heads, head_dim = value head dim, n_groups = key heads,
+ *           d_state = key head dim), for which both formulas are the same.
+ * vLLM's MambaStateShapeCalculator (mamba1/mamba2/gated_delta_net_state_shape) gives these. */
+typedef enum {
+    KVC_PLAN_RECURRENT_NONE = 0,
+    KVC_PLAN_RECURRENT_MAMBA1,
+    KVC_PLAN_RECURRENT_MAMBA2,
+    KVC_PLAN_RECURRENT_GDN,
+    KVC_PLAN_RECURRENT__COUNT
+} kvc_plan_recurrent_t;
+/* "none", "mamba1", "mamba2", "gated_deltanet"; "?" for an invalid value.  Never fails. */
 KVC_API const char *kvc_plan_recurrent_name(kvc_plan_recurrent_t k);
 
 /* ---- the model -------------------------------------------------------------
@@ -181,13 +197,26 @@ typedef struct {
     uint32_t moe_layer_period; /* MoE on layer i iff i % period == offset (Jamba's
                                   expert_layer_period); 0: the first n_dense_layers are dense */
     uint32_t moe_layer_offset;
-    uint32_t ssm_d_inner; /* the mixer's inner width: expand x hidden_size */
-    uint32_t ssm_d_state; /* SSM state per inner channel */
-    uint32_t ssm_d_conv;  /* the convolution's kernel: the state keeps d_conv - 1 columns */
-    uint32_t ssm_dt_rank; /* the time-step projection's rank */
-    bool ssm_conv_bias;   /* the convolution has a bias */
-    bool ssm_proj_bias;   /* in_proj and out_proj have biases */
-    bool ssm_inner_norms; /* Jamba: RMSNorms on dt, B and C (dt_rank + 2 x d_state weights) */
+    uint32_t ssm_d_inner;  /* the mixer's inner width: expand x hidden_size (MAMBA2, GDN:
+                              heads x head_dim) */
+    uint32_t ssm_d_state;  /* SSM state per inner channel (GDN: the key head dim) */
+    uint32_t ssm_d_conv;   /* the convolution's kernel: the state keeps d_conv - 1 columns */
+    uint32_t ssm_dt_rank;  /* MAMBA1: the time-step projection's rank */
+    uint32_t ssm_n_heads;  /* MAMBA2: SSM heads; GDN: value heads */
+    uint32_t ssm_head_dim; /* MAMBA2: channels per head; GDN: the value head dim */
+    uint32_t ssm_n_groups; /* MAMBA2: groups sharing B and C; GDN: key heads */
+    bool ssm_conv_bias;    /* the convolution has a bias */
+    bool ssm_proj_bias;    /* in_proj and out_proj have biases */
+    bool ssm_inner_norms;  /* Jamba: RMSNorms on dt, B and C (dt_rank + 2 x d_state weights) */
+    /* Per-layer kinds (Nemotron-H's hybrid_override_pattern; a pure Mamba-2 model is all 'M'):
+     * layer i is 'M' a recurrent mixer, '*' attention, '-' a dense MLP, 'E' MoE, each a block
+     * of its own (one norm, no second sublayer).  "": every layer has a mixer (attention, or
+     * recurrent by attn_layer_period) and an MLP (dense or MoE by the MoE fields). */
+    char layer_pattern[KVC_PLAN_MAX_LAYERS + 1];
+    bool mlp_ungated;      /* MLPs and experts are up + down (Nemotron-H's squared ReLU), not
+                              gate + up + down */
+    bool attn_output_gate; /* q_proj also yields a per-channel output gate (Qwen3-Next): the
+                              query projection is 2 x heads x head_dim wide */
 } kvc_plan_model_t;
 
 /* Parameter counts of a model, by part. */
@@ -220,10 +249,15 @@ KVC_API void kvc_plan_model_params(const kvc_plan_model_t *m, kvc_plan_param_cou
  * experts, more dense or sliding layers than layers, sliding layers without a
  * window, KV bytes per token past KVC_PLAN_MAX_KV_BYTES_PER_TOKEN or
  * parameters past KVC_PLAN_MAX_PARAMS; for a recurrent model a zero mixer width
- * (d_inner, d_state, d_conv, dt_rank), an unknown kind, MLA, an attention or MoE
- * offset not below its period, a recurrent or dense layer count the periods do
- * not give, no attention layer at all (a pure state-space model), more sliding
- * layers than attention layers; recurrent layers without a kind; or m NULL.
+ * (d_inner, d_state, d_conv; dt_rank for MAMBA1; heads, head_dim, groups for
+ * MAMBA2 and GDN), d_inner that is not heads x head_dim or groups that do not
+ * divide the heads (MAMBA2, GDN), an unknown kind, MLA, an attention or MoE
+ * offset not below its period, a recurrent or dense layer count the periods (or
+ * the layer pattern) do not give, more sliding layers than attention layers;
+ * recurrent layers without a kind; a layer pattern whose length is not the
+ * layer count, with a letter other than M * - E, with periods as well, with 'E'
+ * and no experts or 'M' and no recurrent kind; or m NULL.  A model without
+ * attention layers (pure Mamba-2) needs no attention fields and has no KV.
  * Reads only *m. */
 KVC_API int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t msg_len);
 
@@ -864,7 +898,9 @@ typedef struct {
  * no max_model_len at all; a value past its bound (plan.h: tokens, measured
  * bytes, rates, engine limits, GPUs); an activation or CUDA-graph estimate
  * past KVC_PLAN_MAX_BYTES (pass the measured number); for a recurrent model,
- * cp > 1, a LoRA rank, draft tokens, or a TP that does not divide d_inner;
+ * cp > 1, a LoRA rank, draft tokens, a TP that does not divide d_inner, the
+ * SSM heads or (Gated DeltaNet) the key heads, or a PP that leaves a stage with
+ * recurrent layers and no attention layer while the model has some;
  * images_per_request past 4,096, encoder_cache_tokens, state_checkpoint_interval
  * or cached_prefixes past KVC_PLAN_MAX_TOKENS; an argument NULL.  A
  * deployment that does not start is NOT an error: out->fits is false and

@@ -91,26 +91,121 @@ int kvc_plan_rope_parse(const char *s, kvc_plan_rope_t *type, double *factor)
 
 const char *kvc_plan_recurrent_name(kvc_plan_recurrent_t k)
 {
-    return k == KVC_PLAN_RECURRENT_NONE ? "none" : k == KVC_PLAN_RECURRENT_MAMBA1 ? "mamba1" : "?";
+    static const char *const names[KVC_PLAN_RECURRENT__COUNT] = {"none", "mamba1", "mamba2",
+                                                                 "gated_deltanet"};
+    return (unsigned)k < KVC_PLAN_RECURRENT__COUNT ? names[k] : "?";
+}
+
+/* A layer pattern is read only up to its NUL (at most KVC_PLAN_MAX_LAYERS letters), so that an
+ * unchecked model never reads past it. */
+static char pattern_at(const kvc_plan_model_t *m, uint32_t i)
+{
+    return i < KVC_PLAN_MAX_LAYERS ? m->layer_pattern[i] : 0;
 }
 
 bool kvc__layer_recurrent(const kvc_plan_model_t *m, uint32_t i)
 {
+    if (m->layer_pattern[0]) return pattern_at(m, i) == 'M';
     if (!m->recurrent) return false;
     return !m->attn_layer_period || i % m->attn_layer_period != m->attn_layer_offset;
 }
 
+bool kvc__layer_attention(const kvc_plan_model_t *m, uint32_t i)
+{
+    if (m->layer_pattern[0]) return pattern_at(m, i) == '*';
+    return !kvc__layer_recurrent(m, i);
+}
+
 bool kvc__layer_moe(const kvc_plan_model_t *m, uint32_t i)
 {
+    if (m->layer_pattern[0]) return pattern_at(m, i) == 'E';
     if (!m->n_experts) return false;
     if (m->moe_layer_period) return i % m->moe_layer_period == m->moe_layer_offset;
     return i >= m->n_dense_layers;
 }
 
+bool kvc__layer_mlp(const kvc_plan_model_t *m, uint32_t i)
+{
+    if (m->layer_pattern[0]) return pattern_at(m, i) == '-';
+    return !kvc__layer_moe(m, i);
+}
+
+void kvc__layer_counts(const kvc_plan_model_t *m, kvc__layer_counts_t *c)
+{
+    memset(c, 0, sizeof *c);
+    if (m->layer_pattern[0]) {
+        const size_t n = strnlen(m->layer_pattern, sizeof m->layer_pattern);
+        for (size_t i = 0; i < n; i++) {
+            const char ch = m->layer_pattern[i];
+            c->attention += ch == '*';
+            c->recurrent += ch == 'M';
+            c->mlp += ch == '-';
+            c->moe += ch == 'E';
+        }
+        return;
+    }
+    /* arithmetic, not a walk: an unchecked model may claim 2^32 layers */
+    c->recurrent = m->n_recurrent_layers <= m->n_layers ? m->n_recurrent_layers : m->n_layers;
+    c->attention = m->n_layers - c->recurrent;
+    c->mlp = !m->n_experts                      ? m->n_layers
+             : m->n_dense_layers <= m->n_layers ? m->n_dense_layers
+                                                : m->n_layers;
+    c->moe = m->n_layers - c->mlp;
+}
+
+uint32_t kvc__attn_layers(const kvc_plan_model_t *m)
+{
+    kvc__layer_counts_t c;
+    kvc__layer_counts(m, &c);
+    return c.attention;
+}
+
+uint64_t kvc__ssm_groups(const kvc_plan_model_t *m, uint32_t tp)
+{
+    if (m->recurrent == KVC_PLAN_RECURRENT_MAMBA2) {
+        /* vLLM (MambaStateShapeCalculator.extra_groups_for_head_shards): groups a TP size does
+         * not divide are replicated up to tp, so that every head's group is on its GPU */
+        const uint64_t g = m->ssm_n_groups % tp ? tp : m->ssm_n_groups;
+        return g / tp;
+    }
+    return kvc__ceil_div(m->ssm_n_groups, tp);
+}
+
+uint64_t kvc__conv_channels(const kvc_plan_model_t *m, uint32_t tp)
+{
+    const uint64_t d = kvc__ceil_div(m->ssm_d_inner, tp);
+    if (m->recurrent == KVC_PLAN_RECURRENT_MAMBA1) return d;
+    /* Mamba-2: x, B and C; Gated DeltaNet: v, q and k (n_groups = key heads, d_state = key
+     * head dim) */
+    return d + 2 * kvc__ssm_groups(m, tp) * m->ssm_d_state;
+}
+
 void kvc__mamba_params(const kvc_plan_model_t *m, uint32_t tp, uint64_t *linear, uint64_t *wide)
 {
     const uint64_t H = m->hidden_size, d = kvc__ceil_div(m->ssm_d_inner, tp), r = m->ssm_dt_rank,
-                   n = m->ssm_d_state, k = m->ssm_d_conv;
+                   n = m->ssm_d_state, k = m->ssm_d_conv, conv = kvc__conv_channels(m, tp),
+                   nh = kvc__ceil_div(m->ssm_n_heads, tp), g = kvc__ssm_groups(m, tp);
+    switch (m->recurrent) {
+    case KVC_PLAN_RECURRENT_MAMBA2:
+        /* in_proj (z, x, B, C and dt: 2 d + 2 g n + heads), out_proj (transformers'
+         * Mamba2Mixer, NemotronHMamba2Mixer) */
+        *linear = H * (2 * d + 2 * g * n + nh) + d * H;
+        /* the depthwise convolution over x, B, C (and its bias); dt_bias, A_log, D per head;
+         * the gated RMSNorm over d_inner; biases */
+        *wide = conv * k + (m->ssm_conv_bias ? conv : 0) + 3 * nh + d +
+                (m->ssm_proj_bias ? 2 * d + 2 * g * n + nh + H : 0);
+        return;
+    case KVC_PLAN_RECURRENT_GDN:
+        /* in_proj_qkvz (q, k: key heads x key dim each; v, z: d_inner each), in_proj_ba (b, a:
+         * one per value head each), out_proj (transformers' Qwen3NextGatedDeltaNet) */
+        *linear = H * (2 * g * n + 2 * d) + H * 2 * nh + d * H;
+        /* the convolution over q, k, v (no bias in Qwen3-Next); dt_bias, A_log per value head;
+         * the gated RMSNorm over one value head */
+        *wide = conv * k + (m->ssm_conv_bias ? conv : 0) + 2 * nh + m->ssm_head_dim;
+        return;
+    default:
+        break;
+    }
     /* in_proj (x and the gate), x_proj (dt, B, C), dt_proj, out_proj: TP splits d_inner */
     *linear = H * 2 * d + d * (r + 2 * n) + r * d + d * H;
     /* the depthwise convolution, dt_proj's bias, A_log, D; biases; Jamba's dt/B/C norms */
@@ -314,28 +409,32 @@ static void count_params(const kvc_plan_model_t *m, wide_count_t *c)
                      ((kvc__u128)m->qk_nope_head_dim + m->v_head_dim) /* kv_b */
                + nh * m->v_head_dim * H;                              /* o */
     } else {
+        /* Qwen3-Next's gated attention: q_proj yields the query and a gate of the same width */
         const kvc__u128 q = nh * m->head_dim, kv = (kvc__u128)m->n_kv_heads * m->head_dim;
-        attn = H * q + 2 * H * kv + nh * m->v_head_dim * H;
+        attn = H * q * (m->attn_output_gate ? 2 : 1) + 2 * H * kv + nh * m->v_head_dim * H;
         if (m->qkv_bias) attn += q + 2 * kv;
     }
-    /* n_recurrent_layers and n_dense_layers <= n_layers are checked before anything is counted */
-    c->attention = (L - m->n_recurrent_layers) * attn;
+    kvc__layer_counts_t lc;
+    kvc__layer_counts(m, &lc);
+    c->attention = (kvc__u128)lc.attention * attn;
     if (m->recurrent) {
         uint64_t lin, wide;
         kvc__mamba_params(m, 1, &lin, &wide);
-        c->recurrent = (kvc__u128)m->n_recurrent_layers * (lin + wide);
+        c->recurrent = (kvc__u128)lc.recurrent * (lin + wide);
     }
-    const kvc__u128 n_dense = m->n_experts ? m->n_dense_layers : L, n_moe = L - n_dense;
-    c->mlp_dense = n_dense * 3 * H * m->intermediate_size;
+    /* gate, up and down; Nemotron-H's squared-ReLU MLPs and experts have up and down only */
+    const kvc__u128 mats = m->mlp_ungated ? 2 : 3, n_dense = lc.mlp, n_moe = lc.moe;
+    c->mlp_dense = n_dense * mats * H * m->intermediate_size;
     if (m->n_experts) {
-        const kvc__u128 expert = 3 * H * m->moe_intermediate_size;
+        const kvc__u128 expert = mats * H * m->moe_intermediate_size;
         c->experts_routed = n_moe * m->n_experts * expert;
-        c->experts_shared = n_moe * 3 * H *
+        c->experts_shared = n_moe * mats * H *
                             ((kvc__u128)m->n_shared_experts * m->moe_intermediate_size +
                              m->shared_expert_intermediate_size);
         c->router = n_moe * H * m->n_experts;
     }
-    c->norms = L * 2 * H + H;
+    /* two RMSNorms per layer; a pattern's layers are single blocks with one */
+    c->norms = (m->layer_pattern[0] ? L : 2 * L) * H + H;
     c->embedding = (kvc__u128)m->vocab_size * H;
     c->lm_head = m->tie_embeddings ? 0 : c->embedding;
     c->total = c->embedding + c->lm_head + c->attention + c->recurrent + c->mlp_dense +
@@ -343,7 +442,7 @@ static void count_params(const kvc_plan_model_t *m, wide_count_t *c)
     c->vision = m->vision_params;
     c->active = c->total;
     if (m->n_experts)
-        c->active -= n_moe * ((kvc__u128)m->n_experts - m->n_experts_active) * 3 * H *
+        c->active -= n_moe * ((kvc__u128)m->n_experts - m->n_experts_active) * mats * H *
                      m->moe_intermediate_size;
 }
 
@@ -415,6 +514,9 @@ static int check_bounds(const kvc_plan_model_t *m, char *msg, size_t len)
         {m->ssm_d_state, "mamba_d_state", KVC_PLAN_MAX_SSM_STATE},
         {m->ssm_d_conv, "mamba_d_conv", KVC_PLAN_MAX_SSM_STATE},
         {m->ssm_dt_rank, "mamba_dt_rank", KVC_PLAN_MAX_HIDDEN},
+        {m->ssm_n_heads, "SSM heads", KVC_PLAN_MAX_HEADS},
+        {m->ssm_head_dim, "SSM head_dim", KVC_PLAN_MAX_HEAD_DIM},
+        {m->ssm_n_groups, "SSM groups", KVC_PLAN_MAX_HEADS},
     };
     for (size_t i = 0; i < KVC_ARRAY_LEN(bounds); i++)
         if (bounds[i].v > bounds[i].max)
@@ -427,8 +529,7 @@ static int check_totals(const kvc_plan_model_t *m, char *msg, size_t len)
 {
     const kvc__u128 kv16 =
         m->mla ? ((kvc__u128)m->kv_lora_rank + m->qk_rope_head_dim) * m->n_layers * 2
-               : (kvc__u128)2 * (m->n_layers - m->n_recurrent_layers) * m->n_kv_heads *
-                     m->head_dim * 2;
+               : (kvc__u128)2 * kvc__attn_layers(m) * m->n_kv_heads * m->head_dim * 2;
     if (kv16 > KVC_PLAN_MAX_KV_BYTES_PER_TOKEN)
         return kvc__msgf(KVC_EINVAL, msg, len,
                          "KV bytes per token at 16 bits (%u layers x %s) are %.4g, over the bound "
@@ -443,6 +544,48 @@ static int check_totals(const kvc_plan_model_t *m, char *msg, size_t len)
     return 0;
 }
 
+/* A layer pattern: one letter per layer, each M, *, - or E; no periods beside it; 'E' only
+ * with experts, 'M' only with a recurrent kind; the MoE counts it implies. */
+static int check_pattern(const kvc_plan_model_t *m, char *msg, size_t len)
+{
+    const size_t n = strnlen(m->layer_pattern, sizeof m->layer_pattern);
+    if (n == sizeof m->layer_pattern)
+        return kvc__msgf(KVC_EINVAL, msg, len, "the layer pattern is not NUL-terminated");
+    if (n != m->n_layers)
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "hybrid_override_pattern has %zu layers but num_hidden_layers is %u", n,
+                         m->n_layers);
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("M*-E", m->layer_pattern[i]))
+            return kvc__msgf(KVC_EINVAL, msg, len,
+                             "hybrid_override_pattern: layer %zu is '%c' (0x%02x): expected M "
+                             "(Mamba), * (attention), - (MLP) or E (MoE)",
+                             i,
+                             m->layer_pattern[i] >= 0x20 && m->layer_pattern[i] < 0x7f
+                                 ? m->layer_pattern[i]
+                                 : '?',
+                             (unsigned char)m->layer_pattern[i]);
+    if (m->attn_layer_period || m->moe_layer_period)
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "a layer pattern with attn_layer_period or expert_layer_period as well");
+    kvc__layer_counts_t lc;
+    kvc__layer_counts(m, &lc);
+    if (lc.moe && !m->n_experts)
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "hybrid_override_pattern has %u MoE layers (E) but no experts "
+                         "(n_routed_experts)",
+                         lc.moe);
+    if (lc.recurrent && !m->recurrent)
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "hybrid_override_pattern has %u Mamba layers (M) but no recurrent kind",
+                         lc.recurrent);
+    if (m->n_experts && m->n_dense_layers != lc.mlp)
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "%u dense layers, but the layer pattern has %u MLP layers (-)",
+                         m->n_dense_layers, lc.mlp);
+    return 0;
+}
+
 int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
 {
     if (!m) return kvc__msgf(KVC_EINVAL, msg, len, "no model");
@@ -450,13 +593,20 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
     if (m->field == 0) return kvc__msgf(KVC_EINVAL, msg, len, "%s is missing or zero", cfg)
     NEED(hidden_size, "hidden_size");
     NEED(n_layers, "num_hidden_layers");
-    NEED(n_heads, "num_attention_heads");
-    NEED(head_dim, "head_dim");
-    NEED(v_head_dim, "v_head_dim");
     NEED(vocab_size, "vocab_size");
     int rc = check_bounds(m, msg, len);
     if (rc) return rc;
-    if (m->mla) {
+    if (m->layer_pattern[0] && (rc = check_pattern(m, msg, len))) return rc;
+    /* a model without attention layers (pure Mamba-2) has no attention fields to check */
+    const bool attends = kvc__attn_layers(m) > 0;
+    if (attends) {
+        NEED(n_heads, "num_attention_heads");
+        NEED(head_dim, "head_dim");
+        NEED(v_head_dim, "v_head_dim");
+    }
+    if (!attends) {
+        if (m->mla) return kvc__msgf(KVC_EINVAL, msg, len, "MLA without attention layers");
+    } else if (m->mla) {
         NEED(kv_lora_rank, "kv_lora_rank");
         NEED(qk_rope_head_dim, "qk_rope_head_dim");
         NEED(qk_nope_head_dim, "qk_nope_head_dim");
@@ -483,13 +633,32 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
                              m->n_dense_layers, m->n_layers);
     }
     if (m->recurrent) {
-        if (m->recurrent != KVC_PLAN_RECURRENT_MAMBA1)
+        if ((unsigned)m->recurrent >= KVC_PLAN_RECURRENT__COUNT)
             return kvc__msgf(KVC_EINVAL, msg, len, "recurrent kind %d is not one the planner knows",
                              (int)m->recurrent);
-        NEED(ssm_d_inner, "mamba_expand");
-        NEED(ssm_d_state, "mamba_d_state");
-        NEED(ssm_d_conv, "mamba_d_conv");
-        NEED(ssm_dt_rank, "mamba_dt_rank");
+        const bool m1 = m->recurrent == KVC_PLAN_RECURRENT_MAMBA1,
+                   gdn = m->recurrent == KVC_PLAN_RECURRENT_GDN;
+        NEED(ssm_d_inner, m1 ? "mamba_expand" : gdn ? "linear_num_value_heads" : "mamba_num_heads");
+        NEED(ssm_d_state, m1 ? "mamba_d_state" : gdn ? "linear_key_head_dim" : "ssm_state_size");
+        NEED(ssm_d_conv, m1 ? "mamba_d_conv" : gdn ? "linear_conv_kernel_dim" : "conv_kernel");
+        if (m1) {
+            NEED(ssm_dt_rank, "mamba_dt_rank");
+        } else {
+            NEED(ssm_n_heads, gdn ? "linear_num_value_heads" : "mamba_num_heads");
+            NEED(ssm_head_dim, gdn ? "linear_value_head_dim" : "mamba_head_dim");
+            NEED(ssm_n_groups, gdn ? "linear_num_key_heads" : "n_groups");
+            if ((uint64_t)m->ssm_n_heads * m->ssm_head_dim != m->ssm_d_inner)
+                return kvc__msgf(KVC_EINVAL, msg, len,
+                                 "the mixer's d_inner %u is not %u heads x head_dim %u",
+                                 m->ssm_d_inner, m->ssm_n_heads, m->ssm_head_dim);
+            if (m->ssm_n_heads % m->ssm_n_groups)
+                return kvc__msgf(KVC_EINVAL, msg, len, "%s %u does not divide the %u %s",
+                                 gdn ? "linear_num_key_heads" : "n_groups", m->ssm_n_groups,
+                                 m->ssm_n_heads, gdn ? "value heads" : "SSM heads");
+        }
+        if (m->ssm_d_conv < 2)
+            return kvc__msgf(KVC_EINVAL, msg, len, "the convolution's kernel %u: expected >= 2",
+                             m->ssm_d_conv);
         if (m->mla)
             return kvc__msgf(KVC_EINVAL, msg, len, "a recurrent model with MLA is not modelled");
         if (m->attn_layer_period && m->attn_layer_offset >= m->attn_layer_period)
@@ -497,23 +666,26 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
                              "attn_layer_offset %u is not below attn_layer_period %u",
                              m->attn_layer_offset, m->attn_layer_period);
         uint32_t n_rec = 0;
-        for (uint32_t i = 0; i < m->n_layers; i++) n_rec += kvc__layer_recurrent(m, i);
+        if (m->layer_pattern[0]) {
+            kvc__layer_counts_t lc;
+            kvc__layer_counts(m, &lc);
+            n_rec = lc.recurrent;
+        } else {
+            for (uint32_t i = 0; i < m->n_layers; i++) n_rec += kvc__layer_recurrent(m, i);
+        }
         if (n_rec != m->n_recurrent_layers)
-            return kvc__msgf(KVC_EINVAL, msg, len,
-                             "%u recurrent layers, but attn_layer_period %u and offset %u give %u",
-                             m->n_recurrent_layers, m->attn_layer_period, m->attn_layer_offset,
-                             n_rec);
-        /* Every layer recurrent (Mamba): no KV at all, which the pool arithmetic (blocks of
-         * KV) does not cover. */
-        if (n_rec == m->n_layers)
-            return kvc__msgf(KVC_EINVAL, msg, len,
-                             "no attention layer: a pure state-space model is not modelled");
-        if (m->n_sliding_layers > m->n_layers - n_rec)
+            return kvc__msgf(
+                KVC_EINVAL, msg, len, "%u recurrent layers, but %s give %u", m->n_recurrent_layers,
+                m->layer_pattern[0] ? "the layer pattern's 'M's" : "attn_layer_period and offset",
+                n_rec);
+        if (m->n_sliding_layers > kvc__attn_layers(m))
             return kvc__msgf(KVC_EINVAL, msg, len, "%u sliding layers but only %u attention layers",
-                             m->n_sliding_layers, m->n_layers - n_rec);
+                             m->n_sliding_layers, kvc__attn_layers(m));
     } else if (m->n_recurrent_layers) {
         return kvc__msgf(KVC_EINVAL, msg, len, "%u recurrent layers without a recurrent kind",
                          m->n_recurrent_layers);
+    } else if (!attends) {
+        return kvc__msgf(KVC_EINVAL, msg, len, "no layer attends and none is recurrent");
     }
     if (m->moe_layer_period) {
         if (!m->n_experts || m->moe_layer_offset >= m->moe_layer_period)
@@ -529,7 +701,9 @@ int kvc_plan_model_check(const kvc_plan_model_t *m, char *msg, size_t len)
                              m->n_layers - n_moe);
     }
 #undef NEED
-    if ((!m->n_experts || m->n_dense_layers) && m->intermediate_size == 0)
+    kvc__layer_counts_t lc;
+    kvc__layer_counts(m, &lc);
+    if (lc.mlp && m->intermediate_size == 0)
         return kvc__msgf(KVC_EINVAL, msg, len, "intermediate_size is missing or zero");
     if (m->n_sliding_layers > m->n_layers)
         return kvc__msgf(KVC_EINVAL, msg, len, "%u sliding layers but only %u layers",
@@ -683,6 +857,9 @@ static int parse_sliding(const cfg_t *c, kvc_plan_model_t *m)
                 n_sliding_listed++;
             else if (strstr(t->valuestring, "chunked"))
                 n_chunked_listed++;
+            else if (m->recurrent == KVC_PLAN_RECURRENT_GDN &&
+                     !strcmp(t->valuestring, "linear_attention"))
+                continue; /* Qwen3-Next: parse_qwen3_next has read them */
             else if (strcmp(t->valuestring, "full_attention") && strcmp(t->valuestring, "full") &&
                      strcmp(t->valuestring, "global") && strcmp(t->valuestring, "attention"))
             /* linear_attention (Qwen3-Next), mamba, recurrent: not KV, not modelled */
@@ -899,6 +1076,264 @@ static int parse_jamba(const cfg_t *c, kvc_plan_model_t *m)
     return 0;
 }
 
+/* The hybrid families read from their own fields (the rest are refused below). */
+typedef enum { HY_NONE = 0, HY_MAMBA2, HY_NEMOTRON_H, HY_QWEN3_NEXT } hybrid_t;
+
+static bool arch_is(const cfg_t *c, const char *arch)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(c->root, "architectures");
+    const cJSON *first = cJSON_IsArray(a) ? cJSON_GetArrayItem(a, 0) : NULL;
+    return cJSON_IsString(first) && !strcmp(first->valuestring, arch);
+}
+
+static hybrid_t hybrid_family(const cfg_t *c, const kvc_plan_model_t *m)
+{
+    if (!strcmp(m->model_type, "mamba2") || arch_is(c, "Mamba2ForCausalLM")) return HY_MAMBA2;
+    if (!strcmp(m->model_type, "nemotron_h") || arch_is(c, "NemotronHForCausalLM") ||
+        find(c, KEYS("hybrid_override_pattern"), NULL))
+        return HY_NEMOTRON_H;
+    if (!strcmp(m->model_type, "qwen3_next") || arch_is(c, "Qwen3NextForCausalLM") ||
+        find(c, KEYS("linear_num_value_heads"), NULL))
+        return HY_QWEN3_NEXT;
+    return HY_NONE;
+}
+
+/* A field that sizes the recurrent state.  transformers has defaults for them (the sizes of
+ * one published checkpoint), but a config that leaves one out would have its state sized as
+ * another model's: it is refused, naming the field. */
+static int get_state_u32(const cfg_t *c, const char *const *keys, uint32_t max, uint32_t *out)
+{
+    return get_u32(c, keys, max, true, out);
+}
+
+/* Mamba-2 mixer fields under their keys (Mamba2Config: num_heads, head_dim, state_size,
+ * n_groups, conv_kernel; NemotronHConfig: mamba_num_heads, mamba_head_dim, ssm_state_size,
+ * n_groups, conv_kernel). */
+static int parse_mamba2_mixer(const cfg_t *c, kvc_plan_model_t *m, const char *const *heads,
+                              const char *const *head_dim, const char *const *state,
+                              const char *const *groups, const char *const *kernel,
+                              bool check_expand)
+{
+    int rc;
+    if ((rc = get_state_u32(c, heads, KVC_PLAN_MAX_HEADS, &m->ssm_n_heads))) return rc;
+    if ((rc = get_state_u32(c, head_dim, KVC_PLAN_MAX_HEAD_DIM, &m->ssm_head_dim))) return rc;
+    if ((rc = get_state_u32(c, state, KVC_PLAN_MAX_SSM_STATE, &m->ssm_d_state))) return rc;
+    if ((rc = get_state_u32(c, groups, KVC_PLAN_MAX_HEADS, &m->ssm_n_groups))) return rc;
+    if ((rc = get_state_u32(c, kernel, KVC_PLAN_MAX_SSM_STATE, &m->ssm_d_conv))) return rc;
+    const uint64_t d_inner = (uint64_t)m->ssm_n_heads * m->ssm_head_dim;
+    if (d_inner > KVC_PLAN_MAX_INTERMEDIATE)
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len, "%s %u x %s %u is out of range: at most %u",
+                         heads[0], m->ssm_n_heads, head_dim[0], m->ssm_head_dim,
+                         KVC_PLAN_MAX_INTERMEDIATE);
+    /* transformers' Mamba2Mixer is expand x hidden_size wide and Mamba2Config refuses a config
+     * where that is not num_heads x head_dim; NemotronHMamba2Mixer is mamba_num_heads x
+     * mamba_head_dim wide whatever expand says (the Nemotron 3 Nano: 64 x 64 = 4,096 with
+     * expand 2 and hidden 2,688) */
+    if (check_expand) {
+        uint32_t expand = 0;
+        if ((rc = get_u32(c, KEYS("expand"), 64, false, &expand))) return rc;
+        if (expand && (uint64_t)expand * m->hidden_size != d_inner)
+            return kvc__msgf(
+                KVC_EINVAL, c->msg, c->len, "expand %u x hidden_size %u is not %s %u x %s %u",
+                expand, m->hidden_size, heads[0], m->ssm_n_heads, head_dim[0], m->ssm_head_dim);
+    }
+    m->recurrent = KVC_PLAN_RECURRENT_MAMBA2;
+    m->ssm_d_inner = (uint32_t)d_inner;
+    m->ssm_conv_bias = true; /* Mamba2Config's and NemotronHConfig's use_conv_bias */
+    m->ssm_proj_bias = false;
+    if ((rc = get_bool(c, KEYS("use_conv_bias", "mamba_conv_bias"), &m->ssm_conv_bias, NULL)))
+        return rc;
+    if ((rc = get_bool(c, KEYS("use_bias", "mamba_proj_bias"), &m->ssm_proj_bias, NULL))) return rc;
+    return 0;
+}
+
+/* Mamba-2 (Mamba2ForCausalLM, e.g. mistralai/Mamba-Codestral-7B-v0.1): every layer a Mamba-2
+ * mixer and nothing else (one norm, no MLP: intermediate_size is the mixer's width), no
+ * attention, so no KV at all: the per-request memory is the state.  Written as a layer
+ * pattern of all 'M'. */
+static int parse_mamba2(const cfg_t *c, kvc_plan_model_t *m)
+{
+    int rc = parse_mamba2_mixer(c, m, KEYS("num_heads"), KEYS("head_dim"), KEYS("state_size"),
+                                KEYS("n_groups"), KEYS("conv_kernel"), true);
+    if (rc) return rc;
+    memset(m->layer_pattern, 'M', m->n_layers);
+    m->layer_pattern[m->n_layers] = 0;
+    m->n_recurrent_layers = m->n_layers;
+    m->n_heads = m->n_kv_heads = m->head_dim = m->v_head_dim = 0;
+    m->intermediate_size = 0;
+    return 0;
+}
+
+/* Nemotron-H (NemotronHForCausalLM; nvidia/Nemotron-H-8B-Base-8K, the Nemotron 3 Nano 30B-A3B):
+ * hybrid_override_pattern (or layers_block_type) gives each layer one block: M a Mamba-2 mixer,
+ * * attention (no RoPE, GQA), - a squared-ReLU MLP (up and down), E an MoE of such experts with
+ * shared ones of moe_shared_expert_intermediate_size. */
+static int parse_nemotron_h(const cfg_t *c, kvc_plan_model_t *m)
+{
+    const cJSON *pat = find(c, KEYS("hybrid_override_pattern"), NULL);
+    const cJSON *types = find(c, KEYS("layers_block_type"), NULL);
+    char buf[KVC_PLAN_MAX_LAYERS + 1];
+    size_t n = 0;
+    if (pat) {
+        if (!cJSON_IsString(pat))
+            return kvc__msgf(KVC_EPARSE, c->msg, c->len,
+                             "hybrid_override_pattern: expected a string");
+        n = strlen(pat->valuestring);
+        if (n != m->n_layers)
+            return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                             "hybrid_override_pattern has %zu layers but num_hidden_layers is %u",
+                             n, m->n_layers);
+        memcpy(buf, pat->valuestring, n);
+    } else if (types) {
+        if (!cJSON_IsArray(types))
+            return kvc__msgf(KVC_EPARSE, c->msg, c->len, "layers_block_type: expected an array");
+        if ((uint32_t)cJSON_GetArraySize(types) != m->n_layers)
+            return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                             "layers_block_type has %d layers but num_hidden_layers is %u",
+                             cJSON_GetArraySize(types), m->n_layers);
+        const cJSON *t;
+        cJSON_ArrayForEach(t, types)
+        {
+            const char *v = cJSON_IsString(t) ? t->valuestring : "";
+            const char ch = !strcmp(v, "mamba")       ? 'M'
+                            : !strcmp(v, "attention") ? '*'
+                            : !strcmp(v, "mlp")       ? '-'
+                            : !strcmp(v, "moe")       ? 'E'
+                                                      : 0;
+            if (!ch) {
+                char shown[64];
+                kvc__escape(shown, sizeof shown, v);
+                return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                                 "layers_block_type: '%.32s' is not mamba, attention, mlp or moe",
+                                 shown);
+            }
+            buf[n++] = ch;
+        }
+    } else {
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                         "hybrid_override_pattern is missing: the layers' kinds are unknown");
+    }
+    buf[n] = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("M*-E", buf[i]))
+            return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                             "hybrid_override_pattern: layer %zu is '%c': expected M (Mamba), * "
+                             "(attention), - (MLP) or E (MoE)",
+                             i, buf[i] >= 0x20 && buf[i] < 0x7f ? buf[i] : '?');
+    if (find(c, KEYS("moe_latent_size"), NULL))
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                         "moe_latent_size: latent MoE projections are not modelled (refused "
+                         "rather than sized as full-width experts)");
+    int rc = parse_mamba2_mixer(c, m, KEYS("mamba_num_heads"), KEYS("mamba_head_dim"),
+                                KEYS("ssm_state_size"), KEYS("n_groups", "mamba_n_groups"),
+                                KEYS("conv_kernel", "mamba_d_conv"), false);
+    if (rc) return rc;
+    memcpy(m->layer_pattern, buf, n + 1);
+    m->mlp_ungated = true;
+    m->qkv_bias = false;
+    bool bias = false;
+    if ((rc = get_bool(c, KEYS("attention_bias"), &bias, NULL))) return rc;
+    m->qkv_bias = bias;
+    kvc__layer_counts_t lc;
+    kvc__layer_counts(m, &lc);
+    m->n_recurrent_layers = lc.recurrent;
+    if (lc.moe) {
+        /* parse_moe read n_routed_experts; the shared experts have their own width */
+        uint32_t shared_w = 0;
+        if ((rc = get_u32(c, KEYS("moe_shared_expert_intermediate_size"), KVC_PLAN_MAX_INTERMEDIATE,
+                          false, &shared_w)))
+            return rc;
+        const uint64_t w = (uint64_t)(m->n_shared_experts ? m->n_shared_experts : 1) * shared_w;
+        if (w > KVC_PLAN_MAX_INTERMEDIATE)
+            return out_of_range(c->msg, c->len, "moe_shared_expert_intermediate_size", w,
+                                KVC_PLAN_MAX_INTERMEDIATE);
+        m->shared_expert_intermediate_size = (uint32_t)w;
+        m->n_shared_experts = 0;
+        if (!m->n_experts)
+            return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                             "hybrid_override_pattern has %u MoE layers (E) but n_routed_experts "
+                             "is missing",
+                             lc.moe);
+    } else {
+        m->n_experts = m->n_experts_active = m->moe_intermediate_size = 0;
+        m->n_shared_experts = m->shared_expert_intermediate_size = 0;
+    }
+    m->n_dense_layers = m->n_experts ? lc.mlp : 0;
+    return 0;
+}
+
+/* Qwen3-Next (Qwen3NextForCausalLM; Qwen/Qwen3-Next-80B-A3B): every full_attention_interval-th
+ * layer (i % interval == interval - 1) is gated full attention, the others Gated DeltaNet linear
+ * attention; MoE on every layer (parse_moe). */
+static int parse_qwen3_next(const cfg_t *c, kvc_plan_model_t *m)
+{
+    int rc;
+    uint32_t kh = 0, vh = 0, kd = 0, vd = 0, kernel = 0, interval = 0;
+    if ((rc = get_state_u32(c, KEYS("linear_num_key_heads"), KVC_PLAN_MAX_HEADS, &kh))) return rc;
+    if ((rc = get_state_u32(c, KEYS("linear_num_value_heads"), KVC_PLAN_MAX_HEADS, &vh))) return rc;
+    if ((rc = get_state_u32(c, KEYS("linear_key_head_dim"), KVC_PLAN_MAX_SSM_STATE, &kd)))
+        return rc;
+    if ((rc = get_state_u32(c, KEYS("linear_value_head_dim"), KVC_PLAN_MAX_HEAD_DIM, &vd)))
+        return rc;
+    if ((rc = get_state_u32(c, KEYS("linear_conv_kernel_dim"), KVC_PLAN_MAX_SSM_STATE, &kernel)))
+        return rc;
+    if ((rc = get_u32(c, KEYS("full_attention_interval"), KVC_PLAN_MAX_LAYERS, false, &interval)))
+        return rc;
+    const cJSON *types = find(c, KEYS("layer_types"), NULL);
+    if (!interval && !types)
+        return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                         "full_attention_interval is missing: which layers attend is unknown");
+    if (types) {
+        /* the list must be the periodic one: an irregular one is not modelled */
+        if (!cJSON_IsArray(types) || (uint32_t)cJSON_GetArraySize(types) != m->n_layers)
+            return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                             "layer_types: expected one entry per layer (%u)", m->n_layers);
+        uint32_t first_full = 0;
+        bool seen = false;
+        const cJSON *t;
+        uint32_t i = 0;
+        cJSON_ArrayForEach(t, types)
+        {
+            if (!seen && cJSON_IsString(t) && !strcmp(t->valuestring, "full_attention")) {
+                first_full = i;
+                seen = true;
+            }
+            i++;
+        }
+        if (!interval) interval = seen ? first_full + 1 : m->n_layers + 1;
+        i = 0;
+        cJSON_ArrayForEach(t, types)
+        {
+            const bool full = (i + 1) % interval == 0;
+            const char *want = full ? "full_attention" : "linear_attention";
+            if (!cJSON_IsString(t) || strcmp(t->valuestring, want))
+                return kvc__msgf(KVC_EINVAL, c->msg, c->len,
+                                 "layer_types: layer %u is not %s, as full_attention_interval %u "
+                                 "gives: an irregular pattern is not modelled",
+                                 i, want, interval);
+            i++;
+        }
+    }
+    const uint64_t d_inner = (uint64_t)vh * vd;
+    if (d_inner > KVC_PLAN_MAX_INTERMEDIATE)
+        return out_of_range(c->msg, c->len, "linear_num_value_heads x linear_value_head_dim",
+                            d_inner, KVC_PLAN_MAX_INTERMEDIATE);
+    m->recurrent = KVC_PLAN_RECURRENT_GDN;
+    m->ssm_n_heads = vh;
+    m->ssm_head_dim = vd;
+    m->ssm_n_groups = kh;
+    m->ssm_d_state = kd;
+    m->ssm_d_conv = kernel;
+    m->ssm_d_inner = (uint32_t)d_inner;
+    m->ssm_conv_bias = false;
+    m->attn_output_gate = true;
+    m->attn_layer_period = interval;
+    m->attn_layer_offset = interval - 1;
+    m->n_recurrent_layers = 0;
+    for (uint32_t i = 0; i < m->n_layers; i++) m->n_recurrent_layers += kvc__layer_recurrent(m, i);
+    return 0;
+}
+
 /* Recurrent and hybrid models other than Jamba's (Mamba, Nemotron-H, Qwen3-Next, Falcon-H1,
  * Zamba, ...) keep a fixed-size state per layer instead of KV in some or all layers in ways
  * the planner does not model: sized as all-attention they come out wrong, so the field that
@@ -1005,8 +1440,10 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
     if ((rc = get_u32(c, KEYS("num_hidden_layers", "n_layer", "num_layers"), KVC_PLAN_MAX_LAYERS,
                       true, &m->n_layers)))
         return rc;
-    if ((rc = get_u32(c, KEYS("num_attention_heads", "n_head"), KVC_PLAN_MAX_HEADS, true,
-                      &m->n_heads)))
+    /* Mamba-2 has no attention: its attention fields are absent (or describe nothing) */
+    const hybrid_t hy = hybrid_family(c, m);
+    if (hy != HY_MAMBA2 && (rc = get_u32(c, KEYS("num_attention_heads", "n_head"),
+                                         KVC_PLAN_MAX_HEADS, true, &m->n_heads)))
         return rc;
     if ((rc = get_u32(c, KEYS("vocab_size"), KVC_PLAN_MAX_VOCAB, true, &m->vocab_size))) return rc;
     if ((rc = get_u32(c, KEYS("intermediate_size", "ffn_dim", "n_inner"), KVC_PLAN_MAX_INTERMEDIATE,
@@ -1016,7 +1453,9 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
     /* MLA: the cache holds one latent per token and layer. */
     uint32_t kv_lora = 0;
     if ((rc = get_u32(c, KEYS("kv_lora_rank"), KVC_PLAN_MAX_RANK, false, &kv_lora))) return rc;
-    if (kv_lora) {
+    if (hy == HY_MAMBA2) {
+        /* no attention layer */
+    } else if (kv_lora) {
         m->mla = true;
         m->kv_lora_rank = kv_lora;
         if ((rc = get_u32(c, KEYS("qk_rope_head_dim"), KVC_PLAN_MAX_HEAD_DIM, true,
@@ -1041,7 +1480,8 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
                  KEYS("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
                  KVC_PLAN_MAX_HEADS, false, &m->n_kv_heads)))
             return rc;
-        if ((rc = get_u32(c, KEYS("head_dim"), KVC_PLAN_MAX_HEAD_DIM, false, &m->head_dim)))
+        if ((rc = get_u32(c, KEYS("head_dim", "attention_head_dim"), KVC_PLAN_MAX_HEAD_DIM, false,
+                          &m->head_dim)))
             return rc;
         if (!m->head_dim) {
             if (m->hidden_size % m->n_heads)
@@ -1068,9 +1508,23 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
         return rc;
     m->max_position_embeddings = maxpos;
 
-    if ((rc = refuse_recurrent(c, m))) return rc;
+    if (hy == HY_NONE && (rc = refuse_recurrent(c, m))) return rc;
     if ((rc = parse_moe(c, m))) return rc;
-    if (is_jamba(c, m) && (rc = parse_jamba(c, m))) return rc;
+    switch (hy) {
+    case HY_MAMBA2:
+        rc = parse_mamba2(c, m);
+        break;
+    case HY_NEMOTRON_H:
+        rc = parse_nemotron_h(c, m);
+        break;
+    case HY_QWEN3_NEXT:
+        rc = parse_qwen3_next(c, m);
+        break;
+    default:
+        rc = is_jamba(c, m) ? parse_jamba(c, m) : 0;
+        break;
+    }
+    if (rc) return rc;
     if ((rc = parse_sliding(c, m))) return rc;
     if ((rc = parse_images(c, m))) return rc;
     if ((rc = parse_vision_tower(c, m))) return rc;

@@ -117,24 +117,32 @@ static uint32_t kv_heads_per_gpu(const kvc_plan_model_t *m, uint32_t tp)
 
 static uint32_t kv_replication(const kvc_plan_model_t *m, uint32_t tp)
 {
-    if (m->mla) return tp; /* every GPU of the group holds the whole latent */
+    if (m->mla) return tp;        /* every GPU of the group holds the whole latent */
+    if (!m->n_kv_heads) return 1; /* no attention layer (pure Mamba-2) */
     return tp > m->n_kv_heads ? tp / m->n_kv_heads : 1;
 }
 
-static void layer_shard(const kvc_plan_model_t *m, uint32_t tp, bool moe, bool recurrent,
-                        shard_t *s)
+/* What a layer holds: a mixer (none, attention or recurrent) and an MLP (none, dense or MoE);
+ * a layer of a pattern has one of them (and one norm), any other layer both (and two). */
+enum { MIX_NONE = 0, MIX_ATTN, MIX_REC };
+enum { FFN_NONE = 0, FFN_DENSE, FFN_MOE };
+
+static void layer_shard(const kvc_plan_model_t *m, uint32_t tp, int ffn, int mixer, shard_t *s)
 {
     const uint64_t H = m->hidden_size, nh = m->n_heads / tp;
     memset(s, 0, sizeof *s);
-    if (recurrent) {
-        /* a Mamba mixer in place of attention: TP splits the inner channels */
+    if (mixer == MIX_REC) {
+        /* a Mamba mixer in place of attention: TP splits the inner channels (and heads) */
         uint64_t lin, wide;
         kvc__mamba_params(m, tp, &lin, &wide);
         s->linear += lin;
         s->wide += wide;
         const uint64_t d = kvc__ceil_div(m->ssm_d_inner, tp);
-        s->act_elems += 4 * d + m->ssm_dt_rank + 2 * (uint64_t)m->ssm_d_state;
-    } else if (m->mla) {
+        if (m->recurrent == KVC_PLAN_RECURRENT_MAMBA1)
+            s->act_elems += 4 * d + m->ssm_dt_rank + 2 * (uint64_t)m->ssm_d_state;
+        else /* the input projection's outputs, the convolved channels, the gated output */
+            s->act_elems += lin / H + kvc__conv_channels(m, tp) + d;
+    } else if (mixer == MIX_ATTN && m->mla) {
         const uint64_t qk = (uint64_t)m->qk_nope_head_dim + m->qk_rope_head_dim;
         if (m->q_lora_rank) {
             s->linear += H * m->q_lora_rank + m->q_lora_rank * nh * qk; /* q_a replicated */
@@ -149,32 +157,34 @@ static void layer_shard(const kvc_plan_model_t *m, uint32_t tp, bool moe, bool r
         s->linear += nh * m->v_head_dim * H;
         s->act_elems += nh * qk + m->kv_lora_rank + m->qk_rope_head_dim +
                         nh * ((uint64_t)m->qk_nope_head_dim + m->v_head_dim) + nh * m->v_head_dim;
-    } else {
-        const uint64_t kvh = kv_heads_per_gpu(m, tp), hd = m->head_dim;
-        s->linear += H * nh * hd + 2 * H * kvh * hd + nh * m->v_head_dim * H;
+    } else if (mixer == MIX_ATTN) {
+        const uint64_t kvh = kv_heads_per_gpu(m, tp), hd = m->head_dim,
+                       gate = m->attn_output_gate ? 2 : 1;
+        s->linear += H * nh * hd * gate + 2 * H * kvh * hd + nh * m->v_head_dim * H;
         if (m->qkv_bias) s->wide += nh * hd + 2 * kvh * hd;
-        s->act_elems += nh * hd + 2 * kvh * hd + nh * m->v_head_dim;
+        s->act_elems += nh * hd * gate + 2 * kvh * hd + nh * m->v_head_dim;
     }
     s->flop_params = (double)s->linear;
-    if (moe) {
+    const uint64_t mats = m->mlp_ungated ? 2 : 3; /* up, down (and gate) */
+    if (ffn == FFN_MOE) {
         const uint64_t im = kvc__ceil_div(m->moe_intermediate_size, tp);
         const uint64_t shared =
             kvc__ceil_div((uint64_t)m->n_shared_experts * m->moe_intermediate_size +
                               m->shared_expert_intermediate_size,
                           tp);
-        s->expert_linear = (uint64_t)m->n_experts * 3 * H * im;
-        s->linear += s->expert_linear + 3 * H * shared;
+        s->expert_linear = (uint64_t)m->n_experts * mats * H * im;
+        s->linear += s->expert_linear + mats * H * shared;
         s->wide += H * m->n_experts; /* router */
         s->flop_params += (double)s->expert_linear * m->n_experts_active / m->n_experts +
-                          (double)(3 * H * shared + H * m->n_experts);
-        s->act_elems += (uint64_t)m->n_experts_active * (3 * im + H) + 3 * shared;
-    } else {
-        const uint64_t mlp = 3 * H * kvc__ceil_div(m->intermediate_size, tp);
+                          (double)(mats * H * shared + H * m->n_experts);
+        s->act_elems += (uint64_t)m->n_experts_active * (mats * im + H) + mats * shared;
+    } else if (ffn == FFN_DENSE) {
+        const uint64_t mlp = mats * H * kvc__ceil_div(m->intermediate_size, tp);
         s->linear += mlp;
         s->flop_params += (double)mlp;
-        s->act_elems += 3 * kvc__ceil_div(m->intermediate_size, tp);
+        s->act_elems += mats * kvc__ceil_div(m->intermediate_size, tp);
     }
-    s->wide += 2 * H;      /* two RMSNorm weights */
+    s->wide += (m->layer_pattern[0] ? 1 : 2) * H; /* RMSNorm weights */
     s->act_elems += 4 * H; /* residual, normed input, attention and MLP outputs */
 }
 
@@ -203,6 +213,8 @@ typedef struct {
                                     activations and the image embeddings it hands over */
     uint64_t kv_per_layer;       /* KV bytes per token per layer on this GPU */
     uint64_t kv_per_token;       /* all of the stage's layers */
+    uint64_t slot_bytes;         /* one pool block: block_size tokens of KV, or without
+                                    attention layers one sequence's state */
     int64_t pool;                /* signed: the budget can be overdrawn */
     double blocks;               /* pool / block bytes, may be negative */
 } stage_t;
@@ -217,16 +229,20 @@ static uint64_t kv_per_layer(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dt
 static void stage_weights(const kvc_plan_model_t *m, uint32_t tp, kvc_plan_dtype_t wdt,
                           bool first_stage, bool last_stage, bool pp, stage_t *s)
 {
-    shard_t shards[2][2]; /* [recurrent][moe] */
-    for (int rec = 0; rec < 2; rec++)
-        for (int e = 0; e < 2; e++)
-            if ((!rec || m->recurrent) && (!e || m->n_experts))
-                layer_shard(m, tp, e, rec, &shards[rec][e]);
+    shard_t shards[3][3]; /* [mixer][ffn] */
+    for (int mix = 0; mix < 3; mix++)
+        for (int f = 0; f < 3; f++)
+            if ((mix != MIX_REC || m->recurrent) && (f != FFN_MOE || m->n_experts))
+                layer_shard(m, tp, f, mix, &shards[mix][f]);
     s->linear = s->wide = s->expert_linear = 0;
     s->flop_params = 0;
     s->act_elems = 0;
     for (uint32_t i = s->first_layer; i < s->first_layer + s->n_layers; i++) {
-        const shard_t *sh = &shards[kvc__layer_recurrent(m, i)][kvc__layer_moe(m, i)];
+        const int mix = kvc__layer_recurrent(m, i)   ? MIX_REC
+                        : kvc__layer_attention(m, i) ? MIX_ATTN
+                                                     : MIX_NONE;
+        const int f = kvc__layer_moe(m, i) ? FFN_MOE : kvc__layer_mlp(m, i) ? FFN_DENSE : FFN_NONE;
+        const shard_t *sh = &shards[mix][f];
         s->linear += sh->linear;
         s->wide += sh->wide;
         s->expert_linear += sh->expert_linear;
@@ -274,18 +290,20 @@ static uint64_t cp_share(uint64_t n, uint32_t cp)
 }
 
 /* A recurrent layer's state for one sequence on one GPU of a TP group: the convolution's last
- * d_conv - 1 inputs and the SSM state, d_inner / tp channels each. */
+ * d_conv - 1 inputs of its channels (d_inner / tp; Mamba-2 and Gated DeltaNet add B and C, or
+ * q and k) and the SSM state: d_inner / tp x d_state (Mamba-1; Mamba-2's heads x head_dim x
+ * d_state and Gated DeltaNet's value heads x value dim x key dim are the same product). */
 static void state_per_layer(const kvc_plan_model_t *m, uint32_t tp, bool ssm_fp32, uint64_t *conv,
                             uint64_t *ssm)
 {
     const uint64_t d = kvc__ceil_div(m->ssm_d_inner, tp);
-    *conv = m->recurrent ? 2 * ((uint64_t)m->ssm_d_conv - 1) * d : 0;
+    *conv = m->recurrent ? 2 * ((uint64_t)m->ssm_d_conv - 1) * kvc__conv_channels(m, tp) : 0;
     *ssm = m->recurrent ? (ssm_fp32 ? 4 : 2) * d * m->ssm_d_state : 0;
 }
 
 static uint32_t attn_layers(const kvc_plan_model_t *m)
 {
-    return m->n_layers - m->n_recurrent_layers;
+    return kvc__attn_layers(m);
 }
 
 uint64_t kvc_plan_request_bytes(const kvc_plan_result_t *r, uint64_t n)
@@ -442,7 +460,7 @@ static int validate_deployment(const kvc_plan_model_t *m, const kvc_plan_params_
         BAD("--rope-scaling factor %g: expected more than 1 and at most 1024", p->rope_factor);
     if (m->n_heads % p->tp)
         BAD("--tp %u does not divide the %u attention heads", p->tp, m->n_heads);
-    if (!m->mla && m->n_kv_heads % p->tp && p->tp % m->n_kv_heads)
+    if (!m->mla && m->n_kv_heads && m->n_kv_heads % p->tp && p->tp % m->n_kv_heads)
         BAD("--tp %u neither divides the %u KV heads nor is a multiple of them", p->tp,
             m->n_kv_heads);
     if (p->pp > m->n_layers) BAD("--pp %u exceeds the %u layers", p->pp, m->n_layers);
@@ -459,6 +477,11 @@ static int validate_deployment(const kvc_plan_model_t *m, const kvc_plan_params_
                 p->spec_tokens);
         if (m->ssm_d_inner % p->tp)
             BAD("--tp %u does not divide the mixer's %u inner channels", p->tp, m->ssm_d_inner);
+        if (m->ssm_n_heads % p->tp)
+            BAD("--tp %u does not divide the mixer's %u heads", p->tp, m->ssm_n_heads);
+        if (m->recurrent == KVC_PLAN_RECURRENT_GDN && m->ssm_n_groups % p->tp)
+            BAD("--tp %u does not divide the %u linear-attention key heads", p->tp,
+                m->ssm_n_groups);
     }
     if (p->state_checkpoint_interval > KVC_PLAN_MAX_TOKENS)
         BAD("--state-checkpoint-interval %llu is out of range: at most %llu",
@@ -745,7 +768,8 @@ static void compute_kv(calc_t *c)
 
     /* TP sweep (one pipeline stage): KV per GPU stops falling at the KV head count. */
     for (uint32_t t = 1; t <= 1024 && r->n_tp_rows < KVC_PLAN_SWEEP_MAX; t *= 2) {
-        if (m->n_heads % t || (!m->mla && m->n_kv_heads % t && t % m->n_kv_heads)) continue;
+        if (m->n_heads % t || (!m->mla && m->n_kv_heads && m->n_kv_heads % t && t % m->n_kv_heads))
+            continue;
         stage_t s = {.first_layer = 0, .n_layers = m->n_layers};
         stage_weights(m, t, p->weight_dtype, true, true, false, &s);
         r->tp_rows[r->n_tp_rows++] = (kvc_plan_tp_row_t){
@@ -791,10 +815,13 @@ static int plan_stage(calc_t *c, uint32_t i, uint32_t first, char *msg, size_t l
     memset(s, 0, sizeof *s);
     s->first_layer = first;
     s->n_layers = m->n_layers / pp + (i < m->n_layers % pp);
-    for (uint32_t l = first; l < first + s->n_layers; l++)
+    for (uint32_t l = first; l < first + s->n_layers; l++) {
         s->n_recurrent += kvc__layer_recurrent(m, l);
-    s->n_attn = s->n_layers - s->n_recurrent;
-    s->n_sliding = (uint32_t)llround((double)m->n_sliding_layers * s->n_attn / attn_layers(m));
+        s->n_attn += kvc__layer_attention(m, l);
+    }
+    s->n_sliding = attn_layers(m)
+                       ? (uint32_t)llround((double)m->n_sliding_layers * s->n_attn / attn_layers(m))
+                       : 0;
     {
         uint64_t conv, ssm;
         state_per_layer(m, tp, p->ssm_state_fp32, &conv, &ssm);
@@ -855,7 +882,16 @@ static int plan_stage(calc_t *c, uint32_t i, uint32_t first, char *msg, size_t l
             (int64_t)(!p->graphs_outside_budget ? s->graphs : 0) - (int64_t)s->non_torch -
             (int64_t)KVC_MIN(kvc__mul_sat(s->lora_bytes, p->lora_resident), KVC_PLAN_MAX_BYTES);
     }
-    s->blocks = (double)s->pool / (double)(s->kv_per_token * p->block_size);
+    /* A stage without attention layers keeps no KV: its pool holds states, one slot per
+     * sequence (a pure Mamba-2 model; vLLM sizes such a model's blocks as one state each). */
+    s->slot_bytes = s->kv_per_token ? s->kv_per_token * p->block_size : s->state_bytes;
+    if (!s->slot_bytes) s->slot_bytes = 1; /* MLP-only stage: holds nothing per sequence */
+    if (s->n_attn == 0 && attn_layers(m) > 0 && s->n_recurrent > 0)
+        return kvc__msgf(KVC_EINVAL, msg, len,
+                         "--pp %u: stage %u (layers %u-%u) holds recurrent state but no attention "
+                         "layer; pools of state slots beside pools of KV blocks are not modelled",
+                         pp, i, first, first + s->n_layers - 1);
+    s->blocks = (double)s->pool / (double)s->slot_bytes;
     return 0;
 }
 
@@ -920,8 +956,9 @@ static int compute_ledger(calc_t *c, char *msg, size_t len)
     r->cuda_context_bytes = st->ctx;
     r->kv_pool_signed_bytes = st->pool;
     r->kv_pool_bytes_per_gpu = st->pool > 0 ? (uint64_t)st->pool : 0;
-    r->num_blocks = r->kv_pool_bytes_per_gpu / (st->kv_per_token * bs);
-    r->pool_tokens = r->num_blocks * bs * p->cp; /* per replica: cp GPUs share each request */
+    r->num_blocks = r->kv_pool_bytes_per_gpu / st->slot_bytes;
+    /* per replica: cp GPUs share each request; a pool of states holds no tokens */
+    r->pool_tokens = st->kv_per_token ? r->num_blocks * bs * p->cp : 0;
     if (c->kv_explicit) r->budget_bytes = visible > st->ctx ? visible - st->ctx : 0;
     fill_ledger(r, p, st);
     return 0;
@@ -952,7 +989,7 @@ static bool phase_need(const calc_t *c, kvc_plan_phase_id_t ph, const stage_t *s
         break;
     case KVC_PLAN_PHASE_ALLOCATE_KV:
         *need = s->weight_bytes + s->act + (graphs_in ? s->graphs : 0) + s->non_torch +
-                (kv_explicit ? (uint64_t)s->pool : s->kv_per_token * p->block_size);
+                (kv_explicit ? (uint64_t)s->pool : s->slot_bytes);
         *have = kv_explicit ? (visible > s->ctx ? visible - s->ctx : 0) : r->budget_bytes;
         break;
     case KVC_PLAN_PHASE_CHECK_MAX_LEN:
@@ -1123,9 +1160,13 @@ static void compute_sliding(calc_t *c)
                                                  p->block_size, false, r->context_tokens);
     r->kv_bytes_per_request_model =
         p->window_freeing ? r->swa_bytes_with_freeing : r->swa_bytes_without_freeing;
+    /* no attention layer, no KV: nothing to save */
     r->sliding_window_saving =
-        1.0 - (double)r->swa_bytes_with_freeing / (double)r->swa_bytes_without_freeing;
-    r->sliding_window_saving_limit = (double)m->n_sliding_layers / attn_layers(m);
+        r->swa_bytes_without_freeing
+            ? 1.0 - (double)r->swa_bytes_with_freeing / (double)r->swa_bytes_without_freeing
+            : 0;
+    r->sliding_window_saving_limit =
+        attn_layers(m) ? (double)m->n_sliding_layers / attn_layers(m) : 0;
 }
 
 /* Attention FLOPs of a whole-model prefill of n tokens (causal pairs counted once). */
@@ -1202,8 +1243,11 @@ static void compute_disagg(calc_t *c)
     r->prefill_kv_bytes_per_s_linear_only =
         (double)r->kv_bytes_per_token * f_eff / (2 * c->linear_params);
     r->link_utilization = r->prefill_kv_bytes_per_s_per_gpu / p->link_bytes_per_s;
+    /* what one prompt token hands over: its KV and its share of the prompt's state */
+    const double handed_per_token =
+        (double)r->kv_bytes_per_token + (n_p > 0 ? (double)r->state_bytes_per_seq / n_p : 0);
     r->link_limited_tokens_per_s =
-        p->link_bytes_per_s * gpus_replica / (double)r->kv_bytes_per_token;
+        handed_per_token > 0 ? p->link_bytes_per_s * gpus_replica / handed_per_token : INFINITY;
 }
 
 /* 9. Recompute vs fetch, per GPU, for each tier. */
@@ -1581,9 +1625,11 @@ static void compute_recurrent(calc_t *c)
     r->cached_prefixes_bytes_per_gpu = kvc__mul_sat(r->cached_prefixes, r->prefix_bytes_per_gpu);
     r->prefixes_in_pool =
         r->prefix_bytes_per_gpu ? r->kv_pool_bytes_per_gpu / r->prefix_bytes_per_gpu : 0;
-    /* every layer resumes at a multiple of both the block and the interval */
+    /* every layer resumes at a multiple of both the block and the interval; without attention
+     * layers (pure Mamba-2) only the checkpoints count */
     const uint64_t g = gcd_u64(bs, r->checkpoint_interval);
-    r->restart_boundary_tokens = kvc__mul_sat(bs / g, r->checkpoint_interval);
+    r->restart_boundary_tokens =
+        st->kv_per_token ? kvc__mul_sat(bs / g, r->checkpoint_interval) : r->checkpoint_interval;
     r->mean_recomputed_tokens = (double)r->restart_boundary_tokens / 2;
     r->mean_recompute_s = r->mean_recomputed_tokens * r->recompute_s_per_token;
     /* a hit never covers the last prompt token */

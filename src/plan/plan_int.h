@@ -39,13 +39,26 @@ char *kvc__fmt_num(char *buf, size_t len, double v);            /* 3 significant
  * control bytes on a terminal.  Truncates to fit.  Returns out. */
 char *kvc__escape(char *out, size_t cap, const char *s);
 
-/* Layer kinds of a hybrid model (model.c): whether layer i keeps a recurrent state instead
- * of attention, and whether its MLP is MoE. */
+/* Layer kinds of a hybrid model (model.c): whether layer i keeps a recurrent state, attends
+ * (holds KV), has an MoE or a dense MLP.  Without a layer pattern every layer has a mixer
+ * (recurrent or attention) and an MLP (MoE or dense); with one, each layer is one of them. */
 bool kvc__layer_recurrent(const kvc_plan_model_t *m, uint32_t i);
+bool kvc__layer_attention(const kvc_plan_model_t *m, uint32_t i);
 bool kvc__layer_moe(const kvc_plan_model_t *m, uint32_t i);
-/* One Mamba-1 mixer's parameters on one GPU of a TP group: the quantizable projections and
- * the 16-bit rest (convolution, A, D, biases, norms). */
+bool kvc__layer_mlp(const kvc_plan_model_t *m, uint32_t i);
+typedef struct {
+    uint32_t attention, recurrent, mlp, moe; /* layers with each sublayer */
+} kvc__layer_counts_t;
+void kvc__layer_counts(const kvc_plan_model_t *m, kvc__layer_counts_t *c);
+uint32_t kvc__attn_layers(const kvc_plan_model_t *m); /* the layers that hold KV */
+/* One recurrent mixer's parameters on one GPU of a TP group: the quantizable projections and
+ * the 16-bit rest (convolution, A, D, biases, norms), by kind. */
 void kvc__mamba_params(const kvc_plan_model_t *m, uint32_t tp, uint64_t *linear, uint64_t *wide);
+/* Channels the causal convolution keeps d_conv - 1 inputs of, per GPU: d_inner / tp (Mamba-1),
+ * + 2 x groups x d_state (Mamba-2's B and C; Gated DeltaNet's q and k). */
+uint64_t kvc__conv_channels(const kvc_plan_model_t *m, uint32_t tp);
+/* Mamba-2 groups (Gated DeltaNet key heads) on one GPU, as vLLM shards them. */
+uint64_t kvc__ssm_groups(const kvc_plan_model_t *m, uint32_t tp);
 
 /* Integer helpers (saturating where a product could overflow). */
 static inline uint64_t kvc__ceil_div(uint64_t a, uint64_t b)

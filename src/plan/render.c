@@ -23,6 +23,12 @@ static char *slot(rc_t *c)
     return s;
 }
 /* Each returns a string valid for the next 23 calls. */
+/* A model without attention layers (pure Mamba-2): no KV at all, a state per sequence. */
+static bool no_kv(const kvc_plan_result_t *r)
+{
+    return r->model.recurrent && r->kv_bytes_per_token == 0;
+}
+
 static const char *I(rc_t *c, uint64_t v)
 {
     return v == KVC_PLAN_UNBOUNDED ? "none" : kvc__fmt_int(slot(c), 64, v);
@@ -119,8 +125,13 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     P("kvcache plan: %s on %u x %s (TP %u x PP %u x DP %u), weights %s, KV %s, block %u\n",
       model_name, r->n_gpus, gpu_name, p->tp, p->pp, p->dp, kvc_plan_dtype_name(p->weight_dtype),
       kvc_plan_dtype_name(p->kv_dtype), p->block_size);
-    P("  model    %u layers, %u query heads, ", m->n_layers, m->n_heads);
-    if (m->mla)
+    if (!m->n_heads)
+        P("  model    %u layers, no attention", m->n_layers);
+    else
+        P("  model    %u layers, %u query heads, ", m->n_layers, m->n_heads);
+    if (!m->n_heads) {
+        /* a pure state-space model */
+    } else if (m->mla)
         P("MLA (kv_lora_rank %u + qk_rope_head_dim %u; q/k head %u, v head %u)", m->kv_lora_rank,
           m->qk_rope_head_dim, m->head_dim, m->v_head_dim);
     else
@@ -139,8 +150,15 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
     else if (m->sliding_window)
         P("           sliding window %s tokens on %u of %u layers\n", I(c, m->sliding_window),
           m->n_sliding_layers, m->n_layers);
-    if (m->recurrent) {
-        P("           hybrid: %u %s (Mamba) layers hold a fixed state, %u attend (layer i when i "
+    if (m->recurrent && m->layer_pattern[0]) {
+        kvc__layer_counts_t lc;
+        kvc__layer_counts(m, &lc);
+        P("           %s: %u %s layers hold a fixed state, %u attend, %u MLP and %u MoE layers "
+          "(one block each)\n",
+          lc.attention ? "hybrid" : "attention-free", lc.recurrent,
+          kvc_plan_recurrent_name(m->recurrent), lc.attention, lc.mlp, lc.moe);
+    } else if (m->recurrent) {
+        P("           hybrid: %u %s layers hold a fixed state, %u attend (layer i when i "
           "%% %u = %u)",
           m->n_recurrent_layers, kvc_plan_recurrent_name(m->recurrent),
           m->n_layers - m->n_recurrent_layers, m->attn_layer_period, m->attn_layer_offset);
@@ -187,6 +205,15 @@ static void header(rc_t *c, const kvc_plan_result_t *r)
 
 static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
 {
+    if (no_kv(r)) {
+        P("1. KV bytes per token\n"
+          "   none: no layer attends (all %u layers are %s mixers), so 0 B per token at any "
+          "context;\n"
+          "   each sequence holds a fixed state instead, %s (%s per GPU): section 15\n\n",
+          r->model.n_layers, kvc_plan_recurrent_name(r->model.recurrent),
+          BY(c, r->state_bytes_per_seq), BY(c, r->state_bytes_per_seq_per_gpu));
+        return;
+    }
     const kvc_plan_model_t *m = &r->model;
     const kvc_plan_params_t *p = &r->params;
     /* bytes per element: nvfp4 keeps 16 e2m1 values and an fp8 scale in 9 bytes */
@@ -205,10 +232,10 @@ static void sec_kv(rc_t *c, const kvc_plan_result_t *r)
         if (m->recurrent)
             P("            only the %u attention layers of %u hold KV; the %u recurrent ones a "
               "fixed state (section 15)\n",
-              m->n_layers - m->n_recurrent_layers, m->n_layers, m->n_recurrent_layers);
-        P("   model    2 x %u x %u x %u x %s B = %s B (%s) per token\n",
-          m->n_layers - m->n_recurrent_layers, m->n_kv_heads, m->head_dim, eb,
-          I(c, r->kv_bytes_per_token), BY(c, r->kv_bytes_per_token));
+              kvc__attn_layers(m), m->n_layers, m->n_recurrent_layers);
+        P("   model    2 x %u x %u x %u x %s B = %s B (%s) per token\n", kvc__attn_layers(m),
+          m->n_kv_heads, m->head_dim, eb, I(c, r->kv_bytes_per_token),
+          BY(c, r->kv_bytes_per_token));
     }
     P("            1,048,576 tokens: %s; max_model_len %s: %s\n",
       G(c, (double)r->kv_bytes_per_token * 1048576.0), I(c, r->max_model_len),
@@ -444,9 +471,18 @@ static void sec_ledger(rc_t *c, const kvc_plan_result_t *r)
           G(c, (double)r->kv_pool_signed_bytes),
           r->kv_pool_signed_bytes < 0 ? "  (overdrawn: no pool)" : "");
     }
-    P("   blocks           floor(%s B / (%u tokens x %s B)) = %s blocks = %s tokens per replica\n",
-      I(c, r->kv_pool_bytes_per_gpu), p->block_size, I(c, r->kv_bytes_per_token_per_gpu),
-      I(c, r->num_blocks), I(c, r->pool_tokens));
+    if (no_kv(r))
+        P("   state slots      floor(%s B / %s B of one sequence's state) = %s slots, one per "
+          "sequence\n"
+          "                    (no layer attends: the pool holds states, no KV blocks, no "
+          "tokens)\n",
+          I(c, r->kv_pool_bytes_per_gpu), I(c, r->state_bytes_per_seq_per_gpu),
+          I(c, r->num_blocks));
+    else
+        P("   blocks           floor(%s B / (%u tokens x %s B)) = %s blocks = %s tokens per "
+          "replica\n",
+          I(c, r->kv_pool_bytes_per_gpu), p->block_size, I(c, r->kv_bytes_per_token_per_gpu),
+          I(c, r->num_blocks), I(c, r->pool_tokens));
     P("   to replace an estimate with your engine's number: --weight-memory, "
       "--activation-memory,\n"
       "   --cuda-graph-memory, --non-torch-memory, --cuda-context-memory (the kind becomes "
@@ -488,9 +524,11 @@ static void phase_line(rc_t *c, const kvc_plan_result_t *r, int ph)
             P("weights + activation + graphs + non-torch + KV = %s %s visible - context %s\n",
               G(c, (double)x->need_bytes), op, G(c, (double)x->have_bytes));
         else
-            P("weights + activation + graphs + non-torch + one block (%s) = %s %s budget %s\n",
-              BY(c, r->kv_bytes_per_token_per_gpu * p->block_size), G(c, (double)x->need_bytes), op,
-              G(c, (double)x->have_bytes));
+            P("weights + activation + graphs + non-torch + one %s (%s) = %s %s budget %s\n",
+              no_kv(r) ? "state" : "block",
+              BY(c, no_kv(r) ? r->state_bytes_per_seq_per_gpu
+                             : r->kv_bytes_per_token_per_gpu * p->block_size),
+              G(c, (double)x->need_bytes), op, G(c, (double)x->have_bytes));
         break;
     case KVC_PLAN_PHASE_CHECK_MAX_LEN:
         P("one request of max_model_len %s tokens needs %s %s the KV pool's %s\n",
@@ -534,6 +572,13 @@ static void sec_phases(rc_t *c, const kvc_plan_result_t *r)
     for (int ph = 0; ph < KVC_PLAN_PHASE__COUNT; ph++) phase_line(c, r, ph);
     if (r->fits) {
         const uint64_t need = r->phases[KVC_PLAN_PHASE_CHECK_MAX_LEN].need_bytes;
+        if (no_kv(r)) {
+            P("   a request of any length takes one state, %s of the %s pool: %s of them fit at "
+              "once\n\n",
+              G(c, (double)need), G(c, (double)r->kv_pool_bytes_per_gpu),
+              I(c, need ? r->kv_pool_bytes_per_gpu / need : 0));
+            return;
+        }
         P("   a max_model_len request takes %s of the %s pool: %s of them fit at once (the pool\n"
           "   holds %s tokens of one request)\n\n",
           G(c, (double)need), G(c, (double)r->kv_pool_bytes_per_gpu),
@@ -637,9 +682,19 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
     else if (!r->fits)
         P("   (as configured the engine does not start and has no KV pool: the ceilings below are "
           "zero)\n");
-    P("   per request  ceil(%s / %u) = %s blocks", I(c, r->request_tokens), p->block_size,
-      I(c, r->blocks_per_request));
-    if (r->sliding_layers_per_gpu && p->window_freeing)
+    if (no_kv(r))
+        P("   per request  no KV; one state of %s per GPU, whatever its length\n",
+          BY(c, r->kv_bytes_per_request));
+    else
+        P("   per request  ceil(%s / %u) = %s blocks", I(c, r->request_tokens), p->block_size,
+          I(c, r->blocks_per_request));
+    if (no_kv(r)) {
+        /* said above */
+    } else if (r->state_bytes_per_seq_per_gpu)
+        P(" x %u x %s B + the state %s = %s per GPU\n", p->block_size,
+          I(c, r->kv_bytes_per_token_per_gpu), BY(c, r->state_bytes_per_seq_per_gpu),
+          BY(c, r->kv_bytes_per_request));
+    else if (r->sliding_layers_per_gpu && p->window_freeing)
         P(", windowed layers keep only the window: %s per GPU\n", BY(c, r->kv_bytes_per_request));
     else
         P(" x %u x %s B = %s per GPU\n", p->block_size, I(c, r->kv_bytes_per_token_per_gpu),
@@ -649,14 +704,20 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
     if (p->dp > 1)
         P("                x %u replicas = %s for the deployment\n", p->dp,
           IMUL(c, r->max_concurrency, p->dp));
-    P("   why a ceiling: each sequence wastes up to %u tokens in its last, partial block (%s "
-      "here); "
-      "the\n"
-      "   scheduler admits on the prompt (%s fit at %s tokens each) and outputs grow after, so a "
-      "full pool\n"
-      "   preempts; and real lengths vary around the typical request.\n",
-      p->block_size - 1, I(c, r->partial_block_waste_tokens), I(c, r->admitted_at_prompt),
-      I(c, p->prompt_tokens + 1));
+    if (no_kv(r))
+        P("   why a ceiling: every resident sequence holds its state for its whole life, and the "
+          "scheduler\n   admits on the prompt; real engines also keep checkpoint states for "
+          "prefix caching\n");
+    else
+        P("   why a ceiling: each sequence wastes up to %u tokens in its last, partial block (%s "
+          "here); "
+          "the\n"
+          "   scheduler admits on the prompt (%s fit at %s tokens each) and outputs grow after, so "
+          "a "
+          "full pool\n"
+          "   preempts; and real lengths vary around the typical request.\n",
+          p->block_size - 1, I(c, r->partial_block_waste_tokens), I(c, r->admitted_at_prompt),
+          I(c, p->prompt_tokens + 1));
     P("   ceilings on the running batch (sequences per decode step)\n");
     P("     kv_memory               %-12s the pool, above\n",
       I(c, r->ceilings[KVC_PLAN_CEIL_KV_MEMORY]));
@@ -676,22 +737,27 @@ static void sec_concurrency(rc_t *c, const kvc_plan_result_t *r)
       r->fp8_compute ? "fp8 weights on fp8 tensor cores" : "bf16 tensor cores");
     P("            per sequence and step at the mean decode context %s: %s FLOP (2 x params + "
       "attention%s)\n"
-      "            and %s B of KV read; per step %s of weights read",
+      "            and %s B of %s read; per step %s of weights read",
       I(c, r->decode_context), FL(c, r->decode_flops_per_seq), m->mla ? ", absorbed MLA" : "",
-      ID(c, r->decode_bytes_per_seq), G(c, r->weight_read_bytes));
+      ID(c, r->decode_bytes_per_seq),
+      no_kv(r)                 ? "state (read and written back)"
+      : r->state_bytes_per_seq ? "KV and state"
+                               : "KV",
+      G(c, r->weight_read_bytes));
     P(m->n_experts ? " at batch 1 (more experts as the batch grows)\n" : "\n");
-    P("            attention does %s FLOP per KV byte it reads (%s)\n",
-      N(c, r->attention_flops_per_kv_byte),
-      m->mla ? "MLA: every query head reads the one latent, so TP divides it"
-             : "GQA: 2 x the query group / bytes per element");
+    if (!no_kv(r))
+        P("            attention does %s FLOP per KV byte it reads (%s)\n",
+          N(c, r->attention_flops_per_kv_byte),
+          m->mla ? "MLA: every query head reads the one latent, so TP divides it"
+                 : "GQA: 2 x the query group / bytes per element");
     if (r->fp8_compute)
         P("            (attention, %s FLOP of it, runs at the bf16 rate, %s TFLOP/s)\n",
           FL(c, r->decode_attention_flops_per_seq), TF(c, r->gpu.bf16_flops));
     P("            compute-bound when B x FLOP / peak >= (weights + B x KV read) / bandwidth: ");
     if (r->ceilings[KVC_PLAN_CEIL_COMPUTE] == KVC_PLAN_UNBOUNDED)
-        P("never here:\n            each sequence brings %s FLOP per byte of KV it reads, below "
+        P("never here:\n            each sequence brings %s FLOP per byte of %s it reads, below "
           "the ridge, so decode stays\n            bandwidth-bound at any batch\n",
-          N(c, r->decode_flops_per_seq / r->decode_bytes_per_seq));
+          N(c, r->decode_flops_per_seq / r->decode_bytes_per_seq), no_kv(r) ? "state" : "KV");
     else
         P("B >= %s\n", I(c, r->ceilings[KVC_PLAN_CEIL_COMPUTE]));
     P("            ignoring the KV reads (the textbook ridge batch): B >= %s\n",
@@ -726,6 +792,10 @@ static void sec_sliding(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_model_t *m = &r->model;
     P("5. Sliding windows at a %s-token context (whole model)\n", I(c, r->context_tokens));
+    if (no_kv(r)) {
+        P("   no attention layer: nothing to window\n\n");
+        return;
+    }
     if (!m->sliding_window) {
         P("   no windowed layers: every layer keeps every token, %s per request; saving 0\n\n",
           BY(c, r->swa_bytes_without_freeing));
@@ -760,6 +830,11 @@ static void sec_prefill(rc_t *c, const kvc_plan_result_t *r)
       "              + the LM head for the last token 2 x %s x %s = %s FLOP\n",
       I(c, r->context_tokens), BIL(c, lin_params), I(c, m->vocab_size), I(c, m->hidden_size),
       FL(c, r->prefill_linear_flops));
+    if (no_kv(r)) {
+        P("   attention  none: no layer attends (the recurrent mixers' scans are linear in n, "
+          "counted with\n              their projections)\n\n");
+        return;
+    }
     P("   attention  %u heads x 2 x (%u + %u) FLOP per query-key pair x causal pairs n(n+1)/2 "
       "(each once)\n",
       m->n_heads, m->head_dim, m->v_head_dim);
@@ -767,7 +842,7 @@ static void sec_prefill(rc_t *c, const kvc_plan_result_t *r)
         P("              on %u full layers, and on %u windowed layers pairs within %s tokens",
           m->n_layers - m->n_sliding_layers, m->n_sliding_layers, I(c, m->sliding_window));
     else
-        P("              on %u layers", m->n_layers);
+        P("              on %u layers", kvc__attn_layers(m));
     P(" = %s FLOP\n", FL(c, r->prefill_attention_flops));
     P("   share in attention: %s / (%s + %s) = %s\n\n", FL(c, r->prefill_attention_flops),
       FL(c, r->prefill_attention_flops), FL(c, r->prefill_linear_flops),
@@ -778,6 +853,15 @@ static void sec_forks(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_params_t *p = &r->params;
     const uint64_t all = r->blocks_per_request, pf = p->prompt_tokens / p->block_size;
+    if (no_kv(r)) {
+        P("7. Forks over a %s + %s-token request\n"
+          "   no KV to share: every sample and beam holds its own state (a recurrent state is "
+          "not shared\n"
+          "   copy-on-write): --n %u: %s; --beams %u: %s\n\n",
+          I(c, p->prompt_tokens), I(c, p->output_tokens), p->n_samples,
+          BY(c, r->fork_unshared_bytes_samples), p->beams, BY(c, r->fork_unshared_bytes_beams));
+        return;
+    }
     P("7. Forks over a %s + %s-token request (block %u, %s per token per GPU)\n",
       I(c, p->prompt_tokens), I(c, p->output_tokens), p->block_size,
       BY(c, r->kv_bytes_per_token_per_gpu));
@@ -822,15 +906,25 @@ static void sec_disagg(rc_t *c, const kvc_plan_result_t *r)
           p->tp * p->pp, p->tp * p->pp == 1 ? "" : "s", I(c, p->prompt_tokens),
           N(c, r->prefill_work_s), ID(c, r->prefill_tokens_per_s));
     }
-    P("   KV out         %s B x %s tokens/s = %s per replica, %s per GPU\n",
-      I(c, r->kv_bytes_per_token), ID(c, r->prefill_tokens_per_s), RT(c, r->prefill_kv_bytes_per_s),
-      RT(c, r->prefill_kv_bytes_per_s_per_gpu));
-    P("   why P cancels  KV bytes/token x FLOP/s / (2 x params): %s B x %s FLOP/s / (2 x %s) = %s "
-      "per GPU\n"
-      "                  at any prompt length (attention, ignored here, only lowers it)\n",
-      I(c, r->kv_bytes_per_token), FL(c, r->peak_flops * p->mfu),
-      BIL(c, (double)r->counts.active - (double)r->counts.embedding - (double)r->counts.lm_head),
-      RT(c, r->prefill_kv_bytes_per_s_linear_only));
+    if (r->state_bytes_per_seq)
+        P("   KV out         %s B x %s tokens/s + one state of %s per %s-token prompt = %s per "
+          "replica,\n                  %s per GPU\n",
+          I(c, r->kv_bytes_per_token), ID(c, r->prefill_tokens_per_s),
+          BY(c, r->state_bytes_per_seq), I(c, p->prompt_tokens), RT(c, r->prefill_kv_bytes_per_s),
+          RT(c, r->prefill_kv_bytes_per_s_per_gpu));
+    else
+        P("   KV out         %s B x %s tokens/s = %s per replica, %s per GPU\n",
+          I(c, r->kv_bytes_per_token), ID(c, r->prefill_tokens_per_s),
+          RT(c, r->prefill_kv_bytes_per_s), RT(c, r->prefill_kv_bytes_per_s_per_gpu));
+    if (!no_kv(r))
+        P("   why P cancels  KV bytes/token x FLOP/s / (2 x params): %s B x %s FLOP/s / (2 x %s) = "
+          "%s "
+          "per GPU\n"
+          "                  at any prompt length (attention, ignored here, only lowers it)\n",
+          I(c, r->kv_bytes_per_token), FL(c, r->peak_flops * p->mfu),
+          BIL(c,
+              (double)r->counts.active - (double)r->counts.embedding - (double)r->counts.lm_head),
+          RT(c, r->prefill_kv_bytes_per_s_linear_only));
     P("   link           %s / %s per GPU = %s of the link",
       RT(c, r->prefill_kv_bytes_per_s_per_gpu), RT(c, p->link_bytes_per_s),
       PCT(c, r->link_utilization));
@@ -847,6 +941,13 @@ static void sec_tiers(rc_t *c, const kvc_plan_result_t *r)
     const kvc_plan_params_t *p = &r->params;
     P("9. Recompute or fetch a cached token, per GPU  [estimated: MFU %s, setup latencies]\n",
       N(c, p->mfu));
+    if (no_kv(r)) {
+        P("   no KV per token to fetch: a cached prefix is a checkpointed state (%s per GPU, "
+          "section 15),\n"
+          "   fetched whole or its tokens recomputed at %s per token\n\n",
+          BY(c, r->state_bytes_per_seq_per_gpu), TIME(c, r->recompute_s_per_token));
+        return;
+    }
     P("   recompute   2 x %s active params / (%u x %s TFLOP/s x MFU %s) = %s per token\n",
       BIL(c, (double)r->counts.active - (double)r->counts.embedding - (double)r->counts.lm_head),
       p->tp * p->pp, TF(c, r->peak_flops), N(c, p->mfu), TIME(c, r->recompute_s_per_token));
@@ -960,6 +1061,11 @@ static void sec_spec(rc_t *c, const kvc_plan_result_t *r)
     const kvc_plan_params_t *p = &r->params;
     P("11. Speculative decoding: k draft tokens per sequence and step  [estimated: roofline, "
       "acceptance]\n");
+    if (r->model.recurrent) {
+        P("   not priced for a recurrent model: verifying k drafts needs its state at each draft "
+          "position\n   to roll back to (--spec-tokens is refused)\n\n");
+        return;
+    }
     P("   drafts count against the step's token budget (batch <= %s / (1 + k)), reserve k KV slots "
       "per\n"
       "   sequence, and are verified in one pass.  Acceptance a = %s per token; context %s.\n",
@@ -1002,6 +1108,12 @@ static void sec_spec(rc_t *c, const kvc_plan_result_t *r)
 static void sec_tenancy(rc_t *c, const kvc_plan_result_t *r)
 {
     P("12. Tenancy: what one request costs in the KV pool (per GPU)\n");
+    if (no_kv(r)) {
+        P("   every request costs one state, %s per GPU, whatever its length: %s of them fit; "
+          "price quotas\n   in sequences (state slots), not tokens\n\n",
+          BY(c, r->state_bytes_per_seq_per_gpu), I(c, r->max_concurrency));
+        return;
+    }
     P("   tokens        KV per GPU     share of the pool   at once\n");
     for (uint32_t i = 0; i < r->n_tenants; i++) {
         const kvc_plan_tenant_row_t *t = &r->tenants[i];
@@ -1198,25 +1310,58 @@ static void sec_recurrent(rc_t *c, const kvc_plan_result_t *r)
 {
     const kvc_plan_model_t *m = &r->model;
     const kvc_plan_params_t *p = &r->params;
-    const uint32_t n_attn = m->n_layers - m->n_recurrent_layers;
+    const uint32_t n_attn = kvc__attn_layers(m);
     const char *ssm_b = p->ssm_state_fp32 ? "4" : "2";
-    P("15. Recurrent state: %u Mamba (%s) layers and %u attention layers of %u\n",
-      m->n_recurrent_layers, kvc_plan_recurrent_name(m->recurrent), n_attn, m->n_layers);
-    P("   per layer  conv (d_conv %u - 1) x d_inner %u x 2 B = %s; SSM d_inner %u x d_state %u x "
-      "%s B = %s\n"
-      "              (%s; --mamba-ssm-cache-dtype float32 doubles the SSM part)\n",
-      m->ssm_d_conv, m->ssm_d_inner, BY(c, r->conv_state_bytes_per_layer), m->ssm_d_inner,
-      m->ssm_d_state, ssm_b, BY(c, r->ssm_state_bytes_per_layer),
+    const bool none = no_kv(r);
+    P("15. Recurrent state: %u %s layers and %u attention layers of %u\n", m->n_recurrent_layers,
+      m->recurrent == KVC_PLAN_RECURRENT_MAMBA1   ? "Mamba (mamba1)"
+      : m->recurrent == KVC_PLAN_RECURRENT_MAMBA2 ? "Mamba-2 (mamba2)"
+                                                  : "Gated DeltaNet (gated_deltanet)",
+      n_attn, m->n_layers);
+    const uint64_t conv_ch =
+        m->recurrent == KVC_PLAN_RECURRENT_MAMBA1
+            ? m->ssm_d_inner
+            : (uint64_t)m->ssm_d_inner + 2ull * m->ssm_n_groups * m->ssm_d_state;
+    if (m->recurrent == KVC_PLAN_RECURRENT_MAMBA1)
+        P("   per layer  conv (d_conv %u - 1) x d_inner %u x 2 B = %s; SSM d_inner %u x d_state %u "
+          "x "
+          "%s B = %s\n",
+          m->ssm_d_conv, m->ssm_d_inner, BY(c, r->conv_state_bytes_per_layer), m->ssm_d_inner,
+          m->ssm_d_state, ssm_b, BY(c, r->ssm_state_bytes_per_layer));
+    else if (m->recurrent == KVC_PLAN_RECURRENT_MAMBA2)
+        P("   per layer  conv (conv_kernel %u - 1) x (d_inner %u + 2 x n_groups %u x d_state %u = "
+          "%s) x 2 B = %s;\n"
+          "              SSM heads %u x head_dim %u x d_state %u x %s B = %s\n",
+          m->ssm_d_conv, m->ssm_d_inner, m->ssm_n_groups, m->ssm_d_state, I(c, conv_ch),
+          BY(c, r->conv_state_bytes_per_layer), m->ssm_n_heads, m->ssm_head_dim, m->ssm_d_state,
+          ssm_b, BY(c, r->ssm_state_bytes_per_layer));
+    else
+        P("   per layer  conv (kernel %u - 1) x (2 x key heads %u x key dim %u + value heads %u x "
+          "value dim %u = %s)\n"
+          "              x 2 B = %s; recurrent value heads %u x key dim %u x value dim %u x %s B = "
+          "%s\n",
+          m->ssm_d_conv, m->ssm_n_groups, m->ssm_d_state, m->ssm_n_heads, m->ssm_head_dim,
+          I(c, conv_ch), BY(c, r->conv_state_bytes_per_layer), m->ssm_n_heads, m->ssm_d_state,
+          m->ssm_head_dim, ssm_b, BY(c, r->ssm_state_bytes_per_layer));
+    P("              (%s; --mamba-ssm-cache-dtype float32 doubles the SSM part)\n",
       p->ssm_state_fp32 ? "fp32 SSM state" : "16-bit, the model's dtype");
     P("   state      %u layers x %s = %s per sequence, whatever its length; per GPU (TP %u, %u "
       "of the\n"
-      "              layers): %s, as much as %s tokens of KV\n",
+      "              layers): %s",
       m->n_recurrent_layers, BY(c, r->conv_state_bytes_per_layer + r->ssm_state_bytes_per_layer),
       BY(c, r->state_bytes_per_seq), p->tp, r->recurrent_layers_per_gpu,
-      BY(c, r->state_bytes_per_seq_per_gpu), I(c, r->state_kv_tokens));
-    P("   KV         the %u attention layers: %s B per token (all %u layers attending would hold "
-      "%s B)\n",
-      n_attn, I(c, r->kv_bytes_per_token), m->n_layers, I(c, r->all_attention_kv_bytes_per_token));
+      BY(c, r->state_bytes_per_seq_per_gpu));
+    if (none)
+        P(": all there is per request\n");
+    else
+        P(", as much as %s tokens of KV\n", I(c, r->state_kv_tokens));
+    if (none)
+        P("   KV         none: no layer attends (0 B per token)\n");
+    else
+        P("   KV         the %u attention layers: %s B per token (all %u layers attending would "
+          "hold %s B)\n",
+          n_attn, I(c, r->kv_bytes_per_token), m->n_layers,
+          I(c, r->all_attention_kv_bytes_per_token));
     P("   sequences  the typical request (%s tokens): state %s + KV %s = %s per GPU;\n"
       "              the pool (%s) holds %s of them (max concurrency); %s if KV took nothing\n",
       I(c, r->request_tokens), BY(c, r->state_bytes_per_seq_per_gpu), BY(c, r->request_kv_bytes),
@@ -1225,32 +1370,58 @@ static void sec_recurrent(rc_t *c, const kvc_plan_result_t *r)
     P("   decode     each step reads and writes every running sequence's state: 2 x %s per "
       "sequence\n",
       BY(c, r->state_bytes_per_seq_per_gpu));
-    P("   checkpoints prefix caching keeps a state every %s tokens "
-      "(--state-checkpoint-interval),\n"
-      "              %s each;\n"
-      "              a cached %s-token prompt: %s blocks of KV (%s) + %s checkpoint%s = %s\n"
-      "              (%s keeping only its last); %s cached prompts (--cached-prefixes): %s;\n"
-      "              the pool holds %s\n",
-      I(c, r->checkpoint_interval), BY(c, r->state_bytes_per_seq_per_gpu), I(c, p->prompt_tokens),
-      I(c, p->prompt_tokens / p->block_size), BY(c, r->prefix_kv_bytes_per_gpu),
-      I(c, r->checkpoints_per_prefix), r->checkpoints_per_prefix == 1 ? "" : "s",
-      BY(c, r->prefix_bytes_per_gpu), BY(c, r->prefix_bytes_last_checkpoint_per_gpu),
-      I(c, r->cached_prefixes), G(c, (double)r->cached_prefixes_bytes_per_gpu),
-      I(c, r->prefixes_in_pool));
+    if (none)
+        P("   checkpoints prefix caching keeps a state every %s tokens "
+          "(--state-checkpoint-interval),\n"
+          "              %s each; a cached %s-token prompt: %s checkpoint%s = %s\n"
+          "              (%s keeping only its last); %s cached prompts (--cached-prefixes): %s;\n"
+          "              the pool holds %s\n",
+          I(c, r->checkpoint_interval), BY(c, r->state_bytes_per_seq_per_gpu),
+          I(c, p->prompt_tokens), I(c, r->checkpoints_per_prefix),
+          r->checkpoints_per_prefix == 1 ? "" : "s", BY(c, r->prefix_bytes_per_gpu),
+          BY(c, r->prefix_bytes_last_checkpoint_per_gpu), I(c, r->cached_prefixes),
+          G(c, (double)r->cached_prefixes_bytes_per_gpu), I(c, r->prefixes_in_pool));
+    else
+        P("   checkpoints prefix caching keeps a state every %s tokens "
+          "(--state-checkpoint-interval),\n"
+          "              %s each;\n"
+          "              a cached %s-token prompt: %s blocks of KV (%s) + %s checkpoint%s = %s\n"
+          "              (%s keeping only its last); %s cached prompts (--cached-prefixes): %s;\n"
+          "              the pool holds %s\n",
+          I(c, r->checkpoint_interval), BY(c, r->state_bytes_per_seq_per_gpu),
+          I(c, p->prompt_tokens), I(c, p->prompt_tokens / p->block_size),
+          BY(c, r->prefix_kv_bytes_per_gpu), I(c, r->checkpoints_per_prefix),
+          r->checkpoints_per_prefix == 1 ? "" : "s", BY(c, r->prefix_bytes_per_gpu),
+          BY(c, r->prefix_bytes_last_checkpoint_per_gpu), I(c, r->cached_prefixes),
+          G(c, (double)r->cached_prefixes_bytes_per_gpu), I(c, r->prefixes_in_pool));
     if (!r->checkpoints_per_prefix)
         P("              the prompt is shorter than the interval: no state of it is kept, and a "
           "hit on it\n"
           "              recomputes it whole\n");
-    P("   restart    attention layers resume at any block (%u tokens), recurrent layers only at a "
-      "checkpoint:\n"
-      "              every layer resumes at multiples of lcm(%u, %s) = %s tokens; a hit of h "
-      "tokens resumes\n"
-      "              at the last one at or before h, recomputing %s tokens on average (%s at the "
-      "recompute\n"
-      "              rate); the typical prompt cached whole resumes at %s and recomputes %s\n\n",
-      p->block_size, p->block_size, I(c, r->checkpoint_interval), I(c, r->restart_boundary_tokens),
-      N(c, r->mean_recomputed_tokens), TIME(c, r->mean_recompute_s), I(c, r->prompt_resume_tokens),
-      I(c, r->prompt_recomputed_tokens));
+    if (none)
+        P("   restart    no attention layer: a cached prefix resumes only at a checkpoint, "
+          "multiples of %s\n"
+          "              tokens; a hit of h tokens resumes at the last one at or before h, "
+          "recomputing %s tokens\n"
+          "              on average (%s at the recompute rate); the typical prompt cached whole "
+          "resumes at %s\n"
+          "              and recomputes %s\n\n",
+          I(c, r->restart_boundary_tokens), N(c, r->mean_recomputed_tokens),
+          TIME(c, r->mean_recompute_s), I(c, r->prompt_resume_tokens),
+          I(c, r->prompt_recomputed_tokens));
+    else
+        P("   restart    attention layers resume at any block (%u tokens), recurrent layers only "
+          "at a checkpoint:\n"
+          "              every layer resumes at multiples of lcm(%u, %s) = %s tokens; a hit of h "
+          "tokens resumes\n"
+          "              at the last one at or before h, recomputing %s tokens on average (%s at "
+          "the recompute\n"
+          "              rate); the typical prompt cached whole resumes at %s and recomputes "
+          "%s\n\n",
+          p->block_size, p->block_size, I(c, r->checkpoint_interval),
+          I(c, r->restart_boundary_tokens), N(c, r->mean_recomputed_tokens),
+          TIME(c, r->mean_recompute_s), I(c, r->prompt_resume_tokens),
+          I(c, r->prompt_recomputed_tokens));
 }
 
 int kvc_plan_render_text(const kvc_plan_result_t *r, char **out)
@@ -1823,12 +1994,20 @@ static void json_recurrent(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
     cJSON *x = chk(j, cJSON_AddObjectToObject(o, "recurrent"));
     add_str(j, x, "kind", kvc_plan_recurrent_name(m->recurrent));
     add_u64(j, x, "recurrent_layers", m->n_recurrent_layers);
-    add_u64(j, x, "attention_layers", m->n_layers - m->n_recurrent_layers);
+    add_u64(j, x, "attention_layers", kvc__attn_layers(m));
+    if (m->layer_pattern[0])
+        add_str(j, x, "layer_pattern", m->layer_pattern);
+    else
+        add_null(j, x, "layer_pattern");
     add_u64(j, x, "attn_layer_period", m->attn_layer_period);
     add_u64(j, x, "attn_layer_offset", m->attn_layer_offset);
     add_u64(j, x, "d_inner", m->ssm_d_inner);
     add_u64(j, x, "d_state", m->ssm_d_state);
     add_u64(j, x, "d_conv", m->ssm_d_conv);
+    add_u64(j, x, "ssm_heads", m->ssm_n_heads);
+    add_u64(j, x, "ssm_head_dim", m->ssm_head_dim);
+    add_u64(j, x, "ssm_groups", m->ssm_n_groups);
+    add_u64(j, x, "conv_channels", kvc__conv_channels(m, 1));
     add_str(j, x, "ssm_state_dtype", r->params.ssm_state_fp32 ? "float32" : "auto");
     add_u64(j, x, "conv_state_bytes_per_layer", r->conv_state_bytes_per_layer);
     add_u64(j, x, "ssm_state_bytes_per_layer", r->ssm_state_bytes_per_layer);
@@ -1853,7 +2032,13 @@ static void json_recurrent(jctx_t *j, cJSON *o, const kvc_plan_result_t *r)
     add_u64(j, x, "cached_prefixes_bytes_per_gpu", r->cached_prefixes_bytes_per_gpu);
     add_u64(j, x, "prefixes_in_pool", r->prefixes_in_pool);
     add_u64(j, x, "restart_boundary_tokens", r->restart_boundary_tokens);
-    add_u64(j, x, "attention_restart_tokens", r->params.block_size);
+    /* attention layers resume at any block, recurrent ones at a checkpoint; the common
+     * boundary (restart_boundary_tokens) is what prefix caching can hit */
+    if (no_kv(r))
+        add_null(j, x, "attention_restart_tokens");
+    else
+        add_u64(j, x, "attention_restart_tokens", r->params.block_size);
+    add_u64(j, x, "recurrent_restart_tokens", r->checkpoint_interval);
     add_num(j, x, "mean_recomputed_tokens", r->mean_recomputed_tokens);
     add_num(j, x, "mean_recompute_s", r->mean_recompute_s);
     add_u64(j, x, "prompt_resume_tokens", r->prompt_resume_tokens);

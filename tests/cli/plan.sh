@@ -321,6 +321,50 @@ rc=$?
 [ "$rc" -eq 1 ] || fail "sim on Jamba: exit $rc, want 1"
 grep -qF "28 recurrent (Mamba) layers: their per-sequence state is not simulated" "$TMP/err" ||
   fail "sim on Jamba: $(cat "$TMP/err")"
+# Mamba-2 (no attention layer: no KV, the state is all a request holds), Nemotron-H (a layer
+# pattern) and Qwen3-Next (Gated DeltaNet): section 15, the JSON recurrent section, the refusals
+expect_status 0 --model "$CONFIGS/mamba-codestral-7b.json" --gpu h100 --max-model-len 8192 --kv-cache-memory 16GiB
+has '7\.29 billion parameters'
+has '^   none: no layer attends \(all 64 layers are mamba2 mixers\), so 0 B per token'
+has '= 124 slots, one per sequence'
+has '64 layers x 2\.06 MiB = 131\.75 MiB per sequence'
+has 'a cached prefix resumes only at a checkpoint, multiples of 512'
+expect_status 0 --model "$CONFIGS/mamba-codestral-7b.json" --gpu h100 --max-model-len 8192 --kv-cache-memory 16GiB --json
+has '^		"kind":[[:space:]]*"mamba2",'
+has '^		"attention_layers":[[:space:]]*0,'
+has '^		"state_bytes_per_seq":[[:space:]]*138149888,'
+has '^		"attention_restart_tokens":[[:space:]]*null,'
+has '^	"kv_bytes_per_token":[[:space:]]*0,'
+expect_status 0 --model "$CONFIGS/nemotron-h-8b.json" --gpu h100 --kv-cache-memory 16GiB --mamba-ssm-cache-dtype float32
+has '8\.10 billion parameters'
+has '^   model    2 x 4 x 8 x 128 x 2 B = 16,384 B \(16 KiB\) per token'
+has 'SSM heads 128 x head_dim 64 x d_state 128 x 4 B = 4 MiB'
+expect_status 0 --model "$CONFIGS/nemotron-h-8b.json" --gpu h100 --kv-cache-memory 16GiB --json
+has '^		"layer_pattern":[[:space:]]*"M-M-M-M\*-M-M-M-M-M\*-M-M-M-M-M\*-M-M-M-M-M\*-M-M-M-M-M-",'
+has '^		"state_bytes_per_seq":[[:space:]]*51806208,'
+has '^		"max_sequences":[[:space:]]*240,'
+has '^		"restart_boundary_tokens":[[:space:]]*512,'
+expect_status 0 --model "$CONFIGS/qwen3-next-80b-a3b.json" --gpu h200 --weight-dtype fp8 --kv-cache-memory 16GiB --json
+has '^		"kind":[[:space:]]*"gated_deltanet",'
+has '^		"state_bytes_per_seq":[[:space:]]*39518208,'
+has '^		"kv_bytes_per_token":[[:space:]]*24576,'
+expect_error "--pp 13: stage 0 (layers 0-3) holds recurrent state but no attention layer" \
+  --model "$CONFIGS/nemotron-h-8b.json" --gpu h100 --pp 13
+sed 's/"M-M-M-M\*-/"M-M-M-MX-/' "$CONFIGS/nemotron-h-8b.json" >"$TMP/nemo-bad.json"
+expect_error "hybrid_override_pattern: layer 7 is 'X'" --model "$TMP/nemo-bad.json" --gpu h100
+sed 's/"num_hidden_layers": 52/"num_hidden_layers": 51/' "$CONFIGS/nemotron-h-8b.json" >"$TMP/nemo-len.json"
+expect_error "hybrid_override_pattern has 52 layers but num_hidden_layers is 51" --model "$TMP/nemo-len.json" --gpu h100
+grep -v '"linear_key_head_dim"' "$CONFIGS/qwen3-next-80b-a3b.json" >"$TMP/next-bad.json"
+expect_error "linear_key_head_dim is missing" --model "$TMP/next-bad.json" --gpu h100
+for f in mamba-codestral-7b nemotron-h-8b qwen3-next-80b-a3b; do
+  timeout 60 "$KVC" sim --model "$CONFIGS/$f.json" --gpu h100 --max-model-len 4096 \
+    --workload 'poisson:rate=1,n=2,prompt=16,output=4' >"$TMP/out" 2>"$TMP/err"
+  rc=$?
+  [ "$rc" -eq 1 ] || fail "sim on $f: exit $rc, want 1"
+  [ "$(wc -l <"$TMP/err")" -eq 1 ] || fail "sim on $f: stderr is not one line"
+  grep -qF "recurrent (Mamba) layers: their per-sequence state is not simulated" "$TMP/err" ||
+    fail "sim on $f: $(cat "$TMP/err")"
+done
 printf '{"model_type":"mamba","hidden_size":768,"num_hidden_layers":24,"num_attention_heads":1,"vocab_size":50280,"intermediate_size":1536,"state_size":16}' \
   >"$TMP/mamba.json"
 expect_error "state_size: a recurrent or hybrid" --model "$TMP/mamba.json" --gpu h100
