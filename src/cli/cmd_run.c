@@ -929,7 +929,7 @@ int kvc_cmd_run(int argc, char **argv)
                            "\"misses\": %llu, \"fetched_blocks\": %llu, \"recompute_blocks\": "
                            "%llu, \"fetch_failed_blocks\": %llu, \"offloaded_blocks\": %llu, "
                            "\"written_through_blocks\": %llu, \"faults\": %llu, \"corrupt\": "
-                           "%llu}",
+                           "%llu, \"latency_s\": %.9g, \"bandwidth_Bps\": %.9g}",
                            i ? ", " : "", kvc_tier_kind_name(ts.kind), kvc_tier_mode_name(ts.mode),
                            (unsigned long long)ts.store.n_hits,
                            (unsigned long long)ts.store.n_misses,
@@ -939,7 +939,8 @@ int kvc_cmd_run(int argc, char **argv)
                            (unsigned long long)ts.offloaded_blocks,
                            (unsigned long long)ts.written_through_blocks,
                            (unsigned long long)ts.store.n_faults,
-                           (unsigned long long)(ts.store.n_corrupt + ts.store.n_mismatch));
+                           (unsigned long long)(ts.store.n_corrupt + ts.store.n_mismatch),
+                           ts.latency_s, ts.bandwidth_Bps);
                 }
                 printf("]");
             }

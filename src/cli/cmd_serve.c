@@ -45,6 +45,13 @@ static void usage(FILE *f)
             "  --max-num-seqs N (--max-seqs), --max-num-batched-tokens N (--batch-tokens),\n"
             "  --chunk N, --no-prefix-cache, --no-batch-invariance, --no-kv-cache,\n"
             "  --preemption P, --admission P (fcfs only), --isa ISA\n"
+            "KV tiers (docs/tiers.md; as kvcache run)\n"
+            "  --tier SPEC           host:SIZE, disk:PATH:SIZE or redis://HOST:PORT[/PREFIX]\n"
+            "                        (repeatable, in lookup order, at most 4), each with an\n"
+            "                        optional ,mode=evict|write-through ,bw=RATE ,rtt=TIME;\n"
+            "                        replicas of one model on one Redis share its blocks\n"
+            "  --tier-disk-write-budget SIZE/day, --tier-admission always|second-hit|depth:N,\n"
+            "  --tier-fetch decide|always|never\n"
             "  -h, --help            this help\n");
 }
 

@@ -124,6 +124,9 @@ static void seed_estimator(etier_t *et)
     double lat = 2e-6, bw = 5e9;
     if (et->spec.kind == KVC_TIER_DISK) lat = 5e-5, bw = 1e9;
     if (et->spec.kind == KVC_TIER_REDIS) lat = 2e-4, bw = 5e8;
+    /* what the spec says the link does (,bw= ,rtt=), until measured */
+    if (et->spec.rtt_s > 0) lat = et->spec.rtt_s;
+    if (et->spec.bandwidth_Bps > 0) bw = et->spec.bandwidth_Bps;
     const int rc = kvc_tier_estimator_init(&et->est, lat, bw, 0.1);
     KVC_ASSERT(rc == 0); /* constants in range */
 }

@@ -86,6 +86,14 @@ if run_ok "--tier host text" --model "$S" --prompts "$TMP/prompts.txt" --kv-memo
   grep -Eq '^kvcache run: tier 0 host \(evict\): [0-9]+ hits, [0-9]+ misses, [1-9][0-9]* blocks fetched, [0-9]+ recomputes chosen, [0-9]+ fetches failed, [0-9]+ offloaded' "$TMP/err" || fail "--tier host: no summary line: $(cat "$TMP/err")"
   grep -Eq '^kvcache run: tier 1 disk \(write-through\): .* [1-9][0-9]* written through' "$TMP/err" || fail "--tier disk write-through: no summary line: $(cat "$TMP/err")"
 fi
+# ,bw= and ,rtt= seed the fetch decision's estimate until fetches are measured
+if run_ok "--tier bw/rtt seed" --model "$S" --prompt-ids "1 2 3" -n 4 --json --tier "host:1MiB,bw=3GB/s,rtt=7us"; then
+  python3 - "$TMP/out" <<'PY' || fail "--tier host:1MiB,bw=3GB/s,rtt=7us: the estimate is not the spec's"
+import json, sys
+t = [json.loads(l) for l in open(sys.argv[1]) if json.loads(l).get("summary")][0]["tiers"][0]
+assert abs(t["latency_s"] - 7e-6) < 1e-12 and abs(t["bandwidth_Bps"] - 3e9) < 1, t
+PY
+fi
 run_ok "--tier with admission and budget" --model "$S" --prompt-ids "1 2 3" -n 4 --tier "disk:$TMP/tier3.bin:1MiB" --tier-admission second-hit --tier-disk-write-budget 1GiB/day
 
 expect_error "--tier bogus" "--tier: 'bogus'" -- --model "$S" --prompt x --tier bogus
