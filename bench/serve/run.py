@@ -479,6 +479,10 @@ def main():
     ap.add_argument("--kv-memory", default="32MiB")
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--profile-tokens", default="1,2,3,4,6,8,12,16,32,64,128,256,512",
+                    help="the profile's batch-token grid (bench_profile --tokens)")
+    ap.add_argument("--profile-reps", type=int, default=5)
+    ap.add_argument("--profile-passes", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="one workload pass at two rates")
     ap.add_argument("--table", metavar="JSON", help="only print the tables of a finished run")
@@ -525,8 +529,9 @@ def main():
         subprocess.run([args.bench_profile, "--model", args.model, "--threads", str(args.threads),
                         "--block-size", str(args.block_size), "--max-num-seqs", str(args.max_num_seqs),
                         "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--ctx",
-                        str(args.ctx), "--tokens", "1,2,3,4,6,8,12,16,32,64,128,256,512",
-                        "--context", "16,64,256,1024", "--reps", "5", "-o", args.profile], check=True)
+                        str(args.ctx), "--tokens", args.profile_tokens, "--context", "16,64,256,1024",
+                        "--reps", str(args.profile_reps), "--passes", str(args.profile_passes),
+                        "-o", args.profile], check=True)
     cal, fixed = None, None
     args.profile_grid = None
     if args.profile:
