@@ -393,7 +393,7 @@ KVC_API void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t tota
  * tokens: 1 to 256 strictly increasing values >= 1; context: 1 to 256 strictly increasing
  * values >= 0; step_ms: positive finite milliseconds.  Two optional fields (absent: 0, so a
  * profile written before them loads as it did) hold what a server spends outside its steps,
- * measured through its HTTP API beside the grid, in ms >= 0:
+ * measured through its HTTP API beside the grid, in ms from 0 to 60000:
  *   "request_ms": per request, from the client's send to the first token in its hands, less
  *     the engine's steps (the HTTP request and response, JSON, tokenizing, the hand-over to
  *     the engine thread and back); the simulator admits each request this long after its

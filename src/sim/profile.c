@@ -46,14 +46,16 @@ static int axis(const cJSON *o, const char *key, double lo, const char *name, do
     return 0;
 }
 
-/* An optional field: absent, *v stays 0; present, a finite number of ms >= 0 (*v in s). */
+/* An optional field: absent, *v stays 0; present, a number of ms from 0 to 60000 (*v in s):
+ * a fixed cost over a minute is no server's, and would push the simulated clock past use. */
 static int fixed_ms(const cJSON *o, const char *key, const char *name, double *v, char *err,
                     size_t cap)
 {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!x) return 0;
-    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0)
-        return kvc__msgf(KVC_EPARSE, err, cap, "%s: \"%s\" must be a number of ms >= 0", name, key);
+    if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble <= 60000))
+        return kvc__msgf(KVC_EPARSE, err, cap, "%s: \"%s\" must be a number of ms from 0 to 60000",
+                         name, key);
     *v = x->valuedouble * 1e-3;
     return 0;
 }
