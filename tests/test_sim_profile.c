@@ -1,7 +1,9 @@
 /* test_sim_profile.c - the simulator's measured hardware profile (kvc_sim_profile_*): bad
  * files are refused with one line naming what is wrong; the interpolation matches hand
  * arithmetic inside the grid, on its points and beyond its edges; the cost model takes the
- * profile's time for a plan's tokens and mean context instead of the roofline's. */
+ * profile's time for a plan's tokens and mean context instead of the roofline's; the optional
+ * fixed costs (per request, per step) load from new profiles, default to 0 in old ones, and
+ * add exactly themselves in a simulated run. */
 #include "test_helpers.h"
 
 #include <math.h>
@@ -157,12 +159,127 @@ static void the_cost_model_takes_the_profiles_time(void **state)
     kvc_sim_profile_destroy(p);
 }
 
+/* The optional fixed costs: a profile without them (every profile written before them) loads
+ * with both 0; with them, in ms; a wrong one is refused naming it. */
+static void fixed_costs_parse_old_and_new(void **state)
+{
+    (void)state;
+    kvc_sim_profile_t *p = parse_ok(GRID);
+    kvc_sim_profile_fixed_t f = kvc_sim_profile_fixed(p);
+    assert_true(f.request_s == 0 && f.step_s == 0);
+    kvc_sim_profile_destroy(p);
+    p = parse_ok("{\"kvcache_profile\": 1, \"tokens\": [1], \"context\": [0], \"step_ms\": [[1]],"
+                 " \"request_ms\": 2.5, \"step_overhead_ms\": 0.125}");
+    f = kvc_sim_profile_fixed(p);
+    assert_true(fabs(f.request_s - 2.5e-3) < 1e-15 && fabs(f.step_s - 0.125e-3) < 1e-15);
+    kvc_sim_profile_destroy(p);
+    f = kvc_sim_profile_fixed(NULL);
+    assert_true(f.request_s == 0 && f.step_s == 0);
+    const char *bad[] = {"\"request_ms\": -1",         "\"request_ms\": \"2\"",
+                         "\"step_overhead_ms\": -0.5", "\"step_overhead_ms\": null",
+                         "\"request_ms\": 1e999",      "\"request_ms\": 60000.5"};
+    for (size_t i = 0; i < KVC_ARRAY_LEN(bad); i++) {
+        char json[256], err[256] = "";
+        snprintf(json, sizeof json,
+                 "{\"kvcache_profile\": 1, \"tokens\": [1], \"context\": [0], \"step_ms\": [[1]],"
+                 " %s}",
+                 bad[i]);
+        kvc_sim_profile_t *q = (kvc_sim_profile_t *)&q;
+        assert_int_equal(kvc_sim_profile_parse(json, strlen(json), "p.json", &q, err, sizeof err),
+                         KVC_EPARSE);
+        assert_null(q);
+        const char *key = strstr(bad[i], "request") ? "\"request_ms\"" : "\"step_overhead_ms\"";
+        if (!strstr(err, key) || !strstr(err, "must be a number of ms from 0 to 60000") ||
+            !strstr(err, "p.json"))
+            fail_msg("'%s': message '%s'", bad[i], err);
+    }
+}
+
+/* The profile's per-step cost is added to every step, beside the caller's overhead. */
+static void the_profiles_step_cost_is_added_to_each_step(void **state)
+{
+    (void)state;
+    kvc_sim_profile_t *p =
+        parse_ok("{\"kvcache_profile\": 1, \"tokens\": [1, 9], \"context\": [0, 100, 300],"
+                 " \"step_ms\": [[1.5, 2.5, 4.5], [5.5, 14.5, 32.5]],"
+                 " \"step_overhead_ms\": 0.25}");
+    kvc_sim_cost_model_t cm = {.host_link_bytes_per_s = 1e9, .step_overhead_s = 1e-3, .profile = p};
+    kvc_sched_entry_t e = {.first_pos = 99, .n_tokens = 1, .n_context = 100};
+    kvc_sched_plan_t plan = {.entries = &e, .n_entries = 1};
+    assert_true(fabs(kvc_sim_step_time(&cm, &plan, NULL) - (2.5e-3 + 0.25e-3 + 1e-3)) < 1e-15);
+    kvc_sim_profile_destroy(p);
+}
+
+/* One request alone in the simulator, under a profile with and without a per-request cost: the
+ * cost adds exactly itself to TTFT and to end-to-end latency, and nothing to TPOT; the
+ * per-step cost adds itself to every step (TPOT), and to TTFT once (the prefill step). */
+static kvc_report_summary_t run_alone(const kvc_sim_profile_t *p)
+{
+    kvc_sim_config_t c = kvc_sim_config_default();
+    assert_ok(kvc_plan_model_preset("llama-3.1-8b", &c.model));
+    assert_ok(kvc_plan_gpu_preset("h100-sxm", &c.gpu));
+    c.num_blocks = 64;
+    c.profile = p;
+    c.step_overhead_s = 0;
+    char trace[512];
+    snprintf(trace, sizeof trace,
+             "{\"kvcache_workload\": 1}\n"
+             "{\"arrival_s\": 0.5, \"tokens\": [1, 5, 9, 13, 17, 21, 25, 29], \"output\": 5}\n");
+    kvc_workload_params_t wp = kvc_workload_params_default();
+    kvc_workload_t *w = NULL;
+    char err[256];
+    if (kvc_workload_load_buffer(trace, strlen(trace), "t", &wp, &w, err, sizeof err))
+        fail_msg("workload: %s", err);
+    kvc_report_params_t rp = kvc_report_params_default();
+    kvc_report_t *r;
+    assert_ok(kvc_report_create(&rp, &r));
+    kvc_sim_result_t res;
+    if (kvc_sim_run(&c, w, r, &res, err, sizeof err)) fail_msg("kvc_sim_run: %s", err);
+    assert_int_equal(res.completed, 1);
+    assert_int_equal(res.steps, 5); /* the prefill (and first token), then 4 decodes */
+    kvc_report_summary_t s;
+    assert_ok(kvc_report_summary(r, KVC_REPORT_ALL, 0, &s));
+    kvc_report_destroy(r);
+    kvc_workload_destroy(w);
+    return s;
+}
+
+static void a_per_request_cost_adds_exactly_itself_to_ttft(void **state)
+{
+    (void)state;
+    const char *grid = "{\"kvcache_profile\": 1, \"tokens\": [1, 9], \"context\": [0, 100, 300],"
+                       " \"step_ms\": [[1.5, 2.5, 4.5], [5.5, 14.5, 32.5]]";
+    char json[512];
+    snprintf(json, sizeof json, "%s}", grid);
+    kvc_sim_profile_t *p0 = parse_ok(json);
+    snprintf(json, sizeof json, "%s, \"request_ms\": 3.25}", grid);
+    kvc_sim_profile_t *p1 = parse_ok(json);
+    snprintf(json, sizeof json, "%s, \"step_overhead_ms\": 0.5}", grid);
+    kvc_sim_profile_t *p2 = parse_ok(json);
+    kvc_report_summary_t a = run_alone(p0), b = run_alone(p1), c = run_alone(p2);
+    /* the prefill: 8 tokens from position 0, mean context 4.5 (36 pairs / 8) */
+    const double prefill_ms = truth_ms(8, 4.5);
+    assert_true(fabs(a.ttft_ms.p50 - prefill_ms) < 1e-6);
+    assert_true(fabs(b.ttft_ms.p50 - a.ttft_ms.p50 - 3.25) < 1e-6);
+    assert_true(fabs(b.e2e_ms.p50 - a.e2e_ms.p50 - 3.25) < 1e-6);
+    assert_true(fabs(b.tpot_ms.p50 - a.tpot_ms.p50) < 1e-6);
+    assert_true(fabs(c.ttft_ms.p50 - a.ttft_ms.p50 - 0.5) < 1e-6);
+    assert_true(fabs(c.tpot_ms.p50 - a.tpot_ms.p50 - 0.5) < 1e-6);
+    assert_true(fabs(c.e2e_ms.p50 - a.e2e_ms.p50 - 5 * 0.5) < 1e-6);
+    kvc_sim_profile_destroy(p0);
+    kvc_sim_profile_destroy(p1);
+    kvc_sim_profile_destroy(p2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(interpolation_matches_hand_arithmetic),
         cmocka_unit_test(bad_profiles_get_one_line),
         cmocka_unit_test(the_cost_model_takes_the_profiles_time),
+        cmocka_unit_test(fixed_costs_parse_old_and_new),
+        cmocka_unit_test(the_profiles_step_cost_is_added_to_each_step),
+        cmocka_unit_test(a_per_request_cost_adds_exactly_itself_to_ttft),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

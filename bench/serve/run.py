@@ -35,6 +35,7 @@ import math
 import os
 import random
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,19 @@ VOCAB_MODEL = os.path.join(ROOT, "tests", "data", "models", "stories260K.gguf")
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
+
+
+def pct_rank(v, p):
+    """The simulator's percentile (src/sim/report.c, kvc_percentile_sorted): the nearest rank,
+    the ceil(p/100 * n)-th smallest value.  The comparison with the simulator uses it: the
+    chat workload's latencies come in clusters (one per turn), and there the interpolated p50
+    of 32 values lies between two clusters where the nearest rank is the top of the lower one:
+    up to 15% apart in the chat rows of the 2026-12-02 runs, a gap that is only the
+    definition."""
+    if not v:
+        return None
+    s = sorted(v)
+    return s[min(len(s), max(1, math.ceil(p * len(s) / 100.0))) - 1]
 
 
 def pct(v, p):
@@ -117,44 +131,73 @@ class Server:
 
 
 def complete(port, prompt, max_tokens, t0):
-    """One streaming completion; returns its measurements and its output token ids."""
+    """One streaming completion on its own connection; returns its measurements and its output
+    token ids.  A bare socket, not http.client: a token's time is when the recv() that brought
+    it returned, before any parsing, so that the client's own costs (http.client's header
+    parsing, a json.loads per event: 1 to 3 ms a request on this machine in the first runs)
+    stay out of TTFT.  The events are parsed after the stream ends."""
     body = json.dumps({"model": "bench", "prompt": prompt, "max_tokens": max_tokens,
                        "temperature": 0, "ignore_eos": True, "stream": True,
-                       "return_token_ids": True, "stream_options": {"include_usage": True}})
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+                       "return_token_ids": True, "stream_options": {"include_usage": True}}).encode()
+    req = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+           b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)) + body
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.settimeout(600)
     sent = time.monotonic()
-    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        raise RuntimeError("status %d: %s" % (r.status, r.read()[:200]))
-    ids, times, usage = [], [], None
-    buf = b""
-    while True:
-        chunk = r.read1(65536) if hasattr(r, "read1") else r.read(4096)
-        if not chunk:
+    s.connect(("127.0.0.1", port))
+    s.sendall(req)
+    raw, pos, head, chunked, done = b"", 0, None, False, False
+    body_buf, events = b"", []  # (recv time, event bytes)
+    while not done:
+        data = s.recv(65536)
+        t = time.monotonic()
+        if not data:
             break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            if not ev.startswith(b"data: "):
+        raw += data
+        if head is None:
+            k = raw.find(b"\r\n\r\n")
+            if k < 0:
                 continue
-            data = ev[6:]
-            if data == b"[DONE]":
-                continue
-            o = json.loads(data)
-            if o.get("usage"):
-                usage = o["usage"]
-            for ch in o.get("choices", []):
-                t = ch.get("token_ids") or []
-                if t:
-                    ids.extend(t)
-                    times.extend([time.monotonic()] * len(t))
-    done = time.monotonic()
-    c.close()
+            head, pos = raw[:k].decode("latin-1"), k + 4
+            if not head.startswith("HTTP/1.1 200"):
+                raise RuntimeError("%s: %s" % (head.splitlines()[0], raw[pos:pos + 200]))
+            chunked = "transfer-encoding: chunked" in head.lower()
+        while pos < len(raw):  # whole chunks into body_buf
+            if not chunked:
+                body_buf += raw[pos:]
+                pos = len(raw)
+                break
+            e = raw.find(b"\r\n", pos)
+            if e < 0:
+                break
+            n = int(raw[pos:e].split(b";")[0], 16)
+            if e + 2 + n + 2 > len(raw):
+                break
+            body_buf += raw[e + 2:e + 2 + n]
+            pos = e + 2 + n + 2
+            if n == 0:
+                done = True
+                break
+        while b"\n\n" in body_buf:
+            ev, body_buf = body_buf.split(b"\n\n", 1)
+            if ev.startswith(b"data: {"):
+                events.append((t, ev[6:]))
+    done_t = time.monotonic()
+    s.close()
+    ids, times, usage = [], [], None
+    for t, ev in events:
+        o = json.loads(ev)
+        if o.get("usage"):
+            usage = o["usage"]
+        for ch in o.get("choices", []):
+            tk = ch.get("token_ids") or []
+            ids.extend(tk)
+            times.extend([t] * len(tk))
     n = len(ids)
     return {"send_s": sent - t0, "ttft_ms": (times[0] - sent) * 1e3 if n else None,
             "tpot_ms": (times[-1] - times[0]) / (n - 1) * 1e3 if n > 1 else None,
-            "e2e_ms": (done - sent) * 1e3, "done_s": done - t0, "n_prompt": len(prompt),
+            "e2e_ms": (done_t - sent) * 1e3, "done_s": done_t - t0, "n_prompt": len(prompt),
             "n_output": n, "cached": (usage or {}).get("prompt_tokens_details", {}).get(
                 "cached_tokens", 0), "server": (usage or {}).get("kvcache_timings", {})}, ids
 
@@ -237,7 +280,7 @@ def run_system(args, srv, rate, rng):
 
 
 # ---- the simulator ------------------------------------------------------------------------
-def sim(args, trace, blocks, prefix_cache, chat, path, overhead_ms):
+def sim(args, trace, blocks, prefix_cache, chat, path, profile):
     trace = sorted(trace, key=lambda r: r["arrival_s"])
     t_first = trace[0]["arrival_s"]
     with open(path, "w") as f:
@@ -248,12 +291,10 @@ def sim(args, trace, blocks, prefix_cache, chat, path, overhead_ms):
             rec["output"] = len(r["output_tokens"])
             f.write(json.dumps(rec) + "\n")
     cmd = [args.kvcache, "sim", "--model", args.model_config, "--gpu", "h100-sxm", "--quiet",
-           "--json", "--workload", path, "--profile", args.profile, "--num-blocks", str(blocks),
+           "--json", "--workload", path, "--profile", profile, "--num-blocks", str(blocks),
            "--block-size", str(args.block_size), "--max-num-seqs", str(args.max_num_seqs),
            "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--max-model-len",
            str(args.ctx), "--seed", "1"]
-    if overhead_ms:
-        cmd += ["--step-overhead-ms", "%.4f" % overhead_ms]
     if chat:
         cmd.append("--closed-loop")  # a turn is sent when the previous one finished
     if not prefix_cache:
@@ -268,7 +309,7 @@ def sim(args, trace, blocks, prefix_cache, chat, path, overhead_ms):
             "e2e_p50_ms": r["e2e_ms"]["p50"], "duration_s": r["simulated_seconds"],
             "output_tok_s": r["output_tokens"] / r["simulated_seconds"],
             "prefix_hit_rate": r["prefix_hit_rate"], "steps": r["steps"],
-            "overhead_ms": overhead_ms, "cmd": " ".join(cmd)}
+            "cmd": " ".join(cmd)}
 
 
 # ---- one run ------------------------------------------------------------------------------
@@ -308,14 +349,17 @@ def one_run(args, workload, prefix_cache, rate, seed):
         v = [r[k] for r in res if r[k] is not None]
         for p in (50, 90, 99):
             row["%s_p%d" % (k, p)] = pct(v, p)
+        row["%s_p50_rank" % k] = pct_rank(v, 50)
+        row["%s_all" % k] = v
     os.makedirs(args.out, exist_ok=True)
     tag = "%s-%s-%s" % (workload, "pc" if prefix_cache else "nopc", row["rate"])
     if args.profile:
         path = os.path.join(args.out, "trace-%s.jsonl" % tag)
-        row["sim"] = sim(args, trace, row["blocks"], prefix_cache, workload == "chat", path, 0)
-        if args.loop_overhead_ms:
-            row["sim_overhead"] = sim(args, trace, row["blocks"], prefix_cache, workload == "chat",
-                                      path, args.loop_overhead_ms)
+        row["sim"] = sim(args, trace, row["blocks"], prefix_cache, workload == "chat", path,
+                         args.profile)
+        if args.profile_grid:  # the same profile without its fixed costs: the simulator before
+            row["sim_grid"] = sim(args, trace, row["blocks"], prefix_cache, workload == "chat",
+                                  path, args.profile_grid)
     log("%-6s %-5s rate %-4s  %3d req in %6.2f s  TTFT p50 %7.2f ms (server %.2f)  TPOT p50 %6.2f ms (server %.2f)  hit %.2f%s" % (
         workload, "on" if prefix_cache else "off", row["rate"], len(res), dur, row["ttft_ms_p50"],
         row["server_first_token_p50_ms"], row["tpot_ms_p50"] or 0, row["server_tpot_p50_ms"] or 0,
@@ -326,11 +370,10 @@ def one_run(args, workload, prefix_cache, rate, seed):
 
 
 def calibrate(args):
-    """The server's step loop beyond the engine's step: one request at a time decoding 64
-    tokens, three times; the server's own time per output token minus the engine's mean step
-    (both from the server: usage.kvcache_timings and /metrics).  What the simulator adds per
-    step (--step-overhead-ms): the loop's bookkeeping, the hand-over to the event thread, and
-    on a shared machine the wake-ups the threads wait for."""
+    """A cross-check of the profile's step_overhead_ms, from outside (the simulator does not use
+    it): one request at a time decoding 64 tokens, three times; the server's own time per
+    output token minus the engine's mean step (both from the server: usage.kvcache_timings and
+    /metrics, the mean including the prefill step)."""
     rng = random.Random(99)
     srv = Server(args, True)
     try:
@@ -365,9 +408,9 @@ def table(rows, args):
             f(r["e2e_ms_p90"]), f(r["e2e_ms_p99"]), 100 * r["prefix_hit_rate"], 100 * r["metrics_hit_rate"]))
     L.append("")
     if any("sim" in r for r in rows):
-        L.append("The simulator (`kvcache sim --profile`, the same requests) beside the measured run:")
+        L.append("The simulator (`kvcache sim --profile`, the same requests) beside the measured run (p50: the nearest rank, as the simulator reports it; the first table interpolates):")
         L.append("")
-        L.append("| workload | prefix cache | rate | saturated | TTFT p50 measured / sim (ms) | diff | server-side first token p50 (ms) | TPOT p50 measured / sim (ms) | diff | output tok/s measured / sim | diff | hit rate measured / sim | sim + loop overhead: TTFT / TPOT (ms) | steps measured / sim | engine step mean (ms) |")
+        L.append("| workload | prefix cache | rate | saturated | TTFT p50 measured / sim (ms) | diff | server-side first token p50 (ms) | TPOT p50 measured / sim (ms) | diff | output tok/s measured / sim | diff | hit rate measured / sim | sim, grid only (no fixed costs): TTFT / TPOT (ms), diff | steps measured / sim | engine step mean (ms) |")
         L.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             s = r.get("sim")
@@ -375,14 +418,19 @@ def table(rows, args):
                 continue
             sat = r["rate"] == "inf" or r["req_s"] < 0.9 * float(r["rate"])
             dd = lambda a, b: "-" if diff(a, b) is None else "%+.1f%%" % diff(a, b)
-            s0 = r.get("sim_overhead") or {"ttft_p50_ms": None, "tpot_p50_ms": None}
-            L.append("| %s | %s | %s | %s | %s / %s | %s | %s | %s / %s | %s | %.1f / %.1f | %s | %.1f%% / %.1f%% | %s / %s | %d / %d | %s |" % (
+            s0 = r.get("sim_grid") or r.get("sim_overhead") or {"ttft_p50_ms": None, "tpot_p50_ms": None}
+            mt = r.get("ttft_ms_p50_rank", r["ttft_ms_p50"])
+            mp = r.get("tpot_ms_p50_rank", r["tpot_ms_p50"])
+            L.append("| %s | %s | %s | %s | %s / %s | %s | %s | %s / %s | %s | %.1f / %.1f | %s | %.1f%% / %.1f%% | %s | %d / %d | %s |" % (
                 r["workload"], "on" if r["prefix_cache"] else "off", r["rate"], "yes" if sat else "no",
-                f(r["ttft_ms_p50"]), f(s["ttft_p50_ms"]), dd(s["ttft_p50_ms"], r["ttft_ms_p50"]),
-                f(r["server_first_token_p50_ms"]), f(r["tpot_ms_p50"]), f(s["tpot_p50_ms"]),
-                dd(s["tpot_p50_ms"], r["tpot_ms_p50"]), r["output_tok_s"], s["output_tok_s"],
+                f(mt), f(s["ttft_p50_ms"]), dd(s["ttft_p50_ms"], mt),
+                f(r["server_first_token_p50_ms"]), f(mp), f(s["tpot_p50_ms"]),
+                dd(s["tpot_p50_ms"], mp), r["output_tok_s"], s["output_tok_s"],
                 dd(s["output_tok_s"], r["output_tok_s"]), 100 * r["prefix_hit_rate"], 100 * s["prefix_hit_rate"],
-                f(s0["ttft_p50_ms"]), f(s0["tpot_p50_ms"]), r["server_steps"], s["steps"],
+                "%s / %s, %s / %s" % (f(s0["ttft_p50_ms"]), f(s0["tpot_p50_ms"]),
+                                      dd(s0["ttft_p50_ms"], mt),
+                                      dd(s0["tpot_p50_ms"], mp)),
+                r["server_steps"], s["steps"],
                 f(r["server_step_ms_mean"])))
     return "\n".join(L) + "\n"
 
@@ -431,8 +479,10 @@ def main():
     ap.add_argument("--kv-memory", default="32MiB")
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--sim-overhead-ms", type=float, default=None,
-                    help="the simulator's step overhead (default: calibrated, see calibrate())")
+    ap.add_argument("--profile-tokens", default="1,2,3,4,6,8,12,16,32,64,128,256,512",
+                    help="the profile's batch-token grid (bench_profile --tokens)")
+    ap.add_argument("--profile-reps", type=int, default=5)
+    ap.add_argument("--profile-passes", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="one workload pass at two rates")
     ap.add_argument("--table", metavar="JSON", help="only print the tables of a finished run")
@@ -447,11 +497,19 @@ def main():
             print("\nCalibration (one request at a time): %(server_tpot_ms).3f ms per output token in "
                   "the server, %(engine_step_ms).3f ms per engine step: a loop overhead of "
                   "%(loop_overhead_ms).3f ms per step." % res["calibration"])
-        print("Load average during the run: %.1f, %.1f, %.1f" % tuple(res["load_average"]))
+        fx = res.get("fixed_costs") or {}
+        if fx.get("request_ms") is not None:
+            print("The profile's fixed costs (bench_profile, through the server's API): request_ms "
+                  "%.3f, step_overhead_ms %.3f." % (fx["request_ms"], fx["step_overhead_ms"]))
+        if res.get("load_average_start"):
+            print("Load average at the start: %.1f, %.1f, %.1f" % tuple(res["load_average_start"]))
+        print("Load average at the end: %.1f, %.1f, %.1f" % tuple(res["load_average"]))
         return
     if args.quick:
         args.rates, args.requests = "4,inf", 12
     os.makedirs(args.out, exist_ok=True)
+    load0 = os.getloadavg()
+    log("load average at the start: %.2f, %.2f, %.2f" % load0)
     if not args.model:
         args.model = os.path.join(args.out, "bench-256x4.gguf")
         if not os.path.exists(args.model):
@@ -471,15 +529,21 @@ def main():
         subprocess.run([args.bench_profile, "--model", args.model, "--threads", str(args.threads),
                         "--block-size", str(args.block_size), "--max-num-seqs", str(args.max_num_seqs),
                         "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--ctx",
-                        str(args.ctx), "--tokens", "1,2,3,4,6,8,12,16,32,64,128,256,512",
-                        "--context", "16,64,256,1024", "--reps", "5", "-o", args.profile], check=True)
-    cal = None
+                        str(args.ctx), "--tokens", args.profile_tokens, "--context", "16,64,256,1024",
+                        "--reps", str(args.profile_reps), "--passes", str(args.profile_passes),
+                        "-o", args.profile], check=True)
+    cal, fixed = None, None
+    args.profile_grid = None
     if args.profile:
-        if args.sim_overhead_ms is None:
-            cal = calibrate(args)
-            args.loop_overhead_ms = cal["loop_overhead_ms"]
-        else:
-            args.loop_overhead_ms = args.sim_overhead_ms
+        cal = calibrate(args)
+        prof = json.load(open(args.profile))
+        fixed = {k: prof.get(k) for k in ("request_ms", "step_overhead_ms", "fixed_costs")}
+        if prof.get("request_ms") is not None or prof.get("step_overhead_ms") is not None:
+            for k in ("request_ms", "step_overhead_ms"):
+                prof.pop(k, None)
+            args.profile_grid = os.path.join(args.out, "profile-grid-only.json")
+            with open(args.profile_grid, "w") as f:
+                json.dump(prof, f)
     rows = []
     rates = [math.inf if r == "inf" else float(r) for r in args.rates.split(",")]
     for wl in args.workloads.split(","):
@@ -487,7 +551,7 @@ def main():
             for rate in rates:
                 rows.append(one_run(args, wl, pc == "on", rate, args.seed))
     res = {"argv": sys.argv[1:], "model": args.model, "profile": args.profile, "rows": rows,
-           "calibration": cal,
+           "calibration": cal, "fixed_costs": fixed, "load_average_start": load0,
            "load_average": os.getloadavg()}
     with open(os.path.join(args.out, "serve-bench.json"), "w") as f:
         json.dump(res, f, indent=1)

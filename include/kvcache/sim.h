@@ -447,7 +447,7 @@ KVC_API void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t tota
  * for T tokens choosing k of E.  Every constant is printed in the report. */
 /* A measured hardware profile: one machine's step time for a step of T batch tokens whose
  * queries attend K keys each on average (K = the step's (query, key) pairs / T), on a grid
- * measured by a bench program (bench/serve/profile.py: the CPU engine's real steps).  With a
+ * measured by a bench program (bench/bench_profile.c: the CPU engine's real steps).  With a
  * profile the cost model's step time is the profile's, interpolated, instead of the
  * roofline's: a step's attention pairs are T x K, so a step cost of the form
  * a + b T + c T K (linear layers, attention, a fixed overhead) is exactly bilinear in
@@ -458,9 +458,17 @@ KVC_API void kvc_progress_finish(kvc_progress_t *p, uint64_t done, uint64_t tota
  *   {"kvcache_profile": 1, "tokens": [1, 2, 4, ...], "context": [16, 128, ...],
  *    "step_ms": [[...one per context...], ...one row per tokens value...], ...}
  * tokens: 1 to 256 strictly increasing values >= 1; context: 1 to 256 strictly increasing
- * values >= 0; step_ms: positive finite milliseconds.  Other fields (the machine, the model,
- * how it was measured) are kept for people and ignored.  Immutable once loaded: any number
- * of threads may read it. */
+ * values >= 0; step_ms: positive finite milliseconds.  Two optional fields (absent: 0, so a
+ * profile written before them loads as it did) hold what a server spends outside its steps,
+ * measured through its HTTP API beside the grid, in ms from 0 to 60000:
+ *   "request_ms": per request, from the client's send to the first token in its hands, less
+ *     the engine's steps (the HTTP request and response, JSON, tokenizing, the hand-over to
+ *     the engine thread and back); the simulator admits each request this long after its
+ *     arrival, so that an idle server's TTFT is request_ms + its prefill step;
+ *   "step_overhead_ms": per step, the server's step loop beyond the engine's step (publishing
+ *     each step's tokens to the event thread, the metrics); added to every step's time.
+ * Other fields (the machine, the model, how it was measured) are kept for people and
+ * ignored.  Immutable once loaded: any number of threads may read it. */
 typedef struct kvc_sim_profile kvc_sim_profile_t;
 #define KVC_SIM_PROFILE_MAX_POINTS 256
 
@@ -478,6 +486,13 @@ KVC_API void kvc_sim_profile_destroy(kvc_sim_profile_t *p); /* NULL is a no-op *
 /* Seconds of a step of `tokens` batch tokens attending `context` keys per query on average,
  * interpolated (see above).  Never fails; >= 0. */
 KVC_API double kvc_sim_profile_step_s(const kvc_sim_profile_t *p, double tokens, double context);
+/* The profile's fixed costs, in seconds (see above: 0 where the file has none). */
+typedef struct {
+    double request_s; /* per request, before it reaches the scheduler */
+    double step_s;    /* per step, beyond the grid's step time */
+} kvc_sim_profile_fixed_t;
+/* p's fixed costs; all 0 for NULL.  Never fails. */
+KVC_API kvc_sim_profile_fixed_t kvc_sim_profile_fixed(const kvc_sim_profile_t *p);
 
 typedef struct {
     double flops_per_s;             /* per GPU, achieved, for linear layers */
@@ -507,8 +522,8 @@ typedef struct {
      * a KV cache exists to avoid. */
     bool no_kv_cache;
     /* A measured profile (borrowed): non-NULL, a step takes the profile's time for its
-     * tokens and mean context, plus step_overhead_s and swap traffic, instead of the
-     * roofline's. */
+     * tokens and mean context, plus the profile's fixed step cost, step_overhead_s and swap
+     * traffic, instead of the roofline's. */
     const kvc_sim_profile_t *profile;
 } kvc_sim_cost_model_t;
 
@@ -561,7 +576,8 @@ typedef struct {
     /* the executor */
     double step_overhead_s;           /* default 0.002 */
     double allreduce_latency_s;       /* default 8e-6 */
-    const kvc_sim_profile_t *profile; /* measured step times (borrowed; NULL: the roofline) */
+    const kvc_sim_profile_t *profile; /* measured step times (borrowed; NULL: the roofline);
+                                         its request_ms delays each request's admission */
     bool hold_shared_prefix;  /* as kvcache's engine admits: a request that shares a whole block
                                  of prefix with a request still computing it waits until that
                                  block is computed, so that it is computed once (default off:

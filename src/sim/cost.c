@@ -98,7 +98,8 @@ double kvc_sim_step_time(const kvc_sim_cost_model_t *cm, const kvc_sched_plan_t 
     if (cm->profile) { /* this machine's measured steps, interpolated */
         d.compute_s = tokens > 0 ? kvc_sim_profile_step_s(cm->profile, tokens, pairs / tokens) : 0;
         d.swap_s = (double)(plan->swap_out_bytes + plan->swap_in_bytes) / cm->host_link_bytes_per_s;
-        d.total_s = d.compute_s + cm->step_overhead_s + d.swap_s;
+        d.total_s = d.compute_s + kvc_sim_profile_fixed(cm->profile).step_s + cm->step_overhead_s +
+                    d.swap_s;
         if (detail) *detail = d;
         return d.total_s;
     }

@@ -582,6 +582,13 @@ static bool held_back(const run_t *r, uint32_t wi, const kvc_token_t *prompt)
 
 static int admit_one(run_t *r, kvc_sched_t *s, arrival_t a, bool force);
 
+/* A measured profile's per-request cost: a request reaches the scheduler this long after it
+ * arrived (a server's HTTP, JSON, tokenizing and hand-over), its TTFT counted from arrival. */
+static double admit_delay_s(const run_t *r)
+{
+    return kvc_sim_profile_fixed(r->cfg->profile).request_s;
+}
+
 /* Hand the scheduler every request that has arrived by now; refuse, like a server, those that
  * can never run.  With hold_shared_prefix, arrivals held back are tried first, in order;
  * `force` admits them all (nothing else can run). */
@@ -599,7 +606,7 @@ static int admit_arrivals(run_t *r, kvc_sched_t *s, bool force)
         int rc = admit_one(r, s, r->held[i], force);
         if (rc) return rc;
     }
-    while (r->heap.n && r->heap.v[0].t <= r->now) {
+    while (r->heap.n && r->heap.v[0].t + admit_delay_s(r) <= r->now) {
         int rc = admit_one(r, s, heap_pop(&r->heap), force);
         if (rc) return rc;
     }
@@ -711,7 +718,7 @@ static int wait_for_work(run_t *r, kvc_sched_t *s, uint64_t *stuck, bool *stop)
     *stop = !busy && !r->heap.n;
     if (*stop) return 0;
     if (r->heap.n && (!busy || ++*stuck > 2)) {
-        r->now = KVC_MAX(r->now, r->heap.v[0].t);
+        r->now = KVC_MAX(r->now, r->heap.v[0].t + admit_delay_s(r));
         *stuck = 0;
         return 0;
     }

@@ -1,7 +1,9 @@
 /* profile.c - a measured hardware profile for the simulator's cost model: step times on a
  * grid of (batch tokens, mean keys per query), read from the JSON a bench program writes
- * (bench/serve/profile.py), interpolated bilinearly.  cost.c uses it in place of the
- * roofline when the run's config names one.  See include/kvcache/sim.h. */
+ * (bench/bench_profile.c), interpolated bilinearly, and the server's fixed costs around the
+ * steps (per request, per step) measured beside it.  cost.c uses it in place of the roofline
+ * when the run's config names one; engine.c delays each admission by its per-request cost.  See
+ * include/kvcache/sim.h. */
 #include "kvcache/sim.h"
 #include "util/msg.h"
 
@@ -14,6 +16,7 @@
 
 struct kvc_sim_profile {
     uint32_t n_tokens, n_context;
+    kvc_sim_profile_fixed_t fixed; /* the optional fixed costs (0 in a profile without them) */
     double tokens[KVC_SIM_PROFILE_MAX_POINTS], context[KVC_SIM_PROFILE_MAX_POINTS];
     double *step_s; /* (n_tokens, n_context) */
 };
@@ -43,6 +46,20 @@ static int axis(const cJSON *o, const char *key, double lo, const char *name, do
     return 0;
 }
 
+/* An optional field: absent, *v stays 0; present, a number of ms from 0 to 60000 (*v in s):
+ * a fixed cost over a minute is no server's, and would push the simulated clock past use. */
+static int fixed_ms(const cJSON *o, const char *key, const char *name, double *v, char *err,
+                    size_t cap)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!x) return 0;
+    if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble <= 60000))
+        return kvc__msgf(KVC_EPARSE, err, cap, "%s: \"%s\" must be a number of ms from 0 to 60000",
+                         name, key);
+    *v = x->valuedouble * 1e-3;
+    return 0;
+}
+
 int kvc_sim_profile_parse(const char *json, size_t len, const char *name, kvc_sim_profile_t **out,
                           char *err, size_t cap)
 {
@@ -62,6 +79,8 @@ int kvc_sim_profile_parse(const char *json, size_t len, const char *name, kvc_si
                        name);
     if (!rc) rc = axis(o, "tokens", 1, name, p->tokens, &p->n_tokens, err, cap);
     if (!rc) rc = axis(o, "context", 0, name, p->context, &p->n_context, err, cap);
+    if (!rc) rc = fixed_ms(o, "request_ms", name, &p->fixed.request_s, err, cap);
+    if (!rc) rc = fixed_ms(o, "step_overhead_ms", name, &p->fixed.step_s, err, cap);
     const cJSON *rows = cJSON_GetObjectItemCaseSensitive(o, "step_ms");
     if (!rc && (!cJSON_IsArray(rows) || cJSON_GetArraySize(rows) != (int)p->n_tokens))
         rc = kvc__msgf(KVC_EPARSE, err, cap,
@@ -169,4 +188,9 @@ double kvc_sim_profile_step_s(const kvc_sim_profile_t *p, double tokens, double 
     double b = s[i1 * nc + k] + tc * (s[i1 * nc + k1] - s[i1 * nc + k]);
     double v = a + tt * (b - a);
     return v > 0 && isfinite(v) ? v : 0;
+}
+
+kvc_sim_profile_fixed_t kvc_sim_profile_fixed(const kvc_sim_profile_t *p)
+{
+    return p ? p->fixed : (kvc_sim_profile_fixed_t){0};
 }
