@@ -212,22 +212,23 @@ static void help(FILE *f)
            "                            interpolated at its batch tokens and mean context, plus\n"
            "                            the profile's step_overhead_ms; a request reaches the\n"
            "                            scheduler its request_ms after arriving (the deployment\n"
-           "                            options still size the pool)\n"
-           "  --hold-shared-prefix      admit as kvcache's engine does: a request sharing a\n"
-           "                            whole block of prefix with one still computing it waits\n"
-           "                            until that block is computed (computed once)\n"
-           "SLOs (for goodput):\n"
-           "  --slo-ttft-ms F, --slo-tpot-ms F, --slo-e2e-ms F\n"
-           "output:\n"
-           "  --json                    one JSON object instead of the text report\n"
-           "  --csv PATH                the time series (KV usage, batch, queues) as CSV\n"
-           "  --svg DIR                 kv_usage.svg, batch.svg, latency_cdf.svg\n"
-           "  --trace PATH              every step's decisions, in words ('-': stderr)\n"
-           "  --quiet                   no progress bar\n"
-           "  --max-memory SIZE         refuse a run that would hold more (default: the\n"
-           "                            machine's memory)\n"
-           "  --scenario FILE           run a scenario file's variants and compare them\n"
-           "  -h, --help                this help\n");
+           "                            options still size the pool)\n");
+    fprintf(f,
+            "  --hold-shared-prefix      admit as kvcache's engine does: a request sharing a\n"
+            "                            whole block of prefix with one still computing it waits\n"
+            "                            until that block is computed (computed once)\n"
+            "SLOs (for goodput):\n"
+            "  --slo-ttft-ms F, --slo-tpot-ms F, --slo-e2e-ms F\n"
+            "output:\n"
+            "  --json                    one JSON object instead of the text report\n"
+            "  --csv PATH                the time series (KV usage, batch, queues) as CSV\n"
+            "  --svg DIR                 kv_usage.svg, batch.svg, latency_cdf.svg\n"
+            "  --trace PATH              every step's decisions, in words ('-': stderr)\n"
+            "  --quiet                   no progress bar\n"
+            "  --max-memory SIZE         refuse a run that would hold more (default: the\n"
+            "                            machine's memory)\n"
+            "  --scenario FILE           run a scenario file's variants and compare them\n"
+            "  -h, --help                this help\n");
 }
 
 /* s with control bytes escaped (\n, \t, \r, else \xNN), into out (cap bytes): input echoed
