@@ -74,12 +74,15 @@ def pct(v, p):
 
 # ---- the server ---------------------------------------------------------------------------
 class Server:
-    def __init__(self, args, prefix_cache):
+    """`kvcache serve` on an ephemeral port with args' deployment, plus `extra` flags (the
+    tiers of bench/tier/run.py)."""
+
+    def __init__(self, args, prefix_cache, extra=()):
         cmd = [args.kvcache, "serve", "--model", args.model, "--port", "0", "--threads",
                str(args.threads), "--max-num-seqs", str(args.max_num_seqs),
                "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--kv-memory",
                args.kv_memory, "--ctx", str(args.ctx), "--block-size", str(args.block_size),
-               "--max-queued", "4096", "--served-model-name", "bench"]
+               "--max-queued", "4096", "--served-model-name", "bench"] + list(extra)
         if not prefix_cache:
             cmd.append("--no-prefix-cache")
         self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -76,30 +76,11 @@ class Redis:
         self.p.wait(10)
 
 
-class Server(serve_bench.Server):
-    """bench/serve/run.py's server with extra flags (the tiers)."""
-
-    def __init__(self, args, extra):
-        cmd = [args.kvcache, "serve", "--model", args.model, "--port", "0", "--threads",
-               str(args.threads), "--max-num-seqs", "8", "--kv-memory", args.kv_memory, "--ctx",
-               str(args.ctx), "--block-size", str(args.block_size), "--served-model-name",
-               "bench"] + extra
-        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        line = self.p.stderr.readline()
-        m = re.search(r":(\d+)", line)
-        if not m:
-            self.p.kill()
-            raise SystemExit("kvcache serve did not start: " + line)
-        self.port = int(m.group(1))
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-        for _ in range(200):
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise SystemExit("kvcache serve is not healthy")
+def Server(args, extra):
+    """bench/serve/run.py's server, this run's deployment (8 running requests, 512 tokens a
+    step) and the tier flags."""
+    args.max_num_seqs, args.max_num_batched_tokens = 8, 512
+    return serve_bench.Server(args, True, extra)
 
 
 def tier_flags(args, kind, redis, tag):
