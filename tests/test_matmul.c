@@ -622,6 +622,63 @@ static void packed_extremes_equal_scalar(void **state)
     kvc_threadpool_destroy(tp);
 }
 
+/* A packed matrix's decode call (one row) splits into longer tasks than a batch's; each row
+ * alone, on 1 or 2 threads, and through prepare + tasks run backwards, gives the batch's bits
+ * and the scalar kernel's, at the output counts around the task sizes. */
+static void packed_decode_tasks_equal_batch(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 1536);
+    static const uint32_t packable[] = {KVC_GGML_Q8_0, KVC_GGML_Q4_0, KVC_GGML_Q4_K};
+    static const uint32_t n_outs[] = {767, 768, 1000, 1535, 1536, 1601};
+    const uint32_t n_rows = 3;
+    kvc_threadpool_t *tp = NULL;
+    assert_ok(kvc_threadpool_create(2, NULL, &tp));
+    for (size_t t = 0; t < KVC_ARRAY_LEN(packable); t++)
+        for (size_t a = 0; a < KVC_ARRAY_LEN(n_outs); a++) {
+            const uint32_t type = packable[t], n_out = n_outs[a];
+            const uint32_t n_in = block_of(type) == 32 ? 32 * (3 + (uint32_t)a) : 256;
+            PACK = true;
+            tmat_t m = make_mat(type, n_in, n_out, a % 2 ? 6 : 0, &rng);
+            PACK = false;
+            kvc_mat_t plain = m.m;
+            plain.packed = NULL;
+            if (n_out >= 768)
+                assert_true(kvc_matmul_n_tasks(&m.m, 1) < kvc_matmul_n_tasks(&m.m, n_rows));
+            float *x = malloc(sizeof(float) * n_in * n_rows);
+            float *yb = malloc(sizeof(float) * n_out * n_rows), *ys = malloc(sizeof(float) * n_out),
+                  *y1 = malloc(sizeof(float) * n_out);
+            fill(&rng, x, (size_t)n_in * n_rows);
+            mm(&m.m, x, n_rows, yb, NULL);
+            size_t wsb;
+            void *ws = ws_for(&m.m, 1, &wsb);
+            for (uint32_t r = 0; r < n_rows; r++) {
+                const float *xr = x + (size_t)r * n_in;
+                const float *want = yb + (size_t)r * n_out;
+                assert_ok(kvc_matmul(&plain, xr, 1, ys, KVC_ISA_SCALAR, NULL, ws, wsb));
+                assert_rows_identical(want, ys, n_out, "batch vs scalar", type, r);
+                for (int threads = 1; threads <= 2; threads++) {
+                    memset(y1, 0xff, sizeof(float) * n_out);
+                    assert_ok(kvc_matmul(&m.m, xr, 1, y1, ISA, threads == 2 ? tp : NULL, ws, wsb));
+                    assert_rows_identical(want, y1, n_out, "decode vs batch", type, r);
+                }
+                memset(y1, 0xff, sizeof(float) * n_out);
+                assert_ok(kvc_matmul_prepare(&m.m, xr, 1, ISA, ws, wsb));
+                for (uint32_t k = kvc_matmul_n_tasks(&m.m, 1); k-- > 0;)
+                    kvc_matmul_task(&m.m, xr, 1, y1, ISA, ws, k);
+                assert_rows_identical(want, y1, n_out, "decode tasks vs batch", type, r);
+            }
+            free(ws);
+            free(x);
+            free(yb);
+            free(ys);
+            free(y1);
+            free_mat(&m);
+        }
+    kvc_threadpool_destroy(tp);
+}
+
 /* The activations this ISA quantises are the scalar quantiser's, byte for byte, on the edge
  * cases too: an all-zero block, a subnormal maximum (1 / d overflows to infinity), halfway
  * values (round to nearest even), the clamp at 127, and a NaN or an infinity in a block. */
@@ -1050,6 +1107,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(a_nan_stays_in_its_row),
         cmocka_unit_test(packed_equals_scalar_bit_for_bit),
         cmocka_unit_test(packed_extremes_equal_scalar),
+        cmocka_unit_test(packed_decode_tasks_equal_batch),
         cmocka_unit_test(quantised_activations_equal_scalar),
         cmocka_unit_test(multi_equals_single),
         cmocka_unit_test(packed_matches_the_reference),
