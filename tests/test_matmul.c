@@ -500,6 +500,185 @@ static void packed_equals_scalar_bit_for_bit(void **state)
     kvc_threadpool_destroy(tp);
 }
 
+/* ---- the packed kernels at the integer extremes -----------------------------------------
+ * Blocks written byte by byte (not by the quantiser, which never writes them): Q8_0 weights
+ * -128 and 127 against activations quantised to -127 and 127 (the largest maddubs pairs the
+ * sign trick makes, 2 * 128 * 127), Q4_0 nibbles 0 and 15, Q4_K scales and minima 63 with
+ * nibbles 15 (its 16-bit partial sums at their largest, 8 * 2 * 15 * 127), f16 scales from the
+ * smallest subnormal to 65504 and negative; a pattern per row (all one extreme, alternating,
+ * random extremes, random bytes) and per row of x. */
+static uint16_t extreme_f16(kvc_rng_t *r)
+{
+    static const uint16_t h[] = {0x3C00, 0x0001, 0x7BFF, 0xBC00, 0x0400, 0x3555, 0xC7FF};
+    return kvc_rng_below(r, 3) ? h[kvc_rng_below(r, KVC_ARRAY_LEN(h))]
+                               : (uint16_t)(0x2000 + kvc_rng_below(r, 0x3000));
+}
+
+/* Byte i of a block's quantised part, pattern p: the extreme lo, the extreme hi, the two
+ * alternating, either at random, or any byte. */
+static uint8_t extreme_byte(kvc_rng_t *r, int p, size_t i, uint8_t lo, uint8_t hi)
+{
+    switch (p) {
+    case 0:
+        return lo;
+    case 1:
+        return hi;
+    case 2:
+        return i % 2 ? hi : lo;
+    case 3:
+        return kvc_rng_below(r, 2) ? hi : lo;
+    default:
+        return (uint8_t)kvc_rng_below(r, 256);
+    }
+}
+
+static void extreme_row(uint32_t type, uint8_t *row, uint32_t n_in, int p, kvc_rng_t *r)
+{
+    const uint32_t bs = type == KVC_GGML_Q4_K ? 144 : type == KVC_GGML_Q8_0 ? 34 : 18;
+    const uint32_t qk = type == KVC_GGML_Q4_K ? 256 : 32;
+    for (uint32_t b = 0; b < n_in / qk; b++) {
+        uint8_t *blk = row + (size_t)b * bs;
+        const uint16_t d = extreme_f16(r), dmin = extreme_f16(r);
+        memcpy(blk, &d, 2);
+        if (type == KVC_GGML_Q8_0) {
+            for (int i = 0; i < 32; i++) blk[2 + i] = extreme_byte(r, p, (size_t)i, 0x80, 0x7F);
+        } else if (type == KVC_GGML_Q4_0) {
+            for (int i = 0; i < 16; i++) blk[2 + i] = extreme_byte(r, p, (size_t)i, 0x00, 0xFF);
+        } else {
+            memcpy(blk + 2, &dmin, 2);
+            for (int i = 0; i < 12; i++) /* 0xFF: every 6-bit scale and minimum 63 */
+                blk[4 + i] = p == 4 ? (uint8_t)kvc_rng_below(r, 256) : 0xFF;
+            for (int i = 0; i < 128; i++) blk[16 + i] = extreme_byte(r, p, (size_t)i, 0x00, 0xFF);
+        }
+    }
+}
+
+static void packed_extremes_equal_scalar(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 128);
+    static const uint32_t packable[] = {KVC_GGML_Q8_0, KVC_GGML_Q4_0, KVC_GGML_Q4_K};
+    static const uint32_t n_outs[] = {1, 5, 8, 13, 48, 57, 100, 389};
+    static const uint32_t n_rows_of[] = {1, 2, 3, 4, 5, 9};
+    kvc_threadpool_t *tp = NULL;
+    assert_ok(kvc_threadpool_create(2, NULL, &tp));
+    for (size_t t = 0; t < KVC_ARRAY_LEN(packable); t++)
+        for (size_t a = 0; a < KVC_ARRAY_LEN(n_outs); a++) {
+            const uint32_t type = packable[t], n_out = n_outs[a];
+            const uint32_t qk = type == KVC_GGML_Q4_K ? 256 : 32;
+            const uint32_t n_in = qk * (1 + (uint32_t)a % 5 + (a == 3 ? 13 : 0));
+            const uint32_t n_rows = n_rows_of[a % KVC_ARRAY_LEN(n_rows_of)];
+            uint32_t be = 0, bb = 0;
+            assert_ok(kvc_ggml_type_size(type, &be, &bb));
+            const size_t row = (size_t)n_in / be * bb + (a % 2 ? 2 : 0);
+            uint8_t *buf = malloc(row * n_out);
+            assert_non_null(buf);
+            for (uint32_t o = 0; o < n_out; o++)
+                extreme_row(type, buf + (size_t)o * row, n_in, (int)((o + a) % 5), &rng);
+            kvc_mat_t m = {
+                .type = type, .data = buf, .n_in = n_in, .n_out = n_out, .row_bytes = row};
+            const kvc_mat_t plain = m;
+            const size_t pb = kvc_mat_pack_bytes(&m);
+            void *pk = aligned_alloc(64, pb);
+            assert_ok(kvc_mat_pack(&m, pk, pb));
+            /* x: +-1 (quantised to +-127: d = 1 / 127), the signs by pattern, or random */
+            float *x = malloc(sizeof(float) * n_in * n_rows);
+            for (uint32_t r = 0; r < n_rows; r++)
+                for (uint32_t i = 0; i < n_in; i++) {
+                    const int p = (int)((r + a) % 4);
+                    x[(size_t)r * n_in + i] = p == 0   ? -1.0f
+                                              : p == 1 ? 1.0f
+                                              : p == 2 ? (i % 2 ? 1.0f : -1.0f)
+                                                       : frand(&rng);
+                }
+            float *ys = malloc(sizeof(float) * n_out * n_rows),
+                  *yp = malloc(sizeof(float) * n_out * n_rows);
+            size_t wsb;
+            void *ws = ws_for(&m, n_rows, &wsb);
+            assert_ok(kvc_matmul(&plain, x, n_rows, ys, KVC_ISA_SCALAR, NULL, ws, wsb));
+            assert_ok(kvc_matmul(&m, x, n_rows, yp, ISA, a % 2 ? tp : NULL, ws, wsb));
+            for (uint32_t r = 0; r < n_rows; r++)
+                assert_rows_identical(yp + (size_t)r * n_out, ys + (size_t)r * n_out, n_out,
+                                      "packed vs scalar (extremes)", type, r);
+            /* Q8_0, all weights -128 against x all -1: each block's dot is 32 * 128 * 127,
+             * the scalar formula with it (an independent check that nothing saturated) */
+            if (type == KVC_GGML_Q8_0 && (a % 5) == 0 && (a % 4) == 0) {
+                float want = 0;
+                for (uint32_t b = 0; b < n_in / 32; b++) {
+                    uint16_t h;
+                    memcpy(&h, buf + (size_t)b * 34, 2);
+                    want += (kvc_f16_to_f32(h) * (1.0f / 127.0f)) * (float)(32 * 128 * 127);
+                }
+                assert_memory_equal(&yp[0], &want, sizeof want);
+            }
+            free(ws);
+            free(x);
+            free(ys);
+            free(yp);
+            free(pk);
+            free(buf);
+        }
+    kvc_threadpool_destroy(tp);
+}
+
+/* A packed matrix's decode call (one row) splits into longer tasks than a batch's; each row
+ * alone, on 1 or 2 threads, and through prepare + tasks run backwards, gives the batch's bits
+ * and the scalar kernel's, at the output counts around the task sizes. */
+static void packed_decode_tasks_equal_batch(void **state)
+{
+    (void)state;
+    kvc_rng_t rng;
+    kvc_rng_seed(&rng, 1536);
+    static const uint32_t packable[] = {KVC_GGML_Q8_0, KVC_GGML_Q4_0, KVC_GGML_Q4_K};
+    static const uint32_t n_outs[] = {767, 768, 1000, 1535, 1536, 1601};
+    const uint32_t n_rows = 3;
+    kvc_threadpool_t *tp = NULL;
+    assert_ok(kvc_threadpool_create(2, NULL, &tp));
+    for (size_t t = 0; t < KVC_ARRAY_LEN(packable); t++)
+        for (size_t a = 0; a < KVC_ARRAY_LEN(n_outs); a++) {
+            const uint32_t type = packable[t], n_out = n_outs[a];
+            const uint32_t n_in = block_of(type) == 32 ? 32 * (3 + (uint32_t)a) : 256;
+            PACK = true;
+            tmat_t m = make_mat(type, n_in, n_out, a % 2 ? 6 : 0, &rng);
+            PACK = false;
+            kvc_mat_t plain = m.m;
+            plain.packed = NULL;
+            if (n_out >= 768)
+                assert_true(kvc_matmul_n_tasks(&m.m, 1) < kvc_matmul_n_tasks(&m.m, n_rows));
+            float *x = malloc(sizeof(float) * n_in * n_rows);
+            float *yb = malloc(sizeof(float) * n_out * n_rows), *ys = malloc(sizeof(float) * n_out),
+                  *y1 = malloc(sizeof(float) * n_out);
+            fill(&rng, x, (size_t)n_in * n_rows);
+            mm(&m.m, x, n_rows, yb, NULL);
+            size_t wsb;
+            void *ws = ws_for(&m.m, 1, &wsb);
+            for (uint32_t r = 0; r < n_rows; r++) {
+                const float *xr = x + (size_t)r * n_in;
+                const float *want = yb + (size_t)r * n_out;
+                assert_ok(kvc_matmul(&plain, xr, 1, ys, KVC_ISA_SCALAR, NULL, ws, wsb));
+                assert_rows_identical(want, ys, n_out, "batch vs scalar", type, r);
+                for (int threads = 1; threads <= 2; threads++) {
+                    memset(y1, 0xff, sizeof(float) * n_out);
+                    assert_ok(kvc_matmul(&m.m, xr, 1, y1, ISA, threads == 2 ? tp : NULL, ws, wsb));
+                    assert_rows_identical(want, y1, n_out, "decode vs batch", type, r);
+                }
+                memset(y1, 0xff, sizeof(float) * n_out);
+                assert_ok(kvc_matmul_prepare(&m.m, xr, 1, ISA, ws, wsb));
+                for (uint32_t k = kvc_matmul_n_tasks(&m.m, 1); k-- > 0;)
+                    kvc_matmul_task(&m.m, xr, 1, y1, ISA, ws, k);
+                assert_rows_identical(want, y1, n_out, "decode tasks vs batch", type, r);
+            }
+            free(ws);
+            free(x);
+            free(yb);
+            free(ys);
+            free(y1);
+            free_mat(&m);
+        }
+    kvc_threadpool_destroy(tp);
+}
+
 /* The activations this ISA quantises are the scalar quantiser's, byte for byte, on the edge
  * cases too: an all-zero block, a subnormal maximum (1 / d overflows to infinity), halfway
  * values (round to nearest even), the clamp at 127, and a NaN or an infinity in a block. */
@@ -927,6 +1106,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(rows_do_not_depend_on_the_batch),
         cmocka_unit_test(a_nan_stays_in_its_row),
         cmocka_unit_test(packed_equals_scalar_bit_for_bit),
+        cmocka_unit_test(packed_extremes_equal_scalar),
+        cmocka_unit_test(packed_decode_tasks_equal_batch),
         cmocka_unit_test(quantised_activations_equal_scalar),
         cmocka_unit_test(multi_equals_single),
         cmocka_unit_test(packed_matches_the_reference),

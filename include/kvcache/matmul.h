@@ -137,7 +137,7 @@ KVC_API int kvc_matmul(const kvc_mat_t *w, const float *x, uint32_t n_rows, floa
  * kvc_matmul_n_tasks says how many tasks the output rows split into; and
  * kvc_matmul_task computes task `task` (independent tasks, any order, any
  * thread; a task writes only its own outputs, rows o in [task * c, (task +
- * 1) * c) for a chunk c fixed by the matrix).  Results are bit-identical to
+ * 1) * c) for a chunk c fixed by the matrix and n_rows).  Results are bit-identical to
  * kvc_matmul's.  prepare's errors as kvc_matmul's (y aside); n_tasks returns
  * 0 for a bad matrix or n_rows 0; task assumes a successful prepare with the
  * same w, x, n_rows and ws (the quantised activations do not depend on the

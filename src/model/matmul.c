@@ -167,15 +167,24 @@ static void quantize_rows(const kvc_mat_t *w, const float *x, uint32_t n_rows, u
 }
 
 /* ---- calls ---------------------------------------------------------------------- */
-static uint32_t chunk_of(const kvc_mat_t *w)
+/* Output rows per task.  A packed matrix's decode call (one row of x) takes longer tasks:
+ * its single-row tiles read the task's weights as two sequential streams, and one of them
+ * starts cold in every task, which on 1280-element rows cost 10-16% of the GEMV's rate at
+ * 48 rows a task (bench_matmul-like A/B, 1 thread); still at least 8 tasks, so that two
+ * threads stay balanced.  Tiles never change an output's bits, so neither does this. */
+static uint32_t chunk_of(const kvc_mat_t *w, uint32_t n_rows)
 {
-    return w->n_out >= 8 * KVC__MM_CHUNK ? KVC__MM_CHUNK : KVC__MM_CHUNK_SMALL;
+    if (w->n_out < 8 * KVC__MM_CHUNK) return KVC__MM_CHUNK_SMALL;
+    if (n_rows == 1 && w->packed)
+        for (uint32_t c = 4 * KVC__MM_CHUNK; c > KVC__MM_CHUNK; c /= 2)
+            if (w->n_out >= 8 * c) return c;
+    return KVC__MM_CHUNK;
 }
 
 uint32_t kvc_matmul_n_tasks(const kvc_mat_t *w, uint32_t n_rows)
 {
     if (mat_check(w) || n_rows == 0) return 0;
-    const uint32_t c = chunk_of(w);
+    const uint32_t c = chunk_of(w, n_rows);
     return (uint32_t)(((uint64_t)w->n_out + c - 1) / c);
 }
 
@@ -296,7 +305,7 @@ void kvc_matmul_task(const kvc_mat_t *w, const float *x, uint32_t n_rows, float 
 {
     kvc_isa_t use;
     if (mat_check(w) || !x || !y || n_rows == 0 || kvc__isa_resolve(isa, &use)) return;
-    const uint32_t c = chunk_of(w);
+    const uint32_t c = chunk_of(w, n_rows);
     if (task >= kvc_matmul_n_tasks(w, n_rows)) return;
     const uint32_t o0 = task * c, o1 = KVC_MIN(w->n_out, o0 + c);
     const kvc__mm_job_t j = {.w = w,
