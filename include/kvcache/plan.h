@@ -217,6 +217,14 @@ typedef struct {
                               gate + up + down */
     bool attn_output_gate; /* q_proj also yields a per-channel output gate (Qwen3-Next): the
                               query projection is 2 x heads x head_dim wide */
+    /* The checkpoint's own weight format, from config.json's quantization_config: its
+     * quant_method as written ("" when the config has none) and, when the planner knows it,
+     * the dtype that sizes it (fp8, fbgemm_fp8: fp8; awq, gptq, bitsandbytes: int4 or int8 by
+     * their bits; modelopt NVFP4: nvfp4).  The CLI plans with it unless --weight-dtype is
+     * given, and refuses a quant_method it does not know rather than size it as bf16. */
+    char checkpoint_quant[32];
+    bool checkpoint_dtype_known;
+    kvc_plan_dtype_t checkpoint_dtype;
 } kvc_plan_model_t;
 
 /* Parameter counts of a model, by part. */

@@ -80,6 +80,7 @@ typedef struct {
     /* explicit GPU numbers; 0 / NAN / UINT64_MAX: not given */
     uint64_t g_mem, g_l2;
     double g_bw, g_flops, g_fp8, g_link, g_pcie;
+    bool weight_dtype_given; /* --weight-dtype was given: it wins over the checkpoint's */
 } kvc_cli_deploy_t;
 
 /* The getopt_long table of the shared options, NULL-terminated. */
@@ -91,7 +92,7 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *cmd, int ch, const ch
                           const char *value);
 /* After parsing: the model (preset or config.json) and the GPU (preset or numbers).  0, or
  * 1 with the one-line error printed. */
-int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *cmd, kvc_plan_model_t *model,
+int kvc_cli_deploy_resolve(kvc_cli_deploy_t *d, const char *cmd, kvc_plan_model_t *model,
                            kvc_plan_gpu_t *gpu);
 /* Concatenate two NULL-terminated option tables into out (cap entries); -1 if too many. */
 int kvc_cli_join_options(struct option *out, size_t cap, const struct option *a,

@@ -266,6 +266,7 @@ int kvc_cli_deploy_option(kvc_cli_deploy_t *d, const char *CMD, int ch, const ch
         if (kvc_plan_dtype_parse(value, &pp->weight_dtype))
             return -kvc_cli_error(
                 CMD, "--weight-dtype: '%s' is not bf16, fp16, fp8, int8, int4 or nvfp4", value);
+        d->weight_dtype_given = true;
         break;
     case KVC_CLI_KV_DTYPE:
         if (kvc_plan_dtype_parse(value, &pp->kv_dtype) || pp->kv_dtype == KVC_PLAN_INT4)
@@ -370,7 +371,7 @@ static int load_model(const char *CMD, const char *arg, kvc_plan_model_t *m)
     return 0;
 }
 
-int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *CMD, kvc_plan_model_t *model,
+int kvc_cli_deploy_resolve(kvc_cli_deploy_t *d, const char *CMD, kvc_plan_model_t *model,
                            kvc_plan_gpu_t *gpu)
 {
     if (!d->model_arg) {
@@ -405,5 +406,16 @@ int kvc_cli_deploy_resolve(const kvc_cli_deploy_t *d, const char *CMD, kvc_plan_
     if (d->g_l2 != UINT64_MAX) gpu->l2_bytes = d->g_l2;
     if (!isnan(d->g_link)) gpu->interconnect_bytes_per_s = d->g_link;
     if (!isnan(d->g_pcie)) gpu->pcie_bytes_per_s = d->g_pcie;
-    return load_model(CMD, d->model_arg, model);
+    if (load_model(CMD, d->model_arg, model)) return 1;
+    /* a quantised checkpoint is sized as what it stores, unless --weight-dtype says otherwise;
+     * one the planner cannot size is refused, never sized as bf16 */
+    if (model->checkpoint_quant[0] && !d->weight_dtype_given) {
+        if (!model->checkpoint_dtype_known)
+            return kvc_cli_error(CMD,
+                                 "--model: quantization_config.quant_method '%s' is not modelled: "
+                                 "give --weight-dtype (bf16, fp16, fp8, int8, int4, nvfp4)",
+                                 model->checkpoint_quant);
+        d->p.weight_dtype = model->checkpoint_dtype;
+    }
+    return 0;
 }

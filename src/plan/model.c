@@ -1428,6 +1428,39 @@ static int parse_vision_tower(const cfg_t *c, kvc_plan_model_t *m)
     return 0;
 }
 
+/* config.json's quantization_config (at the top or in the text model's config): what the
+ * checkpoint's weights are stored as (see kvc_plan_model_t.checkpoint_quant). */
+static void parse_quantization(const cfg_t *c, kvc_plan_model_t *m)
+{
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(c->root, "quantization_config");
+    if (!cJSON_IsObject(q) && c->text)
+        q = cJSON_GetObjectItemCaseSensitive(c->text, "quantization_config");
+    if (!cJSON_IsObject(q)) return;
+    const cJSON *method = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+    snprintf(m->checkpoint_quant, sizeof m->checkpoint_quant, "%s",
+             cJSON_IsString(method) && method->valuestring[0] ? method->valuestring : "?");
+    const char *name = m->checkpoint_quant;
+    const cJSON *bits = cJSON_GetObjectItemCaseSensitive(q, "bits");
+    const int b = cJSON_IsNumber(bits) ? (int)bits->valuedouble : 4;
+    m->checkpoint_dtype_known = true;
+    if (!strcasecmp(name, "fp8") || !strcasecmp(name, "fbgemm_fp8")) {
+        m->checkpoint_dtype = KVC_PLAN_FP8;
+    } else if ((!strcasecmp(name, "awq") || !strcasecmp(name, "gptq")) && (b == 4 || b == 8)) {
+        m->checkpoint_dtype = b == 4 ? KVC_PLAN_INT4 : KVC_PLAN_INT8;
+    } else if (!strcasecmp(name, "bitsandbytes")) {
+        const bool four = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(q, "load_in_4bit"));
+        const bool eight = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(q, "load_in_8bit"));
+        m->checkpoint_dtype_known = four != eight;
+        m->checkpoint_dtype = four ? KVC_PLAN_INT4 : KVC_PLAN_INT8;
+    } else if (!strcasecmp(name, "modelopt")) {
+        const cJSON *algo = cJSON_GetObjectItemCaseSensitive(q, "quant_algo");
+        m->checkpoint_dtype_known = cJSON_IsString(algo) && !strcasecmp(algo->valuestring, "NVFP4");
+        m->checkpoint_dtype = KVC_PLAN_NVFP4;
+    } else {
+        m->checkpoint_dtype_known = false;
+    }
+}
+
 static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
 {
     int rc;
@@ -1528,6 +1561,7 @@ static int parse_config(const cfg_t *c, kvc_plan_model_t *m)
     if ((rc = parse_sliding(c, m))) return rc;
     if ((rc = parse_images(c, m))) return rc;
     if ((rc = parse_vision_tower(c, m))) return rc;
+    parse_quantization(c, m);
     return kvc_plan_model_check(m, c->msg, c->len);
 }
 

@@ -410,6 +410,28 @@ expect_status 0 --help
 has '^usage: kvcache plan'
 has 'exit status: 0 when the deployment starts, 3 when it does not, 1 for bad input'
 
+# a quantised checkpoint (config.json's quantization_config) is sized as what it stores, unless
+# --weight-dtype says otherwise; a quant_method the planner does not know is refused by name
+python3 - "$DATA/configs/llama-3.1-8b.json" "$TMP" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for name, q in (("fp8", {"quant_method": "fp8", "activation_scheme": "dynamic"}),
+                ("awq", {"quant_method": "awq", "bits": 4, "group_size": 128}),
+                ("hqq", {"quant_method": "hqq", "nbits": 4})):
+    c["quantization_config"] = q
+    json.dump(c, open("%s/q-%s.json" % (sys.argv[2], name), "w"))
+PY
+"$KVC" plan --model "$TMP/q-fp8.json" --gpu h100-sxm >"$TMP/q.out" 2>&1
+grep -q "weights fp8, KV bf16" "$TMP/q.out" || fail "an fp8 checkpoint is not sized as fp8: $(head -1 "$TMP/q.out")"
+"$KVC" plan --model "$TMP/q-awq.json" --gpu h100-sxm >"$TMP/q.out" 2>&1
+grep -q "weights int4, KV bf16" "$TMP/q.out" || fail "an AWQ 4-bit checkpoint is not sized as int4: $(head -1 "$TMP/q.out")"
+"$KVC" plan --model "$TMP/q-fp8.json" --gpu h100-sxm --weight-dtype bf16 >"$TMP/q.out" 2>&1
+grep -q "weights bf16, KV bf16" "$TMP/q.out" || fail "--weight-dtype does not win over the checkpoint's: $(head -1 "$TMP/q.out")"
+"$KVC" plan --model "$TMP/q-hqq.json" --gpu h100-sxm >"$TMP/q.out" 2>"$TMP/q.err"
+rc=$?
+[ $rc -eq 1 ] && [ "$(wc -l <"$TMP/q.err")" -eq 1 ] && grep -q "quantization_config.quant_method 'hqq' is not modelled" "$TMP/q.err" ||
+  fail "an unknown quant_method is not refused by name (exit $rc): $(cat "$TMP/q.err")"
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed" >&2
   exit 1
