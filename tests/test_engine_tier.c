@@ -244,6 +244,22 @@ static kvc_tier_spec_t spec(const char *s)
 }
 
 /* ---- host and disk ------------------------------------------------------------------------- */
+/* params(POOL) with one 8 MiB disk tier in a fresh scratch file named after `name` (its path
+ * into path), fetching every run it finds. */
+static kvc_engine_params_t disk_tier_params(const char *name, char *path, size_t cap,
+                                            kvc_tier_spec_t *t)
+{
+    char s[300];
+    scratch_path(path, cap, name);
+    snprintf(s, sizeof s, "disk:%s:8MiB", path);
+    *t = spec(s);
+    kvc_engine_params_t ep = params(POOL);
+    ep.tiers = t;
+    ep.n_tiers = 1;
+    ep.tier_fetch = KVC_TIER_FETCH_ALWAYS;
+    return ep;
+}
+
 static void expect_fetches(const wl_t *w, const wl_t *ref, uint32_t tier, bool sequential)
 {
     assert_true(w->ts[tier].fetched_blocks > 0);
@@ -283,14 +299,9 @@ static void host_tier_turns_fetch_and_outputs_match(void **state)
 static void disk_tier_turns_fetch_and_a_reopened_file_serves_a_new_engine(void **state)
 {
     (void)state;
-    char path[256], s[300];
-    scratch_path(path, sizeof path, "disk");
-    snprintf(s, sizeof s, "disk:%s:8MiB", path);
-    kvc_tier_spec_t t = spec(s);
-    kvc_engine_params_t ep = params(POOL);
-    ep.tiers = &t;
-    ep.n_tiers = 1;
-    ep.tier_fetch = KVC_TIER_FETCH_ALWAYS;
+    char path[256];
+    kvc_tier_spec_t t;
+    kvc_engine_params_t ep = disk_tier_params("disk", path, sizeof path, &t);
     wl_t w;
     workload(&ep, false, NULL, &w);
     assert_same_outputs(&w, &ref_seq, "disk");
@@ -317,14 +328,9 @@ static void disk_tier_turns_fetch_and_a_reopened_file_serves_a_new_engine(void *
 static void namespaces_are_kept_apart_in_the_tiers(void **state)
 {
     (void)state;
-    char path[256], s[300];
-    scratch_path(path, sizeof path, "ns");
-    snprintf(s, sizeof s, "disk:%s:8MiB", path);
-    kvc_tier_spec_t t = spec(s);
-    kvc_engine_params_t ep = params(POOL);
-    ep.tiers = &t;
-    ep.n_tiers = 1;
-    ep.tier_fetch = KVC_TIER_FETCH_ALWAYS;
+    char path[256];
+    kvc_tier_spec_t t;
+    kvc_engine_params_t ep = disk_tier_params("ns", path, sizeof path, &t);
     kvc_namespace_t a = {0}, b = {0};
     assert_ok(kvc_namespace_set_salt(&a, "tenant-a"));
     assert_ok(kvc_namespace_set_salt(&b, "tenant-b"));
@@ -375,14 +381,9 @@ static void flip_payloads(const char *path)
 static void disk_flipped_bytes_are_counted_and_recomputed(void **state)
 {
     (void)state;
-    char path[256], s[300];
-    scratch_path(path, sizeof path, "flip");
-    snprintf(s, sizeof s, "disk:%s:8MiB", path);
-    kvc_tier_spec_t t = spec(s);
-    kvc_engine_params_t ep = params(POOL);
-    ep.tiers = &t;
-    ep.n_tiers = 1;
-    ep.tier_fetch = KVC_TIER_FETCH_ALWAYS;
+    char path[256];
+    kvc_tier_spec_t t;
+    kvc_engine_params_t ep = disk_tier_params("flip", path, sizeof path, &t);
     wl_t w;
     workload(&ep, false, NULL, &w);
     assert_same_outputs(&w, &ref_seq, "disk before the flips");
@@ -402,14 +403,9 @@ static void disk_flipped_bytes_are_counted_and_recomputed(void **state)
 static void disk_file_size_limit_faults_are_counted(void **state)
 {
     (void)state;
-    char path[256], s[300];
-    scratch_path(path, sizeof path, "fsize");
-    snprintf(s, sizeof s, "disk:%s:8MiB", path);
-    kvc_tier_spec_t t = spec(s);
-    kvc_engine_params_t ep = params(POOL);
-    ep.tiers = &t;
-    ep.n_tiers = 1;
-    ep.tier_fetch = KVC_TIER_FETCH_ALWAYS;
+    char path[256];
+    kvc_tier_spec_t t;
+    kvc_engine_params_t ep = disk_tier_params("fsize", path, sizeof path, &t);
     { /* create (and preallocate) the file */
         char msg[256];
         kvc_engine_t *e;
